@@ -1,0 +1,304 @@
+"""Plain data that goes into and comes out of the scheduling core.
+
+Everything here is frozen and made of integers and strings: GPU in milli-GPU
+(1000 = one device), memory in MiB, CPU in millicores, time in epoch
+milliseconds. The portal builds a `Snapshot` from its database; the replay
+benchmark builds one from a trace; `schedule()` returns `Decision`s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+WHOLE_GPU_MILLI = 1000
+
+
+class Partitioning(StrEnum):
+    """How a device is handed out."""
+
+    #: one request owns the whole device
+    EXCLUSIVE = "exclusive"
+    #: several requests share the device, each with a compute share and a memory cap
+    TIME_SLICING = "time-slicing"
+    #: the device is cut into MIG instances with NVIDIA's placement geometry
+    MIG = "mig"
+
+
+class ProfileKind(StrEnum):
+    """What a request consumes on one device."""
+
+    WHOLE = "whole"
+    MIG = "mig"
+    SHARED = "shared"
+
+
+class PreemptionPolicy(StrEnum):
+    """When running work of a class may be preempted."""
+
+    #: never
+    NEVER = "never"
+    #: only while the team runs on borrowed capacity
+    WHEN_BORROWING = "when-borrowing"
+    #: whenever a higher band or a quota owner needs the capacity
+    ALWAYS = "always"
+
+
+class Lifecycle(StrEnum):
+    CANARY = "canary"
+    PRODUCTION = "production"
+    MAINTENANCE = "maintenance"
+
+
+class DecisionKind(StrEnum):
+    """Outcome of one tick for one request (or, for PREEMPT, one running attempt)."""
+
+    #: start now with the given placement
+    ADMIT = "admit"
+    #: stay pending; the message says why
+    WAIT = "wait"
+    #: stop a running attempt so that another request can start
+    PREEMPT = "preempt"
+    #: can never be satisfied as asked (no pool offers the shape)
+    REJECT = "reject"
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    key: str
+    value: str = ""
+    effect: str = "NoSchedule"
+
+
+@dataclass(frozen=True, slots=True)
+class MigInstance:
+    """One MIG GPU instance: its profile and where it sits in the 8 memory slots."""
+
+    profile: str
+    start: int
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    index: int
+    model: str
+    memory_mib: int
+    partitioning: Partitioning = Partitioning.EXCLUSIVE
+    #: time-slicing: how many requests may share the device at most
+    replicas: int = 1
+    #: MIG with a fixed layout: the instances that exist; empty means the packer
+    #: may create any valid layout (dynamic MIG)
+    mig_instances: tuple[MigInstance, ...] = ()
+    healthy: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    name: str
+    pool: str
+    cpu_milli: int
+    memory_mib: int
+    devices: tuple[Device, ...]
+    labels: tuple[tuple[str, str], ...] = ()
+    taints: tuple[Taint, ...] = ()
+    ready: bool = True
+    cordoned: bool = False
+    #: "nvswitch" > "nvlink" > "pcie": multi-GPU requests prefer the fastest
+    interconnect: str = "pcie"
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """What one request asks for.
+
+    `count` devices (or MIG instances, or shared slices) of one profile on each
+    of `pods` nodes; `pods > 1` is a gang that starts all together or not at all.
+    """
+
+    kind: ProfileKind = ProfileKind.WHOLE
+    count: int = 1
+    #: compute share per device: 1000 for WHOLE, less for SHARED
+    milli: int = WHOLE_GPU_MILLI
+    #: GPU-memory cap per device for SHARED; 0 = no cap
+    gpu_memory_mib: int = 0
+    #: MIG profile name such as "3g.40gb" for MIG
+    mig_profile: str = ""
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    #: allowed GPU models; empty = any
+    gpu_models: frozenset[str] = frozenset()
+    tolerations: tuple[Taint, ...] = ()
+    pods: int = 1
+
+    @property
+    def gpus_milli(self) -> int:
+        """GPU milli this shape holds in total, as quotas count it."""
+        if self.kind is ProfileKind.MIG:
+            per = mig_compute_slices(self.mig_profile) * WHOLE_GPU_MILLI // 7
+        elif self.kind is ProfileKind.SHARED:
+            per = self.milli
+        else:
+            per = WHOLE_GPU_MILLI
+        return per * self.count * self.pods
+
+
+def mig_compute_slices(profile: str) -> int:
+    """Return the GPC slices of a MIG profile name ("3g.40gb" -> 3)."""
+    head = profile.split("g.", 1)[0]
+    return int(head) if head.isdigit() else 7
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceGrant:
+    """One device (or part of it) given to one pod of a request."""
+
+    node: str
+    device: int
+    milli: int = WHOLE_GPU_MILLI
+    gpu_memory_mib: int = 0
+    mig: MigInstance | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PodPlacement:
+    node: str
+    grants: tuple[DeviceGrant, ...]
+    cpu_milli: int = 0
+    memory_mib: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    pods: tuple[PodPlacement, ...]
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(p.node for p in self.pods)
+
+
+@dataclass(frozen=True, slots=True)
+class Pool:
+    name: str
+    partitioning: Partitioning = Partitioning.EXCLUSIVE
+    lifecycle: Lifecycle = Lifecycle.PRODUCTION
+    #: GPU milli held back for production inference; training may use it only preemptibly
+    inference_floor_milli: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadClass:
+    name: str
+    #: higher band goes first; a request's priority never leaves its band
+    band: int
+    preemption: PreemptionPolicy = PreemptionPolicy.ALWAYS
+    min_runtime_s: int = 0
+    max_queue_s: int = 0
+    #: counts against a pool's inference floor
+    inference: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Team:
+    name: str
+    weight: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    """Per team per pool, in GPU milli. None for a limit means unlimited."""
+
+    team: str
+    pool: str
+    nominal_milli: int
+    borrowing_limit_milli: int | None = None
+    lending_limit_milli: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TeamUsage:
+    """GPU milli-seconds used by a team, decayed to the snapshot's time."""
+
+    team: str
+    decayed_milli_s: int
+
+
+@dataclass(frozen=True, slots=True)
+class PendingRequest:
+    id: str
+    team: str
+    workload_class: str
+    shape: Shape
+    created_at_ms: int
+    #: a pool name, or "" for any pool
+    pool: str = ""
+    #: fine priority inside the class band
+    priority: int = 0
+    #: attempts already made (0 for a fresh request)
+    attempts: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    """An admitted attempt that holds devices."""
+
+    request_id: str
+    attempt_id: str
+    team: str
+    workload_class: str
+    pool: str
+    shape: Shape
+    placement: Placement
+    started_at_ms: int
+    last_checkpoint_ms: int | None = None
+    priority: int = 0
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    now_ms: int
+    pools: tuple[Pool, ...] = ()
+    nodes: tuple[Node, ...] = ()
+    running: tuple[Running, ...] = ()
+    pending: tuple[PendingRequest, ...] = ()
+    teams: tuple[Team, ...] = ()
+    quotas: tuple[Quota, ...] = ()
+    classes: tuple[WorkloadClass, ...] = ()
+    usage: tuple[TeamUsage, ...] = ()
+
+
+@dataclass(frozen=True)
+class Decision:
+    kind: DecisionKind
+    request_id: str
+    #: a stable machine-readable reason, e.g. "fits", "quota-exhausted", "no-capacity"
+    code: str
+    #: one sentence a researcher understands
+    message: str
+    placement: Placement | None = None
+    #: PREEMPT: the attempt to stop
+    attempt_id: str = ""
+    #: ADMIT: the pool it lands in
+    pool: str = ""
+    #: the request's queue position (1-based) in scheduling order, 0 if not pending
+    position: int = 0
+    #: ADMIT: whether the admission borrows beyond the team's nominal quota
+    borrowing: bool = False
+    #: requests near their class's maximum queue time
+    escalated: bool = False
+    facts: Mapping[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """Knobs of the scheduling core."""
+
+    packer: str = "default"
+    usage_half_life_s: int = 7 * 24 * 3600
+    #: at most this many attempts preempted per tick
+    max_preemptions_per_tick: int = 8
+    #: escalate a request after this fraction of its class's maximum queue time
+    escalate_after: float = 0.8
+    tie_break: str = "name"
+    seed: int = 0
