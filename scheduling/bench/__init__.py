@@ -1,0 +1,1 @@
+"""Benchmarks of the scheduling core: `python -m scheduling.bench {packing,replay,tick} …`."""
