@@ -253,6 +253,8 @@ class Running:
     started_at_ms: int
     last_checkpoint_ms: int | None = None
     priority: int = 0
+    #: already being stopped: its devices are still held, it is no preemption candidate
+    stopping: bool = False
 
 
 @dataclass(frozen=True)
