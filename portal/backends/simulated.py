@@ -1,0 +1,161 @@
+"""The simulated cluster: nodes from a YAML file, workloads that live in the database.
+
+A workload starts a moment after it is created, runs for its simulated
+duration and ends with its simulated exit code; a stopped one reports
+PREEMPTED. Web, worker and beat are separate processes, so the workloads are
+rows, not memory.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import yaml
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from portal.backends.base import (
+    InventoryDevice,
+    InventoryMig,
+    InventoryNode,
+    LaunchSpec,
+    Outcome,
+    WorkloadStatus,
+)
+from portal.models import SimulatedWorkload
+
+START_DELAY = timedelta(seconds=1)
+
+
+class ClusterFileError(ValueError):
+    pass
+
+
+def load_cluster(path: str | Path) -> dict[str, Any]:
+    """Read and check a simulated-cluster YAML file."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ClusterFileError(f"{path}: {exc}") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("pools"), list):
+        raise ClusterFileError(f"{path}: expected a mapping with a 'pools' list")
+    for pool in data["pools"]:
+        for key in ("name", "gpu_model", "gpu_memory_mib", "nodes"):
+            if key not in pool:
+                raise ClusterFileError(f"{path}: pool {pool.get('name', '?')} lacks '{key}'")
+    return data
+
+
+def mig_instances(layout: list[str], memory_mib: int = 81920) -> tuple[InventoryMig, ...]:
+    """Lay out MIG profiles on one device by NVIDIA's geometry (a small backtracking search)."""
+    from scheduling.packer import mig_geometry
+
+    profiles = sorted(layout, key=lambda p: -int(p.split("g.", 1)[0]))
+
+    def place(i: int, used: int) -> list[InventoryMig] | None:
+        if i == len(profiles):
+            return []
+        size, starts = mig_geometry(profiles[i], memory_mib)
+        for start in starts:
+            mask = ((1 << size) - 1) << start
+            if not used & mask:
+                rest = place(i + 1, used | mask)
+                if rest is not None:
+                    return [InventoryMig(profiles[i], start, size), *rest]
+        return None
+
+    placed = place(0, 0)
+    if placed is None:
+        raise ClusterFileError(f"MIG layout {layout} does not fit one device")
+    return tuple(sorted(placed, key=lambda m: m.start))
+
+
+def inventory_from_file(path: str | Path) -> list[InventoryNode]:
+    data = load_cluster(path)
+    nodes: list[InventoryNode] = []
+    for pool in data["pools"]:
+        spec = pool["nodes"]
+        partitioning = pool.get("partitioning", "exclusive")
+        migs = mig_instances(pool.get("mig_layout", []), int(pool["gpu_memory_mib"])) if partitioning == "mig" else ()
+        for i in range(int(spec.get("count", 1))):
+            name = f"{spec.get('prefix', pool['name'])}-{i + 1:02d}"
+            unhealthy = set(spec.get("unhealthy", {}).get(name, []))
+            devices = tuple(
+                InventoryDevice(
+                    index=d,
+                    model=pool["gpu_model"],
+                    memory_mib=int(pool["gpu_memory_mib"]),
+                    uuid=f"GPU-sim-{name}-{d}",
+                    healthy=d not in unhealthy,
+                    partitioning=partitioning,
+                    replicas=int(pool.get("replicas", 1)),
+                    mig_instances=migs,
+                )
+                for d in range(int(spec.get("gpus", 8)))
+            )
+            nodes.append(
+                InventoryNode(
+                    name=name,
+                    pool=pool["name"],
+                    cpu_milli=int(spec.get("cpu_milli", 64000)),
+                    memory_mib=int(spec.get("memory_mib", 512 * 1024)),
+                    devices=devices,
+                    labels={"nvidia.com/gpu.product": pool["gpu_model"], **pool.get("node_selector", {})},
+                    taints=tuple((t["key"], t.get("value", ""), t.get("effect", "NoSchedule")) for t in pool.get("taints", [])),
+                    ready=name not in set(spec.get("not_ready", [])),
+                    interconnect=pool.get("interconnect", "pcie"),
+                )
+            )
+    return nodes
+
+
+class SimulatedBackend:
+    name = "simulated"
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def inventory(self) -> list[InventoryNode]:
+        return inventory_from_file(self.path)
+
+    def launch(self, spec: LaunchSpec) -> None:
+        now = timezone.now()
+        try:
+            with transaction.atomic():
+                SimulatedWorkload.objects.create(
+                    name=spec.name,
+                    namespace=spec.namespace,
+                    node=spec.node,
+                    spec={"image": spec.image, "command": list(spec.command), "attempt": spec.attempt_id},
+                    created_at=now,
+                    starts_at=now + START_DELAY,
+                    ends_at=now + START_DELAY + timedelta(seconds=max(1, spec.simulated_duration_s)),
+                    exit_code=spec.simulated_exit_code,
+                )
+        except IntegrityError:
+            # Created before: a retried launch adopts it.
+            pass
+
+    def stop(self, name: str, namespace: str, grace_seconds: int = 30) -> None:
+        SimulatedWorkload.objects.filter(name=name, namespace=namespace, stopped_at__isnull=True).update(
+            stopped_at=timezone.now()
+        )
+
+    def status(self, name: str, namespace: str) -> WorkloadStatus:
+        w = SimulatedWorkload.objects.filter(name=name, namespace=namespace).first()
+        if w is None:
+            return WorkloadStatus(name, namespace, Outcome.MISSING)
+        now = timezone.now()
+        if w.stopped_at is not None:
+            return WorkloadStatus(name, namespace, Outcome.PREEMPTED, "Deleted", "stopped by the portal")
+        if now < w.starts_at:
+            return WorkloadStatus(name, namespace, Outcome.PENDING)
+        if now < w.ends_at:
+            return WorkloadStatus(name, namespace, Outcome.RUNNING)
+        if w.exit_code == 0:
+            return WorkloadStatus(name, namespace, Outcome.SUCCEEDED, "Completed", exit_code=0)
+        return WorkloadStatus(
+            name, namespace, Outcome.FAILED, "Error", f"exited with code {w.exit_code}", exit_code=w.exit_code
+        )

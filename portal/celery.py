@@ -1,0 +1,19 @@
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+
+app = Celery("portal")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks()
+
+
+@app.on_after_finalize.connect
+def _schedule_tick(sender: Celery, **kwargs: object) -> None:
+    from django.conf import settings
+
+    sender.add_periodic_task(float(settings.TICK_SECONDS), sender.signature("portal.tasks.tick"), name="tick")
+    sender.add_periodic_task(float(settings.TICK_SECONDS), sender.signature("portal.tasks.reconcile"), name="reconcile")
+    if settings.DEMO_TRICKLE:
+        sender.add_periodic_task(8.0, sender.signature("portal.tasks.demo_trickle"), name="demo-trickle")

@@ -1,0 +1,23 @@
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from django.core.management.base import BaseCommand
+
+from portal.demo import seed, submit_synthetic
+
+
+class Command(BaseCommand):
+    help = "Create the demo pools, teams, users and a few requests (safe to run twice)."
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--requests", type=int, default=6, help="synthetic requests to submit now")
+
+    def handle(self, *args: Any, requests: int, **options: Any) -> None:
+        info = seed()
+        rng = random.Random(7)
+        submitted = sum(submit_synthetic(rng=rng) for _ in range(requests))
+        self.stdout.write(
+            f"demo ready: users {', '.join(info['users'])} (password {info['password']}); {submitted} requests submitted"
+        )

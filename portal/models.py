@@ -1,0 +1,479 @@
+"""Domain models. Quantities are integers: milli-GPU, MiB, millicores."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator, RegexValidator
+from django.db import models
+from django.db.models import Q
+
+slug_validator = RegexValidator(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+    "Use lower-case letters, digits and dashes (a Kubernetes name).",
+)
+positive = [MinValueValidator(0)]
+
+
+class Team(models.Model):
+    name = models.CharField(max_length=63, unique=True, validators=[slug_validator])
+    display_name = models.CharField(max_length=200, blank=True)
+    #: Kubernetes namespace the team's workloads run in; set by admins only.
+    namespace = models.CharField(max_length=63, unique=True, validators=[slug_validator])
+    #: fair-share weight
+    weight = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
+    #: most pending requests at once; 0 = the site default
+    max_pending = models.PositiveIntegerField(default=0, help_text="0 = the site default")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Membership(models.Model):
+    class Role(models.TextChoices):
+        MEMBER = "member"
+        LEAD = "lead"
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=10, choices=Role.choices, default=Role.MEMBER)
+    #: most GPU milli this member may hold at once; null = no cap beyond the team's
+    gpu_cap_milli = models.PositiveIntegerField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "team"], name="membership_unique")]
+        ordering = ["team__name", "user__username"]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.team} ({self.role})"
+
+
+class DeviceProfile(models.Model):
+    """What a request consumes on one device."""
+
+    class Kind(models.TextChoices):
+        WHOLE = "whole", "whole GPU"
+        MIG = "mig", "MIG instance"
+        SHARED = "shared", "shared slice"
+
+    name = models.CharField(max_length=63, unique=True)
+    kind = models.CharField(max_length=10, choices=Kind.choices)
+    mig_profile = models.CharField(max_length=30, blank=True)
+    #: compute share per device for shared slices (1000 = whole)
+    milli = models.PositiveIntegerField(default=1000, validators=[MinValueValidator(1)])
+    #: GPU-memory cap for shared slices, MiB
+    gpu_memory_mib = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["kind", "name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        if self.kind == self.Kind.MIG and not self.mig_profile:
+            raise ValidationError({"mig_profile": "A MIG profile needs a profile name such as 3g.40gb."})
+        if self.kind == self.Kind.SHARED and not 0 < self.milli < 1000:
+            raise ValidationError({"milli": "A shared slice takes between 1 and 999 milli-GPU."})
+        if self.kind == self.Kind.WHOLE and self.milli != 1000:
+            raise ValidationError({"milli": "A whole GPU is 1000 milli-GPU."})
+
+
+class WorkloadClass(models.Model):
+    class Preemption(models.TextChoices):
+        NEVER = "never"
+        WHEN_BORROWING = "when-borrowing", "only when borrowing"
+        ALWAYS = "always", "yes"
+
+    name = models.CharField(max_length=63, unique=True, validators=[slug_validator])
+    description = models.CharField(max_length=300, blank=True)
+    #: higher bands are served first; requests never leave their band
+    band = models.IntegerField(default=0)
+    preemption = models.CharField(max_length=20, choices=Preemption.choices, default=Preemption.ALWAYS)
+    min_runtime_s = models.PositiveIntegerField(default=0)
+    max_queue_s = models.PositiveIntegerField(default=0, help_text="0 = no limit")
+    latency_objective_ms = models.PositiveIntegerField(null=True, blank=True)
+    default_profile = models.ForeignKey(DeviceProfile, null=True, blank=True, on_delete=models.SET_NULL)
+    #: counts against a pool's production-inference floor
+    inference = models.BooleanField(default=False)
+    priority_class_name = models.CharField(max_length=63, blank=True)
+
+    class Meta:
+        ordering = ["-band", "name"]
+        verbose_name_plural = "workload classes"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Pool(models.Model):
+    class Partitioning(models.TextChoices):
+        EXCLUSIVE = "exclusive"
+        TIME_SLICING = "time-slicing"
+        MIG = "mig"
+
+    class Lifecycle(models.TextChoices):
+        CANARY = "canary"
+        PRODUCTION = "production"
+        MAINTENANCE = "maintenance"
+
+    name = models.CharField(max_length=63, unique=True, validators=[slug_validator])
+    gpu_model = models.CharField(max_length=100)
+    gpu_memory_mib = models.PositiveIntegerField()
+    architecture = models.CharField(max_length=50, blank=True)
+    interconnect = models.CharField(max_length=20, default="pcie")
+    partitioning = models.CharField(max_length=20, choices=Partitioning.choices, default=Partitioning.EXCLUSIVE)
+    time_slicing_replicas = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
+    #: MIG: the profiles each device is cut into, e.g. ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]
+    mig_layout = models.JSONField(default=list, blank=True)
+    node_selector = models.JSONField(default=dict, blank=True)
+    #: [{"key": ..., "value": ..., "effect": ...}]
+    taints = models.JSONField(default=list, blank=True)
+    lifecycle = models.CharField(max_length=20, choices=Lifecycle.choices, default=Lifecycle.PRODUCTION)
+    inference_floor_milli = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Node(models.Model):
+    name = models.CharField(max_length=253, unique=True)
+    pool = models.ForeignKey(Pool, on_delete=models.PROTECT, related_name="nodes")
+    cpu_milli = models.PositiveIntegerField()
+    memory_mib = models.PositiveIntegerField()
+    labels = models.JSONField(default=dict, blank=True)
+    taints = models.JSONField(default=list, blank=True)
+    interconnect = models.CharField(max_length=20, default="pcie")
+    ready = models.BooleanField(default=True)
+    cordoned = models.BooleanField(default=False)
+    #: draining: cordoned, and running work is being moved off
+    draining = models.BooleanField(default=False)
+    #: last node-agent report; null where no agent runs (the simulated cluster)
+    last_heartbeat = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["pool__name", "name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Device(models.Model):
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="devices")
+    index = models.PositiveIntegerField()
+    uuid = models.CharField(max_length=100, blank=True)
+    model = models.CharField(max_length=100)
+    memory_mib = models.PositiveIntegerField()
+    partitioning = models.CharField(max_length=20, choices=Pool.Partitioning.choices, default="exclusive")
+    replicas = models.PositiveIntegerField(default=1)
+    #: MIG instances that exist on the device: [{"profile": "3g.40gb", "start": 0, "size": 4}]
+    mig_instances = models.JSONField(default=list, blank=True)
+    healthy = models.BooleanField(default=True)
+    health_reason = models.CharField(max_length=200, blank=True)
+    # What the node agent last read through NVML.
+    memory_used_mib = models.PositiveIntegerField(default=0)
+    utilization_pct = models.PositiveIntegerField(default=0)
+    processes = models.JSONField(default=list, blank=True)
+    xids = models.JSONField(default=list, blank=True)
+    reported_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["node__name", "index"]
+        constraints = [models.UniqueConstraint(fields=["node", "index"], name="device_unique_index")]
+
+    def __str__(self) -> str:
+        return f"{self.node.name}/gpu{self.index}"
+
+
+class Quota(models.Model):
+    """A team's share of a pool, in GPU milli. Null limits are unlimited."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="quotas")
+    pool = models.ForeignKey(Pool, on_delete=models.CASCADE, related_name="quotas")
+    nominal_milli = models.PositiveIntegerField(default=0)
+    borrowing_limit_milli = models.PositiveIntegerField(null=True, blank=True)
+    lending_limit_milli = models.PositiveIntegerField(null=True, blank=True)
+    #: the most the lead may set nominal to; admins set it (0 = nominal is admin-only)
+    granted_milli = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["team__name", "pool__name"]
+        constraints = [models.UniqueConstraint(fields=["team", "pool"], name="quota_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.team}@{self.pool}"
+
+
+class GpuRequest(models.Model):
+    class State(models.TextChoices):
+        PENDING = "pending"
+        ADMITTED = "admitted"
+        RUNNING = "running"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        CANCELLED = "cancelled"
+
+    ACTIVE_STATES = (State.ADMITTED, State.RUNNING)
+    TERMINAL_STATES = (State.SUCCEEDED, State.FAILED, State.CANCELLED)
+
+    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="requests")
+    submitted_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="gpu_requests")
+    name = models.CharField(max_length=100, blank=True)
+    workload_class = models.ForeignKey(WorkloadClass, on_delete=models.PROTECT)
+    #: null = any pool that offers the profile
+    pool = models.ForeignKey(Pool, null=True, blank=True, on_delete=models.PROTECT)
+    profile_kind = models.CharField(max_length=10, choices=DeviceProfile.Kind.choices, default="whole")
+    mig_profile = models.CharField(max_length=30, blank=True)
+    milli = models.PositiveIntegerField(default=1000)
+    gpu_memory_mib = models.PositiveIntegerField(default=0)
+    count = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
+    #: gang size: number of nodes, each with `count` devices
+    pods = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
+    cpu_milli = models.PositiveIntegerField(default=1000)
+    memory_mib = models.PositiveIntegerField(default=4096)
+    image = models.CharField(max_length=500)
+    command = models.JSONField(default=list, blank=True)
+    env = models.JSONField(default=dict, blank=True)
+    checkpoint_interval_s = models.PositiveIntegerField(default=0, help_text="0 = no checkpoints")
+    max_runtime_s = models.PositiveIntegerField(default=0, help_text="0 = no limit")
+    #: the submitter's estimate, used for start-time estimates and the simulated cluster
+    estimated_runtime_s = models.PositiveIntegerField(default=3600)
+    priority = models.IntegerField(default=0)
+    state = models.CharField(max_length=20, choices=State.choices, default=State.PENDING, db_index=True)
+    requeue_count = models.PositiveIntegerField(default=0)
+    requeue_at = models.DateTimeField(null=True, blank=True)
+    end_reason = models.CharField(max_length=300, blank=True)
+    # The latest decision, kept on the row so lists need no join.
+    status_code = models.CharField(max_length=50, blank=True)
+    status_message = models.CharField(max_length=500, blank=True)
+    queue_position = models.PositiveIntegerField(null=True, blank=True)
+    escalated = models.BooleanField(default=False)
+    estimated_start = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["team", "state"]), models.Index(fields=["state", "created_at"])]
+        constraints = [
+            models.CheckConstraint(condition=Q(count__gte=1), name="request_count_positive"),
+            models.CheckConstraint(condition=Q(milli__gte=1) & Q(milli__lte=1000), name="request_milli_range"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name or f"request {self.pk}"
+
+    @property
+    def gpus_milli(self) -> int:
+        if self.profile_kind == DeviceProfile.Kind.MIG:
+            head = self.mig_profile.split("g.", 1)[0]
+            per = (int(head) if head.isdigit() else 7) * 1000 // 7
+        elif self.profile_kind == DeviceProfile.Kind.SHARED:
+            per = self.milli
+        else:
+            per = 1000
+        return per * self.count * self.pods
+
+    @property
+    def profile_label(self) -> str:
+        if self.profile_kind == DeviceProfile.Kind.MIG:
+            return f"MIG {self.mig_profile}"
+        if self.profile_kind == DeviceProfile.Kind.SHARED:
+            cap = f", {self.gpu_memory_mib} MiB" if self.gpu_memory_mib else ""
+            return f"shared {self.milli}m{cap}"
+        return "whole GPU"
+
+
+class Attempt(models.Model):
+    class State(models.TextChoices):
+        ADMITTED = "admitted"
+        RUNNING = "running"
+        #: asked to stop (preemption, cancel, drain); devices held until the pod is gone
+        STOPPING = "stopping"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        PREEMPTED = "preempted"
+        NODE_LOST = "node_lost"
+        CANCELLED = "cancelled"
+
+    ACTIVE_STATES = (State.ADMITTED, State.RUNNING, State.STOPPING)
+
+    request = models.ForeignKey(GpuRequest, on_delete=models.CASCADE, related_name="attempts")
+    number = models.PositiveIntegerField()
+    state = models.CharField(max_length=20, choices=State.choices, default=State.ADMITTED, db_index=True)
+    pool = models.ForeignKey(Pool, on_delete=models.PROTECT)
+    nodes = models.JSONField(default=list)
+    workload_name = models.CharField(max_length=63)
+    namespace = models.CharField(max_length=63)
+    gpus_milli = models.PositiveIntegerField()
+    borrowing = models.BooleanField(default=False)
+    admitted_at = models.DateTimeField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    last_checkpoint_at = models.DateTimeField(null=True, blank=True)
+    #: why the attempt is being stopped (set with STOPPING)
+    stop_reason = models.CharField(max_length=30, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    end_reason = models.CharField(max_length=300, blank=True)
+    #: set exactly once, when the attempt's devices and quota go back
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["request_id", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["request", "number"], name="attempt_unique_number"),
+            models.UniqueConstraint(
+                fields=["request"],
+                condition=Q(state__in=["admitted", "running", "stopping"]),
+                name="attempt_one_active_per_request",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.workload_name
+
+
+class Allocation(models.Model):
+    """One slot of one device held by an attempt.
+
+    Slots: "gpu" for an exclusive device; "m0".."m7" for each MIG memory slot an
+    instance covers; "s0".."s<replicas-1>" for time-slicing shares (a whole GPU on
+    a shared device holds every share). The partial unique index makes a double
+    booking impossible in the database, whatever the scheduler believed.
+    """
+
+    attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, related_name="allocations")
+    device = models.ForeignKey(Device, on_delete=models.PROTECT, related_name="allocations")
+    slot = models.CharField(max_length=10)
+    #: the grant this slot belongs to, as the packer made it
+    milli = models.PositiveIntegerField(default=1000)
+    gpu_memory_mib = models.PositiveIntegerField(default=0)
+    mig_profile = models.CharField(max_length=30, blank=True)
+    mig_start = models.IntegerField(default=-1)
+    mig_size = models.IntegerField(default=0)
+    active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["device", "slot"], condition=Q(active=True), name="allocation_one_active_per_slot"
+            )
+        ]
+
+
+class UsageRecord(models.Model):
+    """Accounting for one attempt: GPU milli-seconds by team, class and pool."""
+
+    attempt = models.OneToOneField(Attempt, on_delete=models.CASCADE, related_name="usage")
+    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="usage_records")
+    workload_class = models.ForeignKey(WorkloadClass, on_delete=models.PROTECT)
+    pool = models.ForeignKey(Pool, on_delete=models.PROTECT)
+    gpus_milli = models.PositiveIntegerField()
+    started_at = models.DateTimeField()
+    ended_at = models.DateTimeField(null=True, blank=True)
+    gpu_milli_seconds = models.BigIntegerField(default=0)
+    #: preempted and infrastructure-lost attempts are recorded but not charged to the team
+    charged = models.BooleanField(default=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["team", "ended_at"])]
+
+
+class Decision(models.Model):
+    class Kind(models.TextChoices):
+        ADMIT = "admit"
+        WAIT = "wait"
+        PREEMPT = "preempt"
+        REJECT = "reject"
+        REQUEUE = "requeue"
+        END = "end"
+
+    tick = models.BigIntegerField(default=0, db_index=True)
+    request = models.ForeignKey(GpuRequest, null=True, blank=True, on_delete=models.CASCADE, related_name="decisions")
+    attempt = models.ForeignKey(Attempt, null=True, blank=True, on_delete=models.SET_NULL)
+    team = models.ForeignKey(Team, null=True, blank=True, on_delete=models.CASCADE)
+    pool = models.ForeignKey(Pool, null=True, blank=True, on_delete=models.SET_NULL)
+    node = models.CharField(max_length=253, blank=True, db_index=True)
+    kind = models.CharField(max_length=10, choices=Kind.choices, db_index=True)
+    code = models.CharField(max_length=50)
+    message = models.CharField(max_length=500)
+    facts = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["team", "-created_at"]), models.Index(fields=["request", "-created_at"])]
+
+
+class AuditEventQuerySet(models.QuerySet["AuditEvent"]):
+    def update(self, **kwargs: Any) -> int:
+        raise PermissionError("audit events are append-only")
+
+    def delete(self) -> tuple[int, dict[str, int]]:
+        raise PermissionError("audit events are append-only")
+
+
+class AuditEvent(models.Model):
+    """Who changed what, before and after. Append-only, in Python and in the database."""
+
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    actor_name = models.CharField(max_length=150)
+    action = models.CharField(max_length=50, db_index=True)
+    object_type = models.CharField(max_length=50)
+    object_id = models.CharField(max_length=50)
+    team = models.ForeignKey(Team, null=True, blank=True, on_delete=models.SET_NULL)
+    before = models.JSONField(null=True, blank=True)
+    after = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    objects = AuditEventQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.pk is not None:
+            raise PermissionError("audit events are append-only")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        raise PermissionError("audit events are append-only")
+
+
+class SchedulerState(models.Model):
+    """One row: tick counters, and the tick lease used where advisory locks do not exist."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    ticks = models.BigIntegerField(default=0)
+    skipped_ticks = models.BigIntegerField(default=0)
+    last_tick_at = models.DateTimeField(null=True, blank=True)
+    last_tick_ms = models.PositiveIntegerField(default=0)
+    lease_until = models.DateTimeField(null=True, blank=True)
+
+
+class SimulatedWorkload(models.Model):
+    """A workload of the simulated cluster. Its life is a function of time."""
+
+    name = models.CharField(max_length=63)
+    namespace = models.CharField(max_length=63)
+    node = models.CharField(max_length=253)
+    spec = models.JSONField(default=dict)
+    created_at = models.DateTimeField()
+    starts_at = models.DateTimeField()
+    ends_at = models.DateTimeField()
+    exit_code = models.IntegerField(default=0)
+    stopped_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["namespace", "name"], name="simworkload_unique")]

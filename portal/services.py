@@ -1,0 +1,631 @@
+"""Every write goes through here: pages, API and tasks share these functions.
+
+Each change writes its AuditEvent in the same transaction. Invalid input raises
+`ValidationError` naming the field; nothing half-written stays behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import re
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.db.models import Model
+from django.forms.models import model_to_dict
+from django.utils import timezone
+
+from portal.backends import get_backend
+from portal.backends.base import GrantSpec, LaunchSpec, Outcome, WorkloadStatus
+from portal.models import (
+    Allocation,
+    Attempt,
+    AuditEvent,
+    Decision,
+    Device,
+    DeviceProfile,
+    GpuRequest,
+    Membership,
+    Node,
+    Pool,
+    Quota,
+    Team,
+    UsageRecord,
+    WorkloadClass,
+)
+
+log = logging.getLogger(__name__)
+
+User = AbstractBaseUser | AnonymousUser | None
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+IMAGE = re.compile(r"^[a-z0-9]+([._/:@-][A-Za-z0-9_.-]+)*$")
+FORBIDDEN_ENV = re.compile(r"^(NVIDIA_.*|CUDA_VISIBLE_DEVICES)$", re.IGNORECASE)
+MAX_GPUS_PER_NODE = 16
+STOP_GRACE_SECONDS = 30
+
+
+# ---------------------------------------------------------------------------
+# Audit
+
+
+def audit(
+    *,
+    actor: User,
+    action: str,
+    obj: Model,
+    team: Team | None = None,
+    before: dict[str, Any] | None = None,
+    after: dict[str, Any] | None = None,
+) -> AuditEvent:
+    """Record who changed what; call inside the transaction that made the change."""
+    real = actor if actor is not None and getattr(actor, "is_authenticated", False) else None
+    return AuditEvent.objects.create(
+        actor=real,
+        actor_name=getattr(real, "username", "") or "system",
+        action=action,
+        object_type=obj._meta.model_name or "",
+        object_id=str(obj.pk),
+        team=team,
+        before=_jsonable(before),
+        after=_jsonable(after),
+    )
+
+
+def _jsonable(data: dict[str, Any] | None) -> dict[str, Any] | None:
+    if data is None:
+        return None
+    return {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in data.items()}
+
+
+def _snapshot(obj: Model, fields: list[str]) -> dict[str, Any]:
+    return model_to_dict(obj, fields=fields)
+
+
+# ---------------------------------------------------------------------------
+# Requests
+
+
+def _offering_pools(*, kind: str, mig_profile: str, pool: Pool | None) -> list[Pool]:
+    """Pools that can serve a profile: the named one, or every production pool."""
+    pools = [pool] if pool is not None else list(Pool.objects.filter(lifecycle=Pool.Lifecycle.PRODUCTION))
+    out = []
+    for p in pools:
+        if kind == DeviceProfile.Kind.MIG and (p.partitioning != "mig" or mig_profile not in p.mig_layout):
+            continue
+        if kind == DeviceProfile.Kind.SHARED and p.partitioning != "time-slicing":
+            continue
+        if kind == DeviceProfile.Kind.WHOLE and p.partitioning == "mig":
+            continue
+        out.append(p)
+    return out
+
+
+def _validate_env(env: Any) -> dict[str, str]:
+    if not isinstance(env, dict):
+        raise ValidationError({"env": "Environment variables must be a mapping of NAME to value."})
+    clean: dict[str, str] = {}
+    for key, value in env.items():
+        if not isinstance(key, str) or not ENV_NAME.match(key):
+            raise ValidationError({"env": f"{key!r} is not a valid environment variable name."})
+        if FORBIDDEN_ENV.match(key):
+            raise ValidationError({"env": f"{key} is set by the platform and cannot be overridden."})
+        if not isinstance(value, str | int | float) or len(str(value)) > 4096:
+            raise ValidationError({"env": f"{key} must be a string of at most 4096 characters."})
+        clean[key] = str(value)
+    if len(clean) > 100:
+        raise ValidationError({"env": "At most 100 environment variables."})
+    return clean
+
+
+def _validate_command(command: Any) -> list[str]:
+    if isinstance(command, str):
+        command = command.split()
+    if not isinstance(command, list) or not all(isinstance(c, str) for c in command):
+        raise ValidationError({"command": "The command must be a list of strings."})
+    if len(command) > 100 or sum(len(c) for c in command) > 8192:
+        raise ValidationError({"command": "The command is too long."})
+    return command
+
+
+def gpu_request_submit(
+    *,
+    user: AbstractBaseUser,
+    team: Team,
+    workload_class: WorkloadClass,
+    image: str,
+    pool: Pool | None = None,
+    profile_kind: str = DeviceProfile.Kind.WHOLE,
+    mig_profile: str = "",
+    milli: int = 1000,
+    gpu_memory_mib: int = 0,
+    count: int = 1,
+    pods: int = 1,
+    cpu_milli: int = 1000,
+    memory_mib: int = 4096,
+    command: Any = (),
+    env: Any = None,
+    checkpoint_interval_s: int = 0,
+    max_runtime_s: int = 0,
+    estimated_runtime_s: int = 3600,
+    name: str = "",
+    priority: int = 0,
+) -> GpuRequest:
+    """Queue a request for `team`; the tick picks it up on commit."""
+    if not Membership.objects.filter(user=user, team=team).exists():
+        raise ValidationError({"team": "You are not a member of this team."})
+    if profile_kind not in DeviceProfile.Kind.values:
+        raise ValidationError({"profile_kind": f"Choose one of {', '.join(DeviceProfile.Kind.values)}."})
+    if profile_kind == DeviceProfile.Kind.WHOLE:
+        milli, gpu_memory_mib, mig_profile = 1000, 0, ""
+    elif profile_kind == DeviceProfile.Kind.SHARED:
+        if not 1 <= milli <= 999:
+            raise ValidationError({"milli": "A shared slice takes between 1 and 999 milli-GPU."})
+        mig_profile = ""
+    else:
+        milli, gpu_memory_mib = 1000, 0
+        if not mig_profile:
+            raise ValidationError({"mig_profile": "Choose a MIG profile."})
+    if not 1 <= count <= MAX_GPUS_PER_NODE:
+        raise ValidationError({"count": f"Ask for between 1 and {MAX_GPUS_PER_NODE} devices per node."})
+    if not 1 <= pods <= 64:
+        raise ValidationError({"pods": "A gang spans between 1 and 64 nodes."})
+    if pool is not None and pool.lifecycle == Pool.Lifecycle.MAINTENANCE:
+        raise ValidationError({"pool": f"Pool {pool.name} is in maintenance."})
+    if not _offering_pools(kind=profile_kind, mig_profile=mig_profile, pool=pool):
+        where = f"pool {pool.name}" if pool else "any production pool"
+        field = "mig_profile" if profile_kind == DeviceProfile.Kind.MIG else "profile_kind"
+        raise ValidationError({field: f"No {where} offers this device profile."})
+    if not image or len(image) > 500 or not IMAGE.match(image):
+        raise ValidationError({"image": "Give a container image such as registry.example.com/team/train:1.2."})
+    command = _validate_command(list(command) if isinstance(command, tuple) else command)
+    env = _validate_env(env or {})
+    for field_name, value in (
+        ("cpu_milli", cpu_milli),
+        ("memory_mib", memory_mib),
+        ("checkpoint_interval_s", checkpoint_interval_s),
+        ("max_runtime_s", max_runtime_s),
+        ("estimated_runtime_s", estimated_runtime_s),
+    ):
+        if not isinstance(value, int) or value < 0 or value > 10**9:
+            raise ValidationError({field_name: "Must be a whole number between 0 and 1000000000."})
+
+    with transaction.atomic():
+        # The team row lock makes the pending caps exact under concurrent submits.
+        team = Team.objects.select_for_update().get(pk=team.pk)
+        _check_pending_caps(user=user, team=team)
+        req = GpuRequest(
+            team=team,
+            submitted_by=user,
+            name=name[:100],
+            workload_class=workload_class,
+            pool=pool,
+            profile_kind=profile_kind,
+            mig_profile=mig_profile,
+            milli=milli,
+            gpu_memory_mib=gpu_memory_mib,
+            count=count,
+            pods=pods,
+            cpu_milli=cpu_milli,
+            memory_mib=memory_mib,
+            image=image,
+            command=command,
+            env=env,
+            checkpoint_interval_s=checkpoint_interval_s,
+            max_runtime_s=max_runtime_s,
+            estimated_runtime_s=estimated_runtime_s,
+            priority=max(-100, min(100, priority)),
+            status_code="queued",
+            status_message="queued: waiting for the next scheduling pass",
+        )
+        req.full_clean()
+        req.save()
+        audit(actor=user, action="request.submit", obj=req, team=team, after={"profile": req.profile_label, "count": count})
+        _wake_scheduler()
+    return req
+
+
+def _check_pending_caps(*, user: AbstractBaseUser, team: Team) -> None:
+    pending = GpuRequest.objects.filter(state=GpuRequest.State.PENDING)
+    if pending.filter(submitted_by=user).count() >= settings.MAX_PENDING_PER_USER:
+        raise ValidationError({"__all__": f"You already have {settings.MAX_PENDING_PER_USER} pending requests."})
+    team_cap = team.max_pending or settings.MAX_PENDING_PER_TEAM
+    if pending.filter(team=team).count() >= team_cap:
+        raise ValidationError({"__all__": f"Team {team.name} already has {team_cap} pending requests."})
+
+
+def _wake_scheduler() -> None:
+    from portal.tasks import tick
+
+    transaction.on_commit(lambda: _safe_delay(tick))
+
+
+def _safe_delay(task: Any) -> None:
+    # The broker only wakes things up: if it is down, beat's next tick does the work.
+    try:
+        task.delay()
+    except Exception:  # noqa: BLE001
+        log.warning("could not enqueue %s; the periodic tick will pick the work up", task.name, exc_info=True)
+
+
+def gpu_request_cancel(*, user: AbstractBaseUser, gpu_request: GpuRequest) -> GpuRequest:
+    """Cancel a pending request, or stop a running one."""
+    with transaction.atomic():
+        req = GpuRequest.objects.select_for_update().get(pk=gpu_request.pk)
+        if req.state in GpuRequest.TERMINAL_STATES:
+            raise ValidationError({"state": f"This request has already {req.state}."})
+        before = {"state": req.state}
+        attempt = req.attempts.filter(state__in=Attempt.ACTIVE_STATES).first()
+        if attempt is not None:
+            _attempt_stop(attempt, reason="cancelled")
+        req.state = GpuRequest.State.CANCELLED
+        req.end_reason = f"cancelled by {getattr(user, 'username', 'a user')}"
+        req.status_code, req.status_message = "cancelled", req.end_reason
+        req.queue_position = None
+        req.save()
+        Decision.objects.create(
+            request=req, team=req.team, kind=Decision.Kind.END, code="cancelled", message=req.end_reason
+        )
+        audit(actor=user, action="request.cancel", obj=req, team=req.team, before=before, after={"state": req.state})
+    return req
+
+
+def _attempt_stop(attempt: Attempt, *, reason: str) -> None:
+    """Ask the backend to stop an attempt; its devices stay held until the pod is gone."""
+    if attempt.state == Attempt.State.STOPPING:
+        return
+    attempt.state = Attempt.State.STOPPING
+    attempt.stop_reason = reason
+    attempt.save(update_fields=["state", "stop_reason"])
+    name, namespace = attempt.workload_name, attempt.namespace
+    transaction.on_commit(lambda: _backend_call("stop", name, namespace, STOP_GRACE_SECONDS))
+
+
+def _backend_call(method: str, *args: Any) -> None:
+    # Runs after commit; a failure is re-driven by the reconciler, never lost.
+    try:
+        getattr(get_backend(), method)(*args)
+    except Exception:  # noqa: BLE001
+        log.exception("backend %s%r failed; the reconciler will retry", method, args)
+
+
+# ---------------------------------------------------------------------------
+# Admission, attempts and their ends
+
+
+def launch_spec(attempt: Attempt) -> LaunchSpec:
+    """Build the workload from stored rows only: nothing here comes from request data at launch."""
+    req = attempt.request
+    allocations = list(attempt.allocations.select_related("device__node").order_by("device__node__name", "device__index", "slot"))
+    grants: dict[tuple[int, int], GrantSpec] = {}
+    for a in allocations:
+        key = (a.device.index, a.mig_start)
+        grants.setdefault(key, GrantSpec(a.device.index, a.milli, a.gpu_memory_mib, a.mig_profile, a.mig_start))
+    exit_code = 0
+    words = [str(c) for c in req.command]
+    if len(words) >= 2 and words[-2] == "exit" and words[-1].isdigit():
+        exit_code = int(words[-1])
+    duration = req.estimated_runtime_s * settings.SIMULATED_SECONDS_PER_HOUR // 3600
+    return LaunchSpec(
+        name=attempt.workload_name,
+        namespace=attempt.namespace,
+        request_id=req.pk,
+        attempt_id=attempt.pk,
+        attempt_number=attempt.number,
+        team=req.team.name,
+        workload_class=req.workload_class.name,
+        priority_class=req.workload_class.priority_class_name,
+        pool=attempt.pool.name,
+        node=attempt.nodes[0] if attempt.nodes else "",
+        image=req.image,
+        command=tuple(words),
+        env=tuple(sorted(req.env.items())),
+        profile_kind=req.profile_kind,
+        grants=tuple(grants.values()),
+        cpu_milli=req.cpu_milli,
+        memory_mib=req.memory_mib,
+        tolerations=tuple((t["key"], t.get("value", ""), t.get("effect", "NoSchedule")) for t in attempt.pool.taints),
+        max_runtime_s=req.max_runtime_s,
+        simulated_duration_s=max(2, duration),
+        simulated_exit_code=exit_code,
+    )
+
+
+def release_attempt(attempt: Attempt, *, now: datetime, charged: bool) -> bool:
+    """Give an attempt's devices and quota back. True the one time it happens."""
+    if Attempt.objects.filter(pk=attempt.pk, released_at__isnull=True).update(released_at=now) != 1:
+        return False
+    attempt.released_at = now
+    Allocation.objects.filter(attempt=attempt, active=True).update(active=False)
+    usage = UsageRecord.objects.filter(attempt=attempt, ended_at__isnull=True).first()
+    if usage is not None:
+        seconds = max(0, int((now - usage.started_at).total_seconds()))
+        usage.ended_at = now
+        usage.gpu_milli_seconds = seconds * usage.gpus_milli
+        usage.charged = charged
+        usage.save(update_fields=["ended_at", "gpu_milli_seconds", "charged"])
+    return True
+
+
+def requeue_delay_s(attempt_number: int) -> float:
+    """base·2^(n-1) plus up to 10% jitter, capped."""
+    base = settings.REQUEUE_BASE_SECONDS * 2 ** max(0, attempt_number - 1)
+    return float(min(settings.REQUEUE_MAX_SECONDS, base * (1 + random.random() * 0.1)))
+
+
+def _requeue(req: GpuRequest, *, now: datetime, why: str) -> None:
+    req.requeue_count += 1
+    if req.requeue_count > settings.REQUEUE_LIMIT:
+        req.state = GpuRequest.State.FAILED
+        req.end_reason = f"{why}; gave up after {settings.REQUEUE_LIMIT} requeues"
+        req.status_code, req.status_message = "requeue-limit", req.end_reason
+        kind, code = Decision.Kind.END, "requeue-limit"
+    else:
+        delay = requeue_delay_s(req.requeue_count)
+        req.state = GpuRequest.State.PENDING
+        req.requeue_at = now + timedelta(seconds=delay)
+        req.status_code = "requeued"
+        req.status_message = f"requeued: {why}; back in the queue in {int(delay)} s"
+        kind, code = Decision.Kind.REQUEUE, "requeued"
+    req.save()
+    Decision.objects.create(request=req, team=req.team, kind=kind, code=code, message=req.status_message)
+
+
+# How each backend outcome ends an attempt: (attempt state, request state or None to requeue, charged).
+_ENDINGS: dict[Outcome, tuple[str, str | None, bool]] = {
+    Outcome.SUCCEEDED: (Attempt.State.SUCCEEDED, GpuRequest.State.SUCCEEDED, True),
+    Outcome.FAILED: (Attempt.State.FAILED, GpuRequest.State.FAILED, True),
+    Outcome.OOM: (Attempt.State.FAILED, GpuRequest.State.FAILED, True),
+    Outcome.IMAGE_PULL: (Attempt.State.FAILED, GpuRequest.State.FAILED, False),
+    Outcome.PREEMPTED: (Attempt.State.PREEMPTED, None, False),
+    Outcome.NODE_LOST: (Attempt.State.NODE_LOST, None, False),
+    Outcome.DEVICE_ERROR: (Attempt.State.FAILED, None, False),
+}
+
+_REASONS = {
+    Outcome.SUCCEEDED: "finished successfully",
+    Outcome.FAILED: "the workload failed",
+    Outcome.OOM: "the workload ran out of memory",
+    Outcome.IMAGE_PULL: "the container image could not be pulled",
+    Outcome.PREEMPTED: "preempted to make room for work with a stronger claim",
+    Outcome.NODE_LOST: "the node it ran on was lost",
+    Outcome.DEVICE_ERROR: "the device plugin refused the pod",
+}
+
+
+def attempt_observe(*, attempt_id: int, status: WorkloadStatus, now: datetime | None = None) -> str:
+    """Move an attempt (and its request) forward from what the backend reports. Returns the new state."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        attempt = Attempt.objects.select_for_update().select_related("request__team").get(pk=attempt_id)
+        if attempt.state not in Attempt.ACTIVE_STATES:
+            return str(attempt.state)
+        req = GpuRequest.objects.select_for_update().get(pk=attempt.request_id)
+        outcome = status.outcome
+        if attempt.state == Attempt.State.STOPPING and outcome in (Outcome.MISSING, Outcome.PREEMPTED):
+            return _end_stopped(attempt, req, now=now)
+        if outcome == Outcome.RUNNING and attempt.state == Attempt.State.ADMITTED:
+            attempt.state, attempt.started_at = Attempt.State.RUNNING, now
+            attempt.save(update_fields=["state", "started_at"])
+            if req.state == GpuRequest.State.ADMITTED:
+                req.state = GpuRequest.State.RUNNING
+                req.status_code, req.status_message = "running", f"running on {', '.join(attempt.nodes)}"
+                req.save()
+            return str(attempt.state)
+        if outcome == Outcome.MISSING and attempt.state == Attempt.State.RUNNING:
+            outcome = Outcome.NODE_LOST
+        if outcome not in _ENDINGS:
+            return str(attempt.state)
+        return _end_attempt(attempt, req, outcome=outcome, status=status, now=now)
+
+
+def _end_attempt(attempt: Attempt, req: GpuRequest, *, outcome: Outcome, status: WorkloadStatus, now: datetime) -> str:
+    attempt_state, request_state, charged = _ENDINGS[outcome]
+    reason = _REASONS[outcome] + (f" ({status.message})" if status.message else "")
+    attempt.state, attempt.ended_at, attempt.exit_code = attempt_state, now, status.exit_code
+    attempt.end_reason = reason
+    attempt.save(update_fields=["state", "ended_at", "exit_code", "end_reason"])
+    release_attempt(attempt, now=now, charged=charged)
+    Decision.objects.create(
+        request=req, attempt=attempt, team=req.team, pool=attempt.pool, node=",".join(attempt.nodes),
+        kind=Decision.Kind.END, code=outcome.value, message=f"attempt {attempt.number}: {reason}",
+        facts={"exit_code": status.exit_code, "reason": status.reason},
+    )
+    if req.state in GpuRequest.TERMINAL_STATES:
+        return str(attempt.state)
+    if request_state is None:
+        _requeue(req, now=now, why=reason)
+    else:
+        req.state, req.end_reason = request_state, reason
+        req.status_code, req.status_message = outcome.value, reason
+        req.save()
+    return str(attempt.state)
+
+
+def _end_stopped(attempt: Attempt, req: GpuRequest, *, now: datetime) -> str:
+    reason = attempt.stop_reason or "stopped"
+    cancelled = reason == "cancelled"
+    attempt.state = Attempt.State.CANCELLED if cancelled else Attempt.State.PREEMPTED
+    attempt.ended_at, attempt.end_reason = now, reason
+    attempt.save(update_fields=["state", "ended_at", "end_reason"])
+    # Cancelled work is the user's choice and is charged; preempted and drained work is not.
+    release_attempt(attempt, now=now, charged=cancelled)
+    if not cancelled and req.state not in GpuRequest.TERMINAL_STATES:
+        why = "preempted to make room for work with a stronger claim" if reason == "preempted" else f"stopped ({reason})"
+        _requeue(req, now=now, why=why)
+    return str(attempt.state)
+
+
+# ---------------------------------------------------------------------------
+# Quotas, classes, pools, nodes
+
+
+QUOTA_FIELDS = ["nominal_milli", "borrowing_limit_milli", "lending_limit_milli", "granted_milli"]
+
+
+def quota_set(
+    *,
+    actor: AbstractBaseUser,
+    team: Team,
+    pool: Pool,
+    nominal_milli: int,
+    borrowing_limit_milli: int | None = None,
+    lending_limit_milli: int | None = None,
+    granted_milli: int | None = None,
+) -> Quota:
+    """Set a team's quota in a pool. Lowering it never stops running work; it only blocks new admissions."""
+    is_admin = bool(getattr(actor, "is_staff", False))
+    with transaction.atomic():
+        quota, _ = Quota.objects.select_for_update().get_or_create(team=team, pool=pool)
+        before = _snapshot(quota, QUOTA_FIELDS)
+        if granted_milli is not None:
+            if not is_admin:
+                raise ValidationError({"granted_milli": "Only platform admins change what a team is granted."})
+            quota.granted_milli = granted_milli
+        if not is_admin and nominal_milli > quota.granted_milli:
+            raise ValidationError(
+                {"nominal_milli": f"At most {quota.granted_milli / 1000:g} GPUs were granted to {team.name} in {pool.name}."}
+            )
+        for field_name, value in (
+            ("nominal_milli", nominal_milli),
+            ("borrowing_limit_milli", borrowing_limit_milli),
+            ("lending_limit_milli", lending_limit_milli),
+        ):
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise ValidationError({field_name: "Must be a whole number of milli-GPU, 0 or more."})
+        quota.nominal_milli = nominal_milli
+        quota.borrowing_limit_milli = borrowing_limit_milli
+        quota.lending_limit_milli = lending_limit_milli
+        quota.full_clean()
+        quota.save()
+        audit(actor=actor, action="quota.set", obj=quota, team=team, before=before, after=_snapshot(quota, QUOTA_FIELDS))
+    return quota
+
+
+CLASS_FIELDS = ["band", "preemption", "min_runtime_s", "max_queue_s", "latency_objective_ms", "inference", "priority_class_name", "description"]
+
+
+def workload_class_update(*, actor: AbstractBaseUser, workload_class: WorkloadClass, **changes: Any) -> WorkloadClass:
+    return _update(actor=actor, obj=workload_class, fields=CLASS_FIELDS, action="class.update", changes=changes)
+
+
+POOL_FIELDS = ["lifecycle", "inference_floor_milli", "taints", "node_selector", "time_slicing_replicas", "mig_layout", "interconnect", "architecture"]
+
+
+def pool_update(*, actor: AbstractBaseUser, pool: Pool, **changes: Any) -> Pool:
+    return _update(actor=actor, obj=pool, fields=POOL_FIELDS, action="pool.update", changes=changes)
+
+
+def _update(*, actor: AbstractBaseUser, obj: Any, fields: list[str], action: str, changes: dict[str, Any]) -> Any:
+    unknown = set(changes) - set(fields)
+    if unknown:
+        raise ValidationError({sorted(unknown)[0]: "This field cannot be changed here."})
+    with transaction.atomic():
+        obj = type(obj).objects.select_for_update().get(pk=obj.pk)
+        before = _snapshot(obj, fields)
+        for key, value in changes.items():
+            setattr(obj, key, value)
+        obj.full_clean()
+        obj.save()
+        audit(actor=actor, action=action, obj=obj, before=before, after=_snapshot(obj, fields))
+    return obj
+
+
+def team_create(*, actor: AbstractBaseUser | None, name: str, namespace: str = "", display_name: str = "", weight: int = 1) -> Team:
+    with transaction.atomic():
+        team = Team(name=name, namespace=namespace or f"qm-{name}", display_name=display_name or name, weight=weight)
+        team.full_clean()
+        team.save()
+        audit(actor=actor, action="team.create", obj=team, team=team, after={"name": name, "namespace": team.namespace})
+    return team
+
+
+def membership_set(*, actor: AbstractBaseUser | None, team: Team, user: AbstractBaseUser, role: str, gpu_cap_milli: int | None = None) -> Membership:
+    if role not in Membership.Role.values:
+        raise ValidationError({"role": f"Choose one of {', '.join(Membership.Role.values)}."})
+    with transaction.atomic():
+        m, created = Membership.objects.select_for_update().get_or_create(user=user, team=team, defaults={"role": role})
+        before = None if created else _snapshot(m, ["role", "gpu_cap_milli"])
+        m.role, m.gpu_cap_milli = role, gpu_cap_milli
+        m.save()
+        audit(actor=actor, action="membership.set", obj=m, team=team, before=before, after=_snapshot(m, ["role", "gpu_cap_milli"]))
+    return m
+
+
+def node_cordon(*, actor: AbstractBaseUser, node: Node) -> Node:
+    return _node_maintenance(actor=actor, node=node, cordoned=True, draining=False, action="node.cordon")
+
+
+def node_return(*, actor: AbstractBaseUser, node: Node) -> Node:
+    return _node_maintenance(actor=actor, node=node, cordoned=False, draining=False, action="node.return")
+
+
+def node_drain(*, actor: AbstractBaseUser, node: Node) -> Node:
+    """Cordon the node and stop what runs there; stopped work requeues, not charged."""
+    with transaction.atomic():
+        node = _node_maintenance(actor=actor, node=node, cordoned=True, draining=True, action="node.drain")
+        attempt_ids = Allocation.objects.filter(device__node=node, active=True).values_list("attempt_id", flat=True)
+        for attempt in Attempt.objects.filter(pk__in=set(attempt_ids), state__in=Attempt.ACTIVE_STATES):
+            _attempt_stop(attempt, reason="drained")
+    return node
+
+
+def _node_maintenance(*, actor: AbstractBaseUser, node: Node, cordoned: bool, draining: bool, action: str) -> Node:
+    with transaction.atomic():
+        node = Node.objects.select_for_update().get(pk=node.pk)
+        before = _snapshot(node, ["cordoned", "draining"])
+        node.cordoned, node.draining = cordoned, draining
+        node.save(update_fields=["cordoned", "draining", "updated_at"])
+        audit(actor=actor, action=action, obj=node, before=before, after=_snapshot(node, ["cordoned", "draining"]))
+    return node
+
+
+# ---------------------------------------------------------------------------
+# Inventory
+
+
+def inventory_sync(*, nodes: list[Any] | None = None) -> int:
+    """Bring Node and Device rows in line with what the backend reports. Returns nodes seen."""
+    inventory = nodes if nodes is not None else get_backend().inventory()
+    pools = {p.name: p for p in Pool.objects.all()}
+    seen = 0
+    with transaction.atomic():
+        for inv in inventory:
+            pool = pools.get(inv.pool)
+            if pool is None:
+                continue
+            node, _ = Node.objects.update_or_create(
+                name=inv.name,
+                defaults={
+                    "pool": pool,
+                    "cpu_milli": inv.cpu_milli,
+                    "memory_mib": inv.memory_mib,
+                    "labels": inv.labels,
+                    "taints": [{"key": k, "value": v, "effect": e} for k, v, e in inv.taints],
+                    "ready": inv.ready,
+                    "interconnect": inv.interconnect,
+                },
+            )
+            if inv.cordoned and not node.cordoned:
+                Node.objects.filter(pk=node.pk).update(cordoned=True)
+            for d in inv.devices:
+                Device.objects.update_or_create(
+                    node=node,
+                    index=d.index,
+                    defaults={
+                        "uuid": d.uuid,
+                        "model": d.model,
+                        "memory_mib": d.memory_mib,
+                        "partitioning": d.partitioning,
+                        "replicas": d.replicas,
+                        "mig_instances": [{"profile": m.profile, "start": m.start, "size": m.size} for m in d.mig_instances],
+                        "healthy": d.healthy,
+                    },
+                )
+            seen += 1
+    return seen

@@ -1,0 +1,227 @@
+"""Settings for Quartermaster, read from the environment.
+
+With nothing set, everything runs on one machine with no server installed:
+SQLite under var/, a Celery broker on the filesystem, the simulated cluster.
+Set DATABASE_URL and REDIS_URL for PostgreSQL and Redis. Every secret may
+come from a file instead: FOO_FILE=/run/secrets/foo.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(os.environ.get("QM_VAR_DIR", BASE_DIR / "var"))
+
+
+def env(name: str, default: str = "") -> str:
+    """Return NAME from the environment, or the contents of the file NAME_FILE."""
+    path = os.environ.get(f"{name}_FILE")
+    if path:
+        try:
+            return Path(path).read_text().strip()
+        except OSError as exc:
+            raise ImproperlyConfigured(f"{name}_FILE={path} cannot be read: {exc}") from exc
+    return os.environ.get(name, default)
+
+
+def envbool(name: str, default: str) -> bool:
+    value = env(name, default).lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ImproperlyConfigured(f"{name} must be true or false, not {value!r}")
+
+
+def envint(name: str, default: str) -> int:
+    value = env(name, default)
+    try:
+        return int(value)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be an integer, not {value!r}") from None
+
+
+def envlist(name: str, default: str) -> list[str]:
+    return [item.strip() for item in env(name, default).split(",") if item.strip()]
+
+
+DEBUG = envbool("DEBUG", "false")
+SECRET_KEY = env("SECRET_KEY")
+if not SECRET_KEY:
+    if not DEBUG and envbool("QM_REQUIRE_SECRET", "false"):
+        raise ImproperlyConfigured("SECRET_KEY (or SECRET_KEY_FILE) must be set")
+    # Local default only: a stable key per checkout so sessions survive restarts.
+    SECRET_KEY = "insecure-local-" + str(BASE_DIR)
+
+ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", "127.0.0.1,localhost,testserver")
+CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", "")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_htmx",
+    "template_partials",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "portal",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "portal.urls"
+WSGI_APPLICATION = "portal.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    }
+]
+
+DATABASE_URL = env("DATABASE_URL")
+if DATABASE_URL:
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
+else:
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": VAR_DIR / "quartermaster.sqlite3",
+            "OPTIONS": {
+                # web, worker and beat share one file: wait for locks, write-ahead log,
+                # take the write lock at BEGIN so a tick never deadlocks on upgrade.
+                "timeout": 30,
+                "transaction_mode": "IMMEDIATE",
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            },
+        }
+    }
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/accounts/login/"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = Path(env("STATIC_ROOT", str(VAR_DIR / "static")))
+
+# Security: production settings pass `manage.py check --deploy`.
+SESSION_COOKIE_HTTPONLY = True
+CSRF_COOKIE_HTTPONLY = False  # htmx reads the token from the page, not the cookie
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+if not DEBUG and envbool("SECURE_COOKIES", "false"):
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_SSL_REDIRECT = envbool("SECURE_SSL_REDIRECT", "true")
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_HSTS_SECONDS = envint("SECURE_HSTS_SECONDS", "31536000")
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_HSTS_PRELOAD = True
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]
+
+# Celery: Redis when REDIS_URL is set, else a broker on the filesystem.
+REDIS_URL = env("REDIS_URL")
+if REDIS_URL:
+    CELERY_BROKER_URL = REDIS_URL
+    CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {"visibility_timeout": 3600}
+else:
+    _broker = VAR_DIR / "broker"
+    for _sub in ("in", "processed"):
+        (_broker / _sub).mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_URL = "filesystem://"
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_broker / "in"),
+        "data_folder_out": str(_broker / "in"),
+        "data_folder_processed": str(_broker / "processed"),
+        "store_processed": False,
+    }
+CELERY_TASK_ALWAYS_EAGER = envbool("CELERY_TASK_ALWAYS_EAGER", "false")
+CELERY_TASK_EAGER_PROPAGATES = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+
+# Scheduling.
+TICK_SECONDS = envint("TICK_SECONDS", "3")
+CLUSTER_BACKEND = env("CLUSTER_BACKEND", "simulated")
+if CLUSTER_BACKEND not in ("simulated", "kubernetes"):
+    raise ImproperlyConfigured("CLUSTER_BACKEND must be simulated or kubernetes")
+SIMULATED_CLUSTER = env("SIMULATED_CLUSTER", str(BASE_DIR / "portal" / "demo_cluster.yaml"))
+# Simulated workloads run this many real seconds per requested hour (demo speed).
+SIMULATED_SECONDS_PER_HOUR = envint("SIMULATED_SECONDS_PER_HOUR", "20")
+K8S_IN_CLUSTER = envbool("K8S_IN_CLUSTER", "false")
+NODE_AGENT_TOKEN = env("NODE_AGENT_TOKEN")
+HEARTBEAT_STALE_SECONDS = envint("HEARTBEAT_STALE_SECONDS", "120")
+IMAGE_PULL_TIMEOUT_SECONDS = envint("IMAGE_PULL_TIMEOUT_SECONDS", "600")
+REQUEUE_BASE_SECONDS = envint("REQUEUE_BASE_SECONDS", "60")
+REQUEUE_MAX_SECONDS = envint("REQUEUE_MAX_SECONDS", "3600")
+REQUEUE_LIMIT = envint("REQUEUE_LIMIT", "5")
+MAX_PENDING_PER_USER = envint("MAX_PENDING_PER_USER", "50")
+MAX_PENDING_PER_TEAM = envint("MAX_PENDING_PER_TEAM", "500")
+DEMO_TRICKLE = envbool("DEMO_TRICKLE", "false")
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
+    "PAGE_SIZE": 50,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Quartermaster API",
+    "DESCRIPTION": "Request GPUs, watch the queue, manage quotas.",
+    "VERSION": "1",
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": env("LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

@@ -1,0 +1,40 @@
+"""Thin Celery tasks: the database holds the truth, these only wake things up."""
+
+from __future__ import annotations
+
+import logging
+import random
+
+from celery import shared_task
+from django.conf import settings
+
+log = logging.getLogger(__name__)
+
+
+@shared_task(name="portal.tasks.tick", ignore_result=True)
+def tick() -> dict[str, object]:
+    from portal.tick import run_tick
+
+    result = run_tick()
+    return {"ran": result.ran, "admitted": result.admitted, "preempted": result.preempted}
+
+
+@shared_task(name="portal.tasks.reconcile", ignore_result=True)
+def reconcile() -> dict[str, int]:
+    from portal.tick import reconcile as reconcile_now
+
+    counts = reconcile_now()
+    if any(counts.get(k) for k in ("succeeded", "failed", "preempted", "node_lost", "cancelled")):
+        # Devices came back: schedule now rather than at the next beat.
+        tick.delay()
+    return counts
+
+
+@shared_task(name="portal.tasks.demo_trickle", ignore_result=True)
+def demo_trickle() -> int:
+    """Submit a synthetic request now and then so the demo queue visibly moves."""
+    if not settings.DEMO_TRICKLE:
+        return 0
+    from portal.demo import submit_synthetic
+
+    return submit_synthetic(rng=random.Random())
