@@ -1,76 +1,494 @@
-"""One scheduling pass: plain FIFO first fit, one decision per pending request."""
+"""One scheduling pass (a tick): exactly one decision per pending request.
+
+`schedule(snapshot)` is a pure function of frozen data. Steps:
+
+1. **Index** the snapshot: pools, classes, free capacity (`ClusterState` with every
+   running attempt taken), quota books (`scheduling.quota`) and fair-share state.
+2. **Order** the pending requests (`scheduling.queue.FairQueue`): band, escalation,
+   priority, weighted dominant share with decayed usage, age, id — re-ranked after
+   every admission.
+3. For each request in that order:
+   a. reject what can never run (unknown class or pool, a shape no node could hold);
+      hold requests still in their requeue backoff and those naming a pool in
+      maintenance;
+   b. **pools**: the named pool (a canary pool only this way), or every production
+      pool; quota (`QuotaBook.check`) keeps those it may use, and pools where it
+      borrows nothing come before pools where it borrows;
+   c. **place** with the packer on those pools, skipping nodes held by a
+      reservation; gangs are placed all or nothing by the packer;
+   d. if it does not fit: when attempts preempted earlier will free enough room, wait
+      for them; else, when it is entitled and has waited `Policy.preempt_after_s`,
+      **preempt** (`scheduling.preemption`) within `Policy.max_preemptions_per_tick`;
+      the room is claimed for it at once and it starts next tick, once the victims
+      are gone;
+   e. else **reserve**: the first `Policy.max_reservations` blocked requests that are
+      large (`Policy.reserve_min_devices`), escalated or have waited
+      `Policy.reserve_after_s` hold the nodes closest to fitting them; no later
+      request of the tick may use those nodes, so small jobs cannot keep a large
+      one out forever (backfill only on nodes that do not delay a reserved head);
+4. **Explain** every outcome (`scheduling.explain`): a code, a sentence, the facts.
+
+Decisions come back in queue order; the PREEMPT decisions of a preemptor come just
+before its own WAIT.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from scheduling import preemption
+from scheduling.explain import (
+    Code,
+    describe,
+    gpu_noun,
+    gpus,
+    quota_sentence,
+    reclaim_sentence,
+    where,
+)
 from scheduling.packer import ClusterState
+from scheduling.queue import FairQueue, cluster_capacity
+from scheduling.quota import QuotaBook, Verdict
 from scheduling.types import (
     Decision,
     DecisionKind,
+    Device,
     Lifecycle,
     Node,
+    Partitioning,
+    PendingRequest,
+    Placement,
     Policy,
+    Pool,
+    ProfileKind,
+    Shape,
     Snapshot,
+    WorkloadClass,
 )
 
+ShapeKey = tuple[object, ...]
 
-def schedule(snapshot: Snapshot, now_ms: int | None = None, policy: Policy | None = None) -> list[Decision]:
-    """Return exactly one decision per pending request, in queue order.
 
-    1. order pending requests by creation time, then id;
-    2. place each on the first node that fits in its pool (or any production pool);
-    3. explain every outcome.
-    """
-    policy = policy or Policy()
-    pools = {p.name: p for p in snapshot.pools}
-    state = ClusterState(snapshot.nodes)
-    for run in snapshot.running:
-        state.take(run.placement)
+def schedule(
+    snapshot: Snapshot, now_ms: int | None = None, policy: Policy | None = None
+) -> list[Decision]:
+    """Return exactly one decision per pending request (plus PREEMPTs), in queue order."""
+    tick = _Tick(snapshot, snapshot.now_ms if now_ms is None else now_ms, policy or Policy())
+    return tick.run()
 
-    decisions: list[Decision] = []
-    queue = sorted(snapshot.pending, key=lambda r: (r.created_at_ms, r.id))
-    for position, req in enumerate(queue, start=1):
 
-        def accept(node: Node, pool_name: str = req.pool) -> bool:
-            pool = pools.get(node.pool)
-            if pool is None or pool.lifecycle is Lifecycle.MAINTENANCE:
-                return False
-            if pool_name:
-                return node.pool == pool_name
-            return pool.lifecycle is Lifecycle.PRODUCTION
+@dataclass(slots=True)
+class _Failures:
+    """Shapes that did not fit this tick, per (shape family, pools); capacity only shrinks
+    between `clear()` calls, so anything at least as large as a failure fails too."""
 
-        placement = state.find(req.shape, accept)
+    seen: dict[ShapeKey, list[tuple[int, ...]]] = field(default_factory=dict)
+
+    @staticmethod
+    def split(shape: Shape, pools: tuple[str, ...]) -> tuple[ShapeKey, tuple[int, ...]]:
+        family = (
+            shape.kind,
+            shape.mig_profile,
+            shape.gpu_models,
+            shape.tolerations,
+            shape.pods,
+            pools,
+        )
+        size = (shape.count, shape.milli, shape.gpu_memory_mib, shape.cpu_milli, shape.memory_mib)
+        return family, size
+
+    def known(self, shape: Shape, pools: tuple[str, ...]) -> bool:
+        family, size = self.split(shape, pools)
+        return any(
+            all(a >= b for a, b in zip(size, f, strict=True)) for f in self.seen.get(family, ())
+        )
+
+    def add(self, shape: Shape, pools: tuple[str, ...]) -> None:
+        family, size = self.split(shape, pools)
+        self.seen.setdefault(family, []).append(size)
+
+    def clear(self) -> None:
+        self.seen.clear()
+
+
+class _Tick:
+    def __init__(self, snapshot: Snapshot, now_ms: int, policy: Policy) -> None:
+        self.snap = snapshot
+        self.now = now_ms
+        self.policy = policy
+        self.pools: dict[str, Pool] = {p.name: p for p in snapshot.pools}
+        self.classes: dict[str, WorkloadClass] = {c.name: c for c in snapshot.classes}
+        self.production = tuple(
+            sorted(p.name for p in snapshot.pools if p.lifecycle is Lifecycle.PRODUCTION)
+        )
+        self.node_pool: dict[str, str] = {n.name: n.pool for n in snapshot.nodes}
+        self.state = ClusterState(snapshot.nodes, policy.packer)
+        self.held: dict[str, int] = {}
+        for run in snapshot.running:
+            self.state.take(run.placement)
+            self._hold(run.placement, +1)
+        self.book = QuotaBook(
+            snapshot.pools, snapshot.nodes, snapshot.quotas, snapshot.running, self.classes
+        )
+        self.queue = FairQueue(
+            snapshot.pending,
+            self.classes,
+            snapshot.teams,
+            snapshot.usage,
+            snapshot.running,
+            cluster_capacity(snapshot.nodes),
+            now_ms,
+            policy.usage_half_life_s,
+            policy.escalate_after,
+        )
+        self.running = [r for r in snapshot.running if not r.stopping]
+        self.stopping = [r for r in snapshot.running if r.stopping]
+        self.failures = _Failures()
+        self.reserved: dict[str, str] = {}
+        self.preemptions = 0
+        self.never: dict[tuple[Shape, tuple[str, ...]], bool] = {}
+
+    # -- the pass -------------------------------------------------------------------
+
+    def run(self) -> list[Decision]:
+        out: list[Decision] = []
+        position = 0
+        while (req := self.queue.pop()) is not None:
+            position += 1
+            out.extend(self.decide(req, position))
+        return out
+
+    def decide(self, req: PendingRequest, position: int) -> list[Decision]:
+        """Return the decisions for one request: its own, after any PREEMPTs it causes."""
+        cls = self.classes.get(req.workload_class)
+        if cls is None:
+            msg = f"rejected: workload class {req.workload_class!r} does not exist"
+            return [self._decision(DecisionKind.REJECT, req, Code.UNKNOWN_CLASS, msg)]
+        pools = self._pools_for(req)
+        if isinstance(pools, Decision):
+            return [pools]
+        if self._never_fits(req.shape, pools):
+            msg = f"rejected: no node in {where(pools)} can hold {describe(req.shape)}"
+            shape = {"pools": list(pools), "shape": describe(req.shape)}
+            return [self._decision(DecisionKind.REJECT, req, Code.NEVER_FITS, msg, facts=shape)]
+        if req.not_before_ms > self.now:
+            wait_s = (req.not_before_ms - self.now + 999) // 1000
+            msg = f"waiting: requeued after attempt {req.attempts}; may start again in {wait_s} s"
+            hold = {"not_before_ms": req.not_before_ms, "attempts": req.attempts}
+            return [self._wait(req, position, Code.BACKOFF, msg, hold)]
+        verdicts = {
+            p: self.book.check(req.team, p, req.shape.gpus_milli, req.workload_class) for p in pools
+        }
+        allowed = [p for p in pools if verdicts[p].ok]
+        if not allowed:
+            first = verdicts[pools[0]]
+            msg = "waiting: " + quota_sentence(first.code, first.facts)
+            quota = {"pools": {p: v.facts for p, v in verdicts.items()}}
+            return [self._wait(req, position, Code(first.code), msg, quota)]
+        for tier in (
+            tuple(p for p in allowed if not verdicts[p].borrowing),
+            tuple(p for p in allowed if verdicts[p].borrowing),
+        ):
+            placement = self._find(req.shape, tier) if tier else None
+            if placement is not None:
+                return [self._admit(req, cls, placement, verdicts, position)]
+        return self._blocked(req, cls, allowed, verdicts, position)
+
+    # -- steps ----------------------------------------------------------------------
+
+    def _pools_for(self, req: PendingRequest) -> tuple[str, ...] | Decision:
+        """Return the pools a request may use, or the decision that holds it back (step 3a–b)."""
+        if not req.pool:
+            return self.production
+        pool = self.pools.get(req.pool)
+        if pool is None:
+            msg = f"rejected: pool {req.pool!r} does not exist"
+            return self._decision(DecisionKind.REJECT, req, Code.UNKNOWN_POOL, msg)
+        if pool.lifecycle is Lifecycle.MAINTENANCE:
+            msg = f"waiting: pool {req.pool} is in maintenance"
+            return self._decision(
+                DecisionKind.WAIT, req, Code.POOL_MAINTENANCE, msg, facts={"pool": req.pool}
+            )
+        return (req.pool,)
+
+    def _find(self, shape: Shape, pools: tuple[str, ...]) -> Placement | None:
+        if self.failures.known(shape, pools):
+            return None
+        placement = self.state.find(shape, self._accept(pools))
         if placement is None:
-            where = f"pool {req.pool}" if req.pool else "any production pool"
-            decisions.append(
+            self.failures.add(shape, pools)
+        return placement
+
+    def _accept(self, pools: tuple[str, ...], reserved: bool = True) -> Callable[[Node], bool]:
+        held = self.reserved if reserved else {}
+
+        def accept(node: Node) -> bool:
+            return node.pool in pools and node.name not in held
+
+        return accept
+
+    def _admit(
+        self,
+        req: PendingRequest,
+        cls: WorkloadClass,
+        placement: Placement,
+        verdicts: dict[str, Verdict],
+        position: int,
+    ) -> Decision:
+        self.state.take(placement)
+        self._hold(placement, +1)
+        pool = self.node_pool[placement.pods[0].node]
+        verdict = verdicts[pool]
+        milli = req.shape.gpus_milli
+        self.book.add(req.team, pool, milli, req.workload_class, verdict.borrowing)
+        self.queue.charge(req.team, req.shape)
+        nodes = ", ".join(sorted(set(placement.nodes)))
+        if verdict.borrowing:
+            code = Code.BORROWS
+            over = verdict.facts["used_milli"]
+            nominal = int(str(verdict.facts["nominal_milli"]))
+            borrowed = int(str(over)) + milli - max(nominal, int(str(over)))
+            msg = (
+                f"admitted on {nodes} in pool {pool}, borrowing {gpu_noun(borrowed)} beyond team "
+                f"{req.team}'s {gpus(nominal)} guaranteed; borrowed GPUs may be reclaimed"
+            )
+        else:
+            code = Code.FITS
+            msg = f"admitted on {nodes} in pool {pool} within team {req.team}'s guaranteed quota"
+        facts = dict(verdict.facts)
+        facts["class"] = cls.name
+        return Decision(
+            DecisionKind.ADMIT,
+            req.id,
+            code,
+            msg,
+            placement=placement,
+            pool=pool,
+            position=position,
+            borrowing=verdict.borrowing,
+            escalated=self.queue.escalated.get(req.id, False),
+            facts=facts,
+        )
+
+    def _blocked(
+        self,
+        req: PendingRequest,
+        cls: WorkloadClass,
+        allowed: list[str],
+        verdicts: dict[str, Verdict],
+        position: int,
+    ) -> list[Decision]:
+        """Step 3d–e: wait for stopping attempts, preempt, or reserve."""
+        if self.stopping and self._fits_after_stops(req.shape, tuple(allowed)):
+            msg = (
+                f"waiting: preempted attempts are stopping in {where(allowed)} to make room for it"
+            )
+            stopping = {"stopping": sorted(r.attempt_id for r in self.stopping)}
+            return [self._wait(req, position, Code.AWAITING_STOP, msg, stopping)]
+        waited_ms = self.now - req.created_at_ms
+        if waited_ms >= self.policy.preempt_after_s * 1000:
+            done = self._preempt(req, cls, allowed, verdicts, position)
+            if done is not None:
+                return done
+        facts: dict[str, object] = {"pools": list(allowed), "shape": describe(req.shape)}
+        msg = f"waiting: no node in {where(allowed)} has {describe(req.shape)} free right now"
+        if self._reserve(req, tuple(allowed)):
+            held = sorted(n for n, owner in self.reserved.items() if owner == req.id)
+            facts["reserved_nodes"] = held
+            msg += f"; {', '.join(held)} {'is' if len(held) == 1 else 'are'} held back for it"
+        elif self.reserved:
+            owners = sorted(set(self.reserved.values()))
+            facts["reserved_for"] = owners
+            msg += f"; {len(self.reserved)} nodes are held for earlier large requests"
+        return [self._wait(req, position, Code.NO_CAPACITY, msg, facts)]
+
+    def _fits_after_stops(self, shape: Shape, pools: tuple[str, ...]) -> bool:
+        for run in self.stopping:
+            self.state.give(run.placement)
+        fits = self.state.find(shape, self._accept(pools)) is not None
+        for run in self.stopping:
+            self.state.take(run.placement)
+        return fits
+
+    def _preempt(
+        self,
+        req: PendingRequest,
+        cls: WorkloadClass,
+        allowed: list[str],
+        verdicts: dict[str, Verdict],
+        position: int,
+    ) -> list[Decision] | None:
+        cap = self.policy.max_preemptions_per_tick - self.preemptions
+        if cap <= 0:
+            return None
+        for pool in allowed:
+            book = self.book.pools[pool]
+            reclaim = book.managed and not verdicts[pool].borrowing
+            cands = preemption.candidates(
+                self.running,
+                self.classes,
+                book,
+                req.team,
+                cls.band,
+                cls.inference,
+                reclaim,
+                self.now,
+            )
+            found = preemption.plan(self.state, req.shape, self._accept((pool,)), cands, book, cap)
+            if found is not None:
+                return self._apply_plan(req, cls, pool, found, verdicts[pool], position)
+        return None
+
+    def _apply_plan(
+        self,
+        req: PendingRequest,
+        cls: WorkloadClass,
+        pool: str,
+        found: preemption.Plan,
+        verdict: Verdict,
+        position: int,
+    ) -> list[Decision]:
+        out: list[Decision] = []
+        lost: dict[str, int] = {}
+        for v in found.victims:
+            run = v.run
+            self.state.give(run.placement)
+            self._hold(run.placement, -1)
+            self.book.remove(run.team, run.pool, run.shape.gpus_milli, run.workload_class, False)
+            self.queue.charge(run.team, run.shape, -1)
+            self.running.remove(run)
+            lost[run.team] = lost.get(run.team, 0) + run.shape.gpus_milli
+            msg = f"preempted: request {req.id} of team {req.team} ({cls.name}) needs the room" + (
+                " this team borrowed" if v.reason is Code.RECLAIM else ""
+            )
+            facts = {
+                "preemptor": req.id,
+                "preemptor_team": req.team,
+                "preemptor_class": cls.name,
+                "pool": pool,
+                "lost_gpu_ms": v.lost,
+            }
+            out.append(
                 Decision(
-                    DecisionKind.WAIT,
-                    req.id,
-                    "no-capacity",
-                    f"waiting: no node in {where} has {_describe(req.shape)} free right now",
-                    position=position,
+                    DecisionKind.PREEMPT,
+                    run.request_id,
+                    v.reason,
+                    msg,
+                    attempt_id=run.attempt_id,
+                    pool=pool,
+                    facts=facts,
                 )
             )
-            continue
-        state.take(placement)
-        pool_name = next(n.pool for n in state.nodes if n.name == placement.pods[0].node)
-        decisions.append(
-            Decision(
-                DecisionKind.ADMIT,
-                req.id,
-                "fits",
-                f"admitted on {', '.join(placement.nodes)} in pool {pool_name}",
-                placement=placement,
-                pool=pool_name,
-            )
+        self.preemptions += len(found.victims)
+        # Claim the room now so that nothing later in this tick takes it.
+        self.state.take(found.placement)
+        self._hold(found.placement, +1)
+        self.book.add(req.team, pool, req.shape.gpus_milli, req.workload_class, verdict.borrowing)
+        self.queue.charge(req.team, req.shape)
+        self.failures.clear()
+        reason = found.victims[0].reason
+        msg = "waiting: " + reclaim_sentence(lost, reason) + "; it starts once they have stopped"
+        facts = {
+            "victims": [v.run.attempt_id for v in found.victims],
+            "pool": pool,
+            "nodes": sorted(set(found.placement.nodes)),
+        }
+        out.append(self._wait(req, position, Code.PREEMPTING, msg, facts))
+        return out
+
+    def _reserve(self, req: PendingRequest, pools: tuple[str, ...]) -> bool:
+        """Step 3e: hold the nodes closest to fitting this request, if it qualifies."""
+        owners = set(self.reserved.values())
+        if len(owners) >= self.policy.max_reservations or req.id in owners:
+            return False
+        shape = req.shape
+        devices = shape.count * shape.pods
+        waited = self.now - req.created_at_ms >= self.policy.reserve_after_s * 1000
+        large = devices >= self.policy.reserve_min_devices
+        if not (large or waited or self.queue.escalated.get(req.id, False)):
+            return False
+        scored: list[tuple[int, str]] = []
+        for node in self.snap.nodes:
+            if node.pool not in pools or node.name in self.reserved:
+                continue
+            if not (node.ready and not node.cordoned) or node.cpu_milli < shape.cpu_milli:
+                continue
+            fit = [d for d in node.devices if _device_can_host(d, shape)]
+            if len(fit) < shape.count:
+                continue
+            free = sum(1 for d in fit if self.held.get(f"{node.name}/{d.index}", 0) == 0)
+            scored.append((-free, node.name))
+        if len(scored) < shape.pods:
+            return False
+        for _, name in sorted(scored)[: shape.pods]:
+            self.reserved[name] = req.id
+        return True
+
+    def _never_fits(self, shape: Shape, pools: tuple[str, ...]) -> bool:
+        """Return True when no node of the pools could hold the shape even if it were empty.
+
+        Only necessary conditions are checked (models, device count, partitioning, CPU,
+        memory, taints), so a request is never rejected that could fit one day.
+        """
+        key = (shape, pools)
+        if key not in self.never:
+            hosts = 0
+            for node in self.snap.nodes:
+                if node.pool in pools and _node_can_host(node, shape):
+                    hosts += 1
+            self.never[key] = hosts < shape.pods
+        return self.never[key]
+
+    # -- helpers ----------------------------------------------------------------------
+
+    def _hold(self, placement: Placement, sign: int) -> None:
+        for pod in placement.pods:
+            for g in pod.grants:
+                key = f"{pod.node}/{g.device}"
+                self.held[key] = self.held.get(key, 0) + sign * max(g.milli, 1)
+
+    def _wait(
+        self, req: PendingRequest, position: int, code: Code, msg: str, facts: Mapping[str, object]
+    ) -> Decision:
+        return self._decision(DecisionKind.WAIT, req, code, msg, position, facts)
+
+    def _decision(
+        self,
+        kind: DecisionKind,
+        req: PendingRequest,
+        code: Code,
+        msg: str,
+        position: int = 0,
+        facts: Mapping[str, object] | None = None,
+    ) -> Decision:
+        return Decision(
+            kind,
+            req.id,
+            code,
+            msg,
+            position=position if kind is DecisionKind.WAIT else 0,
+            escalated=self.queue.escalated.get(req.id, False),
+            facts=facts or {},
         )
-    return decisions
 
 
-def _describe(shape) -> str:  # type: ignore[no-untyped-def]
-    if shape.kind == "mig":
-        what = f"{shape.count}× MIG {shape.mig_profile}"
-    elif shape.kind == "shared":
-        what = f"{shape.count}× {shape.milli / 1000:g} GPU share"
-    else:
-        what = f"{shape.count} whole GPU" + ("s" if shape.count != 1 else "")
-    return what + (f" on each of {shape.pods} nodes" if shape.pods > 1 else "")
+def _device_can_host(device: Device, shape: Shape) -> bool:
+    if shape.gpu_models and device.model not in shape.gpu_models:
+        return False
+    if shape.kind is ProfileKind.MIG:
+        return device.partitioning is Partitioning.MIG
+    if device.partitioning is Partitioning.MIG:
+        return False
+    return shape.kind is not ProfileKind.SHARED or device.memory_mib >= shape.gpu_memory_mib
+
+
+def _node_can_host(node: Node, shape: Shape) -> bool:
+    if node.cpu_milli < shape.cpu_milli or node.memory_mib < shape.memory_mib:
+        return False
+    for taint in node.taints:
+        if taint.effect not in ("NoSchedule", "NoExecute"):
+            continue
+        if not any(t.key == taint.key and t.value in ("", taint.value) for t in shape.tolerations):
+            return False
+    return sum(1 for d in node.devices if _device_can_host(d, shape)) >= shape.count

@@ -222,6 +222,9 @@ class TeamUsage:
 
     team: str
     decayed_milli_s: int
+    #: when `decayed_milli_s` was last decayed (epoch ms); `schedule()` decays it on to
+    #: its `now_ms` with `Policy.usage_half_life_s`. 0 = already decayed to now.
+    as_of_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +240,9 @@ class PendingRequest:
     priority: int = 0
     #: attempts already made (0 for a fresh request)
     attempts: int = 0
+    #: requeued after a preemption or a lost node: not admitted before this time
+    #: (epoch ms, see `scheduling.backoff.requeue_delay_s`); 0 = no hold
+    not_before_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,6 +261,9 @@ class Running:
     priority: int = 0
     #: already being stopped: its devices are still held, it is no preemption candidate
     stopping: bool = False
+    #: this attempt was admitted on capacity freed by preempting others; it is never a
+    #: victim of a preemptor from the same or a lower band (no preemption cycles)
+    admitted_by_preemption: bool = False
 
 
 @dataclass(frozen=True)
@@ -304,3 +313,12 @@ class Policy:
     escalate_after: float = 0.8
     tie_break: str = "name"
     seed: int = 0
+    #: at most this many blocked requests hold nodes back (a reservation) per tick
+    max_reservations: int = 2
+    #: a blocked request asking for fewer than `reserve_min_devices` devices gets a
+    #: reservation only after waiting this long
+    reserve_after_s: int = 1800
+    #: a blocked request of at least this many devices (all pods) gets a reservation at once
+    reserve_min_devices: int = 2
+    #: an entitled request preempts only after waiting this long (0 = at once)
+    preempt_after_s: int = 0

@@ -1,0 +1,200 @@
+"""Which running attempts to stop so that an entitled request can start.
+
+A request may preempt only when quota already allows it and only capacity is
+missing. Candidates, by tier (lower tier is taken first):
+
+1. **reclaim** — attempts of other teams that run on borrowed capacity in the pool,
+   and only while their team still borrows there (a team is never pushed below its
+   nominal quota); only a request that itself borrows nothing may reclaim;
+2. **floor** — preemptible non-inference attempts in the pool, when an inference
+   request needs the pool's inference floor back;
+3. **priority** — attempts of a lower class band of the same team, or of any team
+   in a pool without quotas.
+
+Never a candidate: attempts already stopping; classes that are never preempted;
+`when-borrowing` classes whose team does not borrow in the pool; attempts younger
+than their class's minimum runtime; inference attempts whose loss would take the
+pool's inference usage below its floor; and, against preemption cycles, an attempt
+that was itself admitted by preempting (`Running.admitted_by_preemption`) unless the
+preemptor is of a strictly higher band. Together with rule 1 (only a non-borrowing
+request reclaims, only from a borrowing team, never below nominal) no two requests
+can take the same capacity back and forth tick after tick.
+
+Victim order inside the candidates (`victim_key`): 1. tier; 2. lower band first;
+3. fewest GPU-milliseconds lost since the last checkpoint (or start); 4. most recently
+started first; 5. attempt id. The victim set is the smallest found: on each node the
+candidates are added in that order until the request fits there, then every victim
+not needed is put back; the node with the fewest victims (then least work lost, then
+name) wins. Gangs over several nodes take the same greedy pass over the whole pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from scheduling.explain import Code
+from scheduling.packer import ClusterState
+from scheduling.quota import PoolBook
+from scheduling.types import Node, Placement, PreemptionPolicy, Running, Shape, WorkloadClass
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    run: Running
+    tier: int
+    reason: Code
+    band: int
+    #: GPU milli-ms of work lost if stopped now
+    lost: int
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Victims to stop and where the preemptor will go once they are gone."""
+
+    victims: tuple[Candidate, ...]
+    placement: Placement
+
+
+def victim_key(c: Candidate) -> tuple[int, int, int, int, str]:
+    """Order candidates, first taken first (see the module docstring, 1–5)."""
+    return (c.tier, c.band, c.lost, -c.run.started_at_ms, c.run.attempt_id)
+
+
+def candidates(
+    running: Sequence[Running],
+    classes: Mapping[str, WorkloadClass],
+    book: PoolBook,
+    team: str,
+    band: int,
+    inference: bool,
+    reclaim: bool,
+    now_ms: int,
+) -> list[Candidate]:
+    """Return the attempts in `book`'s pool this request may preempt, in victim order."""
+    out: list[Candidate] = []
+    floor_room = book.floor - book.inference_used
+    for run in running:
+        if run.pool != book.name or run.stopping:
+            continue
+        cls = classes.get(run.workload_class)
+        if cls is None or cls.preemption is PreemptionPolicy.NEVER:
+            continue
+        if now_ms - run.started_at_ms < cls.min_runtime_s * 1000:
+            continue
+        if run.admitted_by_preemption and cls.band >= band:
+            continue
+        borrowing = book.borrowed(run.team) > 0
+        if cls.preemption is PreemptionPolicy.WHEN_BORROWING and not borrowing:
+            continue
+        if cls.inference and book.inference_used - run.shape.gpus_milli < book.floor:
+            continue
+        tier = _tier(run, cls, book, team, band, inference, reclaim, borrowing, floor_room)
+        if tier is None:
+            continue
+        since = run.last_checkpoint_ms if run.last_checkpoint_ms is not None else run.started_at_ms
+        lost = run.shape.gpus_milli * max(0, now_ms - since)
+        out.append(Candidate(run, tier[0], tier[1], cls.band, lost))
+    out.sort(key=victim_key)
+    return out
+
+
+def _tier(
+    run: Running,
+    cls: WorkloadClass,
+    book: PoolBook,
+    team: str,
+    band: int,
+    inference: bool,
+    reclaim: bool,
+    borrowing: bool,
+    floor_room: int,
+) -> tuple[int, Code] | None:
+    if reclaim and run.team != team and borrowing:
+        return 1, Code.RECLAIM
+    if inference and floor_room > 0 and not cls.inference:
+        return 2, Code.FLOOR_RECLAIM
+    if cls.band < band and (run.team == team or not book.managed):
+        return 3, Code.PRIORITY
+    return None
+
+
+def plan(
+    state: ClusterState,
+    shape: Shape,
+    accept: Callable[[Node], bool],
+    cands: list[Candidate],
+    book: PoolBook,
+    cap: int,
+) -> Plan | None:
+    """Return the smallest victim set (at most `cap`) that lets `shape` fit, or None.
+
+    Leaves `state` as it found it.
+    """
+    if not cands or cap <= 0:
+        return None
+    if shape.pods > 1:
+        return _greedy(state, shape, accept, cands, book, cap)
+    by_node: dict[str, list[Candidate]] = {}
+    for c in cands:
+        for pod in c.run.placement.pods:
+            by_node.setdefault(pod.node, []).append(c)
+    best: tuple[tuple[int, int, str], Plan] | None = None
+    for node in sorted(by_node):
+
+        def on_node(n: Node, name: str = node) -> bool:
+            return n.name == name and accept(n)
+
+        found = _greedy(state, shape, on_node, by_node[node], book, cap)
+        if found is None:
+            continue
+        score = (len(found.victims), sum(v.lost for v in found.victims), node)
+        if best is None or score < best[0]:
+            best = (score, found)
+            if len(found.victims) == 1 and found.victims[0].lost == 0:
+                break
+    return None if best is None else best[1]
+
+
+def _greedy(
+    state: ClusterState,
+    shape: Shape,
+    accept: Callable[[Node], bool],
+    cands: list[Candidate],
+    book: PoolBook,
+    cap: int,
+) -> Plan | None:
+    """Add candidates in order until `shape` fits, then drop the ones not needed."""
+    chosen: list[Candidate] = []
+    freed: dict[str, int] = {}
+    placement = None
+    for c in cands:
+        if len(chosen) >= cap:
+            break
+        if c.tier == 1:
+            left = book.borrowed(c.run.team) - freed.get(c.run.team, 0)
+            if left <= 0:
+                continue
+        state.give(c.run.placement)
+        chosen.append(c)
+        freed[c.run.team] = freed.get(c.run.team, 0) + c.run.shape.gpus_milli
+        placement = state.find(shape, accept)
+        if placement is not None:
+            break
+    if placement is None:
+        for c in reversed(chosen):
+            state.take(c.run.placement)
+        return None
+    # Put back, newest choice first, every victim the request fits without.
+    for c in list(reversed(chosen)):
+        state.take(c.run.placement)
+        again = state.find(shape, accept)
+        if again is None:
+            state.give(c.run.placement)
+        else:
+            chosen.remove(c)
+            placement = again
+    for c in chosen:
+        state.take(c.run.placement)
+    return Plan(tuple(chosen), placement)

@@ -1,0 +1,178 @@
+"""Queue order: class band, escalation, priority, weighted dominant fair share, age, id.
+
+The order is recomputed as the tick goes: when a team is admitted something its
+share grows and its next request may fall behind other teams' requests. That is
+Kueue's fair-sharing iterator, with Slurm's decayed usage added in.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from scheduling.backoff import LN2, decay_usage
+from scheduling.types import Node, PendingRequest, Running, Shape, Team, TeamUsage, WorkloadClass
+
+#: shares are integers in parts per million of the cluster
+PPM = 1_000_000
+
+#: a class the snapshot does not define sorts last (the request is rejected anyway)
+UNKNOWN_BAND = -(10**9)
+
+
+@dataclass(frozen=True, slots=True)
+class Resources:
+    """A bundle of the three quantities fair share counts."""
+
+    gpu_milli: int = 0
+    cpu_milli: int = 0
+    memory_mib: int = 0
+
+    def plus(self, shape: Shape, sign: int = 1) -> Resources:
+        return Resources(
+            self.gpu_milli + sign * shape.gpus_milli,
+            self.cpu_milli + sign * shape.cpu_milli * shape.pods,
+            self.memory_mib + sign * shape.memory_mib * shape.pods,
+        )
+
+
+def cluster_capacity(nodes: Iterable[Node]) -> Resources:
+    """Return what the ready, uncordoned nodes hold in total (healthy devices only)."""
+    gpu = cpu = mem = 0
+    for node in nodes:
+        if node.ready and not node.cordoned:
+            gpu += 1000 * sum(1 for d in node.devices if d.healthy)
+            cpu += node.cpu_milli
+            mem += node.memory_mib
+    return Resources(gpu, cpu, mem)
+
+
+def dominant_share_ppm(held: Resources, capacity: Resources) -> int:
+    """Return the largest fraction (ppm) of any one resource that `held` takes of `capacity`."""
+    pairs = (
+        (held.gpu_milli, capacity.gpu_milli),
+        (held.cpu_milli, capacity.cpu_milli),
+        (held.memory_mib, capacity.memory_mib),
+    )
+    return max((h * PPM // c for h, c in pairs if c > 0), default=0)
+
+
+def history_share_ppm(decayed_milli_s: int, capacity_milli: int, half_life_s: int) -> int:
+    """Return decayed past usage as a share (ppm) of what the cluster could give in one half-life.
+
+    Holding the whole cluster forever accrues `capacity · half_life / ln 2` decayed
+    milli-seconds, so a team that always had everything scores 1,000,000 here.
+    """
+    if capacity_milli <= 0 or half_life_s <= 0:
+        return 0
+    return int(decayed_milli_s * LN2 * PPM / (capacity_milli * half_life_s))
+
+
+def escalated(req: PendingRequest, cls: WorkloadClass | None, now_ms: int, after: float) -> bool:
+    """Return whether the request has waited `after` (a fraction) of its class's maximum queue time."""
+    if cls is None or cls.max_queue_s <= 0:
+        return False
+    return now_ms - req.created_at_ms >= after * cls.max_queue_s * 1000
+
+
+def request_key(
+    req: PendingRequest, band: int, is_escalated: bool
+) -> tuple[int, int, int, int, str]:
+    """Sort key inside one team, smallest first:
+
+    1. higher class band first;
+    2. escalated requests (near their class's maximum queue time) first;
+    3. higher priority first — it never lifts a request past another band, since
+       the band is compared first;
+    4. older request first;
+    5. request id, for deterministic ties.
+    """
+    return (-band, -int(is_escalated), -req.priority, req.created_at_ms, req.id)
+
+
+class FairQueue:
+    """Pending requests in scheduling order; `charge` after an admission re-ranks its team.
+
+    The global order compares, smallest first: 1–3 of `request_key`, then the team's
+    weighted dominant share (current allocation plus decayed history, divided by the
+    team's weight), then 4–5 of `request_key`.
+    """
+
+    def __init__(
+        self,
+        pending: Iterable[PendingRequest],
+        classes: Mapping[str, WorkloadClass],
+        teams: Iterable[Team],
+        usage: Iterable[TeamUsage],
+        running: Iterable[Running],
+        capacity: Resources,
+        now_ms: int,
+        half_life_s: int,
+        escalate_after: float,
+    ) -> None:
+        self.capacity = capacity
+        self.weights = {t.name: max(t.weight, 1) for t in teams}
+        self.held: dict[str, Resources] = {}
+        for run in running:
+            self.held[run.team] = self.held.get(run.team, Resources()).plus(run.shape)
+        self.history: dict[str, int] = {}
+        for u in usage:
+            elapsed = now_ms - u.as_of_ms if u.as_of_ms else 0
+            decayed = decay_usage(u.decayed_milli_s, elapsed, half_life_s)
+            self.history[u.team] = history_share_ppm(decayed, capacity.gpu_milli, half_life_s)
+        self.escalated: dict[str, bool] = {}
+        by_team: dict[str, list[tuple[tuple[int, int, int, int, str], PendingRequest]]] = {}
+        for req in pending:
+            cls = classes.get(req.workload_class)
+            esc = escalated(req, cls, now_ms, escalate_after)
+            self.escalated[req.id] = esc
+            band = cls.band if cls is not None else UNKNOWN_BAND
+            by_team.setdefault(req.team, []).append((request_key(req, band, esc), req))
+        self._lists = {team: sorted(items) for team, items in by_team.items()}
+        self._next = dict.fromkeys(self._lists, 0)
+        self._heap: list[tuple[tuple[int, int, int, int, int, str], str]] = []
+        for team in self._lists:
+            self._push(team)
+        self._last: str | None = None
+        #: another team's share changed (a preemption): rebuild the heap before popping
+        self._stale = False
+
+    def share(self, team: str) -> int:
+        """Return the team's weighted dominant share (ppm; lower goes first)."""
+        now = dominant_share_ppm(self.held.get(team, Resources()), self.capacity)
+        return (now + self.history.get(team, 0)) * 1000 // self.weights.get(team, 1)
+
+    def charge(self, team: str, shape: Shape, sign: int = 1) -> None:
+        """Count an admission (or, with sign -1, a preemption) in the team's share."""
+        self.held[team] = self.held.get(team, Resources()).plus(shape, sign)
+        if team != self._last:
+            self._stale = True
+
+    def pop(self) -> PendingRequest | None:
+        """Return the next request in order, or None when all were handed out."""
+        if self._last is not None:
+            self._push(self._last)
+            self._last = None
+        if self._stale:
+            teams = [team for _, team in self._heap]
+            self._heap = []
+            for team in teams:
+                self._push(team)
+            self._stale = False
+        if not self._heap:
+            return None
+        _, team = heapq.heappop(self._heap)
+        items = self._lists[team]
+        req = items[self._next[team]][1]
+        self._next[team] += 1
+        self._last = team
+        return req
+
+    def _push(self, team: str) -> None:
+        i = self._next[team]
+        items = self._lists[team]
+        if i >= len(items):
+            return
+        k = items[i][0]
+        heapq.heappush(self._heap, ((k[0], k[1], k[2], self.share(team), k[3], k[4]), team))
