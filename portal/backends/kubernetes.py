@@ -1,0 +1,192 @@
+"""The Kubernetes cluster backend: the ClusterBackend protocol over portal/k8s.py.
+
+Loads kubeconfig (or the in-cluster service account) lazily, on the first
+call, so that importing this module, or running with the simulated backend,
+never needs a cluster. Every API call goes through portal/k8s.py; tests pass
+the in-memory fake's CoreV1Api/BatchV1Api to the constructor.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from portal import k8s
+from portal.backends.base import InventoryNode, LaunchSpec, WorkloadStatus
+
+log = logging.getLogger(__name__)
+
+PoolSelectors = Mapping[str, Mapping[str, str]]
+
+
+class KubernetesBackend:
+    """Inventory from Node objects, attempts as `batch/v1` Jobs, status from Jobs and pods.
+
+    - `pool_selectors`: {pool: {label: value}} or a callable returning it (the
+      Pool rows' `node_selector`); None uses each node's `quartermaster.io/pool` label.
+    - `pod_namespaces`: where to read pods that hold capacity; None reads
+      cluster-wide (needs the chart's `rbac.readPodsClusterWide`), else only
+      these namespaces (a cluster whose GPU nodes run nothing else).
+    - `watch_namespaces`: namespaces whose Jobs and pods `start_watching()`
+      keeps in a cache; `status()` answers from it once synced.
+    """
+
+    name = "kubernetes"
+
+    def __init__(
+        self,
+        *,
+        core: Any = None,
+        batch: Any = None,
+        job_options: k8s.JobOptions | None = None,
+        pool_selectors: PoolSelectors | Callable[[], PoolSelectors] | None = None,
+        pod_namespaces: Sequence[str] | None = None,
+        watch_namespaces: Sequence[str] = (),
+        in_cluster: bool = False,
+        kubeconfig: str | None = None,
+        context: str | None = None,
+        image_pull_timeout_s: int = 600,
+        require_mig_state: bool = True,
+        now: Callable[[], datetime] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._core = core
+        self._batch = batch
+        self.job_options = job_options or k8s.JobOptions()
+        self._pool_selectors = pool_selectors
+        self.pod_namespaces = list(pod_namespaces) if pod_namespaces is not None else None
+        self.watch_namespaces = list(watch_namespaces)
+        self.in_cluster = in_cluster
+        self.kubeconfig = kubeconfig
+        self.context = context
+        self.image_pull_timeout_s = image_pull_timeout_s
+        self.require_mig_state = require_mig_state
+        self._now = now
+        self._sleep = sleep
+        self._facts: dict[str, dict[str, Any]] = {}
+        self._lock = threading.Lock()
+        self.watcher: k8s.WorkloadWatcher | None = None
+
+    # -- configuration -------------------------------------------------------------
+
+    @classmethod
+    def from_settings(cls) -> KubernetesBackend:
+        """Build the backend from Django settings (called only when CLUSTER_BACKEND=kubernetes)."""
+        from django.conf import settings
+
+        key = hashlib.sha256(f"quartermaster.k8s.ready:{settings.SECRET_KEY}".encode()).hexdigest()
+        options = k8s.JobOptions(
+            portal_url=getattr(settings, "K8S_PORTAL_URL", ""),
+            ready_image=getattr(settings, "K8S_READY_IMAGE", ""),
+            ready_token_key=key,
+            ready_timeout_s=getattr(settings, "K8S_READY_TIMEOUT_SECONDS", 300),
+            fail_exit_codes=tuple(getattr(settings, "K8S_FAIL_EXIT_CODES", (137,))),
+            backoff_limit=getattr(settings, "K8S_BACKOFF_LIMIT", 2),
+            ttl_seconds_after_finished=getattr(settings, "K8S_JOB_TTL_SECONDS", 86400),
+            termination_grace_s=getattr(settings, "K8S_TERMINATION_GRACE_SECONDS", 30),
+            run_as_user=getattr(settings, "K8S_RUN_AS_USER", 1000),
+            run_as_group=getattr(settings, "K8S_RUN_AS_GROUP", 1000),
+            fs_group=getattr(settings, "K8S_FS_GROUP", 1000),
+            service_account=getattr(settings, "K8S_WORKLOAD_SERVICE_ACCOUNT", ""),
+            image_pull_secrets=tuple(getattr(settings, "K8S_IMAGE_PULL_SECRETS", ())),
+            runtime_class=getattr(settings, "K8S_RUNTIME_CLASS", ""),
+            allowed_images=tuple(getattr(settings, "K8S_ALLOWED_IMAGES", ())),
+        )
+        pod_ns = getattr(settings, "K8S_POD_NAMESPACES", None)
+        return cls(
+            job_options=options,
+            pool_selectors=_pool_selectors_from_db,
+            pod_namespaces=list(pod_ns) if pod_ns else None,
+            in_cluster=bool(getattr(settings, "K8S_IN_CLUSTER", False)),
+            kubeconfig=getattr(settings, "KUBECONFIG", None) or None,
+            image_pull_timeout_s=getattr(settings, "IMAGE_PULL_TIMEOUT_SECONDS", 600),
+        )
+
+    def _load(self) -> None:
+        if self._core is not None and self._batch is not None:
+            return
+        from kubernetes import client, config
+
+        with self._lock:
+            if self._core is None or self._batch is None:
+                if self.in_cluster:
+                    config.load_incluster_config()
+                else:
+                    config.load_kube_config(config_file=self.kubeconfig, context=self.context)
+                self._core = self._core or client.CoreV1Api()
+                self._batch = self._batch or client.BatchV1Api()
+
+    @property
+    def core(self) -> Any:
+        self._load()
+        return self._core
+
+    @property
+    def batch(self) -> Any:
+        self._load()
+        return self._batch
+
+    def pool_selectors(self) -> PoolSelectors | None:
+        sel = self._pool_selectors
+        return sel() if callable(sel) else sel
+
+    # -- the protocol ----------------------------------------------------------------
+
+    def inventory(self) -> list[InventoryNode]:
+        nodes = k8s.nodes_list_gpu(self.core)
+        pods = k8s.pods_list_active(self.core, self.pod_namespaces)
+        with self._lock:
+            self._facts = {n.metadata.name: k8s.node_facts(n) for n in nodes}
+        return k8s.inventory_from_nodes(nodes, pods, self.pool_selectors(),
+                                        require_mig_state=self.require_mig_state)
+
+    def _node_facts(self, node: str) -> dict[str, Any] | None:
+        with self._lock:
+            facts = self._facts.get(node)
+        if facts is not None:
+            return facts
+        try:
+            n = self.core.read_node(node)
+        except k8s.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        facts = k8s.node_facts(n)
+        with self._lock:
+            self._facts[node] = facts
+        return facts
+
+    def launch(self, spec: LaunchSpec) -> None:
+        job = k8s.job_build(spec, self.job_options, self._node_facts(spec.node))
+        k8s.job_create(self.batch, job, sleep=self._sleep)
+
+    def stop(self, name: str, namespace: str, grace_seconds: int = 30) -> None:
+        k8s.job_delete(self.batch, name, namespace, grace_seconds=grace_seconds)
+
+    def status(self, name: str, namespace: str) -> WorkloadStatus:
+        now = self._now() if self._now else None
+        watcher = self.watcher
+        if watcher is not None and namespace in watcher.namespaces and watcher.synced():
+            return watcher.status(name, namespace, now=now, image_pull_timeout_s=self.image_pull_timeout_s)
+        return k8s.workload_status(self.core, self.batch, name, namespace, now=now,
+                                   image_pull_timeout_s=self.image_pull_timeout_s)
+
+    # -- watching ------------------------------------------------------------------------
+
+    def start_watching(self, stop: threading.Event, *, resync_s: float = 300.0,
+                       watch_factory: Callable[[], Any] | None = None) -> list[threading.Thread]:
+        """Keep Jobs and pods of `watch_namespaces` cached; `status()` then reads the cache."""
+        self.watcher = k8s.WorkloadWatcher(self.core, self.batch, self.watch_namespaces,
+                                           watch_factory=watch_factory, resync_s=resync_s)
+        return self.watcher.run(stop)
+
+
+def _pool_selectors_from_db() -> dict[str, dict[str, str]]:
+    from portal.models import Pool
+
+    return {name: dict(sel or {}) for name, sel in Pool.objects.values_list("name", "node_selector")}
