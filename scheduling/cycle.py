@@ -124,7 +124,7 @@ class _Tick:
         )
         self.node_pool: dict[str, str] = {n.name: n.pool for n in snapshot.nodes}
         self.state = ClusterState(snapshot.nodes, policy.packer)
-        self.held: dict[str, int] = {}
+        self.held: dict[tuple[str, int], int] = {}
         for run in snapshot.running:
             self.state.take(run.placement)
             self._hold(run.placement, +1)
@@ -168,10 +168,6 @@ class _Tick:
         pools = self._pools_for(req)
         if isinstance(pools, Decision):
             return [pools]
-        if self._never_fits(req.shape, pools):
-            msg = f"rejected: no node in {where(pools)} can hold {describe(req.shape)}"
-            shape = {"pools": list(pools), "shape": describe(req.shape)}
-            return [self._decision(DecisionKind.REJECT, req, Code.NEVER_FITS, msg, facts=shape)]
         if req.not_before_ms > self.now:
             wait_s = (req.not_before_ms - self.now + 999) // 1000
             msg = f"waiting: requeued after attempt {req.attempts}; may start again in {wait_s} s"
@@ -182,6 +178,8 @@ class _Tick:
         }
         allowed = [p for p in pools if verdicts[p].ok]
         if not allowed:
+            if self._never_fits(req.shape, pools):
+                return [self._reject_never(req, pools)]
             first = verdicts[pools[0]]
             msg = "waiting: " + quota_sentence(first.code, first.facts)
             quota = {"pools": {p: v.facts for p, v in verdicts.items()}}
@@ -193,6 +191,8 @@ class _Tick:
             placement = self._find(req.shape, tier) if tier else None
             if placement is not None:
                 return [self._admit(req, cls, placement, verdicts, position)]
+        if self._never_fits(req.shape, pools):
+            return [self._reject_never(req, pools)]
         return self._blocked(req, cls, allowed, verdicts, position)
 
     # -- steps ----------------------------------------------------------------------
@@ -417,13 +417,18 @@ class _Tick:
             fit = [d for d in node.devices if _device_can_host(d, shape)]
             if len(fit) < shape.count:
                 continue
-            free = sum(1 for d in fit if self.held.get(f"{node.name}/{d.index}", 0) == 0)
+            free = sum(1 for d in fit if self.held.get((node.name, d.index), 0) == 0)
             scored.append((-free, node.name))
         if len(scored) < shape.pods:
             return False
         for _, name in sorted(scored)[: shape.pods]:
             self.reserved[name] = req.id
         return True
+
+    def _reject_never(self, req: PendingRequest, pools: tuple[str, ...]) -> Decision:
+        msg = f"rejected: no node in {where(pools)} can hold {describe(req.shape)}"
+        facts = {"pools": list(pools), "shape": describe(req.shape)}
+        return self._decision(DecisionKind.REJECT, req, Code.NEVER_FITS, msg, facts=facts)
 
     def _never_fits(self, shape: Shape, pools: tuple[str, ...]) -> bool:
         """Return True when no node of the pools could hold the shape even if it were empty.
@@ -445,7 +450,7 @@ class _Tick:
     def _hold(self, placement: Placement, sign: int) -> None:
         for pod in placement.pods:
             for g in pod.grants:
-                key = f"{pod.node}/{g.device}"
+                key = (pod.node, g.device)
                 self.held[key] = self.held.get(key, 0) + sign * max(g.milli, 1)
 
     def _wait(

@@ -113,9 +113,14 @@ class FairQueue:
     ) -> None:
         self.capacity = capacity
         self.weights = {t.name: max(t.weight, 1) for t in teams}
-        self.held: dict[str, Resources] = {}
+        sums: dict[str, list[int]] = {}
         for run in running:
-            self.held[run.team] = self.held.get(run.team, Resources()).plus(run.shape)
+            acc = sums.setdefault(run.team, [0, 0, 0])
+            shape = run.shape
+            acc[0] += shape.gpus_milli
+            acc[1] += shape.cpu_milli * shape.pods
+            acc[2] += shape.memory_mib * shape.pods
+        self.held = {team: Resources(*acc) for team, acc in sums.items()}
         self.history: dict[str, int] = {}
         for u in usage:
             elapsed = now_ms - u.as_of_ms if u.as_of_ms else 0

@@ -110,8 +110,12 @@ class QuotaBook:
         for pool in pools:
             cap = capacity.get(pool.name, 0)
             self.pools[pool.name] = _book(pool, cap, by_pool.get(pool.name, []))
+        totals: dict[tuple[str, str, str], int] = {}
         for run in running:
-            self.add(run.team, run.pool, run.shape.gpus_milli, run.workload_class, False)
+            key = (run.team, run.pool, run.workload_class)
+            totals[key] = totals.get(key, 0) + run.shape.gpus_milli
+        for (team, pool_name, class_name), milli in totals.items():
+            self.add(team, pool_name, milli, class_name, False)
 
     def check(self, team: str, pool: str, milli: int, class_name: str) -> Verdict:
         """Return whether `team` may take `milli` more in `pool` for a request of the class."""

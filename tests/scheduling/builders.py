@@ -132,7 +132,13 @@ def run(
     )
 
 
-def quota(team: str, nominal: float, pool: str = "a100", borrow: float | None = None, lend: float | None = None) -> Quota:
+def quota(
+    team: str,
+    nominal: float,
+    pool: str = "a100",
+    borrow: float | None = None,
+    lend: float | None = None,
+) -> Quota:
     return Quota(
         team,
         pool,
@@ -170,9 +176,15 @@ def snapshot(
 
 def by_kind(decisions: Iterable[Decision], kind: DecisionKind) -> list[str]:
     """Request ids (PREEMPT: attempt ids) of the decisions of one kind, in order."""
-    return [d.attempt_id if kind is DecisionKind.PREEMPT else d.request_id for d in decisions if d.kind is kind]
+    return [
+        d.attempt_id if kind is DecisionKind.PREEMPT else d.request_id
+        for d in decisions
+        if d.kind is kind
+    ]
 
 
 def outcome(decisions: Iterable[Decision]) -> dict[str, str]:
     """request id -> "admit:fits", "wait:no-capacity" … for every non-PREEMPT decision."""
-    return {d.request_id: f"{d.kind}:{d.code}" for d in decisions if d.kind is not DecisionKind.PREEMPT}
+    return {
+        d.request_id: f"{d.kind}:{d.code}" for d in decisions if d.kind is not DecisionKind.PREEMPT
+    }
