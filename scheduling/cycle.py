@@ -146,6 +146,8 @@ class _Tick:
         self.stopping = [r for r in snapshot.running if r.stopping]
         self.failures = _Failures()
         self.reserved: dict[str, str] = {}
+        #: nodes where a preemptor will start once its victims have stopped
+        self.claimed: dict[str, str] = {}
         self.preemptions = 0
         self.never: dict[tuple[Shape, tuple[str, ...]], bool] = {}
 
@@ -222,9 +224,10 @@ class _Tick:
 
     def _accept(self, pools: tuple[str, ...], reserved: bool = True) -> Callable[[Node], bool]:
         held = self.reserved if reserved else {}
+        claimed = self.claimed
 
         def accept(node: Node) -> bool:
-            return node.pool in pools and node.name not in held
+            return node.pool in pools and node.name not in held and node.name not in claimed
 
         return accept
 
@@ -353,10 +356,8 @@ class _Tick:
         lost: dict[str, int] = {}
         for v in found.victims:
             run = v.run
-            self.state.give(run.placement)
-            self._hold(run.placement, -1)
-            self.book.remove(run.team, run.pool, run.shape.gpus_milli, run.workload_class, False)
-            self.queue.charge(run.team, run.shape, -1)
+            # The victim keeps its devices (and its quota) until it has stopped: only
+            # the next tick, without it in the snapshot, hands them on.
             self.running.remove(run)
             lost[run.team] = lost.get(run.team, 0) + run.shape.gpus_milli
             msg = f"preempted: request {req.id} of team {req.team} ({cls.name}) needs the room" + (
@@ -381,12 +382,12 @@ class _Tick:
                 )
             )
         self.preemptions += len(found.victims)
-        # Claim the room now so that nothing later in this tick takes it.
-        self.state.take(found.placement)
-        self._hold(found.placement, +1)
+        # Claim the room now: nothing later in this tick may use the free part of those
+        # nodes, and the preemptor's quota counts from now on.
+        for name in found.placement.nodes:
+            self.claimed[name] = req.id
         self.book.add(req.team, pool, req.shape.gpus_milli, req.workload_class, verdict.borrowing)
         self.queue.charge(req.team, req.shape)
-        self.failures.clear()
         reason = found.victims[0].reason
         msg = "waiting: " + reclaim_sentence(lost, reason) + "; it starts once they have stopped"
         facts = {
@@ -410,7 +411,7 @@ class _Tick:
             return False
         scored: list[tuple[int, str]] = []
         for node in self.snap.nodes:
-            if node.pool not in pools or node.name in self.reserved:
+            if node.pool not in pools or node.name in self.reserved or node.name in self.claimed:
                 continue
             if not (node.ready and not node.cordoned) or node.cpu_milli < shape.cpu_milli:
                 continue
