@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _manage(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if k not in ("DEBUG", "SECRET_KEY", "SECURE_COOKIES")}
+    return subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=ROOT, env={**base, **env}, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_it_passes_check_deploy_with_production_settings(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("x" * 30 + "-a-long-random-production-secret-" + "y" * 20)
+    result = _manage(
+        "check", "--deploy", "--fail-level", "WARNING",
+        SECRET_KEY_FILE=str(secret), SECURE_COOKIES="true", DEBUG="false", ALLOWED_HOSTS="gpu.example.com",
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_it_refuses_a_bad_boolean_with_one_clear_line() -> None:
+    result = _manage("check", DEBUG="maybe")
+    assert result.returncode != 0
+    assert "DEBUG must be true or false" in result.stderr
+
+
+def test_it_reads_secrets_from_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from portal import settings as s
+
+    path = tmp_path / "token"
+    path.write_text("s3cret\n")
+    monkeypatch.setenv("NODE_AGENT_TOKEN_FILE", str(path))
+    assert s.env("NODE_AGENT_TOKEN") == "s3cret"
