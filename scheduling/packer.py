@@ -1,19 +1,98 @@
 """Device packer: where a request's devices go.
 
-`ClusterState` is the mutable free-capacity view of a set of nodes. The
-scheduling core asks it for a placement (`find`), then commits (`take`) or
-gives back (`give`) capacity; nothing else touches its counters.
+`ClusterState` is the mutable free-capacity view of a set of nodes. The scheduling core
+asks it for a placement (`find`), then commits (`take`) or gives back (`give`) capacity;
+nothing else touches its counters.
 
-This is first fit in node order; policies are selected by name.
+Devices
+-------
+A request (`Shape`) asks for `count` units of one profile on each of `pods` nodes:
+
+* `WHOLE` — a device that nobody else uses, on an `EXCLUSIVE` or `TIME_SLICING` device;
+* `SHARED` — a slice of a `TIME_SLICING` device: `milli` of its compute share and, when
+  `gpu_memory_mib > 0`, that much of its memory (a slice without a cap reserves no memory).
+  The slices on a device sum to at most 1000 milli; when `Device.replicas > 1` there are at
+  most `replicas` slices (the device plugin's replica count); `replicas <= 1` means the
+  share is the only limit. `count > 1` slices go to distinct devices;
+* `MIG` — an instance of `mig_profile` on a `MIG` device: a fixed layout
+  (`Device.mig_instances`) hands out existing free instances; a dynamic layout (no
+  instances listed) creates any instance that the geometry of `scheduling.mig` allows.
+  Several instances of one request may share a device.
+
+A device counts as idle GPU in proportion to its free compute: `1000 - used milli`, or for
+MIG `(7 - used compute slices) × 1000 // 7`. Unhealthy devices are never handed out.
+
+Fit
+---
+A node hosts a pod of a shape when, all at once: it is ready and not cordoned; it tolerates
+every `NoSchedule`/`NoExecute` taint; it has the CPU and host memory left; and it has
+`count` units of the profile on healthy devices of an allowed model (`gpu_models`; a request
+with `count == 0` uses no device and ignores `gpu_models`). Gang requests (`pods > 1`) go
+to distinct nodes, all or nothing.
+
+Policies (`POLICIES`; every policy ranks candidate nodes by a score tuple, lower first)
+-----------------------------------------------------------------------------------------
+* `fgd` — fragmentation gradient descent (Weng et al., ATC'23): the node and device(s)
+  where the fragmentation of the node, measured against the target workload, grows least.
+* `fgd-bestfit` (the default) — `fgd`, then among equal fragmentation growth the `bestfit`
+  score; it places where fragmentation grows least and, on a tie, where it leaves the
+  least stranded capacity.
+* `bestfit` — least `cpu_left + 16 × gpu_left` after placement (FGD's BestFit baseline:
+  0.5 × CPU/128 cores + 0.5 × GPU/8 GPUs), then the fullest fitting device.
+* `dotprod` — Tetris: largest dot product of request and free capacity (CPU, GPU), each
+  normalised by the node's capacity; then the fullest fitting device.
+* `packing` — 1. a shared slice on an already shared device, 2. devices on a node already
+  in use, 3. an idle node; then the least GPU left on the node, the fullest device.
+* `clustering` — keep alike requests together: 1. a shared slice on a device whose used
+  share is a multiple of the slice (it likely holds the same slices), whole devices on a
+  node with fully used devices; 2. a node in use; 3. an idle node; then as `packing`.
+* `spread` — for inference replicas: the least allocated node (GPU, then CPU), the most
+  free device.
+* `random` — any node that fits (always a random tie-break).
+* `firstfit` — the first node that fits in tie-break order.
+
+For `count > 1` the fastest interconnect comes before the policy score
+(nvswitch, nvlink, pcie).
+
+Tie-break (`tie_break`)
+-----------------------
+* `"name"` (default) — the lexicographically smallest node name, as the FGD artifact does;
+* `"random"` — uniformly among all tied nodes, from `random.Random(seed)`.
+Inside a node, devices are chosen by the policy score and then by lowest device index.
+
+Fragmentation and the target workload
+-------------------------------------
+For a node n and a target shape m, `f_n(m)` is the idle GPU on n that m cannot use: all of
+it when n cannot host m at all (a CPU-only m, the wrong model or taints, too little CPU,
+memory or devices), otherwise the idle GPU of the devices that cannot host one unit of m.
+`F_n = Σ_m w_m · f_n(m)` with integer weights `w_m` (popularity counts). The target
+workload is the `shape_weights` constructor option (see `target_workload`); by default it is
+learnt from the shapes passed to `find`, refreshed when their count doubles and then every
+1024 requests.
+
+Incremental scoring
+-------------------
+Nodes in identical states (same static description but the name, same free CPU, memory and
+devices — devices in sorted order when they are interchangeable) form a group; a group's
+score for a shape is computed once and cached, and only the group a node leaves or joins
+changes when capacity is taken or given. `F` is memoised on the node state with CPU and
+memory reduced to the thresholds of the target shapes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import bisect
+import dataclasses
+import math
+import random
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from scheduling import mig
 from scheduling.types import (
     WHOLE_GPU_MILLI,
+    Device,
     DeviceGrant,
     MigInstance,
     Node,
@@ -22,50 +101,75 @@ from scheduling.types import (
     PodPlacement,
     ProfileKind,
     Shape,
+    mig_compute_slices,
 )
 
-DEFAULT_POLICY = "firstfit"
-POLICIES = ("firstfit",)
+DEFAULT_POLICY = "fgd-bestfit"
+POLICIES = (
+    "fgd-bestfit",
+    "fgd",
+    "fgd-exact",
+    "bestfit",
+    "dotprod",
+    "packing",
+    "clustering",
+    "spread",
+    "random",
+    "firstfit",
+)
+TIE_BREAKS = ("name", "random")
 
-# Memory-slot size and allowed starts per MIG profile class (ECOSYSTEM.md §4.1).
-_MIG_GEOMETRY: dict[str, tuple[int, tuple[int, ...]]] = {
-    "1g1": (1, (0, 1, 2, 3, 4, 5, 6)),
-    "1g2": (2, (0, 2, 4, 6)),
-    "2g": (2, (0, 2, 4)),
-    "3g": (4, (0, 4)),
-    "4g": (4, (0,)),
-    "7g": (8, (0,)),
-}
+#: share of requests the learnt target workload covers, in percent (FGD uses 95)
+TARGET_COVERAGE_PCT = 95
+
+_INTERCONNECT_RANK = {"nvswitch": 0, "nvlink": 1, "pcie": 2}
+
+# Device state, a plain tuple so that node states hash and sort cheaply:
+# (idle milli, free GPU memory MiB, shared slices in use, MIG memory-slot mask,
+#  MIG compute slices in use, MIG "+me" instances, fixed-layout MIG instances still free)
+DevState = tuple[int, int, int, int, int, int, tuple[MigInstance, ...]]
+Score = tuple[int, ...]
+# One unit handed out: (canonical device position, milli, GPU memory MiB, MIG instance)
+Pick = tuple[int, int, int, MigInstance | None]
+Choice = tuple[Pick, ...]
+Result = tuple[Score, Choice] | None
+
+_MISS: object = object()
 
 
 def mig_geometry(profile: str, device_memory_mib: int) -> tuple[int, tuple[int, ...]]:
-    """Return (size in memory slots, allowed starts) of a MIG profile on a device."""
-    compute = profile.split(".", 1)[0]
-    if compute == "1g":
-        mem_gb = int("".join(c for c in profile.split(".", 1)[1] if c.isdigit()) or 0)
-        # A 1g profile with two memory slots has about a quarter of the device's memory.
-        slot_gb = device_memory_mib / 1024 / 8
-        return _MIG_GEOMETRY["1g2" if mem_gb > slot_gb * 1.5 else "1g1"]
-    return _MIG_GEOMETRY[compute]
+    """Return (size in memory slots, allowed starts) of a MIG profile on a device.
+
+    Kept for callers of the first packer; `scheduling.mig` holds the tables.
+    """
+    prof = None
+    for family in mig.FAMILIES:
+        if family.memory_mib >= device_memory_mib * 9 // 10 and (prof := family.profile(profile)):
+            break
+    prof = prof or mig.generic_profile(profile)
+    if prof is None:
+        raise KeyError(profile)
+    return prof.slots, prof.starts
 
 
-@dataclass(slots=True)
-class _DeviceFree:
-    milli: int
-    memory_mib: int
-    slices: int
-    #: MIG: memory slots in use (bitmask of 8)
-    mig_used: int = 0
-    #: MIG with a fixed layout: instances not handed out
-    mig_free: list[MigInstance] = field(default_factory=list)
+def target_workload(
+    shapes: Iterable[Shape], coverage_pct: int = TARGET_COVERAGE_PCT
+) -> list[tuple[Shape, int]]:
+    """The most popular shapes covering `coverage_pct` % of `shapes`, with their counts.
 
-
-@dataclass(slots=True)
-class _NodeFree:
-    node: Node
-    cpu_milli: int
-    memory_mib: int
-    devices: list[_DeviceFree]
+    Ties in popularity are ordered by the shape's repr so the result is deterministic.
+    """
+    counts = Counter(shapes)
+    total = sum(counts.values())
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], repr(kv[0])))
+    out: list[tuple[Shape, int]] = []
+    covered = 0
+    for shape, n in ranked:
+        if covered * 100 >= total * coverage_pct:
+            break
+        out.append((shape, n))
+        covered += n
+    return out
 
 
 def _tolerates(node: Node, shape: Shape) -> bool:
@@ -77,29 +181,106 @@ def _tolerates(node: Node, shape: Shape) -> bool:
     return True
 
 
+def _fresh(spec: Device) -> DevState:
+    fixed = tuple(sorted(spec.mig_instances, key=lambda i: (i.start, i.profile)))
+    return (WHOLE_GPU_MILLI, spec.memory_mib, 0, 0, 0, 0, fixed)
+
+
+def _mig_idle(compute_used: int) -> int:
+    return (mig.COMPUTE_SLICES - compute_used) * WHOLE_GPU_MILLI // mig.COMPUTE_SLICES
+
+
+@dataclass(slots=True, eq=False)
+class _Class:
+    """Nodes that are equal but for their name and free capacity."""
+
+    id: int
+    proto: Node
+    specs: tuple[Device, ...]
+    #: all devices equal but for their index: states may be sorted
+    uniform: bool
+    schedulable: bool
+    interconnect: int
+    cpu_milli: int
+    gpu_milli: int
+    #: per shape id: device positions eligible for the shape, or None if the node is out
+    eligible: dict[int, tuple[bool, ...] | None] = field(default_factory=dict)
+    #: per device: the MIG profile table (None: not MIG or unknown family)
+    families: tuple[mig.MigFamily | None, ...] = ()
+
+
+@dataclass(slots=True, eq=False)
+class _Group:
+    key: tuple[object, ...]
+    cls: _Class
+    cpu: int
+    mem: int
+    devs: tuple[DevState, ...]
+    #: node names, sorted
+    names: list[str] = field(default_factory=list)
+    cache: dict[int, Result] = field(default_factory=dict)
+
+
+@dataclass(slots=True, eq=False)
+class _NodeFree:
+    node: Node
+    cls: _Class
+    cpu_milli: int
+    memory_mib: int
+    devs: list[DevState]
+    group: _Group | None = None
+
+
 class ClusterState:
     """Free capacity of a set of nodes; placements are found here and committed here."""
 
-    def __init__(self, nodes: Iterable[Node], policy: str = DEFAULT_POLICY) -> None:
-        if policy not in POLICIES and policy != "default":
-            raise ValueError(f"unknown packing policy {policy!r}; choose one of {', '.join(POLICIES)}")
-        self.policy = policy
-        self._nodes: dict[str, _NodeFree] = {}
-        for node in nodes:
-            self._nodes[node.name] = _NodeFree(
-                node=node,
-                cpu_milli=node.cpu_milli,
-                memory_mib=node.memory_mib,
-                devices=[
-                    _DeviceFree(
-                        milli=WHOLE_GPU_MILLI,
-                        memory_mib=d.memory_mib,
-                        slices=d.replicas,
-                        mig_free=list(d.mig_instances),
-                    )
-                    for d in node.devices
-                ],
+    def __init__(
+        self,
+        nodes: Iterable[Node],
+        policy: str = DEFAULT_POLICY,
+        *,
+        seed: int = 0,
+        tie_break: str = "name",
+        shape_weights: Mapping[Shape, int] | Iterable[tuple[Shape, int]] | None = None,
+    ) -> None:
+        if policy == "default":
+            policy = DEFAULT_POLICY
+        if policy not in POLICIES:
+            raise ValueError(
+                f"unknown packing policy {policy!r}; choose one of {', '.join(POLICIES)}"
             )
+        if tie_break not in TIE_BREAKS:
+            raise ValueError(
+                f"unknown tie-break {tie_break!r}; choose one of {', '.join(TIE_BREAKS)}"
+            )
+        self.policy = policy
+        self.tie_break = "random" if policy == "random" else tie_break
+        self._rng = random.Random(seed)
+        self._classes: dict[Node, _Class] = {}
+        self._nodes: dict[str, _NodeFree] = {}
+        self._groups: dict[tuple[object, ...], _Group] = {}
+        self._shape_ids: dict[Shape, int] = {}
+        self._frag_memo: dict[tuple[object, ...], int] = {}
+        self._targets: list[tuple[Shape, int, int]] = []
+        self._cpu_thresholds: list[int] = []
+        self._mem_thresholds: list[int] = []
+        self._learn = shape_weights is None
+        self._seen: Counter[Shape] = Counter()
+        self._seen_total = 0
+        self._next_refresh = 1
+        if shape_weights is not None:
+            self.set_shape_weights(shape_weights)
+        else:
+            self.set_shape_weights([(Shape(), 1)])
+        for node in nodes:
+            cls = self._class_of(node)
+            free = _NodeFree(
+                node, cls, node.cpu_milli, node.memory_mib, [_fresh(d) for d in node.devices]
+            )
+            self._nodes[node.name] = free
+            self._regroup(free)
+
+    # ------------------------------------------------------------------ public API
 
     @property
     def nodes(self) -> Sequence[Node]:
@@ -108,99 +289,552 @@ class ClusterState:
     def schedulable(self, node: Node) -> bool:
         return node.ready and not node.cordoned
 
+    def set_shape_weights(self, weights: Mapping[Shape, int] | Iterable[tuple[Shape, int]]) -> None:
+        """Set the target workload: shapes and integer popularity weights (fragmentation policies)."""
+        items = list(weights.items()) if isinstance(weights, Mapping) else list(weights)
+        self._targets = [(s, int(w), self._shape_id(s)) for s, w in items if w > 0]
+        self._weight_total = max(1, sum(w for _, w, _ in self._targets))
+        self._cpu_thresholds = sorted({s.cpu_milli for s, _, _ in self._targets})
+        self._mem_thresholds = sorted({s.memory_mib for s, _, _ in self._targets})
+        self._frag_memo.clear()
+        self._constrained = any(m.gpu_models and m.count > 0 for m, _, _ in self._targets)
+        self._node_len = (
+            1
+            if self.policy == "fgd" or (self.policy == "fgd-bestfit" and self._constrained)
+            else None
+        )
+        if self.policy.startswith("fgd"):
+            for g in self._groups.values():
+                g.cache.clear()
+
+    @property
+    def shape_weights(self) -> list[tuple[Shape, int]]:
+        return [(s, w) for s, w, _ in self._targets]
+
     def find(self, shape: Shape, accept: Callable[[Node], bool] | None = None) -> Placement | None:
         """Return a placement for `shape` on nodes that `accept` allows, or None. Commits nothing."""
-        pods: list[PodPlacement] = []
-        used: set[str] = set()
-        for _ in range(shape.pods):
-            pod = None
-            for free in self._nodes.values():
-                if free.node.name in used:
-                    continue
-                if accept is not None and not accept(free.node):
-                    continue
-                pod = self._fit_node(free, shape)
-                if pod is not None:
-                    break
-            if pod is None:
-                return None
-            pods.append(pod)
-            used.add(pod.node)
-        return Placement(pods=tuple(pods))
-
-    def _fit_node(self, free: _NodeFree, shape: Shape) -> PodPlacement | None:
-        node = free.node
-        if not self.schedulable(node) or not _tolerates(node, shape):
-            return None
-        if free.cpu_milli < shape.cpu_milli or free.memory_mib < shape.memory_mib:
-            return None
-        grants: list[DeviceGrant] = []
-        for spec, dev in zip(node.devices, free.devices, strict=True):
-            if len(grants) == shape.count:
-                break
-            if not spec.healthy or (shape.gpu_models and spec.model not in shape.gpu_models):
-                continue
-            grant = self._fit_device(node.name, spec.index, spec, dev, shape)
-            if grant is not None:
-                grants.append(grant)
-        if len(grants) < shape.count:
-            return None
-        return PodPlacement(node.name, tuple(grants), shape.cpu_milli, shape.memory_mib)
-
-    def _fit_device(self, node: str, index: int, spec, dev: _DeviceFree, shape: Shape) -> DeviceGrant | None:  # type: ignore[no-untyped-def]
-        if shape.kind is ProfileKind.WHOLE:
-            if spec.partitioning is Partitioning.MIG or dev.milli < WHOLE_GPU_MILLI or dev.mig_used:
-                return None
-            return DeviceGrant(node, index, WHOLE_GPU_MILLI, spec.memory_mib)
-        if shape.kind is ProfileKind.SHARED:
-            if spec.partitioning is Partitioning.MIG or dev.slices < 1:
-                return None
-            if dev.milli < shape.milli or dev.memory_mib < shape.gpu_memory_mib:
-                return None
-            return DeviceGrant(node, index, shape.milli, shape.gpu_memory_mib)
-        if spec.partitioning is not Partitioning.MIG:
-            return None
-        if spec.mig_instances:
-            for inst in dev.mig_free:
-                if inst.profile == shape.mig_profile:
-                    return DeviceGrant(node, index, 0, 0, inst)
-            return None
-        size, starts = mig_geometry(shape.mig_profile, spec.memory_mib)
-        for start in starts:
-            mask = ((1 << size) - 1) << start
-            if not dev.mig_used & mask:
-                return DeviceGrant(node, index, 0, 0, MigInstance(shape.mig_profile, start, size))
-        return None
+        if self._learn:
+            self._observe(shape)
+        sid = self._shape_id(shape)
+        if shape.pods <= 1:
+            pod = self._best_pod(shape, sid, accept, ())
+            return None if pod is None else Placement(pods=(pod,))
+        placed: list[PodPlacement] = []
+        try:
+            for _ in range(shape.pods):
+                pod = self._best_pod(shape, sid, accept, {p.node for p in placed})
+                if pod is None:
+                    return None
+                placed.append(pod)
+                self._apply_pod(pod, -1)
+        finally:
+            for pod in placed:
+                self._apply_pod(pod, +1)
+        return Placement(pods=tuple(placed))
 
     def take(self, placement: Placement) -> None:
         """Commit a placement's capacity."""
-        self._apply(placement, -1)
+        for pod in placement.pods:
+            self._apply_pod(pod, -1)
 
     def give(self, placement: Placement) -> None:
         """Return a placement's capacity."""
-        self._apply(placement, +1)
-
-    def _apply(self, placement: Placement, sign: int) -> None:
         for pod in placement.pods:
-            free = self._nodes.get(pod.node)
-            if free is None:
+            self._apply_pod(pod, +1)
+
+    def free_capacity(self, name: str) -> tuple[int, int, tuple[int, ...]]:
+        """(free CPU milli, free memory MiB, idle milli per device) of one node."""
+        free = self._nodes[name]
+        return free.cpu_milli, free.memory_mib, tuple(d[0] for d in free.devs)
+
+    def fragmentation(self, name: str | None = None) -> int:
+        """Weighted fragmentation `F` of one node, or of the cluster (summed over nodes)."""
+        frees = [self._nodes[name]] if name is not None else list(self._nodes.values())
+        total = 0
+        for free in frees:
+            canon = tuple(sorted(free.devs)) if free.cls.uniform else tuple(free.devs)
+            total += self._frag(free.cls, free.cpu_milli, free.memory_mib, canon)
+        return total
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    def _shape_id(self, shape: Shape) -> int:
+        sid = self._shape_ids.get(shape)
+        if sid is None:
+            sid = self._shape_ids[shape] = len(self._shape_ids)
+        return sid
+
+    def _observe(self, shape: Shape) -> None:
+        self._seen[dataclasses.replace(shape, pods=1)] += 1
+        self._seen_total += 1
+        if self._seen_total >= self._next_refresh:
+            self._next_refresh = (
+                self._next_refresh * 2 if self._next_refresh < 1024 else self._next_refresh + 1024
+            )
+            self.set_shape_weights(target_workload(self._seen.elements()))
+
+    def _class_of(self, node: Node) -> _Class:
+        proto = dataclasses.replace(node, name="")
+        cls = self._classes.get(proto)
+        if cls is None:
+            specs = tuple(node.devices)
+            first = specs[0] if specs else None
+            uniform = (
+                all(
+                    dataclasses.replace(d, index=0) == dataclasses.replace(first, index=0)
+                    for d in specs
+                )
+                if first
+                else True
+            )
+            families = tuple(
+                mig.family_for(d.model, d.memory_mib)
+                if d.partitioning is Partitioning.MIG
+                else None
+                for d in specs
+            )
+            cls = _Class(
+                id=len(self._classes),
+                proto=proto,
+                specs=specs,
+                uniform=uniform,
+                schedulable=self.schedulable(node),
+                interconnect=_INTERCONNECT_RANK.get(node.interconnect, 3),
+                cpu_milli=node.cpu_milli,
+                gpu_milli=WHOLE_GPU_MILLI * sum(1 for d in specs if d.healthy),
+                families=families,
+            )
+            self._classes[proto] = cls
+        return cls
+
+    def _regroup(self, free: _NodeFree) -> None:
+        old = free.group
+        name = free.node.name
+        if old is not None:
+            i = bisect.bisect_left(old.names, name)
+            del old.names[i]
+            if not old.names:
+                del self._groups[old.key]
+        canon = tuple(sorted(free.devs)) if free.cls.uniform else tuple(free.devs)
+        key = (free.cls.id, free.cpu_milli, free.memory_mib, canon)
+        group = self._groups.get(key)
+        if group is None:
+            group = self._groups[key] = _Group(
+                key, free.cls, free.cpu_milli, free.memory_mib, canon
+            )
+        bisect.insort(group.names, name)
+        free.group = group
+
+    def _apply_pod(self, pod: PodPlacement, sign: int) -> None:
+        free = self._nodes.get(pod.node)
+        if free is None:
+            return
+        free.cpu_milli += sign * pod.cpu_milli
+        free.memory_mib += sign * pod.memory_mib
+        for g in pod.grants:
+            if not 0 <= g.device < len(free.devs):
                 continue
-            free.cpu_milli += sign * pod.cpu_milli
-            free.memory_mib += sign * pod.memory_mib
-            for g in pod.grants:
-                dev = free.devices[g.device]
-                if g.mig is not None:
-                    mask = ((1 << g.mig.size) - 1) << g.mig.start
-                    if sign < 0:
-                        dev.mig_used |= mask
-                        if g.mig in dev.mig_free:
-                            dev.mig_free.remove(g.mig)
-                    else:
-                        dev.mig_used &= ~mask
-                        if g.mig in free.node.devices[g.device].mig_instances:
-                            dev.mig_free.append(g.mig)
+            spec = free.cls.specs[g.device]
+            free.devs[g.device] = _apply_grant(spec, free.devs[g.device], g, sign)
+        self._regroup(free)
+
+    # ------------------------------------------------------------------ choosing
+
+    def _best_pod(
+        self,
+        shape: Shape,
+        sid: int,
+        accept: Callable[[Node], bool] | None,
+        exclude: Iterable[str] | set[str],
+    ) -> PodPlacement | None:
+        if accept is None and not exclude:
+            return self._best_pod_fast(shape, sid)
+        excluded = set(exclude)
+        scored: list[tuple[Score, _Group, Choice]] = []
+        for g in list(self._groups.values()):
+            r = self._result(g, shape, sid)
+            if r is not None:
+                scored.append((r[0], g, r[1]))
+        scored.sort(key=lambda t: t[0])
+        i = 0
+        while i < len(scored):
+            j = i
+            while j < len(scored) and scored[j][0] == scored[i][0]:
+                j += 1
+            options = [
+                (name, g, choice)
+                for _, g, choice in scored[i:j]
+                for name in g.names
+                if name not in excluded and (accept is None or accept(self._nodes[name].node))
+            ]
+            if options:
+                if self.tie_break == "random":
+                    name, g, choice = options[self._rng.randrange(len(options))]
+                else:
+                    name, g, choice = min(options, key=lambda o: o[0])
+                return self._pod_placement(self._nodes[name], g, choice, shape)
+            i = j
+        return None
+
+    def _best_pod_fast(self, shape: Shape, sid: int) -> PodPlacement | None:
+        best: Score | None = None
+        tied: list[tuple[_Group, Choice]] = []
+        evaluate = self._evaluate
+        for g in list(self._groups.values()):
+            r = g.cache.get(sid, _MISS)
+            if r is _MISS:
+                r = g.cache[sid] = evaluate(g, shape, sid)
+            if r is None:
+                continue
+            s = r[0]  # type: ignore[index]
+            if best is None or s < best:
+                best = s
+                tied = [(g, r[1])]  # type: ignore[index]
+            elif s == best:
+                tied.append((g, r[1]))  # type: ignore[index]
+        if not tied:
+            return None
+        if self.tie_break == "random":
+            total = sum(len(g.names) for g, _ in tied)
+            k = self._rng.randrange(total)
+            for g, choice in tied:
+                if k < len(g.names):
+                    return self._pod_placement(self._nodes[g.names[k]], g, choice, shape)
+                k -= len(g.names)
+        g, choice = min(tied, key=lambda t: t[0].names[0])
+        return self._pod_placement(self._nodes[g.names[0]], g, choice, shape)
+
+    def _result(self, g: _Group, shape: Shape, sid: int) -> Result:
+        r = g.cache.get(sid, _MISS)
+        if r is _MISS:
+            r = g.cache[sid] = self._evaluate(g, shape, sid)
+        return r  # type: ignore[return-value]
+
+    def _pod_placement(
+        self, free: _NodeFree, g: _Group, choice: Choice, shape: Shape
+    ) -> PodPlacement:
+        """Map the canonical choice of a group onto the devices of one node in it.
+
+        A canonical position maps to the lowest-index device of the node in that state
+        that no other position took; picks on one position share its device.
+        """
+        index_of: dict[int, int] = {}
+        grants: list[DeviceGrant] = []
+        name = free.node.name
+        for pos, milli, mem, inst in choice:
+            index = index_of.get(pos)
+            if index is None:
+                if free.cls.uniform:
+                    taken = set(index_of.values())
+                    want = g.devs[pos]
+                    index = next(i for i, d in enumerate(free.devs) if d == want and i not in taken)
+                else:
+                    index = pos
+                index_of[pos] = index
+            grants.append(DeviceGrant(name, free.node.devices[index].index, milli, mem, inst))
+        return PodPlacement(name, tuple(grants), shape.cpu_milli, shape.memory_mib)
+
+    # ------------------------------------------------------------------ evaluating
+
+    def _eligible(self, cls: _Class, shape: Shape, sid: int) -> tuple[bool, ...] | None:
+        if sid in cls.eligible:
+            return cls.eligible[sid]
+        out: tuple[bool, ...] | None
+        if not cls.schedulable or not _tolerates(cls.proto, shape):
+            out = None
+        elif shape.count <= 0:
+            out = ()
+        else:
+            flags = []
+            for spec, family in zip(cls.specs, cls.families, strict=True):
+                ok = spec.healthy and (not shape.gpu_models or spec.model in shape.gpu_models)
+                if shape.kind is ProfileKind.WHOLE:
+                    ok = ok and spec.partitioning is not Partitioning.MIG
+                elif shape.kind is ProfileKind.SHARED:
+                    ok = (
+                        ok
+                        and spec.partitioning is Partitioning.TIME_SLICING
+                        and shape.milli <= WHOLE_GPU_MILLI
+                    )
+                    ok = ok and shape.gpu_memory_mib <= spec.memory_mib
+                else:
+                    ok = (
+                        ok
+                        and spec.partitioning is Partitioning.MIG
+                        and _mig_profile(spec, family, shape.mig_profile) is not None
+                    )
+                flags.append(ok)
+            out = (
+                tuple(flags)
+                if sum(flags) >= (1 if shape.kind is ProfileKind.MIG else shape.count)
+                else None
+            )
+        cls.eligible[sid] = out
+        return out
+
+    def _evaluate(self, g: _Group, shape: Shape, sid: int) -> Result:
+        cls = g.cls
+        ok = self._eligible(cls, shape, sid)
+        if ok is None or g.cpu < shape.cpu_milli or g.mem < shape.memory_mib:
+            return None
+        cpu_a = g.cpu - shape.cpu_milli
+        mem_a = g.mem - shape.memory_mib
+        pre: Score = (cls.interconnect,) if shape.count > 1 else ()
+        if shape.count <= 0:
+            return pre + self._score(g, shape, cpu_a, mem_a, g.devs, ())[: self._node_len], ()
+        devs = list(g.devs)
+        if shape.kind is ProfileKind.WHOLE:
+            picks: list[Pick] = []
+            for i, d in enumerate(devs):
+                if ok[i] and d[0] == WHOLE_GPU_MILLI and d[2] == 0 and d[3] == 0:
+                    picks.append((i, WHOLE_GPU_MILLI, cls.specs[i].memory_mib, None))
+                    devs[i] = (0, 0, 0, 0, 0, 0, d[6])
+                    if len(picks) == shape.count:
+                        break
+            if len(picks) < shape.count:
+                return None
+            after = tuple(sorted(devs)) if cls.uniform else tuple(devs)
+            return pre + self._score(g, shape, cpu_a, mem_a, after, tuple(picks))[
+                : self._node_len
+            ], tuple(picks)
+        chosen: list[Pick] = []
+        best: Score = ()
+        for _ in range(shape.count):
+            options = self._unit_options(cls, devs, shape, ok, {p[0] for p in chosen})
+            step: tuple[Score, Pick, DevState] | None = None
+            for pos, state, pick in options:
+                trial = list(devs)
+                trial[pos] = state
+                after = tuple(sorted(trial)) if cls.uniform else tuple(trial)
+                s = self._score(g, shape, cpu_a, mem_a, after, (*chosen, pick))
+                if step is None or s < step[0]:
+                    step = (s, pick, state)
+            if step is None:
+                return None
+            best, pick, state = step
+            devs[pick[0]] = state
+            chosen.append(pick)
+        return pre + best[: self._node_len], tuple(chosen)
+
+    def _unit_options(
+        self, cls: _Class, devs: list[DevState], shape: Shape, ok: tuple[bool, ...], used: set[int]
+    ) -> list[tuple[int, DevState, Pick]]:
+        """Ways to hand out one more unit of a SHARED or MIG shape: (position, new state, pick)."""
+        out: list[tuple[int, DevState, Pick]] = []
+        seen: set[tuple[object, ...]] = set()
+        for i, d in enumerate(devs):
+            if not ok[i]:
+                continue
+            spec = cls.specs[i]
+            if shape.kind is ProfileKind.SHARED:
+                if i in used or d[0] < shape.milli or d[1] < shape.gpu_memory_mib:
                     continue
-                dev.milli += sign * g.milli
-                dev.memory_mib += sign * g.gpu_memory_mib
-                if g.milli < WHOLE_GPU_MILLI:
-                    dev.slices += sign
+                if spec.replicas > 1 and d[2] >= spec.replicas:
+                    continue
+                if cls.uniform and d in seen:
+                    continue
+                seen.add(d)
+                state = (
+                    d[0] - shape.milli,
+                    d[1] - shape.gpu_memory_mib,
+                    d[2] + 1,
+                    d[3],
+                    d[4],
+                    d[5],
+                    d[6],
+                )
+                out.append((i, state, (i, shape.milli, shape.gpu_memory_mib, None)))
+                continue
+            prof = _mig_profile(spec, cls.families[i], shape.mig_profile)
+            if prof is None:
+                continue
+            if spec.mig_instances:
+                for inst in d[6]:
+                    if inst.profile != shape.mig_profile or (cls.uniform and (d, inst) in seen):
+                        continue
+                    seen.add((d, inst))
+                    out.append((i, _mig_take(d, prof, inst, fixed=True), _mig_pick(i, prof, inst)))
+                continue
+            me = 1 if prof.name.endswith("+me") else 0
+            for start in mig.free_starts(prof, d[3], d[4], d[5] if me else 0):
+                inst = MigInstance(prof.name, start, prof.slots)
+                if cls.uniform and (d, start) in seen:
+                    continue
+                seen.add((d, start))
+                out.append((i, _mig_take(d, prof, inst, fixed=False), _mig_pick(i, prof, inst)))
+        return out
+
+    # ------------------------------------------------------------------ scores
+
+    def _score(
+        self,
+        g: _Group,
+        shape: Shape,
+        cpu_a: int,
+        mem_a: int,
+        after: tuple[DevState, ...],
+        picks: Choice,
+    ) -> Score:
+        policy = self.policy
+        cls = g.cls
+        if policy.startswith("fgd"):
+            delta = self._frag(cls, cpu_a, mem_a, after) - self._frag(cls, g.cpu, g.mem, g.devs)
+            if policy == "fgd-exact":
+                return (delta,)
+            coarse = self._coarse(delta)
+            if policy == "fgd" or self._constrained:
+                return (coarse, delta)
+            return (coarse, *self._bestfit(g, cpu_a, after, picks), delta)
+        if policy == "bestfit":
+            return self._bestfit(g, cpu_a, after, picks)
+        if policy in ("random", "firstfit"):
+            return ()
+        idle_b = _idle(cls, g.devs)
+        idle_a = _idle(cls, after)
+        dev_left = _dev_left(g, picks)
+        if policy == "dotprod":
+            dot = 0
+            if cls.cpu_milli:
+                dot += shape.cpu_milli * g.cpu * 10**9 // (cls.cpu_milli * cls.cpu_milli)
+            if cls.gpu_milli:
+                dot += (idle_b - idle_a) * idle_b * 10**9 // (cls.gpu_milli * cls.gpu_milli)
+            return (-dot, dev_left)
+        if policy == "spread":
+            used_gpu = (cls.gpu_milli - idle_a) * 10**6 // cls.gpu_milli if cls.gpu_milli else 0
+            used_cpu = (cls.cpu_milli - cpu_a) * 10**6 // cls.cpu_milli if cls.cpu_milli else 0
+            return (used_gpu, used_cpu, -dev_left)
+        tier = 1 if idle_b < cls.gpu_milli or g.cpu < cls.cpu_milli else 2
+        if policy == "packing":
+            if shape.kind is not ProfileKind.WHOLE and any(
+                g.devs[p[0]][0] < WHOLE_GPU_MILLI for p in picks
+            ):
+                tier = 0
+            return (tier, idle_a, dev_left)
+        # clustering
+        if shape.kind is ProfileKind.SHARED:
+            for p in picks:
+                used = WHOLE_GPU_MILLI - g.devs[p[0]][0]
+                if used > 0 and shape.milli > 0 and used % shape.milli == 0:
+                    tier = 0
+        elif shape.count > 0 and any(d[0] == 0 for d in g.devs):
+            tier = 0
+        return (tier, idle_a, dev_left)
+
+    def _coarse(self, delta: int) -> int:
+        """The FGD artifact's node score, negated: -int(100 · sigmoid(-ΔF / 1000)), ΔF in milli-GPU."""
+        x = delta / (WHOLE_GPU_MILLI * self._weight_total)
+        if x > 700:
+            return 0
+        return -int(100 / (1 + math.exp(x)))
+
+    def _bestfit(self, g: _Group, cpu_a: int, after: tuple[DevState, ...], picks: Choice) -> Score:
+        return (cpu_a + 16 * _idle(g.cls, after), _dev_left(g, picks))
+
+    def _frag(self, cls: _Class, cpu: int, mem: int, devs: tuple[DevState, ...]) -> int:
+        key = (
+            cls.id,
+            bisect.bisect_right(self._cpu_thresholds, cpu),
+            bisect.bisect_right(self._mem_thresholds, mem),
+            devs,
+        )
+        f = self._frag_memo.get(key)
+        if f is None:
+            f = self._frag_memo[key] = self._frag_compute(cls, cpu, mem, devs)
+        return f
+
+    def _frag_compute(self, cls: _Class, cpu: int, mem: int, devs: tuple[DevState, ...]) -> int:
+        idles = [d[0] if spec.healthy else 0 for spec, d in zip(cls.specs, devs, strict=True)]
+        total = sum(idles)
+        if total == 0:
+            return 0
+        frag = 0
+        for m, w, mid in self._targets:
+            ok = self._eligible(cls, m, mid)
+            if m.count <= 0 or ok is None or cpu < m.cpu_milli or mem < m.memory_mib:
+                frag += w * total
+                continue
+            usable = 0
+            lost = 0
+            for i, d in enumerate(devs):
+                if ok[i] and _unit_fits(cls, i, d, m):
+                    usable += 1
+                else:
+                    lost += idles[i]
+            frag += w * (lost if usable >= m.count else total)
+        return frag
+
+
+def _idle(cls: _Class, devs: tuple[DevState, ...]) -> int:
+    return sum(d[0] for spec, d in zip(cls.specs, devs, strict=True) if spec.healthy)
+
+
+def _dev_left(g: _Group, picks: Choice) -> int:
+    """Idle milli left on the devices a choice touches (small: the fullest devices)."""
+    return sum(g.devs[p[0]][0] - p[1] for p in picks)
+
+
+def _mig_profile(spec: Device, family: mig.MigFamily | None, name: str) -> mig.MigProfile | None:
+    if family is not None:
+        return family.profile(name)
+    return mig.generic_profile(name)
+
+
+def _mig_pick(pos: int, prof: mig.MigProfile, inst: MigInstance) -> Pick:
+    return (pos, prof.compute * WHOLE_GPU_MILLI // mig.COMPUTE_SLICES, prof.memory_mib, inst)
+
+
+def _mig_take(d: DevState, prof: mig.MigProfile, inst: MigInstance, *, fixed: bool) -> DevState:
+    compute = d[4] + prof.compute
+    me = d[5] + (1 if prof.name.endswith("+me") else 0)
+    free = tuple(i for i in d[6] if i != inst) if fixed else d[6]
+    return (
+        _mig_idle(compute),
+        d[1] - prof.memory_mib,
+        d[2],
+        d[3] | prof.mask(inst.start),
+        compute,
+        me,
+        free,
+    )
+
+
+def _unit_fits(cls: _Class, i: int, d: DevState, m: Shape) -> bool:
+    """Whether one unit of target shape `m` fits on device `i` in state `d` (eligibility aside)."""
+    if m.kind is ProfileKind.WHOLE:
+        return d[0] == WHOLE_GPU_MILLI and d[2] == 0 and d[3] == 0
+    spec = cls.specs[i]
+    if m.kind is ProfileKind.SHARED:
+        return (
+            d[0] >= m.milli
+            and d[1] >= m.gpu_memory_mib
+            and (spec.replicas <= 1 or d[2] < spec.replicas)
+        )
+    prof = _mig_profile(spec, cls.families[i], m.mig_profile)
+    if prof is None:
+        return False
+    if spec.mig_instances:
+        return any(inst.profile == m.mig_profile for inst in d[6])
+    return bool(mig.free_starts(prof, d[3], d[4], d[5] if prof.name.endswith("+me") else 0))
+
+
+def _apply_grant(spec: Device, d: DevState, g: DeviceGrant, sign: int) -> DevState:
+    """A device's state after taking (`sign=-1`) or giving back (`+1`) one grant."""
+    if g.mig is not None:
+        inst = g.mig
+        compute = mig_compute_slices(inst.profile)
+        mask = ((1 << inst.size) - 1) << inst.start
+        me = 1 if inst.profile.endswith("+me") else 0
+        mem = g.gpu_memory_mib
+        if sign < 0:
+            free = tuple(i for i in d[6] if i != inst)
+            c = d[4] + compute
+            return (_mig_idle(c), d[1] - mem, d[2], d[3] | mask, c, d[5] + me, free)
+        free = d[6]
+        if inst in spec.mig_instances and inst not in free:
+            free = tuple(sorted((*free, inst), key=lambda i: (i.start, i.profile)))
+        c = d[4] - compute
+        return (_mig_idle(c), d[1] + mem, d[2], d[3] & ~mask, c, d[5] - me, free)
+    shared = g.milli < WHOLE_GPU_MILLI
+    mem = g.gpu_memory_mib if shared else spec.memory_mib
+    slices = d[2] - sign if shared else d[2]
+    return (d[0] + sign * g.milli, d[1] + sign * mem, slices, d[3], d[4], d[5], d[6])
