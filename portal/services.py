@@ -38,6 +38,7 @@ from portal.models import (
     UsageRecord,
     WorkloadClass,
 )
+from scheduling import backoff
 
 log = logging.getLogger(__name__)
 
@@ -353,9 +354,10 @@ def release_attempt(attempt: Attempt, *, now: datetime, charged: bool) -> bool:
 
 
 def requeue_delay_s(attempt_number: int) -> float:
-    """base·2^(n-1) plus up to 10% jitter, capped."""
-    base = settings.REQUEUE_BASE_SECONDS * 2 ** max(0, attempt_number - 1)
-    return float(min(settings.REQUEUE_MAX_SECONDS, base * (1 + random.random() * 0.1)))
+    """base·2^(n-1) plus up to 10% jitter, capped (scheduling.backoff has the rule)."""
+    base = settings.REQUEUE_BASE_SECONDS
+    jitter = random.uniform(0, base * 2 ** min(max(0, attempt_number - 1), 30) / 10)
+    return backoff.requeue_delay_s(attempt_number, base, settings.REQUEUE_MAX_SECONDS, jitter)
 
 
 def _requeue(req: GpuRequest, *, now: datetime, why: str) -> None:

@@ -7,7 +7,6 @@ decisions; everything that writes happens here, in one transaction.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -20,7 +19,6 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 import scheduling
-from scheduling import types as st
 from portal import services
 from portal.models import (
     Allocation,
@@ -36,6 +34,8 @@ from portal.models import (
     UsageRecord,
     WorkloadClass,
 )
+from scheduling import backoff
+from scheduling import types as st
 
 log = logging.getLogger(__name__)
 
@@ -248,18 +248,14 @@ def _running(devices: dict[tuple[str, int], Device]) -> tuple[list[st.Running], 
 def _usage(now: datetime) -> list[st.TeamUsage]:
     """GPU milli-seconds per team, each record decayed by the configured half-life."""
     half_life = st.Policy().usage_half_life_s
+    now_ms = _ms(now)
     horizon = now - timedelta(seconds=half_life * 8)
-    totals: dict[str, float] = defaultdict(float)
+    totals: dict[str, int] = defaultdict(int)
     records = UsageRecord.objects.filter(charged=True).filter(Q(ended_at__isnull=True) | Q(ended_at__gte=horizon))
     for u in records.select_related("team"):
-        if u.ended_at is None:
-            amount = u.gpus_milli * max(0.0, (now - u.started_at).total_seconds())
-            age = 0.0
-        else:
-            amount = float(u.gpu_milli_seconds)
-            age = (now - u.ended_at).total_seconds()
-        totals[u.team.name] += amount * math.pow(0.5, age / half_life)
-    return [st.TeamUsage(team, int(v)) for team, v in sorted(totals.items())]
+        end_ms = _ms(u.ended_at) if u.ended_at else now_ms
+        totals[u.team.name] += backoff.interval_usage(u.gpus_milli, _ms(u.started_at), end_ms, now_ms, half_life)
+    return [st.TeamUsage(team, v) for team, v in sorted(totals.items())]
 
 
 # ---------------------------------------------------------------------------

@@ -28,7 +28,7 @@ def test_it_queues_a_request_and_audits_it() -> None:
         ({"image": "not an image"}, "image"),
         ({"count": 0}, "count"),
         ({"count": 99}, "count"),
-        ({"command": "rm -rf /".split() + [1]}, "command"),
+        ({"command": ["rm", "-rf", "/"] + [1]}, "command"),
         ({"profile_kind": "mig", "mig_profile": "9g.99gb", "pool_name": "h100-mig"}, "mig_profile"),
         ({"profile_kind": "shared", "milli": 0, "pool_name": "l4-shared"}, "milli"),
         ({"profile_kind": "mig", "mig_profile": "3g.40gb"}, "mig_profile"),
