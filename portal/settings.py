@@ -116,7 +116,7 @@ else:
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": Path(env("SQLITE_PATH", str(VAR_DIR / "quartermaster.sqlite3"))),
             # A file, not memory, so that a test's Celery worker process can share it.
-            "TEST": {"NAME": str(VAR_DIR / "test.sqlite3")},
+            "TEST": {"NAME": str(VAR_DIR / f"test-{os.getpid()}.sqlite3")},
             "OPTIONS": {
                 # web, worker and beat share one file: wait for locks, write-ahead log,
                 # take the write lock at BEGIN so a tick never deadlocks on upgrade.
