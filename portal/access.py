@@ -6,14 +6,28 @@ member and lead come from Membership; platform admins are staff users.
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.backends import RemoteUserBackend
+from django.contrib.auth.middleware import RemoteUserMiddleware
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import Http404
 
-from portal.models import GpuRequest, Membership, Team
+from portal.models import GpuRequest, Membership, Node, Pool, Team, WorkloadClass
 
 AnyUser = AbstractBaseUser | AnonymousUser
+
+# Failed authorization is logged (ASVS 16.3.2): who, what, which id.
+security_log = logging.getLogger("portal.security")
+
+
+def _denied(user: AnyUser, what: str, pk: Any, exc: type[Exception], message: str) -> Exception:
+    security_log.warning("access denied: user=%s %s=%s (%s)", getattr(user, "pk", None), what, pk, exc.__name__)
+    return exc(message)
 
 
 def is_admin(user: AnyUser) -> bool:
@@ -37,11 +51,14 @@ def role_in(user: AnyUser, team: Team) -> str | None:
 
 def get_team_for_user(user: AnyUser, pk: int | str, *, role: str | None = None) -> Team:
     """The team if the user may see it; with role="lead", only its leads and admins."""
-    team = teams_for(user).filter(pk=pk).first()
+    try:
+        team = teams_for(user).filter(pk=int(pk)).first()
+    except (ValueError, TypeError):
+        team = None
     if team is None:
-        raise Http404("No such team.")
+        raise _denied(user, "team", pk, Http404, "No such team.")
     if role == Membership.Role.LEAD and not is_admin(user) and role_in(user, team) != Membership.Role.LEAD:
-        raise PermissionDenied("Only the team's leads may do this.")
+        raise _denied(user, "team", pk, PermissionDenied, "Only the team's leads may do this.")
     return team
 
 
@@ -58,15 +75,80 @@ def get_gpu_request_for_user(user: AnyUser, pk: int | str, *, write: bool = Fals
     try:
         req = requests_visible(user).get(pk=int(pk))
     except (GpuRequest.DoesNotExist, ValueError, TypeError):
-        raise Http404("No such request.") from None
+        raise _denied(user, "request", pk, Http404, "No such request.") from None
     if write and not is_admin(user):
         own = req.submitted_by_id == user.pk
         lead = role_in(user, req.team) == Membership.Role.LEAD
         if not (own or lead):
-            raise PermissionDenied("Only the submitter or a team lead may change this request.")
+            raise _denied(user, "request", pk, PermissionDenied, "Only the submitter or a team lead may change this request.")
     return req
 
 
 def require_admin(user: AnyUser) -> None:
     if not is_admin(user):
-        raise PermissionDenied("Platform admins only.")
+        raise _denied(user, "admin", "-", PermissionDenied, "Platform admins only.")
+
+
+def get_membership_for_lead(user: AnyUser, team: Team, pk: int | str) -> Membership:
+    """A membership of `team`, which the caller already fetched with role="lead"."""
+    try:
+        return Membership.objects.select_related("user").get(team=team, pk=int(pk))
+    except (Membership.DoesNotExist, ValueError, TypeError):
+        raise _denied(user, "membership", pk, Http404, "No such member.") from None
+
+
+def get_pool(user: AnyUser, pk: int | str) -> Pool:
+    """Pools are shared inventory: every signed-in user may read them; only admins change them."""
+    if not user.is_authenticated:
+        raise PermissionDenied("Sign in first.")
+    try:
+        return Pool.objects.get(pk=int(pk))
+    except (Pool.DoesNotExist, ValueError, TypeError):
+        raise Http404("No such pool.") from None
+
+
+def get_pool_for_admin(user: AnyUser, pk: int | str) -> Pool:
+    require_admin(user)
+    return get_pool(user, pk)
+
+
+def get_node_for_admin(user: AnyUser, pk: int | str) -> Node:
+    require_admin(user)
+    try:
+        return Node.objects.select_related("pool").get(pk=int(pk))
+    except (Node.DoesNotExist, ValueError, TypeError):
+        raise Http404("No such node.") from None
+
+
+def get_workload_class_for_admin(user: AnyUser, pk: int | str) -> WorkloadClass:
+    require_admin(user)
+    try:
+        return WorkloadClass.objects.get(pk=int(pk))
+    except (WorkloadClass.DoesNotExist, ValueError, TypeError):
+        raise Http404("No such workload class.") from None
+
+
+# ---------------------------------------------------------------------------
+# Single sign-on seam
+
+
+class TrustedHeaderMiddleware(RemoteUserMiddleware):
+    """Sign users in from a header set by an authenticating proxy (oauth2-proxy, an ingress with OIDC).
+
+    Off unless settings.MIDDLEWARE lists it after AuthenticationMiddleware and
+    AUTHENTICATION_BACKENDS includes `portal.access.TrustedHeaderBackend`. Only
+    safe when the proxy strips the header from client requests: see docs/portal.md.
+    """
+
+    header = "HTTP_X_FORWARDED_USER"
+    force_logout_if_no_header = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.header = getattr(settings, "QM_TRUSTED_USER_HEADER", self.header)
+
+
+class TrustedHeaderBackend(RemoteUserBackend):
+    """Creates unknown users on first sign-in with no team and no staff bit: admins add memberships."""
+
+    create_unknown_user = True

@@ -1,31 +1,75 @@
+"""Forms validate and convert input; services decide and write."""
+
 from __future__ import annotations
 
 import json
+from decimal import Decimal
 from typing import Any
 
 from django import forms
+from django.core.exceptions import ValidationError
 
-from portal.models import DeviceProfile, Pool, Team, WorkloadClass
+from portal import selectors, services
+from portal.models import Decision, DeviceProfile, Pool, Team, WorkloadClass
+
+
+def _milli(value: Decimal | None) -> int | None:
+    return None if value is None else int(value * 1000)
+
+
+def _gpus(milli: int | None) -> Decimal | None:
+    return None if milli is None else Decimal(milli) / 1000
+
+
+class GpuField(forms.DecimalField):
+    """GPUs for people (0.5, 4), milli-GPU for the services."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("min_value", 0)
+        kwargs.setdefault("max_value", 1_000_000)
+        kwargs.setdefault("decimal_places", 3)
+        kwargs.setdefault("max_digits", 10)
+        super().__init__(**kwargs)
 
 
 class SubmitForm(forms.Form):
     team = forms.ModelChoiceField(queryset=Team.objects.none())
     name = forms.CharField(max_length=100, required=False)
     workload_class = forms.ModelChoiceField(queryset=WorkloadClass.objects.all())
-    pool = forms.ModelChoiceField(queryset=Pool.objects.exclude(lifecycle="maintenance"), required=False, empty_label="any pool")
-    profile = forms.ModelChoiceField(queryset=DeviceProfile.objects.all(), label="Device profile")
-    count = forms.IntegerField(min_value=1, max_value=16, initial=1)
+    pool = forms.ModelChoiceField(
+        queryset=Pool.objects.exclude(lifecycle="maintenance"), required=False, empty_label="any pool"
+    )
+    profile = forms.ModelChoiceField(queryset=DeviceProfile.objects.none(), label="Device profile")
+    count = forms.IntegerField(min_value=1, max_value=16, initial=1, label="Devices")
     image = forms.CharField(max_length=500, initial="registry.example.com/team/train:1.0")
     command = forms.CharField(max_length=2000, required=False, help_text="space-separated")
-    env = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), required=False, help_text="NAME=value, one per line")
-    checkpoint_interval_s = forms.IntegerField(min_value=0, initial=0, label="Checkpoint every (s)")
-    max_runtime_s = forms.IntegerField(min_value=0, initial=0, label="Maximum runtime (s)")
-    estimated_runtime_s = forms.IntegerField(min_value=1, initial=3600, label="Estimated runtime (s)")
+    env = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 3}),
+        required=False,
+        label="Environment",
+        help_text="NAME=value, one per line; NVIDIA_* and CUDA_VISIBLE_DEVICES are set by the platform",
+    )
+    checkpoint_interval_s = forms.IntegerField(min_value=0, max_value=10**9, initial=0, label="Checkpoint every (s)", help_text="0 = no checkpoints")
+    max_runtime_s = forms.IntegerField(min_value=0, max_value=10**9, initial=0, label="Maximum runtime (s)", help_text="0 = no limit")
+    estimated_runtime_s = forms.IntegerField(min_value=1, max_value=10**9, initial=3600, label="Estimated runtime (s)")
 
     def __init__(self, *args: Any, teams: Any = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if teams is not None:
             self.fields["team"].queryset = teams  # type: ignore[attr-defined]
+            if teams.count() == 1:
+                self.fields["team"].initial = teams.first()
+        self.fields["profile"].queryset = selectors.offered_profiles(self._chosen_pool())  # type: ignore[attr-defined]
+
+    def _chosen_pool(self) -> Pool | None:
+        """The pool named in the bound data, if valid: it decides which profiles are offered."""
+        raw = self.data.get("pool") if self.is_bound else None
+        if not raw:
+            return None
+        try:
+            return Pool.objects.exclude(lifecycle="maintenance").get(pk=int(raw))
+        except (Pool.DoesNotExist, ValueError, TypeError):
+            return None
 
     def clean_env(self) -> dict[str, str]:
         raw = self.cleaned_data.get("env") or ""
@@ -34,16 +78,22 @@ class SubmitForm(forms.Form):
                 data = json.loads(raw)
             except ValueError:
                 raise forms.ValidationError("Give NAME=value lines or a JSON object.") from None
-            return {str(k): str(v) for k, v in data.items()}
-        env: dict[str, str] = {}
-        for line in raw.splitlines():
-            if not line.strip():
-                continue
-            if "=" not in line:
-                raise forms.ValidationError(f"{line.strip()!r} is not NAME=value.")
-            key, value = line.split("=", 1)
-            env[key.strip()] = value.strip()
-        return env
+            if not isinstance(data, dict):
+                raise forms.ValidationError("Give NAME=value lines or a JSON object.")
+            env = {str(k): str(v) for k, v in data.items()}
+        else:
+            env = {}
+            for line in raw.splitlines():
+                if not line.strip():
+                    continue
+                if "=" not in line:
+                    raise forms.ValidationError(f"{line.strip()!r} is not NAME=value.")
+                key, value = line.split("=", 1)
+                env[key.strip()] = value.strip()
+        try:
+            return services._validate_env(env)
+        except ValidationError as exc:
+            raise forms.ValidationError(exc.message_dict["env"]) from None
 
     def service_kwargs(self) -> dict[str, Any]:
         d = self.cleaned_data
@@ -65,3 +115,96 @@ class SubmitForm(forms.Form):
             "max_runtime_s": d["max_runtime_s"],
             "estimated_runtime_s": d["estimated_runtime_s"],
         }
+
+    def preview_kwargs(self) -> dict[str, Any]:
+        """What the preview needs: the shape and where, nothing about the container."""
+        k = self.service_kwargs()
+        return {key: k[key] for key in ("team", "workload_class", "pool", "profile_kind", "mig_profile", "milli", "gpu_memory_mib", "count")}
+
+
+class QuotaForm(forms.Form):
+    """A team's quota in one pool, in GPUs. Leads edit nominal and limits; admins also grant."""
+
+    nominal = GpuField(label="Guaranteed GPUs")
+    borrowing_limit = GpuField(required=False, label="May borrow (GPUs)", help_text="empty = no limit")
+    lending_limit = GpuField(required=False, label="May lend (GPUs)", help_text="empty = no limit")
+    granted = GpuField(required=False, label="Granted by admins (GPUs)")
+
+    def __init__(self, *args: Any, admin: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not admin:
+            del self.fields["granted"]
+
+    @classmethod
+    def initial_for(cls, quota: Any) -> dict[str, Any]:
+        if quota is None:
+            return {"nominal": 0}
+        return {
+            "nominal": _gpus(quota.nominal_milli),
+            "borrowing_limit": _gpus(quota.borrowing_limit_milli),
+            "lending_limit": _gpus(quota.lending_limit_milli),
+            "granted": _gpus(quota.granted_milli),
+        }
+
+    def service_kwargs(self) -> dict[str, Any]:
+        d = self.cleaned_data
+        out = {
+            "nominal_milli": _milli(d["nominal"]),
+            "borrowing_limit_milli": _milli(d.get("borrowing_limit")),
+            "lending_limit_milli": _milli(d.get("lending_limit")),
+        }
+        if "granted" in self.fields and d.get("granted") is not None:
+            out["granted_milli"] = _milli(d["granted"])
+        return out
+
+    FIELD_FOR = {
+        "nominal_milli": "nominal",
+        "borrowing_limit_milli": "borrowing_limit",
+        "lending_limit_milli": "lending_limit",
+        "granted_milli": "granted",
+    }
+
+
+class MemberCapForm(forms.Form):
+    gpu_cap = GpuField(required=False, label="Cap (GPUs)", help_text="empty = the team's quota is the only cap")
+    role = forms.ChoiceField(choices=[("member", "member"), ("lead", "lead")], required=False)
+
+    def __init__(self, *args: Any, admin: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not admin:
+            del self.fields["role"]
+
+
+class WorkloadClassForm(forms.ModelForm):  # type: ignore[type-arg]
+    class Meta:
+        model = WorkloadClass
+        fields = services.CLASS_FIELDS
+
+
+class PoolForm(forms.ModelForm):  # type: ignore[type-arg]
+    class Meta:
+        model = Pool
+        fields = services.POOL_FIELDS
+
+
+class DecisionFilterForm(forms.Form):
+    team = forms.ModelChoiceField(queryset=Team.objects.all(), required=False, empty_label="all teams")
+    request = forms.IntegerField(required=False, min_value=1, label="Request #")
+    node = forms.CharField(required=False, max_length=253)
+    kind = forms.ChoiceField(choices=[("", "all kinds"), *Decision.Kind.choices], required=False)
+
+    def __init__(self, *args: Any, teams: Any = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if teams is not None:
+            self.fields["team"].queryset = teams  # type: ignore[attr-defined]
+
+
+class QueueFilterForm(forms.Form):
+    workload_class = forms.ModelChoiceField(queryset=WorkloadClass.objects.all(), required=False, empty_label="all classes")
+    team = forms.ModelChoiceField(queryset=Team.objects.all(), required=False, empty_label="all teams")
+    pool = forms.ModelChoiceField(queryset=Pool.objects.all(), required=False, empty_label="all pools")
+
+
+class CapacityFilterForm(forms.Form):
+    pool = forms.ModelChoiceField(queryset=Pool.objects.all(), required=False, empty_label="all pools")
+    node = forms.CharField(required=False, max_length=253, label="Node name contains")

@@ -1,19 +1,72 @@
+"""URLs. Object ids in paths are named after their model (request_id, team_id, ...) so the
+cross-tenant test in tests/portal/test_views_access.py knows what to put in each."""
+
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.urls import include, path
+from django.urls import include, path, register_converter
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from rest_framework.permissions import IsAuthenticated
 
-from portal import metrics, views
+from portal import api, metrics, views
 
+
+class NodeActionConverter:
+    regex = "cordon|drain|return"
+
+    def to_python(self, value: str) -> str:
+        return value
+
+    def to_url(self, value: str) -> str:
+        return value
+
+
+register_converter(NodeActionConverter, "node_action")
 
 portal_patterns = [
     path("", views.home, name="home"),
     path("requests/new/", views.request_submit, name="request-submit"),
-    path("requests/<int:pk>/", views.request_detail, name="request-detail"),
-    path("requests/<int:pk>/cancel/", views.request_cancel, name="request-cancel"),
+    path("requests/preview/", views.request_preview, name="request-preview"),
+    path("requests/<int:request_id>/", views.request_detail, name="request-detail"),
+    path("requests/<int:request_id>/cancel/", views.request_cancel, name="request-cancel"),
+    path("queue/", views.queue, name="queue"),
+    path("decisions/", views.decision_log, name="decisions"),
+    path("teams/", views.team_list, name="team-list"),
+    path("teams/<int:team_id>/", views.team_detail, name="team-detail"),
+    path("teams/<int:team_id>/quotas/<int:pool_id>/", views.quota_edit, name="quota-edit"),
+    path("teams/<int:team_id>/members/<int:membership_id>/", views.member_edit, name="member-edit"),
+    path("ops/capacity/", views.capacity, name="capacity"),
+    path("ops/audit/", views.audit_log, name="audit"),
+    path("ops/settings/", views.settings_page, name="settings"),
+    path("ops/classes/<int:class_id>/", views.workload_class_edit, name="class-edit"),
+    path("ops/pools/<int:pool_id>/", views.pool_edit, name="pool-edit"),
+    path("ops/nodes/<int:node_id>/<node_action:action>/", views.node_action, name="node-action"),
+]
+
+api_patterns = [
+    path("requests/", api.GpuRequestListSubmitApi.as_view(), name="requests"),
+    path("requests/preview/", api.GpuRequestPreviewApi.as_view(), name="request-preview"),
+    path("requests/<int:request_id>/", api.GpuRequestDetailApi.as_view(), name="request-detail"),
+    path("requests/<int:request_id>/cancel/", api.GpuRequestCancelApi.as_view(), name="request-cancel"),
+    path("queue/", api.QueueApi.as_view(), name="queue"),
+    path("pools/", api.PoolListApi.as_view(), name="pools"),
+    path("capacity/", api.CapacityApi.as_view(), name="capacity"),
+    path("nodes/<int:node_id>/<node_action:action>/", api.NodeActionApi.as_view(), name="node-action"),
+    path("decisions/", api.DecisionListApi.as_view(), name="decisions"),
+    path("audit/", api.AuditListApi.as_view(), name="audit"),
+    path("teams/", api.TeamListApi.as_view(), name="teams"),
+    path("teams/<int:team_id>/", api.TeamDetailApi.as_view(), name="team-detail"),
+    path("teams/<int:team_id>/quotas/<int:pool_id>/", api.QuotaSetApi.as_view(), name="quota-set"),
 ]
 
 urlpatterns = [
     path("", include((portal_patterns, "portal"))),
+    path("api/v1/", include((api_patterns, "api"))),
+    path("api/schema/", SpectacularAPIView.as_view(permission_classes=[IsAuthenticated]), name="schema"),
+    path(
+        "api/docs/",
+        SpectacularSwaggerView.as_view(url_name="schema", permission_classes=[IsAuthenticated]),
+        name="api-docs",
+    ),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),

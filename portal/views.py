@@ -1,14 +1,37 @@
+"""HTML pages. Function views: access check → form → one service or selector → render.
+
+Each page that changes renders a named partial for HTMX polling
+(`template += "#name"` when request.htmx); every hx-get also has a real href.
+"""
+
 from __future__ import annotations
+
+from typing import Any
 
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
+from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from portal import access, services
-from portal.forms import SubmitForm
-from portal.models import GpuRequest
+from portal import access, selectors, services
+from portal.forms import (
+    CapacityFilterForm,
+    DecisionFilterForm,
+    MemberCapForm,
+    PoolForm,
+    QueueFilterForm,
+    QuotaForm,
+    SubmitForm,
+    WorkloadClassForm,
+)
+from portal.models import GpuRequest, Membership, Node, Pool, Quota, Team, WorkloadClass
+
+PAGE_SIZE = 50
+NODES_PER_PAGE = 20
 
 
 @require_GET
@@ -16,41 +39,84 @@ def healthz(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"ok": True})
 
 
+def _add_errors(form: Any, exc: ValidationError, rename: dict[str, str] | None = None) -> None:
+    """Put a service's ValidationError on the form field it names (or on the form)."""
+    for field, errors in exc.message_dict.items():
+        name = (rename or {}).get(field, field)
+        form.add_error(name if name in form.fields else None, errors)
+
+
+def _next_url(request: HttpRequest, default: str) -> str:
+    target = request.POST.get("next", "")
+    if target and url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}):
+        return target
+    return default
+
+
+# ---------------------------------------------------------------------------
+# Researcher
+
+
 @login_required
 @require_GET
 def home(request: HttpRequest) -> HttpResponse:
-    requests = access.requests_visible(request.user).order_by("-created_at")[:50]
+    """My jobs (or, with ?scope=team, every request of my teams)."""
+    scope = "team" if request.GET.get("scope") == "team" else "mine"
+    qs = selectors.request_list(request.user, mine=scope == "mine")
+    page = Paginator(qs, PAGE_SIZE).get_page(request.GET.get("page"))
+    rows = list(page.object_list)
+    estimates = selectors.request_estimates(rows)
+    for r in rows:
+        r.estimate = estimates.get(r.pk)  # type: ignore[attr-defined]
+        r.can_cancel = r.state not in GpuRequest.TERMINAL_STATES  # type: ignore[attr-defined]
     template = "portal/home.html"
     if request.htmx:
         template += "#request-table"
-    return render(request, template, {"requests": requests})
+    query = "scope=team" if scope == "team" else ""
+    return render(request, template, {"page": page, "rows": rows, "scope": scope, "query": query})
 
 
 @login_required
 @require_http_methods(["GET", "POST"])
 def request_submit(request: HttpRequest) -> HttpResponse:
     teams = access.teams_for(request.user)
+    if request.method == "GET" and request.htmx and "pool" in request.GET:
+        # The pool changed: offer the device profiles it really has.
+        form = SubmitForm(request.GET, teams=teams)
+        return render(request, "portal/submit.html#profile-field", {"form": form})
     form = SubmitForm(request.POST or None, teams=teams)
     if request.method == "POST" and form.is_valid():
         try:
             req = services.gpu_request_submit(user=request.user, **form.service_kwargs())  # type: ignore[arg-type]
         except ValidationError as exc:
-            for field, errors in exc.message_dict.items():
-                form.add_error(field if field in form.fields else None, errors)
+            _add_errors(form, exc)
         else:
-            return redirect("portal:request-detail", pk=req.pk)
-    return render(request, "portal/submit.html", {"form": form}, status=400 if form.errors else 200)
+            return redirect("portal:request-detail", request_id=req.pk)
+    status = 400 if form.errors else 200
+    return render(request, "portal/submit.html", {"form": form, "no_team": not teams.exists()}, status=status)
+
+
+@login_required
+@require_POST
+def request_preview(request: HttpRequest) -> HttpResponse:
+    """What would happen if this were submitted now. Reads only; POST so the env stays out of URLs."""
+    form = SubmitForm(request.POST, teams=access.teams_for(request.user))
+    preview = None
+    if form.is_valid():
+        preview = selectors.gpu_request_preview(**form.preview_kwargs())
+    return render(request, "portal/submit.html#preview", {"form": form, "preview": preview})
 
 
 @login_required
 @require_GET
-def request_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    req = access.get_gpu_request_for_user(request.user, pk)
+def request_detail(request: HttpRequest, request_id: int) -> HttpResponse:
+    req = access.get_gpu_request_for_user(request.user, request_id)
     template = "portal/request_detail.html"
     if request.htmx:
         template += "#request-status"
     context = {
         "req": req,
+        "estimate": selectors.request_estimates([req]).get(req.pk),
         "attempts": req.attempts.select_related("pool").order_by("-number"),
         "decisions": req.decisions.order_by("-created_at", "-id")[:50],
         "can_cancel": req.state not in GpuRequest.TERMINAL_STATES,
@@ -60,10 +126,263 @@ def request_detail(request: HttpRequest, pk: int) -> HttpResponse:
 
 @login_required
 @require_POST
-def request_cancel(request: HttpRequest, pk: int) -> HttpResponse:
-    req = access.get_gpu_request_for_user(request.user, pk, write=True)
+def request_cancel(request: HttpRequest, request_id: int) -> HttpResponse:
+    req = access.get_gpu_request_for_user(request.user, request_id, write=True)
     try:
         services.gpu_request_cancel(user=request.user, gpu_request=req)  # type: ignore[arg-type]
     except ValidationError:
+        # Already over: nothing to cancel, the page shows its final state.
         pass
-    return redirect("portal:request-detail", pk=req.pk)
+    return redirect(_next_url(request, reverse("portal:request-detail", args=[req.pk])))
+
+
+@login_required
+@require_GET
+def decision_log(request: HttpRequest) -> HttpResponse:
+    """Decisions of the user's teams (all for admins), filtered and paginated."""
+    teams = access.teams_for(request.user)
+    form = DecisionFilterForm(request.GET or None, teams=teams)
+    filters: dict[str, Any] = {}
+    if form.is_valid():
+        d = form.cleaned_data
+        filters = {"team": d["team"], "request_id": d["request"], "node": d["node"], "kind": d["kind"]}
+    qs = selectors.decision_list(request.user, **filters).select_related("request")
+    page = Paginator(qs, PAGE_SIZE).get_page(request.GET.get("page"))
+    template = "portal/decisions.html"
+    if request.htmx:
+        template += "#decision-log"
+    query = request.GET.copy()
+    query.pop("page", None)
+    return render(request, template, {"form": form, "page": page, "query": query.urlencode()})
+
+
+@login_required
+@require_GET
+def queue(request: HttpRequest) -> HttpResponse:
+    """Pending requests in scheduling order, by class, team and pool (scoped for non-admins)."""
+    form = QueueFilterForm(request.GET or None)
+    filters: dict[str, Any] = {}
+    if form.is_valid():
+        filters = {k: v for k, v in form.cleaned_data.items() if v}
+    qs = selectors.queue_list(request.user, **filters)
+    page = Paginator(qs, PAGE_SIZE).get_page(request.GET.get("page"))
+    template = "portal/queue.html"
+    if request.htmx:
+        template += "#queue-table"
+    query = request.GET.copy()
+    query.pop("page", None)
+    context = {
+        "form": form,
+        "page": page,
+        "summary": selectors.queue_summary(request.user),
+        "query": query.urlencode(),
+    }
+    return render(request, template, context)
+
+
+# ---------------------------------------------------------------------------
+# Team lead
+
+
+@login_required
+@require_GET
+def team_list(request: HttpRequest) -> HttpResponse:
+    teams = list(access.teams_for(request.user))
+    if len(teams) == 1 and not access.is_admin(request.user):
+        return redirect("portal:team-detail", team_id=teams[0].pk)
+    return render(request, "portal/team_list.html", {"teams": teams})
+
+
+def _team_context(request: HttpRequest, team: Team) -> dict[str, Any]:
+    role = access.role_in(request.user, team)
+    admin = access.is_admin(request.user)
+    can_edit = admin or role == Membership.Role.LEAD
+    # Admins see every pool, so that they can grant a team a share of a new one.
+    usage = selectors.team_usage(team, all_pools=admin)
+    for u in usage:
+        u.form = QuotaForm(initial=QuotaForm.initial_for(u.quota), admin=admin, prefix=f"pool{u.pool.pk}")  # type: ignore[attr-defined]
+    members = selectors.team_members(team)
+    for m in members:
+        ms = m["membership"]
+        m["form"] = MemberCapForm(
+            initial={"gpu_cap": None if ms.gpu_cap_milli is None else ms.gpu_cap_milli / 1000, "role": ms.role},
+            admin=admin,
+            prefix=f"m{ms.pk}",
+        )
+    return {
+        "team": team,
+        "role": role,
+        "can_edit": can_edit,
+        "admin": admin,
+        "usage": usage,
+        "members": members,
+        "audit": selectors.audit_list(team=team)[:20] if can_edit else [],
+        "pending": GpuRequest.objects.filter(team=team, state=GpuRequest.State.PENDING).count(),
+    }
+
+
+@login_required
+@require_GET
+def team_detail(request: HttpRequest, team_id: int) -> HttpResponse:
+    team = access.get_team_for_user(request.user, team_id)
+    template = "portal/team.html"
+    if request.htmx:
+        template += "#team-usage"
+    return render(request, template, _team_context(request, team))
+
+
+@login_required
+@require_POST
+def quota_edit(request: HttpRequest, team_id: int, pool_id: int) -> HttpResponse:
+    team = access.get_team_for_user(request.user, team_id, role=Membership.Role.LEAD)
+    pool = access.get_pool(request.user, pool_id)
+    admin = access.is_admin(request.user)
+    form = QuotaForm(request.POST, admin=admin, prefix=f"pool{pool.pk}")
+    if form.is_valid():
+        try:
+            services.quota_set(actor=request.user, team=team, pool=pool, **form.service_kwargs())  # type: ignore[arg-type]
+        except ValidationError as exc:
+            _add_errors(form, exc, QuotaForm.FIELD_FOR)
+        else:
+            return redirect(_next_url(request, reverse("portal:team-detail", args=[team.pk])))
+    context = _team_context(request, team)
+    for u in context["usage"]:
+        if u.pool.pk == pool.pk:
+            u.form = form
+    if not any(u.pool.pk == pool.pk for u in context["usage"]):
+        context["extra_form"] = (pool, form)
+    return render(request, "portal/team.html", context, status=400)
+
+
+@login_required
+@require_POST
+def member_edit(request: HttpRequest, team_id: int, membership_id: int) -> HttpResponse:
+    team = access.get_team_for_user(request.user, team_id, role=Membership.Role.LEAD)
+    membership = access.get_membership_for_lead(request.user, team, membership_id)
+    admin = access.is_admin(request.user)
+    form = MemberCapForm(request.POST, admin=admin, prefix=f"m{membership.pk}")
+    if form.is_valid():
+        cap = form.cleaned_data["gpu_cap"]
+        role = form.cleaned_data.get("role") or membership.role
+        try:
+            services.membership_set(
+                actor=request.user,  # type: ignore[arg-type]
+                team=team,
+                user=membership.user,
+                role=role,
+                gpu_cap_milli=None if cap is None else int(cap * 1000),
+            )
+        except ValidationError as exc:
+            _add_errors(form, exc, {"gpu_cap_milli": "gpu_cap"})
+        else:
+            return redirect("portal:team-detail", team_id=team.pk)
+    context = _team_context(request, team)
+    for m in context["members"]:
+        if m["membership"].pk == membership.pk:
+            m["form"] = form
+    return render(request, "portal/team.html", context, status=400)
+
+
+# ---------------------------------------------------------------------------
+# Platform admin
+
+
+@login_required
+@require_GET
+def capacity(request: HttpRequest) -> HttpResponse:
+    """Pool → node → device → slot, coloured free / team / fragmented / unhealthy."""
+    access.require_admin(request.user)
+    form = CapacityFilterForm(request.GET or None)
+    nodes = Node.objects.select_related("pool").order_by("pool__name", "name")
+    if form.is_valid():
+        if form.cleaned_data["pool"]:
+            nodes = nodes.filter(pool=form.cleaned_data["pool"])
+        if form.cleaned_data["node"]:
+            nodes = nodes.filter(name__contains=form.cleaned_data["node"])
+    page = Paginator(nodes, NODES_PER_PAGE).get_page(request.GET.get("page"))
+    query = request.GET.copy()
+    query.pop("page", None)
+    context = {
+        "form": form,
+        "page": page,
+        "nodes": selectors.capacity_nodes(list(page.object_list)),
+        "summaries": selectors.pool_summaries(),
+        "query": query.urlencode(),
+    }
+    template = "portal/capacity.html"
+    if request.htmx:
+        template += "#capacity-map"
+    return render(request, template, context)
+
+
+@login_required
+@require_POST
+def node_action(request: HttpRequest, node_id: int, action: str) -> HttpResponse:
+    node = access.get_node_for_admin(request.user, node_id)
+    service = {"cordon": services.node_cordon, "drain": services.node_drain, "return": services.node_return}[action]
+    service(actor=request.user, node=node)  # type: ignore[arg-type]
+    return redirect(_next_url(request, reverse("portal:capacity")))
+
+
+@login_required
+@require_GET
+def audit_log(request: HttpRequest) -> HttpResponse:
+    access.require_admin(request.user)
+    action = request.GET.get("action", "")[:50]
+    actor = request.GET.get("actor", "")[:150]
+    qs = selectors.audit_list(action=action, actor=actor)
+    page = Paginator(qs, PAGE_SIZE).get_page(request.GET.get("page"))
+    query = request.GET.copy()
+    query.pop("page", None)
+    template = "portal/audit.html"
+    if request.htmx:
+        template += "#audit-log"
+    return render(request, template, {"page": page, "action": action, "actor": actor, "query": query.urlencode()})
+
+
+@login_required
+@require_GET
+def settings_page(request: HttpRequest) -> HttpResponse:
+    """Workload classes, pools and team guarantees, each editable by admins."""
+    access.require_admin(request.user)
+    return render(request, "portal/settings.html", _settings_context())
+
+
+def _settings_context(override: dict[tuple[str, int], Any] | None = None) -> dict[str, Any]:
+    override = override or {}
+    classes = [(c, override.get(("class", c.pk)) or WorkloadClassForm(instance=c, prefix=f"c{c.pk}")) for c in WorkloadClass.objects.all()]
+    pools = [(p, override.get(("pool", p.pk)) or PoolForm(instance=p, prefix=f"p{p.pk}")) for p in Pool.objects.all()]
+    quotas = Quota.objects.select_related("team", "pool").order_by("team__name", "pool__name")
+    return {"classes": classes, "pools": pools, "quotas": quotas, "teams": Team.objects.all()}
+
+
+@login_required
+@require_POST
+def workload_class_edit(request: HttpRequest, class_id: int) -> HttpResponse:
+    wc = access.get_workload_class_for_admin(request.user, class_id)
+    form = WorkloadClassForm(request.POST, instance=WorkloadClass.objects.get(pk=wc.pk), prefix=f"c{wc.pk}")
+    if form.is_valid():
+        changes = {f: form.cleaned_data[f] for f in form.Meta.fields}
+        try:
+            services.workload_class_update(actor=request.user, workload_class=wc, **changes)  # type: ignore[arg-type]
+        except ValidationError as exc:
+            _add_errors(form, exc)
+        else:
+            return redirect(reverse("portal:settings") + "#classes")
+    return render(request, "portal/settings.html", _settings_context({("class", wc.pk): form}), status=400)
+
+
+@login_required
+@require_POST
+def pool_edit(request: HttpRequest, pool_id: int) -> HttpResponse:
+    pool = access.get_pool_for_admin(request.user, pool_id)
+    form = PoolForm(request.POST, instance=Pool.objects.get(pk=pool.pk), prefix=f"p{pool.pk}")
+    if form.is_valid():
+        changes = {f: form.cleaned_data[f] for f in form.Meta.fields}
+        try:
+            services.pool_update(actor=request.user, pool=pool, **changes)  # type: ignore[arg-type]
+        except ValidationError as exc:
+            _add_errors(form, exc)
+        else:
+            return redirect(reverse("portal:settings") + "#pools")
+    return render(request, "portal/settings.html", _settings_context({("pool", pool.pk): form}), status=400)

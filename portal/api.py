@@ -1,0 +1,525 @@
+"""REST API under /api/v1/: one APIView per operation, nested Input/Output serializers.
+
+Same services and the same access choke-point as the pages. A Django
+`ValidationError` from a service becomes a 400 naming the field; another
+team's objects answer 404; admin-only operations answer 403 to others.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers, status
+from rest_framework.exceptions import ValidationError
+from rest_framework.pagination import PageNumberPagination
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from portal import access, selectors, services
+from portal.models import (
+    Decision,
+    DeviceProfile,
+    GpuRequest,
+    Membership,
+    Node,
+    Pool,
+    Team,
+    WorkloadClass,
+)
+
+# Keys a client may not send: the platform derives them (RELIABILITY.md §8.6).
+FORBIDDEN_KEYS = {"namespace", "node", "nodeName", "node_name", "tolerations", "runtimeClassName", "priorityClassName",
+                  "state", "submitted_by", "queue_position", "status_code", "status_message", "allocated_devices"}
+
+
+def _detail(exc: DjangoValidationError) -> dict[str, Any]:
+    if hasattr(exc, "error_dict"):
+        return {("non_field_errors" if k == "__all__" else k): v for k, v in exc.message_dict.items()}
+    return {"non_field_errors": exc.messages}
+
+
+class ApiView(APIView):
+    """Turns a service's Django ValidationError into a 400 naming the field."""
+
+    def handle_exception(self, exc: Exception) -> Response:
+        if isinstance(exc, DjangoValidationError):
+            exc = ValidationError(detail=_detail(exc))
+        return super().handle_exception(exc)
+
+
+def _paginate(view: APIView, request: Request, qs: Any, serializer: type[serializers.Serializer]) -> Response:
+    paginator = PageNumberPagination()
+    page = paginator.paginate_queryset(qs, request, view=view)
+    return paginator.get_paginated_response(serializer(page, many=True).data)
+
+
+class StrictSerializer(serializers.Serializer):
+    """Rejects keys it does not know, so `namespace` or `nodeName` cannot ride along unnoticed."""
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        unknown = set(getattr(self, "initial_data", {}) or {}) - set(self.fields)
+        if unknown:
+            raise ValidationError({k: ["This field is not accepted."] for k in sorted(unknown)})
+        return attrs
+
+
+# ---------------------------------------------------------------------------
+# Requests
+
+
+class GpuRequestOutputSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    team = serializers.CharField(source="team.name")
+    submitted_by = serializers.CharField(source="submitted_by.username")
+    workload_class = serializers.CharField(source="workload_class.name")
+    pool = serializers.CharField(source="pool.name", allow_null=True, default=None)
+    profile_kind = serializers.CharField()
+    mig_profile = serializers.CharField()
+    milli = serializers.IntegerField()
+    gpu_memory_mib = serializers.IntegerField()
+    profile = serializers.CharField(source="profile_label")
+    count = serializers.IntegerField()
+    pods = serializers.IntegerField()
+    image = serializers.CharField()
+    command = serializers.ListField(child=serializers.CharField())
+    env = serializers.DictField(child=serializers.CharField())
+    checkpoint_interval_s = serializers.IntegerField()
+    max_runtime_s = serializers.IntegerField()
+    estimated_runtime_s = serializers.IntegerField()
+    state = serializers.CharField()
+    queue_position = serializers.IntegerField(allow_null=True)
+    reason_code = serializers.CharField(source="status_code")
+    reason = serializers.CharField(source="status_message")
+    escalated = serializers.BooleanField()
+    estimated_start = serializers.DateTimeField(allow_null=True)
+    attempts = serializers.SerializerMethodField()
+    requeue_count = serializers.IntegerField()
+    end_reason = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+
+    def get_attempts(self, obj: GpuRequest) -> int:
+        n = getattr(obj, "attempt_count", None)
+        return int(n) if n is not None else obj.attempts.count()
+
+
+class SubmitFields(StrictSerializer):
+    """The fields of a request a client chooses; everything else comes from the platform."""
+
+    team = serializers.SlugField(required=False, help_text="team name; optional if you are in one team")
+    workload_class = serializers.SlugField()
+    pool = serializers.CharField(required=False, allow_null=True, allow_blank=True, help_text='pool name, or "any"')
+    profile = serializers.CharField(required=False, help_text="device profile name, e.g. mig-3g.40gb")
+    profile_kind = serializers.ChoiceField(choices=DeviceProfile.Kind.values, required=False)
+    mig_profile = serializers.CharField(required=False, allow_blank=True, max_length=30)
+    milli = serializers.IntegerField(required=False, min_value=1, max_value=1000)
+    gpu_memory_mib = serializers.IntegerField(required=False, min_value=0, max_value=10**7)
+    count = serializers.IntegerField(default=1, min_value=1, max_value=services.MAX_GPUS_PER_NODE)
+
+    def resolve(self, user: Any) -> dict[str, Any]:
+        """Turn names into rows; the team must be one of the user's (membership, never request data)."""
+        d = dict(self.validated_data)
+        mine = Team.objects.filter(memberships__user=user)
+        if d.get("team"):
+            team = mine.filter(name=d.pop("team")).first()
+            if team is None:
+                raise ValidationError({"team": ["You are not a member of this team."]})
+        else:
+            teams = list(mine[:2])
+            if len(teams) != 1:
+                raise ValidationError({"team": ["Name the team to submit for."]})
+            team = teams[0]
+        d["team"] = team
+        wc = WorkloadClass.objects.filter(name=d.pop("workload_class")).first()
+        if wc is None:
+            raise ValidationError({"workload_class": ["No such workload class."]})
+        d["workload_class"] = wc
+        pool_name = d.pop("pool", None)
+        d["pool"] = None
+        if pool_name and pool_name != "any":
+            d["pool"] = Pool.objects.filter(name=pool_name).first()
+            if d["pool"] is None:
+                raise ValidationError({"pool": ["No such pool."]})
+        profile_name = d.pop("profile", None)
+        if profile_name:
+            profile = selectors.offered_profiles(d["pool"]).filter(name=profile_name).first()
+            if profile is None:
+                raise ValidationError({"profile": ["No pool you chose offers this device profile."]})
+            d.update(profile_kind=profile.kind, mig_profile=profile.mig_profile, milli=profile.milli,
+                     gpu_memory_mib=profile.gpu_memory_mib)
+        elif "profile_kind" not in d and wc.default_profile is not None:
+            p = wc.default_profile
+            d.update(profile_kind=p.kind, mig_profile=p.mig_profile, milli=p.milli, gpu_memory_mib=p.gpu_memory_mib)
+        d.setdefault("profile_kind", DeviceProfile.Kind.WHOLE)
+        return d
+
+
+class GpuRequestListSubmitApi(ApiView):
+    """GET: list the requests you may see. POST: submit a request."""
+
+    class SubmitInputSerializer(SubmitFields):
+        name = serializers.CharField(required=False, allow_blank=True, max_length=100)
+        pods = serializers.IntegerField(default=1, min_value=1, max_value=64)
+        cpu_milli = serializers.IntegerField(default=1000, min_value=0, max_value=10**9)
+        memory_mib = serializers.IntegerField(default=4096, min_value=0, max_value=10**9)
+        image = serializers.CharField(max_length=500)
+        command = serializers.JSONField(required=False, default=list, help_text="list of strings (or one string)")
+        env = serializers.JSONField(required=False, default=dict, help_text="mapping NAME -> value")
+        checkpoint_interval_s = serializers.IntegerField(default=0, min_value=0, max_value=10**9)
+        max_runtime_s = serializers.IntegerField(default=0, min_value=0, max_value=10**9)
+        estimated_runtime_s = serializers.IntegerField(default=3600, min_value=1, max_value=10**9)
+        priority = serializers.IntegerField(default=0, min_value=-100, max_value=100)
+
+    OutputSerializer = GpuRequestOutputSerializer
+
+    @extend_schema(
+        operation_id="requests_list",
+        parameters=[
+            OpenApiParameter("state", str, enum=GpuRequest.State.values),
+            OpenApiParameter("mine", bool, description="only requests you submitted"),
+        ],
+        responses=GpuRequestOutputSerializer(many=True),
+    )
+    def get(self, request: Request) -> Response:
+        state = request.query_params.get("state", "")
+        if state and state not in GpuRequest.State.values:
+            raise ValidationError({"state": [f"Choose one of {', '.join(GpuRequest.State.values)}."]})
+        qs = selectors.request_list(request.user, mine=request.query_params.get("mine") in ("1", "true"), state=state)
+        return _paginate(self, request, qs, self.OutputSerializer)
+
+    @extend_schema(operation_id="requests_submit", request=SubmitInputSerializer, responses={201: GpuRequestOutputSerializer})
+    def post(self, request: Request) -> Response:
+        serializer = self.SubmitInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        req = services.gpu_request_submit(user=request.user, **serializer.resolve(request.user))
+        return Response(self.OutputSerializer(req).data, status=status.HTTP_201_CREATED)
+
+
+class GpuRequestPreviewApi(ApiView):
+    """What the scheduler would do with this request now; nothing is written."""
+
+    class InputSerializer(SubmitFields):
+        pass
+
+    class OutputSerializer(serializers.Serializer):
+        outcome = serializers.ChoiceField(choices=["fits", "waits", "rejected"])
+        message = serializers.CharField()
+        pool = serializers.CharField()
+        code = serializers.CharField()
+        position = serializers.IntegerField()
+        estimated_start = serializers.DateTimeField(allow_null=True)
+        borrowing = serializers.BooleanField()
+
+    @extend_schema(operation_id="requests_preview", request=InputSerializer, responses=OutputSerializer)
+    def post(self, request: Request) -> Response:
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        d = serializer.resolve(request.user)
+        preview = selectors.gpu_request_preview(**d)
+        return Response(self.OutputSerializer(preview).data)
+
+
+class GpuRequestDetailApi(ApiView):
+    OutputSerializer = GpuRequestOutputSerializer
+
+    @extend_schema(operation_id="requests_get", responses=GpuRequestOutputSerializer)
+    def get(self, request: Request, request_id: int) -> Response:
+        req = access.get_gpu_request_for_user(request.user, request_id)
+        return Response(self.OutputSerializer(req).data)
+
+
+class GpuRequestCancelApi(ApiView):
+    OutputSerializer = GpuRequestOutputSerializer
+
+    @extend_schema(operation_id="requests_cancel", request=None, responses=GpuRequestOutputSerializer)
+    def post(self, request: Request, request_id: int) -> Response:
+        req = access.get_gpu_request_for_user(request.user, request_id, write=True)
+        req = services.gpu_request_cancel(user=request.user, gpu_request=req)
+        return Response(self.OutputSerializer(req).data)
+
+
+class QueueApi(ApiView):
+    """Pending requests in scheduling order (your teams'; all for admins)."""
+
+    class OutputSerializer(serializers.Serializer):
+        id = serializers.IntegerField()
+        queue_position = serializers.IntegerField(allow_null=True)
+        team = serializers.CharField(source="team.name")
+        workload_class = serializers.CharField(source="workload_class.name")
+        pool = serializers.CharField(source="pool.name", allow_null=True, default=None)
+        profile = serializers.CharField(source="profile_label")
+        count = serializers.IntegerField()
+        reason_code = serializers.CharField(source="status_code")
+        reason = serializers.CharField(source="status_message")
+        escalated = serializers.BooleanField()
+        estimated_start = serializers.DateTimeField(allow_null=True)
+        created_at = serializers.DateTimeField()
+
+    @extend_schema(
+        operation_id="queue_list",
+        parameters=[OpenApiParameter("workload_class", str), OpenApiParameter("team", str), OpenApiParameter("pool", str)],
+        responses=OutputSerializer(many=True),
+    )
+    def get(self, request: Request) -> Response:
+        filters: dict[str, Any] = {}
+        for key, model in (("workload_class", WorkloadClass), ("team", Team), ("pool", Pool)):
+            name = request.query_params.get(key)
+            if name:
+                obj = model.objects.filter(name=name).first()  # type: ignore[attr-defined]
+                if obj is None:
+                    raise ValidationError({key: [f"No such {key.replace('_', ' ')}."]})
+                filters[key] = obj
+        return _paginate(self, request, selectors.queue_list(request.user, **filters), self.OutputSerializer)
+
+
+# ---------------------------------------------------------------------------
+# Pools and capacity
+
+
+class PoolListApi(ApiView):
+    """Pools with their capacity summary and the device profiles they offer."""
+
+    class OutputSerializer(serializers.Serializer):
+        id = serializers.IntegerField(source="pool.pk")
+        name = serializers.CharField(source="pool.name")
+        gpu_model = serializers.CharField(source="pool.gpu_model")
+        gpu_memory_mib = serializers.IntegerField(source="pool.gpu_memory_mib")
+        partitioning = serializers.CharField(source="pool.partitioning")
+        lifecycle = serializers.CharField(source="pool.lifecycle")
+        interconnect = serializers.CharField(source="pool.interconnect")
+        mig_layout = serializers.ListField(source="pool.mig_layout", child=serializers.CharField())
+        inference_floor_milli = serializers.IntegerField(source="pool.inference_floor_milli")
+        nodes = serializers.IntegerField()
+        cordoned = serializers.IntegerField()
+        devices = serializers.IntegerField()
+        unhealthy = serializers.IntegerField()
+        total_milli = serializers.IntegerField()
+        allocated_milli = serializers.IntegerField()
+        free_milli = serializers.IntegerField()
+        profiles = serializers.ListField(child=serializers.CharField())
+
+    @extend_schema(operation_id="pools_list", responses=OutputSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        rows = selectors.pool_summaries()
+        for r in rows:
+            r["profiles"] = list(selectors.offered_profiles(r["pool"]).values_list("name", flat=True))
+        return Response(self.OutputSerializer(rows, many=True).data)
+
+
+class CapacityApi(ApiView):
+    """Admins: node → device → slot, paginated by node."""
+
+    class CellSerializer(serializers.Serializer):
+        label = serializers.CharField()
+        status = serializers.CharField()
+        team = serializers.CharField()
+        request_id = serializers.IntegerField(allow_null=True)
+        width = serializers.IntegerField()
+
+    class DeviceSerializer(serializers.Serializer):
+        index = serializers.IntegerField()
+        model = serializers.CharField()
+        partitioning = serializers.CharField()
+        healthy = serializers.BooleanField()
+        health_reason = serializers.CharField()
+        utilization_pct = serializers.IntegerField()
+        memory_used_mib = serializers.IntegerField()
+        memory_mib = serializers.IntegerField()
+        cells = serializers.SerializerMethodField()
+
+        def get_cells(self, obj: Any) -> list[dict[str, Any]]:
+            return CapacityApi.CellSerializer(obj.cells, many=True).data  # type: ignore[return-value]
+
+    class OutputSerializer(serializers.Serializer):
+        id = serializers.IntegerField(source="node.pk")
+        name = serializers.CharField(source="node.name")
+        pool = serializers.CharField(source="node.pool.name")
+        ready = serializers.BooleanField(source="node.ready")
+        cordoned = serializers.BooleanField(source="node.cordoned")
+        draining = serializers.BooleanField(source="node.draining")
+        devices = serializers.SerializerMethodField()
+
+        def get_devices(self, obj: Any) -> list[dict[str, Any]]:
+            return CapacityApi.DeviceSerializer(obj.devices, many=True).data  # type: ignore[return-value]
+
+    @extend_schema(operation_id="capacity_list", parameters=[OpenApiParameter("pool", str)], responses=OutputSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        access.require_admin(request.user)
+        nodes = Node.objects.select_related("pool").order_by("pool__name", "name")
+        if request.query_params.get("pool"):
+            nodes = nodes.filter(pool__name=request.query_params["pool"])
+        paginator = PageNumberPagination()
+        page = paginator.paginate_queryset(nodes, request, view=self)
+        views = selectors.capacity_nodes(page or [])
+        return paginator.get_paginated_response(self.OutputSerializer(views, many=True).data)
+
+
+class NodeActionApi(ApiView):
+    """Admins: cordon, drain or return a node."""
+
+    class OutputSerializer(serializers.Serializer):
+        id = serializers.IntegerField()
+        name = serializers.CharField()
+        cordoned = serializers.BooleanField()
+        draining = serializers.BooleanField()
+
+    @extend_schema(operation_id="nodes_action", request=None, responses=OutputSerializer)
+    def post(self, request: Request, node_id: int, action: str) -> Response:
+        node = access.get_node_for_admin(request.user, node_id)
+        service = {"cordon": services.node_cordon, "drain": services.node_drain, "return": services.node_return}[action]
+        return Response(self.OutputSerializer(service(actor=request.user, node=node)).data)
+
+
+# ---------------------------------------------------------------------------
+# Decisions and audit
+
+
+class DecisionListApi(ApiView):
+    class OutputSerializer(serializers.Serializer):
+        id = serializers.IntegerField()
+        tick = serializers.IntegerField()
+        request = serializers.IntegerField(source="request_id", allow_null=True)
+        team = serializers.CharField(source="team.name", allow_null=True, default=None)
+        pool = serializers.CharField(source="pool.name", allow_null=True, default=None)
+        node = serializers.CharField()
+        kind = serializers.CharField()
+        code = serializers.CharField()
+        message = serializers.CharField()
+        facts = serializers.JSONField()
+        created_at = serializers.DateTimeField()
+
+    @extend_schema(
+        operation_id="decisions_list",
+        parameters=[
+            OpenApiParameter("team", str),
+            OpenApiParameter("request", int),
+            OpenApiParameter("node", str),
+            OpenApiParameter("kind", str, enum=Decision.Kind.values),
+        ],
+        responses=OutputSerializer(many=True),
+    )
+    def get(self, request: Request) -> Response:
+        params = request.query_params
+        filters: dict[str, Any] = {"node": params.get("node", "")[:253], "kind": params.get("kind", "")}
+        if filters["kind"] and filters["kind"] not in Decision.Kind.values:
+            raise ValidationError({"kind": [f"Choose one of {', '.join(Decision.Kind.values)}."]})
+        if params.get("team"):
+            filters["team"] = access.teams_for(request.user).filter(name=params["team"]).first()
+            if filters["team"] is None:
+                raise ValidationError({"team": ["No such team."]})
+        if params.get("request"):
+            try:
+                filters["request_id"] = int(params["request"])
+            except ValueError:
+                raise ValidationError({"request": ["A request id is a whole number."]}) from None
+        return _paginate(self, request, selectors.decision_list(request.user, **filters), self.OutputSerializer)
+
+
+class AuditListApi(ApiView):
+    class OutputSerializer(serializers.Serializer):
+        id = serializers.IntegerField()
+        actor = serializers.CharField(source="actor_name")
+        action = serializers.CharField()
+        object_type = serializers.CharField()
+        object_id = serializers.CharField()
+        team = serializers.CharField(source="team.name", allow_null=True, default=None)
+        before = serializers.JSONField()
+        after = serializers.JSONField()
+        created_at = serializers.DateTimeField()
+
+    @extend_schema(operation_id="audit_list", parameters=[OpenApiParameter("action", str)], responses=OutputSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        access.require_admin(request.user)
+        qs: Any = selectors.audit_list(action=request.query_params.get("action", "")[:50])
+        return _paginate(self, request, qs, self.OutputSerializer)
+
+
+# ---------------------------------------------------------------------------
+# Teams and quotas
+
+
+class QuotaOutputSerializer(serializers.Serializer):
+    pool = serializers.CharField(source="pool.name")
+    nominal_milli = serializers.IntegerField()
+    borrowing_limit_milli = serializers.IntegerField(allow_null=True)
+    lending_limit_milli = serializers.IntegerField(allow_null=True)
+    granted_milli = serializers.IntegerField()
+
+
+class TeamListApi(ApiView):
+    class OutputSerializer(serializers.Serializer):
+        id = serializers.IntegerField()
+        name = serializers.CharField()
+        display_name = serializers.CharField()
+        namespace = serializers.CharField()
+        weight = serializers.IntegerField()
+
+    @extend_schema(operation_id="teams_list", responses=OutputSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        return _paginate(self, request, access.teams_for(request.user).order_by("name"), self.OutputSerializer)
+
+
+class TeamDetailApi(ApiView):
+    """A team with its usage against guarantee per pool, and its members."""
+
+    class UsageSerializer(serializers.Serializer):
+        pool = serializers.CharField(source="pool.name")
+        nominal_milli = serializers.IntegerField()
+        used_milli = serializers.IntegerField()
+        borrowed_milli = serializers.IntegerField()
+        lent_milli = serializers.IntegerField()
+
+    class MemberSerializer(serializers.Serializer):
+        username = serializers.CharField(source="membership.user.username")
+        role = serializers.CharField(source="membership.role")
+        gpu_cap_milli = serializers.IntegerField(source="membership.gpu_cap_milli", allow_null=True)
+        holding_milli = serializers.IntegerField()
+        pending = serializers.IntegerField()
+
+    class OutputSerializer(serializers.Serializer):
+        id = serializers.IntegerField()
+        name = serializers.CharField()
+        namespace = serializers.CharField()
+        weight = serializers.IntegerField()
+        max_pending = serializers.IntegerField()
+        usage = serializers.ListField(child=serializers.DictField())
+        quotas = serializers.ListField(child=serializers.DictField())
+        members = serializers.ListField(child=serializers.DictField())
+
+    @extend_schema(operation_id="teams_get", responses=OutputSerializer)
+    def get(self, request: Request, team_id: int) -> Response:
+        team = access.get_team_for_user(request.user, team_id)
+        data = {
+            "id": team.pk, "name": team.name, "namespace": team.namespace, "weight": team.weight,
+            "max_pending": team.max_pending,
+            "usage": self.UsageSerializer(selectors.team_usage(team), many=True).data,
+            "quotas": QuotaOutputSerializer(team.quotas.select_related("pool"), many=True).data,
+            "members": self.MemberSerializer(selectors.team_members(team), many=True).data,
+        }
+        return Response(data)
+
+
+class QuotaSetApi(ApiView):
+    """Leads set nominal and limits within what admins granted; admins also set `granted_milli`."""
+
+    class InputSerializer(StrictSerializer):
+        nominal_milli = serializers.IntegerField(min_value=0, max_value=10**9)
+        borrowing_limit_milli = serializers.IntegerField(min_value=0, max_value=10**9, required=False, allow_null=True)
+        lending_limit_milli = serializers.IntegerField(min_value=0, max_value=10**9, required=False, allow_null=True)
+        granted_milli = serializers.IntegerField(min_value=0, max_value=10**9, required=False, allow_null=True)
+
+    OutputSerializer = QuotaOutputSerializer
+
+    @extend_schema(operation_id="quotas_set", request=InputSerializer, responses=QuotaOutputSerializer)
+    def put(self, request: Request, team_id: int, pool_id: int) -> Response:
+        team = access.get_team_for_user(request.user, team_id, role=Membership.Role.LEAD)
+        pool = access.get_pool(request.user, pool_id)
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        quota = services.quota_set(actor=request.user, team=team, pool=pool, **serializer.validated_data)
+        return Response(self.OutputSerializer(quota).data)
+
