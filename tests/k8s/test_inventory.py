@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from portal import k8s
 from tests.fakes.fake_k8s import FakeCluster, foreign_pod, gpu_node
-from tests.k8s.builders import a100_node, backend, cluster_with_nodes, mig_node, spec, ts_node
+from tests.k8s.builders import a100_node, backend, cluster_with_nodes, mig_node, spec
 
 
 def inv(cluster: FakeCluster, **kw):  # noqa: ANN201
