@@ -204,6 +204,11 @@ class QueueFilterForm(forms.Form):
     team = forms.ModelChoiceField(queryset=Team.objects.all(), required=False, empty_label="all teams")
     pool = forms.ModelChoiceField(queryset=Pool.objects.all(), required=False, empty_label="all pools")
 
+    def __init__(self, *args: Any, teams: Any = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if teams is not None:
+            self.fields["team"].queryset = teams  # type: ignore[attr-defined]
+
 
 class CapacityFilterForm(forms.Form):
     pool = forms.ModelChoiceField(queryset=Pool.objects.all(), required=False, empty_label="all pools")

@@ -160,7 +160,7 @@ def decision_log(request: HttpRequest) -> HttpResponse:
 @require_GET
 def queue(request: HttpRequest) -> HttpResponse:
     """Pending requests in scheduling order, by class, team and pool (scoped for non-admins)."""
-    form = QueueFilterForm(request.GET or None)
+    form = QueueFilterForm(request.GET or None, teams=access.teams_for(request.user))
     filters: dict[str, Any] = {}
     if form.is_valid():
         filters = {k: v for k, v in form.cleaned_data.items() if v}

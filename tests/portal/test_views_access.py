@@ -1,0 +1,222 @@
+"""Every URL, walked as someone who must not get in.
+
+The patterns come from the resolver, so a new URL cannot be forgotten: it is
+walked as carol (team nlp) with ids of team vision's objects and of admin-only
+objects, and must answer 404 or 403 (405 for a method the view does not take),
+change nothing, and leak nothing. Pages without ids must not show vision's data.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import pytest
+from django.db import transaction
+from django.test import Client
+from django.urls import URLPattern, URLResolver, get_resolver
+
+from portal import tick
+from portal.models import AuditEvent, Decision, GpuRequest, Membership, Node, Pool, Quota, WorkloadClass
+from tests.base import World, make_world, submit
+
+# Not walked, and why:
+SKIPPED = {
+    "admin/": "Django admin: staff-only by Django's own checks",
+    "static/": "static files",
+    "accounts/login/": "must be reachable without an account",
+    "accounts/logout/": "ends the caller's own session only",
+    "api/schema/": "the OpenAPI schema: no data, signed-in users only (tested in test_api.py)",
+    "api/docs/": "Swagger UI page: no data (tested in test_api.py)",
+    "healthz": "liveness probe, no data",
+    "metrics": "Prometheus scrape endpoint, aggregate numbers only",
+}
+# Node-agent endpoints authenticate the agent by its token, not a user: tested with the agent.
+SKIPPED_WORDS = ("agent",)
+
+MARKER = "vision-secret-7f3a"
+ANSWERS = {403, 404}
+
+
+def _walk(patterns: list, prefix: str = "") -> Iterator[tuple[str, str]]:
+    for p in patterns:
+        route = prefix + str(p.pattern)
+        if isinstance(p, URLResolver):
+            yield from _walk(p.url_patterns, route)
+        elif isinstance(p, URLPattern):
+            yield route, p.name or ""
+
+
+def _skipped(route: str, name: str) -> bool:
+    return any(route.startswith(s) for s in SKIPPED) or any(w in route or w in name for w in SKIPPED_WORDS)
+
+
+ROUTES = sorted({r for r, n in _walk(get_resolver().url_patterns) if not _skipped(r, n)})
+PARAM = re.compile(r"<(?:(?P<conv>[^>:]+):)?(?P<name>\w+)>")
+
+
+@pytest.fixture(scope="module")
+def world(django_db_setup, django_db_blocker) -> Iterator[dict]:  # noqa: ANN001
+    """One world for the whole module, rolled back at the end (each test adds its own savepoint)."""
+    with django_db_blocker.unblock(), transaction.atomic():
+        w: World = make_world()
+        req = submit(w.bob, w.vision, name=MARKER, image=f"registry.example.com/{MARKER}/train:1")
+        big = [submit(w.bob, w.vision, count=8, name=f"{MARKER}-{i}") for i in range(5)]
+        tick.run_tick()
+        running = next(r for r in big if GpuRequest.objects.get(pk=r.pk).state == "admitted")
+        ids = {
+            "request_id": req.pk,
+            "team_id": w.vision.pk,
+            "pool_id": Pool.objects.get(name="a100-train").pk,
+            "membership_id": Membership.objects.get(user=w.bob, team=w.vision).pk,
+            "class_id": WorkloadClass.objects.get(name="training").pk,
+            "node_id": Node.objects.get(name="a100-01").pk,
+            "action": "drain",
+        }
+        yield {"world": w, "ids": ids, "running": running}
+        transaction.set_rollback(True)
+
+
+def fill(route: str, ids: dict) -> str:
+    def sub(m: re.Match) -> str:
+        name = m.group("name")
+        assert name in ids, f"{route}: add an object for <{name}> to the walker's ids"
+        return str(ids[name])
+
+    assert not route.startswith("^"), f"{route}: regex routes need a case in the walker"
+    return "/" + PARAM.sub(sub, route)
+
+
+def state() -> tuple:
+    """Everything a stray write could touch."""
+    return (
+        AuditEvent.objects.count(),
+        Decision.objects.count(),
+        sorted(GpuRequest.objects.values_list("id", "state", "status_code")),
+        sorted(Quota.objects.values_list("id", "nominal_milli", "borrowing_limit_milli", "granted_milli")),
+        sorted(Node.objects.values_list("id", "cordoned", "draining")),
+        sorted(WorkloadClass.objects.values_list("id", "band")),
+        sorted(Pool.objects.values_list("id", "lifecycle")),
+        sorted(Membership.objects.values_list("id", "role", "gpu_cap_milli")),
+    )
+
+
+def test_it_walks_routes() -> None:
+    # The walker sees the portal, the API and the HTMX endpoints.
+    assert "requests/<int:request_id>/" in ROUTES
+    assert "api/v1/requests/<int:request_id>/cancel/" in ROUTES
+    assert "requests/preview/" in ROUTES
+    assert len(ROUTES) >= 25
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("route", ROUTES)
+def test_it_keeps_other_teams_out(world: dict, route: str) -> None:
+    w: World = world["world"]
+    client = Client()
+    client.force_login(w.carol)
+    url = fill(route, world["ids"])
+    before = state()
+    statuses = {}
+    for method in ("get", "post", "put", "patch", "delete"):
+        data = {"team": w.vision.pk, "nominal_milli": 0} if method != "get" else {}
+        if method in ("put", "patch"):
+            r = getattr(client, method)(url, data, content_type="application/json")
+        else:
+            r = getattr(client, method)(url, data)
+        statuses[method] = r.status_code
+        assert r.status_code != 500, (url, method)
+        assert MARKER not in r.content.decode(errors="replace"), f"{method} {url} leaks vision's request"
+        if PARAM.search(route):
+            assert r.status_code in ANSWERS | {405}, (url, method, r.status_code)
+        else:
+            # No ids in the path: the caller's own view (200), admin-only (403), or bad input (400).
+            assert r.status_code in {200, 302, 400, 403, 405}, (url, method, r.status_code)
+    if PARAM.search(route):
+        assert ANSWERS & set(statuses.values()), (url, statuses)
+    after = state()
+    # carol's own submit may add carol's rows; nothing of vision's or the platform's changes.
+    assert before == after, (url, statuses)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("route", ROUTES)
+def test_it_asks_anonymous_users_to_sign_in(world: dict, route: str) -> None:
+    url = fill(route, world["ids"])
+    for method in ("get", "post"):
+        r = getattr(Client(), method)(url)
+        if route.startswith("api/"):
+            assert r.status_code in {401, 403, 405}, (url, method, r.status_code)
+        else:
+            assert r.status_code in {302, 405}, (url, method, r.status_code)
+            if r.status_code == 302:
+                assert r["Location"].startswith("/accounts/login/")
+
+
+@pytest.mark.django_db
+def test_it_changes_nothing_on_get(world: dict) -> None:
+    """Admins can reach everything: a GET of every URL still writes nothing."""
+    client = Client()
+    client.force_login(world["world"].dave)
+    before = state()
+    for route in ROUTES:
+        url = fill(route, world["ids"])
+        r = client.get(url)
+        assert r.status_code in {200, 302, 405}, (url, r.status_code)
+        r = client.get(url, HTTP_HX_REQUEST="true")
+        assert r.status_code in {200, 302, 405}, (url, r.status_code)
+    assert state() == before
+
+
+@pytest.mark.django_db
+def test_it_keeps_members_from_lead_and_admin_actions(world: dict) -> None:
+    """bob is in vision but not its lead: quota and member changes answer 403."""
+    w: World = world["world"]
+    ids = world["ids"]
+    client = Client()
+    client.force_login(w.bob)
+    before = state()
+    for route in ROUTES:
+        if not any(k in route for k in ("quotas", "members", "ops/", "nodes", "capacity", "audit")):
+            continue
+        url = fill(route, ids)
+        r = client.post(url, {"nominal_milli": 0})
+        r2 = client.put(url, {"nominal_milli": 0}, content_type="application/json")
+        assert {r.status_code, r2.status_code} <= {403, 405}, (url, r.status_code, r2.status_code)
+    assert state() == before
+
+
+@pytest.mark.django_db
+def test_it_enforces_csrf_on_every_state_change(world: dict) -> None:
+    w: World = world["world"]
+    ids = world["ids"]
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(w.dave)
+    before = state()
+    for route in ROUTES:
+        url = fill(route, ids)
+        for method in ("post", "put", "patch", "delete"):
+            r = getattr(client, method)(url, {}, content_type="application/json") if method != "post" else client.post(url, {})
+            assert r.status_code in {403, 405}, (url, method, r.status_code)
+            if r.status_code == 403 and not route.startswith("api/"):
+                assert b"CSRF" in r.content, url
+    assert state() == before
+
+
+@pytest.mark.django_db
+def test_it_accepts_the_htmx_csrf_header(world: dict) -> None:
+    """The page puts the token in hx-headers on <body>; sending it as X-CSRFToken works."""
+    w: World = world["world"]
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(w.bob)
+    page = client.get("/").content.decode()
+    token = re.search(r'hx-headers=\'\{"X-CSRFToken": "([^"]+)"\}\'', page).group(1)
+    req = GpuRequest.objects.get(name=MARKER)
+    r = client.post(f"/requests/{req.pk}/cancel/", {}, HTTP_X_CSRFTOKEN=token)
+    assert r.status_code == 302
+    req.refresh_from_db()
+    assert req.state == "cancelled"
+    # The API with the session also needs the token.
+    r = client.post("/api/v1/requests/", {"workload_class": "training", "image": "registry.example.com/x/y:1"},
+                    content_type="application/json")
+    assert r.status_code == 403
