@@ -121,7 +121,7 @@ def _int(value: Any, default: int = 0) -> int:
 def quantity(value: Any) -> Decimal:
     """Parse a Kubernetes quantity ("500m", "16Gi", "8"); garbage counts as zero."""
     try:
-        return Decimal(parse_quantity(value))
+        return Decimal(parse_quantity(value))  # type: ignore[no-untyped-call]
     except (ValueError, TypeError, ArithmeticError):
         return Decimal(0)
 
@@ -168,7 +168,9 @@ def pods_list_active(core: Any, namespaces: Sequence[str] | None = None) -> list
     return pods
 
 
-def pool_for_labels(labels: Mapping[str, str], pool_selectors: Mapping[str, Mapping[str, str]]) -> str | None:
+def pool_for_labels(
+    labels: Mapping[str, str], pool_selectors: Mapping[str, Mapping[str, str]]
+) -> str | None:
     """Return the pool whose selector matches the labels.
 
     1. a selector matches when every one of its labels has exactly that value;
@@ -216,7 +218,7 @@ def is_managed(obj: Any) -> bool:
 def _node_ready(node: Any) -> bool:
     for cond in node.status.conditions or ():
         if cond.type == "Ready":
-            return cond.status == "True"
+            return bool(cond.status == "True")
     return False
 
 
@@ -266,7 +268,9 @@ def node_inventory(
         return max(0, int(alloc.get(resource, Decimal(0)) - used.get(resource, Decimal(0))))
 
     cpu_milli = max(0, int((alloc.get("cpu", Decimal(0)) - used.get("cpu", Decimal(0))) * 1000))
-    memory_mib = max(0, int((alloc.get("memory", Decimal(0)) - used.get("memory", Decimal(0))) / 2**20))
+    memory_mib = max(
+        0, int((alloc.get("memory", Decimal(0)) - used.get("memory", Decimal(0))) / 2**20)
+    )
     taints = tuple((t.key, t.value or "", t.effect) for t in (node.spec.taints or ()))
     return InventoryNode(
         name=name,
@@ -292,7 +296,9 @@ def _devices(
     model = _model(labels)
     memory = _int(labels.get(LABEL_MEMORY))
     strategy = labels.get(LABEL_MIG_STRATEGY, "none")
-    mig_resources = sorted(k for k in alloc if k.startswith(MIG_PREFIX) and not k.endswith(".shared"))
+    mig_resources = sorted(
+        k for k in alloc if k.startswith(MIG_PREFIX) and not k.endswith(".shared")
+    )
     if strategy in ("single", "mixed") and (mig_resources or strategy == "single"):
         mig_ok = labels.get(LABEL_MIG_STATE) == "success" or not require_mig_state
         return _mig_devices(labels, strategy, mig_resources, free, model, mig_ok)
@@ -301,11 +307,19 @@ def _devices(
     if GPU_SHARED in alloc or sharing in ("time-slicing", "mps"):
         resource = GPU_SHARED if GPU_SHARED in alloc else GPU
         replicas = max(1, _int(labels.get(LABEL_REPLICAS), 1))
-        count = _int(labels.get(LABEL_COUNT)) or math.ceil(int(cap.get(resource, Decimal(0))) / replicas)
+        count = _int(labels.get(LABEL_COUNT)) or math.ceil(
+            int(cap.get(resource, Decimal(0))) / replicas
+        )
         units = _spread_units(count, replicas, free(resource))
         return tuple(
-            InventoryDevice(index=i, model=model, memory_mib=memory, healthy=u > 0,
-                            partitioning="time-slicing", replicas=max(u, 1))
+            InventoryDevice(
+                index=i,
+                model=model,
+                memory_mib=memory,
+                healthy=u > 0,
+                partitioning="time-slicing",
+                replicas=max(u, 1),
+            )
             for i, u in enumerate(units)
         )
     units = _spread_units(count, 1, free(GPU))
@@ -353,8 +367,14 @@ def _mig_devices(
     if not mig_ok:
         layouts = [[] for _ in layouts]
     return tuple(
-        InventoryDevice(index=i, model=model, memory_mib=device_memory, partitioning="mig",
-                        healthy=mig_ok, mig_instances=tuple(sorted(lay, key=lambda m: m.start)))
+        InventoryDevice(
+            index=i,
+            model=model,
+            memory_mib=device_memory,
+            partitioning="mig",
+            healthy=mig_ok,
+            mig_instances=tuple(sorted(lay, key=lambda m: m.start)),
+        )
         for i, lay in enumerate(layouts)
     )
 
@@ -364,8 +384,14 @@ def _compute(profile: str) -> int:
     return int(head) if head.isdigit() else 0
 
 
-def _place(layouts: list[list[InventoryMig]], profile: str, size: int, starts: tuple[int, ...],
-           n: int, grow: bool) -> None:
+def _place(
+    layouts: list[list[InventoryMig]],
+    profile: str,
+    size: int,
+    starts: tuple[int, ...],
+    n: int,
+    grow: bool,
+) -> None:
     """Put one instance on a device, trying device `n mod count` first (spread evenly)."""
     count = len(layouts)
     for k in range(count):
@@ -413,7 +439,7 @@ def inventory_from_nodes(
             continue
         if labels.get(LABEL_WORKLOAD_CONFIG, "container") != "container":
             continue
-        resources = set((node.status.allocatable or {})) | set((node.status.capacity or {}))
+        resources = set(node.status.allocatable or {}) | set(node.status.capacity or {})
         if not any(r.startswith("nvidia.com/") for r in resources):
             continue
         out.append(node_inventory(node, pods, pool, require_mig_state=require_mig_state))
@@ -527,7 +553,9 @@ def check_env(env: Iterable[tuple[str, str]]) -> None:
             raise LaunchRefused(f"environment variable {name} may not be set by a request")
 
 
-def gpu_resource(spec: LaunchSpec, facts: Mapping[str, Any] | None, options: JobOptions) -> tuple[str, int]:
+def gpu_resource(
+    spec: LaunchSpec, facts: Mapping[str, Any] | None, options: JobOptions
+) -> tuple[str, int]:
     """Return (extended resource name, count) for the spec's profile on its node."""
     if not spec.grants:
         return "", 0
@@ -576,7 +604,9 @@ def _security_context() -> client.V1SecurityContext:
     )
 
 
-def _resources(cpu_milli: int, memory_mib: int, gpu: str, count: int) -> client.V1ResourceRequirements:
+def _resources(
+    cpu_milli: int, memory_mib: int, gpu: str, count: int
+) -> client.V1ResourceRequirements:
     requests: dict[str, str] = {}
     limits: dict[str, str] = {}
     if cpu_milli:
@@ -605,7 +635,9 @@ def job_build(
     for multi-node models) built the same way.
     """
     if not _DNS_LABEL.match(spec.name):
-        raise LaunchRefused(f"workload name {spec.name!r} is not a DNS label of at most 63 characters")
+        raise LaunchRefused(
+            f"workload name {spec.name!r} is not a DNS label of at most 63 characters"
+        )
     if not _DNS_LABEL.match(spec.namespace):
         raise LaunchRefused(f"namespace {spec.namespace!r} is not a DNS label")
     if not spec.image or any(c.isspace() for c in spec.image):
@@ -652,7 +684,10 @@ def job_build(
         priority_class_name=spec.priority_class or None,
         runtime_class_name=options.runtime_class or None,
         termination_grace_period_seconds=options.termination_grace_s,
-        image_pull_secrets=[client.V1LocalObjectReference(name=s) for s in options.image_pull_secrets] or None,
+        image_pull_secrets=[
+            client.V1LocalObjectReference(name=s) for s in options.image_pull_secrets
+        ]
+        or None,
         security_context=client.V1PodSecurityContext(
             run_as_non_root=True,
             run_as_user=options.run_as_user,
@@ -681,23 +716,34 @@ def job_build(
         volumes=[
             client.V1Volume(
                 name="dshm",
-                empty_dir=client.V1EmptyDirVolumeSource(medium="Memory", size_limit=f"{options.shm_size_mib}Mi"),
+                empty_dir=client.V1EmptyDirVolumeSource(
+                    medium="Memory", size_limit=f"{options.shm_size_mib}Mi"
+                ),
             )
         ],
     )
     annotations = {
         A_NODE: spec.node,
         A_GRANTS: json.dumps(
-            [{"device": g.device, "milli": g.milli, "gpu_memory_mib": g.gpu_memory_mib,
-              "mig_profile": g.mig_profile, "mig_start": g.mig_start} for g in spec.grants],
+            [
+                {
+                    "device": g.device,
+                    "milli": g.milli,
+                    "gpu_memory_mib": g.gpu_memory_mib,
+                    "mig_profile": g.mig_profile,
+                    "mig_start": g.mig_start,
+                }
+                for g in spec.grants
+            ],
             separators=(",", ":"),
         ),
     }
     return client.V1Job(
         api_version="batch/v1",
         kind="Job",
-        metadata=client.V1ObjectMeta(name=spec.name, namespace=spec.namespace, labels=labels,
-                                     annotations=annotations),
+        metadata=client.V1ObjectMeta(
+            name=spec.name, namespace=spec.namespace, labels=labels, annotations=annotations
+        ),
         spec=client.V1JobSpec(
             backoff_limit=options.backoff_limit,
             completions=1,
@@ -722,7 +768,9 @@ def _toleration(t: tuple[str, str, str]) -> client.V1Toleration:
     return client.V1Toleration(key=key, operator="Exists", effect=effect or None)
 
 
-def _ready_container(spec: LaunchSpec, options: JobOptions, gpu: str, count: int) -> client.V1Container | None:
+def _ready_container(
+    spec: LaunchSpec, options: JobOptions, gpu: str, count: int
+) -> client.V1Container | None:
     """The init container that waits until the node agent reports the devices free.
 
     It asks for the same GPU resources as the main container: the kubelet hands
@@ -754,8 +802,11 @@ def _pod_failure_policy(options: JobOptions, *, with_ready: bool) -> client.V1Po
         # Preemption, eviction, node loss: not the workload's fault, keeps backoffLimit.
         client.V1PodFailurePolicyRule(
             action="Ignore",
-            on_pod_conditions=[client.V1PodFailurePolicyOnPodConditionsPattern(type="DisruptionTarget",
-                                                                              status="True")],
+            on_pod_conditions=[
+                client.V1PodFailurePolicyOnPodConditionsPattern(
+                    type="DisruptionTarget", status="True"
+                )
+            ],
         )
     ]
     if with_ready:
@@ -763,7 +814,8 @@ def _pod_failure_policy(options: JobOptions, *, with_ready: bool) -> client.V1Po
             client.V1PodFailurePolicyRule(
                 action="FailJob",
                 on_exit_codes=client.V1PodFailurePolicyOnExitCodesRequirement(
-                    container_name=READY_CONTAINER, operator="In",
+                    container_name=READY_CONTAINER,
+                    operator="In",
                     values=[READY_EXIT_BUSY, READY_EXIT_REFUSED],
                 ),
             )
@@ -783,16 +835,16 @@ def _pod_failure_policy(options: JobOptions, *, with_ready: bool) -> client.V1Po
 
 def job_to_dict(job: Any) -> dict[str, Any]:
     """The Job as the API server would receive it (camelCase JSON)."""
-    return client.ApiClient().sanitize_for_serialization(job)  # type: ignore[no-any-return]
+    return client.ApiClient().sanitize_for_serialization(job)  # type: ignore[no-any-return,no-untyped-call]
 
 
 def _retriable(exc: ApiException) -> bool:
-    return exc.status is None or exc.status == 429 or exc.status >= 500
+    return bool(exc.status is None or exc.status == 429 or exc.status >= 500)
 
 
 def job_create(
     batch: Any,
-    job: client.V1Job,
+    job: Any,
     *,
     tries: int = 3,
     sleep: Callable[[float], None] = time.sleep,
@@ -817,14 +869,16 @@ def job_create(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _adopt(batch: Any, job: client.V1Job) -> Any:
+def _adopt(batch: Any, job: Any) -> Any:
     ns, name = job.metadata.namespace, job.metadata.name
     existing = batch.read_namespaced_job(name, ns)
     have = existing.metadata.labels or {}
     want = job.metadata.labels
     for key in (L_MANAGED_BY, L_REQUEST, L_ATTEMPT_ID):
         if have.get(key) != want.get(key):
-            raise JobConflict(f"Job {ns}/{name} exists with {key}={have.get(key)!r}, expected {want.get(key)!r}")
+            raise JobConflict(
+                f"Job {ns}/{name} exists with {key}={have.get(key)!r}, expected {want.get(key)!r}"
+            )
     log.info("Job %s/%s exists already; adopted", ns, name)
     return existing
 
@@ -848,7 +902,9 @@ def job_delete(
         batch.delete_namespaced_job(
             name,
             namespace,
-            body=client.V1DeleteOptions(grace_period_seconds=grace_seconds, propagation_policy=propagation),
+            body=client.V1DeleteOptions(
+                grace_period_seconds=grace_seconds, propagation_policy=propagation
+            ),
         )
     except ApiException as exc:
         if exc.status == 404:
@@ -876,8 +932,12 @@ def pods_for_workload(core: Any, name: str, namespace: str) -> list[Any]:
 _IMAGE_WAITING = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull")
 #: waiting reasons that do not heal by waiting; given the same timeout as image pulls
 _CONFIG_WAITING = ("CreateContainerConfigError", "CreateContainerError")
-_DISRUPTION_PREEMPTED = ("PreemptionByScheduler", "PreemptionByKubeScheduler", "EvictionByEvictionAPI",
-                         "TerminationByKubelet")
+_DISRUPTION_PREEMPTED = (
+    "PreemptionByScheduler",
+    "PreemptionByKubeScheduler",
+    "EvictionByEvictionAPI",
+    "TerminationByKubelet",
+)
 _DISRUPTION_NODE = ("DeletionByTaintManager", "DeletionByPodGC")
 #: after a pod's own grace period, how long a Terminating pod may linger before its node counts as lost
 TERMINATING_GRACE_S = 60
@@ -897,10 +957,22 @@ def _statuses(pod: Any) -> list[tuple[str, Any]]:
     ]
 
 
-def _status(name: str, ns: str, outcome: Outcome, reason: str = "", message: str = "",
-            exit_code: int | None = None) -> WorkloadStatus:
-    return WorkloadStatus(name=name, namespace=ns, outcome=outcome, reason=reason, message=message,
-                          exit_code=exit_code)
+def _status(
+    name: str,
+    ns: str,
+    outcome: Outcome,
+    reason: str = "",
+    message: str = "",
+    exit_code: int | None = None,
+) -> WorkloadStatus:
+    return WorkloadStatus(
+        name=name,
+        namespace=ns,
+        outcome=outcome,
+        reason=reason,
+        message=message,
+        exit_code=exit_code,
+    )
 
 
 def classify(
@@ -947,8 +1019,14 @@ def classify(
             return oom
     failed = _cond(job, "Failed")
     if failed is not None:
-        return _status(name, namespace, Outcome.FAILED, failed.reason or "Failed", failed.message or "",
-                       exit_code=_last_exit_code(pods))
+        return _status(
+            name,
+            namespace,
+            Outcome.FAILED,
+            failed.reason or "Failed",
+            failed.message or "",
+            exit_code=_last_exit_code(pods),
+        )
     if not pods:
         return _status(name, namespace, Outcome.PENDING, "NoPod", "waiting for the Job's pod")
     pod = pods[-1]
@@ -956,17 +1034,30 @@ def classify(
     if waiting is not None:
         return waiting
     if _terminating(pod):
-        lost = _status(name, namespace, Outcome.NODE_LOST, "TerminatingTooLong",
-                       f"pod {pod.metadata.name} is stuck terminating; its node is unreachable")
+        lost = _status(
+            name,
+            namespace,
+            Outcome.NODE_LOST,
+            "TerminatingTooLong",
+            f"pod {pod.metadata.name} is stuck terminating; its node is unreachable",
+        )
         return _unless_still_terminating(lost, pod, now)
     if pod.status.phase == "Running":
         return _status(name, namespace, Outcome.RUNNING, "Running")
     if pod.status.phase == "Failed" and job is None:
-        return _status(name, namespace, Outcome.FAILED, pod.status.reason or "PodFailed",
-                       pod.status.message or "", exit_code=_last_exit_code(pods))
+        return _status(
+            name,
+            namespace,
+            Outcome.FAILED,
+            pod.status.reason or "PodFailed",
+            pod.status.message or "",
+            exit_code=_last_exit_code(pods),
+        )
     if pod.status.phase == "Succeeded" and job is None:
         return _status(name, namespace, Outcome.SUCCEEDED, "Completed", exit_code=0)
-    return _status(name, namespace, Outcome.PENDING, pod.status.reason or pod.status.phase or "Pending")
+    return _status(
+        name, namespace, Outcome.PENDING, pod.status.reason or pod.status.phase or "Pending"
+    )
 
 
 def _terminating(pod: Any) -> bool:
@@ -983,9 +1074,12 @@ def _unless_still_terminating(ended: WorkloadStatus, pod: Any, now: datetime) ->
     if not _terminating(pod) or _age_s(pod.metadata.deletion_timestamp, now) > TERMINATING_GRACE_S:
         return ended
     return WorkloadStatus(
-        name=ended.name, namespace=ended.namespace, outcome=Outcome.RUNNING, reason="Terminating",
+        name=ended.name,
+        namespace=ended.namespace,
+        outcome=Outcome.RUNNING,
+        reason="Terminating",
         message=f"pod {pod.metadata.name} is stopping ({ended.outcome}: {ended.reason}); "
-                "its devices stay held until it is gone",
+        "its devices stay held until it is gone",
     )
 
 
@@ -1006,12 +1100,23 @@ def _ended_not_by_workload(name: str, ns: str, pod: Any) -> WorkloadStatus | Non
         term = s.state.terminated if s.state else None
         if kind == "init" and s.name == READY_CONTAINER and term is not None:
             if term.exit_code == READY_EXIT_BUSY:
-                return _status(name, ns, Outcome.DEVICE_ERROR, "DeviceBusy",
-                               "the node agent did not report the devices free in time",
-                               exit_code=term.exit_code)
+                return _status(
+                    name,
+                    ns,
+                    Outcome.DEVICE_ERROR,
+                    "DeviceBusy",
+                    "the node agent did not report the devices free in time",
+                    exit_code=term.exit_code,
+                )
             if term.exit_code == READY_EXIT_REFUSED:
-                return _status(name, ns, Outcome.FAILED, "ReadyCheckRefused",
-                               "the portal refused the readiness check", exit_code=term.exit_code)
+                return _status(
+                    name,
+                    ns,
+                    Outcome.FAILED,
+                    "ReadyCheckRefused",
+                    "the portal refused the readiness check",
+                    exit_code=term.exit_code,
+                )
     return None
 
 
@@ -1020,9 +1125,14 @@ def _oom(name: str, ns: str, pod: Any) -> WorkloadStatus | None:
         for state in (s.state, s.last_state):
             term = state.terminated if state else None
             if term is not None and term.reason == "OOMKilled":
-                return _status(name, ns, Outcome.OOM, "OOMKilled",
-                               f"container {s.name} ran out of memory; ask for more host memory",
-                               exit_code=term.exit_code)
+                return _status(
+                    name,
+                    ns,
+                    Outcome.OOM,
+                    "OOMKilled",
+                    f"container {s.name} ran out of memory; ask for more host memory",
+                    exit_code=term.exit_code,
+                )
     return None
 
 
@@ -1033,8 +1143,13 @@ def _waiting(name: str, ns: str, pod: Any, now: datetime, timeout_s: int) -> Wor
         if wait is None or not wait.reason:
             continue
         if wait.reason == "InvalidImageName" or (wait.reason in _IMAGE_WAITING and age > timeout_s):
-            return _status(name, ns, Outcome.IMAGE_PULL, wait.reason,
-                           f"image {s.image} could not be pulled: {wait.message or wait.reason}")
+            return _status(
+                name,
+                ns,
+                Outcome.IMAGE_PULL,
+                wait.reason,
+                f"image {s.image} could not be pulled: {wait.message or wait.reason}",
+            )
         if wait.reason in _CONFIG_WAITING and age > timeout_s:
             return _status(name, ns, Outcome.FAILED, wait.reason, wait.message or "")
         if wait.reason in _IMAGE_WAITING or wait.reason in _CONFIG_WAITING:
@@ -1111,10 +1226,13 @@ class WorkloadWatcher:
             return self.watch_factory()
         from kubernetes import watch
 
-        return watch.Watch()
+        return watch.Watch()  # type: ignore[no-untyped-call]
 
     def _lister(self, kind: str) -> Callable[..., Any]:
-        return self.batch.list_namespaced_job if kind == "jobs" else self.core.list_namespaced_pod
+        lister: Callable[..., Any] = (
+            self.batch.list_namespaced_job if kind == "jobs" else self.core.list_namespaced_pod
+        )
+        return lister
 
     def _store(self, kind: str) -> dict[tuple[str, str], Any]:
         return self.jobs if kind == "jobs" else self.pods
@@ -1153,7 +1271,9 @@ class WorkloadWatcher:
                 self._store(kind)[(namespace, obj.metadata.name)] = obj
             elif etype == "DELETED":
                 self._store(kind).pop((namespace, obj.metadata.name), None)
-                if kind == "pods" and (_cond(obj, "DisruptionTarget") or obj.status.phase == "Failed"):
+                if kind == "pods" and (
+                    _cond(obj, "DisruptionTarget") or obj.status.phase == "Failed"
+                ):
                     final = obj.model_copy(deep=True)
                     # A deleted pod is gone: it no longer holds its devices.
                     if final.status.phase not in TERMINAL_PHASES:
@@ -1180,15 +1300,20 @@ class WorkloadWatcher:
                 allow_watch_bookmarks=True,
             ):
                 if event.get("type") == "BOOKMARK":
-                    rv = event["object"].metadata.resource_version if hasattr(event["object"], "metadata") \
+                    rv = (
+                        event["object"].metadata.resource_version
+                        if hasattr(event["object"], "metadata")
                         else event["raw_object"]["metadata"]["resourceVersion"]
+                    )
                     stream.resource_version = rv
                     continue
                 self.apply(namespace, kind, event)
         except ApiException as exc:
             if exc.status != 410:
                 raise
-            log.info("watch %s/%s: 410 Gone at %s; relisting", namespace, kind, stream.resource_version)
+            log.info(
+                "watch %s/%s: 410 Gone at %s; relisting", namespace, kind, stream.resource_version
+            )
             self.relist(namespace, kind)
 
     def maybe_resync(self) -> bool:
@@ -1197,15 +1322,27 @@ class WorkloadWatcher:
             return True
         return False
 
-    def status(self, name: str, namespace: str, *, now: datetime | None = None,
-               image_pull_timeout_s: int = 600) -> WorkloadStatus:
+    def status(
+        self,
+        name: str,
+        namespace: str,
+        *,
+        now: datetime | None = None,
+        image_pull_timeout_s: int = 600,
+    ) -> WorkloadStatus:
         with self.lock:
             job = self.jobs.get((namespace, name))
-            candidates = list(self.pods.items()) + [(k, p) for k, (_, p) in self.gone.items()
-                                                    if k not in self.pods]
-            pods = [p for (ns, _), p in candidates
-                    if ns == namespace and (p.metadata.labels or {}).get(L_INSTANCE) == name]
-        return classify(name, namespace, job, pods, now=now, image_pull_timeout_s=image_pull_timeout_s)
+            candidates = list(self.pods.items()) + [
+                (k, p) for k, (_, p) in self.gone.items() if k not in self.pods
+            ]
+            pods = [
+                p
+                for (ns, _), p in candidates
+                if ns == namespace and (p.metadata.labels or {}).get(L_INSTANCE) == name
+            ]
+        return classify(
+            name, namespace, job, pods, now=now, image_pull_timeout_s=image_pull_timeout_s
+        )
 
     def synced(self) -> bool:
         return all((ns, k) in self.streams for ns in self.namespaces for k in ("jobs", "pods"))
@@ -1216,8 +1353,12 @@ class WorkloadWatcher:
         threads = []
         for ns in self.namespaces:
             for kind in ("jobs", "pods"):
-                t = threading.Thread(target=self._loop, args=(ns, kind, stop), daemon=True,
-                                     name=f"qm-watch-{ns}-{kind}")
+                t = threading.Thread(
+                    target=self._loop,
+                    args=(ns, kind, stop),
+                    daemon=True,
+                    name=f"qm-watch-{ns}-{kind}",
+                )
                 t.start()
                 threads.append(t)
         t = threading.Thread(target=self._resync_loop, args=(stop,), daemon=True, name="qm-resync")
@@ -1302,10 +1443,19 @@ def devices_free(
         if not ok:
             return ok, why
         if getattr(g, "mig_profile", ""):
-            inst = next((m for m in dev.get("mig") or () if m.get("start") == g.mig_start
-                         and m.get("profile") == g.mig_profile), None)
+            inst = next(
+                (
+                    m
+                    for m in dev.get("mig") or ()
+                    if m.get("start") == g.mig_start and m.get("profile") == g.mig_profile
+                ),
+                None,
+            )
             if inst is None:
-                return False, f"MIG {g.mig_profile} at slot {g.mig_start} does not exist on device {g.device}"
+                return (
+                    False,
+                    f"MIG {g.mig_profile} at slot {g.mig_start} does not exist on device {g.device}",
+                )
             ok, why = _idle(inst, f"MIG {g.mig_profile} on device {g.device}", idle_memory_mib)
         elif getattr(g, "gpu_memory_mib", 0) and getattr(g, "milli", 1000) < 1000:
             ok, why = _room(dev, g.gpu_memory_mib, f"device {g.device}")
@@ -1316,12 +1466,18 @@ def devices_free(
     return True, ""
 
 
-def _free_by_uuid(devices: Sequence[Mapping[str, Any]], grants: Sequence[Any], uuids: Sequence[str],
-                  idle_memory_mib: int) -> tuple[bool, str]:
+def _free_by_uuid(
+    devices: Sequence[Mapping[str, Any]],
+    grants: Sequence[Any],
+    uuids: Sequence[str],
+    idle_memory_mib: int,
+) -> tuple[bool, str]:
     parents = {d.get("uuid"): d for d in devices}
     migs = {m.get("uuid"): (d, m) for d in devices for m in d.get("mig") or ()}
-    shared_cap = max((getattr(g, "gpu_memory_mib", 0) for g in grants if getattr(g, "milli", 1000) < 1000),
-                     default=0)
+    shared_cap = max(
+        (getattr(g, "gpu_memory_mib", 0) for g in grants if getattr(g, "milli", 1000) < 1000),
+        default=0,
+    )
     for uuid in uuids:
         if uuid in migs:
             dev, inst = migs[uuid]
@@ -1332,8 +1488,11 @@ def _free_by_uuid(devices: Sequence[Mapping[str, Any]], grants: Sequence[Any], u
             dev = parents[uuid]
             ok, why = _device_ok(dev, f"device {dev.get('index')}")
             if ok:
-                ok, why = (_room(dev, shared_cap, f"device {dev.get('index')}") if shared_cap
-                           else _idle(dev, f"device {dev.get('index')}", idle_memory_mib))
+                ok, why = (
+                    _room(dev, shared_cap, f"device {dev.get('index')}")
+                    if shared_cap
+                    else _idle(dev, f"device {dev.get('index')}", idle_memory_mib)
+                )
         else:
             return False, f"device {uuid} is not in the node agent report"
         if not ok:
@@ -1351,10 +1510,15 @@ def _device_ok(dev: Mapping[str, Any], what: str) -> tuple[bool, str]:
 
 
 def _idle(dev: Mapping[str, Any], what: str, idle_memory_mib: int) -> tuple[bool, str]:
-    procs = [p for p in dev.get("processes") or () if (p.get("used_memory_mib") or 0) > 0 or p.get("pid")]
+    procs = [
+        p for p in dev.get("processes") or () if (p.get("used_memory_mib") or 0) > 0 or p.get("pid")
+    ]
     if procs:
         p = procs[0]
-        return False, f"{what} is busy: pid {p.get('pid')} holds {p.get('used_memory_mib') or '?'} MiB"
+        return (
+            False,
+            f"{what} is busy: pid {p.get('pid')} holds {p.get('used_memory_mib') or '?'} MiB",
+        )
     used = int(dev.get("memory_used_mib") or 0)
     if used > idle_memory_mib:
         return False, f"{what} is busy: {used} MiB in use by no visible process"

@@ -82,7 +82,9 @@ class NodeAgent:
     error, and the other devices are reported as usual.
     """
 
-    def __init__(self, nvml: Any, node: str, *, clock: Callable[[], datetime] | None = None) -> None:
+    def __init__(
+        self, nvml: Any, node: str, *, clock: Callable[[], datetime] | None = None
+    ) -> None:
         self.nvml = nvml
         self.node = node
         self.clock = clock or (lambda: datetime.now(UTC))
@@ -102,7 +104,9 @@ class NodeAgent:
         for i in range(nv.nvmlDeviceGetCount()):
             try:
                 handle = nv.nvmlDeviceGetHandleByIndex(i)
-                nv.nvmlDeviceRegisterEvents(handle, nv.nvmlEventTypeXidCriticalError, self.event_set)
+                nv.nvmlDeviceRegisterEvents(
+                    handle, nv.nvmlEventTypeXidCriticalError, self.event_set
+                )
             except nv.NVMLError as exc:
                 log.warning("device %d: cannot register for Xid events: %s", i, exc)
 
@@ -139,7 +143,9 @@ class NodeAgent:
         if gi is not None and gi != 0xFFFFFFFF:
             entry["gpu_instance_id"] = int(gi)
         self.pending_xids.setdefault(index, []).append(entry)
-        log.warning("device %d: Xid %d (%s)", index, xid, "critical" if entry["critical"] else "application")
+        log.warning(
+            "device %d: Xid %d (%s)", index, xid, "critical" if entry["critical"] else "application"
+        )
         return bool(entry["critical"])
 
     # -- reading -------------------------------------------------------------------
@@ -159,8 +165,13 @@ class NodeAgent:
                     d["xids"] = list(xids)
                     if any(x["critical"] for x in xids):
                         d["healthy"] = False
-        return {"node": self.node, "agent_version": AGENT_VERSION, "sent_at": _now_iso(self.clock()),
-                "driver_version": driver, "devices": devices}
+        return {
+            "node": self.node,
+            "agent_version": AGENT_VERSION,
+            "sent_at": _now_iso(self.clock()),
+            "driver_version": driver,
+            "devices": devices,
+        }
 
     def delivered(self) -> None:
         """The portal accepted the last report: forget the Xids it carried."""
@@ -168,9 +179,20 @@ class NodeAgent:
 
     def read_device(self, index: int) -> dict[str, Any]:
         nv = self.nvml
-        dev: dict[str, Any] = {"index": index, "uuid": "", "model": "", "memory_total_mib": 0,
-                               "memory_used_mib": 0, "utilization_pct": None, "healthy": True, "error": "",
-                               "mig_mode": False, "xids": [], "processes": [], "mig": []}
+        dev: dict[str, Any] = {
+            "index": index,
+            "uuid": "",
+            "model": "",
+            "memory_total_mib": 0,
+            "memory_used_mib": 0,
+            "utilization_pct": None,
+            "healthy": True,
+            "error": "",
+            "mig_mode": False,
+            "xids": [],
+            "processes": [],
+            "mig": [],
+        }
         try:
             h = nv.nvmlDeviceGetHandleByIndex(index)
             dev["uuid"] = _text(nv.nvmlDeviceGetUUID(h))
@@ -211,7 +233,10 @@ class NodeAgent:
     def _processes(self, h: Any) -> list[dict[str, Any]]:
         nv = self.nvml
         seen: dict[int, dict[str, Any]] = {}
-        for getter in (nv.nvmlDeviceGetComputeRunningProcesses, nv.nvmlDeviceGetGraphicsRunningProcesses):
+        for getter in (
+            nv.nvmlDeviceGetComputeRunningProcesses,
+            nv.nvmlDeviceGetGraphicsRunningProcesses,
+        ):
             try:
                 procs = getter(h)
             except nv.NVMLError_NotSupported:
@@ -243,15 +268,17 @@ class NodeAgent:
             match = _PROFILE.search(name)
             mem = nv.nvmlDeviceGetMemoryInfo(mh)
             start, size = self._placement(h, mh)
-            out.append({
-                "profile": match.group(1) if match else name,
-                "start": start,
-                "size": size,
-                "uuid": _text(nv.nvmlDeviceGetUUID(mh)),
-                "memory_total_mib": int(mem.total) // MIB,
-                "memory_used_mib": int(mem.used) // MIB,
-                "processes": self._processes(mh),
-            })
+            out.append(
+                {
+                    "profile": match.group(1) if match else name,
+                    "start": start,
+                    "size": size,
+                    "uuid": _text(nv.nvmlDeviceGetUUID(mh)),
+                    "memory_total_mib": int(mem.total) // MIB,
+                    "memory_used_mib": int(mem.used) // MIB,
+                    "processes": self._processes(mh),
+                }
+            )
         return sorted(out, key=lambda m: (m["start"], m["uuid"]))
 
     def _placement(self, h: Any, mh: Any) -> tuple[int, int]:
@@ -270,16 +297,27 @@ class NodeAgent:
 # -- sending ------------------------------------------------------------------------
 
 
-def post_report(portal: str, token: str, report: dict[str, Any], *, timeout_s: float = 10.0,
-                opener: Callable[..., Any] = urllib.request.urlopen) -> int:
+def post_report(
+    portal: str,
+    token: str,
+    report: dict[str, Any],
+    *,
+    timeout_s: float = 10.0,
+    opener: Callable[..., Any] = urllib.request.urlopen,
+) -> int:
     """POST the report; return the HTTP status (0 when the portal could not be reached)."""
     url = portal.rstrip("/") + "/api/v1/agent/report/"
     body = json.dumps(report).encode()
-    req = urllib.request.Request(url, data=body, method="POST", headers={
-        "Content-Type": "application/json",
-        "Authorization": f"Bearer {token}",
-        "User-Agent": f"quartermaster-node-agent/{AGENT_VERSION}",
-    })
+    req = urllib.request.Request(
+        url,
+        data=body,
+        method="POST",
+        headers={
+            "Content-Type": "application/json",
+            "Authorization": f"Bearer {token}",
+            "User-Agent": f"quartermaster-node-agent/{AGENT_VERSION}",
+        },
+    )
     try:
         with opener(req, timeout=timeout_s) as resp:
             return int(resp.status)
@@ -352,26 +390,50 @@ def run(
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    parser = parser or argparse.ArgumentParser(prog="node_agent", description=__doc__.split("\n")[0])
-    parser.add_argument("--portal", default=os.environ.get("PORTAL_URL", ""),
-                        help="portal base URL, e.g. http://quartermaster-web:8000 (env PORTAL_URL)")
-    parser.add_argument("--node", default=os.environ.get("NODE_NAME", ""),
-                        help="this node's Kubernetes name (env NODE_NAME, from the downward API)")
-    parser.add_argument("--interval", type=float, default=float(os.environ.get("AGENT_INTERVAL_SECONDS", "30")),
-                        help="seconds between reports")
+    parser = parser or argparse.ArgumentParser(
+        prog="node_agent", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--portal",
+        default=os.environ.get("PORTAL_URL", ""),
+        help="portal base URL, e.g. http://quartermaster-web:8000 (env PORTAL_URL)",
+    )
+    parser.add_argument(
+        "--node",
+        default=os.environ.get("NODE_NAME", ""),
+        help="this node's Kubernetes name (env NODE_NAME, from the downward API)",
+    )
+    parser.add_argument(
+        "--interval",
+        type=float,
+        default=float(os.environ.get("AGENT_INTERVAL_SECONDS", "30")),
+        help="seconds between reports",
+    )
     parser.add_argument("--once", action="store_true", help="send one report and exit")
-    parser.add_argument("--print", dest="print_only", action="store_true",
-                        help="print the report instead of sending it")
+    parser.add_argument(
+        "--print",
+        dest="print_only",
+        action="store_true",
+        help="print the report instead of sending it",
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=os.environ.get("LOG_LEVEL", "INFO"),
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
     args = build_parser().parse_args(argv)
     node = args.node or os.uname().nodename
-    return run(portal=args.portal, node=node, token=token_from_env(), interval_s=args.interval,
-               once=args.once, print_only=args.print_only)
+    return run(
+        portal=args.portal,
+        node=node,
+        token=token_from_env(),
+        interval_s=args.interval,
+        once=args.once,
+        print_only=args.print_only,
+    )
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
+
 from portal import k8s
 from portal.backends.base import InventoryNode, LaunchSpec, WorkloadStatus
 
@@ -115,9 +117,9 @@ class KubernetesBackend:
         with self._lock:
             if self._core is None or self._batch is None:
                 if self.in_cluster:
-                    config.load_incluster_config()
+                    config.load_incluster_config()  # type: ignore[no-untyped-call]
                 else:
-                    config.load_kube_config(config_file=self.kubeconfig, context=self.context)
+                    config.load_kube_config(config_file=self.kubeconfig, context=self.context)  # type: ignore[no-untyped-call]
                 self._core = self._core or client.CoreV1Api()
                 self._batch = self._batch or client.BatchV1Api()
 
@@ -142,8 +144,9 @@ class KubernetesBackend:
         pods = k8s.pods_list_active(self.core, self.pod_namespaces)
         with self._lock:
             self._facts = {n.metadata.name: k8s.node_facts(n) for n in nodes}
-        return k8s.inventory_from_nodes(nodes, pods, self.pool_selectors(),
-                                        require_mig_state=self.require_mig_state)
+        return k8s.inventory_from_nodes(
+            nodes, pods, self.pool_selectors(), require_mig_state=self.require_mig_state
+        )
 
     def _node_facts(self, node: str) -> dict[str, Any] | None:
         with self._lock:
@@ -152,7 +155,7 @@ class KubernetesBackend:
             return facts
         try:
             n = self.core.read_node(node)
-        except k8s.ApiException as exc:
+        except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
@@ -172,21 +175,41 @@ class KubernetesBackend:
         now = self._now() if self._now else None
         watcher = self.watcher
         if watcher is not None and namespace in watcher.namespaces and watcher.synced():
-            return watcher.status(name, namespace, now=now, image_pull_timeout_s=self.image_pull_timeout_s)
-        return k8s.workload_status(self.core, self.batch, name, namespace, now=now,
-                                   image_pull_timeout_s=self.image_pull_timeout_s)
+            return watcher.status(
+                name, namespace, now=now, image_pull_timeout_s=self.image_pull_timeout_s
+            )
+        return k8s.workload_status(
+            self.core,
+            self.batch,
+            name,
+            namespace,
+            now=now,
+            image_pull_timeout_s=self.image_pull_timeout_s,
+        )
 
     # -- watching ------------------------------------------------------------------------
 
-    def start_watching(self, stop: threading.Event, *, resync_s: float = 300.0,
-                       watch_factory: Callable[[], Any] | None = None) -> list[threading.Thread]:
+    def start_watching(
+        self,
+        stop: threading.Event,
+        *,
+        resync_s: float = 300.0,
+        watch_factory: Callable[[], Any] | None = None,
+    ) -> list[threading.Thread]:
         """Keep Jobs and pods of `watch_namespaces` cached; `status()` then reads the cache."""
-        self.watcher = k8s.WorkloadWatcher(self.core, self.batch, self.watch_namespaces,
-                                           watch_factory=watch_factory, resync_s=resync_s)
+        self.watcher = k8s.WorkloadWatcher(
+            self.core,
+            self.batch,
+            self.watch_namespaces,
+            watch_factory=watch_factory,
+            resync_s=resync_s,
+        )
         return self.watcher.run(stop)
 
 
 def _pool_selectors_from_db() -> dict[str, dict[str, str]]:
     from portal.models import Pool
 
-    return {name: dict(sel or {}) for name, sel in Pool.objects.values_list("name", "node_selector")}
+    return {
+        name: dict(sel or {}) for name, sel in Pool.objects.values_list("name", "node_selector")
+    }

@@ -94,37 +94,56 @@ def gpu_node(
         kind="Node",
         metadata=client.V1ObjectMeta(
             name=name,
-            labels={"kubernetes.io/hostname": name, "nvidia.com/gpu.present": "true", **(labels or {})},
+            labels={
+                "kubernetes.io/hostname": name,
+                "nvidia.com/gpu.present": "true",
+                **(labels or {}),
+            },
             creation_timestamp=T0,
         ),
         spec=client.V1NodeSpec(
             unschedulable=unschedulable or None,
-            taints=[client.V1Taint(key=k, value=v or None, effect=e) for k, v, e in taints or ()] or None,
+            taints=[client.V1Taint(key=k, value=v or None, effect=e) for k, v, e in taints or ()]
+            or None,
         ),
         status=client.V1NodeStatus(
             allocatable=alloc,
             capacity={**alloc, **(capacity or {})},
             conditions=[
-                client.V1NodeCondition(type="Ready", status="True" if ready else "Unknown",
-                                       reason="KubeletReady" if ready else "NodeStatusUnknown")
+                client.V1NodeCondition(
+                    type="Ready",
+                    status="True" if ready else "Unknown",
+                    reason="KubeletReady" if ready else "NodeStatusUnknown",
+                )
             ],
         ),
     )
 
 
-def foreign_pod(name: str, node: str, requests: dict[str, str], *, namespace: str = "other",
-                phase: str = "Running") -> client.V1Pod:
+def foreign_pod(
+    name: str,
+    node: str,
+    requests: dict[str, str],
+    *,
+    namespace: str = "other",
+    phase: str = "Running",
+) -> client.V1Pod:
     """A pod Quartermaster did not create (it holds capacity the inventory must subtract)."""
     return client.V1Pod(
         api_version="v1",
         kind="Pod",
-        metadata=client.V1ObjectMeta(name=name, namespace=namespace, labels={"app": name},
-                                     creation_timestamp=T0),
+        metadata=client.V1ObjectMeta(
+            name=name, namespace=namespace, labels={"app": name}, creation_timestamp=T0
+        ),
         spec=client.V1PodSpec(
             node_name=node,
-            containers=[client.V1Container(name="c", image="busybox",
-                                           resources=client.V1ResourceRequirements(requests=requests,
-                                                                                   limits=requests))],
+            containers=[
+                client.V1Container(
+                    name="c",
+                    image="busybox",
+                    resources=client.V1ResourceRequirements(requests=requests, limits=requests),
+                )
+            ],
         ),
         status=client.V1PodStatus(phase=phase),
     )
@@ -169,7 +188,9 @@ class FakeCluster:
         rv = self._bump(obj) if etype != "DELETED" else self._bump(obj)
         self.events.append((rv, kind, ns, etype, obj.model_copy(deep=True)))
 
-    def fail(self, method: str, status: int, *, times: int = 1, create_then_fail: bool = False) -> None:
+    def fail(
+        self, method: str, status: int, *, times: int = 1, create_then_fail: bool = False
+    ) -> None:
         self.faults.setdefault(method, []).append(Fault(status, times, create_then_fail))
 
     def _fault(self, method: str) -> Fault | None:
@@ -197,8 +218,9 @@ class FakeCluster:
 
     def node_not_ready(self, name: str) -> None:
         node = self.nodes[name]
-        node.status.conditions = [client.V1NodeCondition(type="Ready", status="Unknown",
-                                                         reason="NodeStatusUnknown")]
+        node.status.conditions = [
+            client.V1NodeCondition(type="Ready", status="Unknown", reason="NodeStatusUnknown")
+        ]
         node.spec.taints = (node.spec.taints or []) + [
             client.V1Taint(key="node.kubernetes.io/unreachable", effect="NoExecute")
         ]
@@ -219,8 +241,12 @@ class FakeCluster:
 
     def pods_of(self, namespace: str, job: str) -> list[client.V1Pod]:
         return sorted(
-            (p for (ns, _), p in self.pods.items()
-             if ns == namespace and (p.metadata.labels or {}).get("batch.kubernetes.io/job-name") == job),
+            (
+                p
+                for (ns, _), p in self.pods.items()
+                if ns == namespace
+                and (p.metadata.labels or {}).get("batch.kubernetes.io/job-name") == job
+            ),
             key=lambda p: p.metadata.creation_timestamp,
         )
 
@@ -229,22 +255,40 @@ class FakeCluster:
         j = self.jobs[(namespace, job)]
         template = j.spec.template.model_copy(deep=True)
         name = f"{job}-{next(self._suffix):05d}"
-        terms = template.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution
+        terms = (
+            template.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution
+        )
         hostname = terms.node_selector_terms[0].match_expressions[0].values[0]
-        node_name = node or next((n for n, o in self.nodes.items()
-                                  if o.metadata.labels.get("kubernetes.io/hostname") == hostname), hostname)
+        node_name = node or next(
+            (
+                n
+                for n, o in self.nodes.items()
+                if o.metadata.labels.get("kubernetes.io/hostname") == hostname
+            ),
+            hostname,
+        )
         pod = client.V1Pod(
             api_version="v1",
             kind="Pod",
             metadata=client.V1ObjectMeta(
                 name=name,
                 namespace=namespace,
-                labels={**(template.metadata.labels or {}), "batch.kubernetes.io/job-name": job,
-                        "job-name": job},
+                labels={
+                    **(template.metadata.labels or {}),
+                    "batch.kubernetes.io/job-name": job,
+                    "job-name": job,
+                },
                 annotations=template.metadata.annotations,
                 creation_timestamp=self.now,
-                owner_references=[client.V1OwnerReference(api_version="batch/v1", kind="Job", name=job,
-                                                          uid=j.metadata.uid, controller=True)],
+                owner_references=[
+                    client.V1OwnerReference(
+                        api_version="batch/v1",
+                        kind="Job",
+                        name=job,
+                        uid=j.metadata.uid,
+                        controller=True,
+                    )
+                ],
             ),
             spec=template.spec,
             status=client.V1PodStatus(phase="Pending"),
@@ -261,29 +305,46 @@ class FakeCluster:
     def run_pod(self, pod: client.V1Pod) -> None:
         pod.status.phase = "Running"
         pod.status.container_statuses = [
-            client.V1ContainerStatus(name="main", image=pod.spec.containers[0].image, image_id="", ready=True,
-                                     restart_count=0,
-                                     state=client.V1ContainerState(
-                                         running=client.V1ContainerStateRunning(started_at=self.now)))
+            client.V1ContainerStatus(
+                name="main",
+                image=pod.spec.containers[0].image,
+                image_id="",
+                ready=True,
+                restart_count=0,
+                state=client.V1ContainerState(
+                    running=client.V1ContainerStateRunning(started_at=self.now)
+                ),
+            )
         ]
         self._update_pod(pod)
 
     def wait_container(self, pod: client.V1Pod, reason: str, message: str = "") -> None:
         pod.status.container_statuses = [
-            client.V1ContainerStatus(name="main", image=pod.spec.containers[0].image, image_id="", ready=False,
-                                     restart_count=0,
-                                     state=client.V1ContainerState(
-                                         waiting=client.V1ContainerStateWaiting(reason=reason, message=message)))
+            client.V1ContainerStatus(
+                name="main",
+                image=pod.spec.containers[0].image,
+                image_id="",
+                ready=False,
+                restart_count=0,
+                state=client.V1ContainerState(
+                    waiting=client.V1ContainerStateWaiting(reason=reason, message=message)
+                ),
+            )
         ]
         self._update_pod(pod)
 
-    def terminate(self, pod: client.V1Pod, exit_code: int, reason: str = "Error", *,
-                  container: str = "main") -> None:
+    def terminate(
+        self, pod: client.V1Pod, exit_code: int, reason: str = "Error", *, container: str = "main"
+    ) -> None:
         """A container ends; the pod fails (restartPolicy Never) unless it exited 0."""
-        state = client.V1ContainerState(terminated=client.V1ContainerStateTerminated(
-            exit_code=exit_code, reason=reason, finished_at=self.now))
-        status = client.V1ContainerStatus(name=container, image="img", image_id="", ready=False,
-                                          restart_count=0, state=state)
+        state = client.V1ContainerState(
+            terminated=client.V1ContainerStateTerminated(
+                exit_code=exit_code, reason=reason, finished_at=self.now
+            )
+        )
+        status = client.V1ContainerStatus(
+            name=container, image="img", image_id="", ready=False, restart_count=0, state=state
+        )
         if container == "main":
             pod.status.container_statuses = [status]
         else:
@@ -302,8 +363,13 @@ class FakeCluster:
     def disrupt(self, pod: client.V1Pod, reason: str, *, delete: bool = True) -> None:
         """Add DisruptionTarget (preemption, eviction, taint manager) and delete the pod gracefully."""
         pod.status.conditions = (pod.status.conditions or []) + [
-            client.V1PodCondition(type="DisruptionTarget", status="True", reason=reason,
-                                  message=f"{reason}: test", last_transition_time=self.now)
+            client.V1PodCondition(
+                type="DisruptionTarget",
+                status="True",
+                reason=reason,
+                message=f"{reason}: test",
+                last_transition_time=self.now,
+            )
         ]
         if delete:
             grace = pod.spec.termination_grace_period_seconds or 30
@@ -318,16 +384,25 @@ class FakeCluster:
         self._update_pod(pod)
         del self.pods[key]
         self._emit("pods", key[0], "DELETED", pod)
-        job = self.jobs.get((key[0], (pod.metadata.labels or {}).get("batch.kubernetes.io/job-name", "")))
+        job = self.jobs.get(
+            (key[0], (pod.metadata.labels or {}).get("batch.kubernetes.io/job-name", ""))
+        )
         if job is not None:
             job.status.active = max(0, (job.status.active or 0) - 1)
             self._emit("jobs", key[0], "MODIFIED", job)
 
-    def _job_condition(self, namespace: str, name: str, type_: str, reason: str, message: str = "") -> None:
+    def _job_condition(
+        self, namespace: str, name: str, type_: str, reason: str, message: str = ""
+    ) -> None:
         job = self.jobs[(namespace, name)]
         job.status.conditions = (job.status.conditions or []) + [
-            client.V1JobCondition(type=type_, status="True", reason=reason, message=message,
-                                  last_transition_time=self.now)
+            client.V1JobCondition(
+                type=type_,
+                status="True",
+                reason=reason,
+                message=message,
+                last_transition_time=self.now,
+            )
         ]
         job.status.active = 0
         self._emit("jobs", namespace, "MODIFIED", job)
@@ -361,13 +436,22 @@ class FakeCluster:
                 continue
             action = _policy_action(job, pod)
             if action == "FailJob":
-                self.fail_job(namespace, name, "PodFailurePolicy",
-                              f"Container of pod {namespace}/{pod.metadata.name} matched a FailJob rule")
+                self.fail_job(
+                    namespace,
+                    name,
+                    "PodFailurePolicy",
+                    f"Container of pod {namespace}/{pod.metadata.name} matched a FailJob rule",
+                )
                 return "failed"
             if action != "Ignore":
                 counted += 1
         if counted > (job.spec.backoff_limit if job.spec.backoff_limit is not None else 6):
-            self.fail_job(namespace, name, "BackoffLimitExceeded", "Job has reached the specified backoff limit")
+            self.fail_job(
+                namespace,
+                name,
+                "BackoffLimitExceeded",
+                "Job has reached the specified backoff limit",
+            )
             return "failed"
         if any(p.status.phase in ("Pending", "Running") for p in pods):
             return "active"
@@ -401,8 +485,11 @@ class FakeCoreV1Api:
 
     def list_node(self, label_selector: str | None = None, **kw: Any) -> client.V1NodeList:
         self.cluster.call("list_node", label_selector=label_selector)
-        items = [n.model_copy(deep=True) for n in self.cluster.nodes.values()
-                 if _match_labels(n.metadata.labels, label_selector)]
+        items = [
+            n.model_copy(deep=True)
+            for n in self.cluster.nodes.values()
+            if _match_labels(n.metadata.labels, label_selector)
+        ]
         return client.V1NodeList(items=items, metadata=_list_meta(self.cluster))
 
     def read_node(self, name: str, **kw: Any) -> client.V1Node:
@@ -411,25 +498,43 @@ class FakeCoreV1Api:
             raise api_error(404, "NotFound")
         return self.cluster.nodes[name].model_copy(deep=True)
 
-    def _pods(self, namespace: str | None, label_selector: str | None,
-              field_selector: str | None) -> client.V1PodList:
-        items = [p.model_copy(deep=True) for (ns, _), p in sorted(self.cluster.pods.items())
-                 if (namespace is None or ns == namespace)
-                 and _match_labels(p.metadata.labels, label_selector) and _match_fields(p, field_selector)]
+    def _pods(
+        self, namespace: str | None, label_selector: str | None, field_selector: str | None
+    ) -> client.V1PodList:
+        items = [
+            p.model_copy(deep=True)
+            for (ns, _), p in sorted(self.cluster.pods.items())
+            if (namespace is None or ns == namespace)
+            and _match_labels(p.metadata.labels, label_selector)
+            and _match_fields(p, field_selector)
+        ]
         return client.V1PodList(items=items, metadata=_list_meta(self.cluster))
 
-    def list_pod_for_all_namespaces(self, label_selector: str | None = None, field_selector: str | None = None,
-                                    **kw: Any) -> client.V1PodList:
-        self.cluster.call("list_pod_for_all_namespaces", label_selector=label_selector,
-                          field_selector=field_selector)
+    def list_pod_for_all_namespaces(
+        self, label_selector: str | None = None, field_selector: str | None = None, **kw: Any
+    ) -> client.V1PodList:
+        self.cluster.call(
+            "list_pod_for_all_namespaces",
+            label_selector=label_selector,
+            field_selector=field_selector,
+        )
         if self.cluster.pod_read_namespaces is not None:
             raise api_error(403, "Forbidden")
         return self._pods(None, label_selector, field_selector)
 
-    def list_namespaced_pod(self, namespace: str, label_selector: str | None = None,
-                            field_selector: str | None = None, **kw: Any) -> client.V1PodList:
-        self.cluster.call("list_namespaced_pod", namespace=namespace, label_selector=label_selector,
-                          field_selector=field_selector)
+    def list_namespaced_pod(
+        self,
+        namespace: str,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        **kw: Any,
+    ) -> client.V1PodList:
+        self.cluster.call(
+            "list_namespaced_pod",
+            namespace=namespace,
+            label_selector=label_selector,
+            field_selector=field_selector,
+        )
         allowed = self.cluster.pod_read_namespaces
         if allowed is not None and namespace not in allowed:
             raise api_error(403, "Forbidden")
@@ -466,22 +571,40 @@ class FakeBatchV1Api:
             raise api_error(404, "NotFound")
         return self.cluster.jobs[(namespace, name)].model_copy(deep=True)
 
-    def list_namespaced_job(self, namespace: str, label_selector: str | None = None,
-                            **kw: Any) -> client.V1JobList:
+    def list_namespaced_job(
+        self, namespace: str, label_selector: str | None = None, **kw: Any
+    ) -> client.V1JobList:
         self.cluster.call("list_namespaced_job", namespace=namespace, label_selector=label_selector)
-        items = [j.model_copy(deep=True) for (ns, _), j in sorted(self.cluster.jobs.items())
-                 if ns == namespace and _match_labels(j.metadata.labels, label_selector)]
+        items = [
+            j.model_copy(deep=True)
+            for (ns, _), j in sorted(self.cluster.jobs.items())
+            if ns == namespace and _match_labels(j.metadata.labels, label_selector)
+        ]
         return client.V1JobList(items=items, metadata=_list_meta(self.cluster))
 
-    def delete_namespaced_job(self, name: str, namespace: str, body: client.V1DeleteOptions | None = None,
-                              grace_period_seconds: int | None = None, propagation_policy: str | None = None,
-                              **kw: Any) -> client.V1Status:
-        self.cluster.call("delete_namespaced_job", name=name, namespace=namespace, body=body,
-                          grace_period_seconds=grace_period_seconds, propagation_policy=propagation_policy)
+    def delete_namespaced_job(
+        self,
+        name: str,
+        namespace: str,
+        body: client.V1DeleteOptions | None = None,
+        grace_period_seconds: int | None = None,
+        propagation_policy: str | None = None,
+        **kw: Any,
+    ) -> client.V1Status:
+        self.cluster.call(
+            "delete_namespaced_job",
+            name=name,
+            namespace=namespace,
+            body=body,
+            grace_period_seconds=grace_period_seconds,
+            propagation_policy=propagation_policy,
+        )
         key = (namespace, name)
         if key not in self.cluster.jobs:
             raise api_error(404, "NotFound")
-        propagation = propagation_policy or (body.propagation_policy if body else None) or "Background"
+        propagation = (
+            propagation_policy or (body.propagation_policy if body else None) or "Background"
+        )
         pods = self.cluster.pods_of(namespace, name)
         if self.cluster.slow_deletions and propagation == "Foreground" and pods:
             for pod in pods:
@@ -515,8 +638,15 @@ class FakeWatch:
         self.gone_after = gone_after
         self.streams: list[dict[str, Any]] = []
 
-    def stream(self, func: Any, namespace: str, *, label_selector: str | None = None,
-               resource_version: str | None = None, **kw: Any) -> Iterator[dict[str, Any]]:
+    def stream(
+        self,
+        func: Any,
+        namespace: str,
+        *,
+        label_selector: str | None = None,
+        resource_version: str | None = None,
+        **kw: Any,
+    ) -> Iterator[dict[str, Any]]:
         kind = "jobs" if "job" in func.__name__ else "pods"
         since = int(resource_version or 0)
         self.streams.append({"kind": kind, "namespace": namespace, "resource_version": since})
@@ -546,13 +676,17 @@ def _policy_action(job: client.V1Job, pod: client.V1Pod) -> str:
     policy = job.spec.pod_failure_policy
     for rule in policy.rules if policy else ():
         for pattern in rule.on_pod_conditions or ():
-            if any(c.type == pattern.type and c.status == (pattern.status or "True")
-                   for c in pod.status.conditions or ()):
+            if any(
+                c.type == pattern.type and c.status == (pattern.status or "True")
+                for c in pod.status.conditions or ()
+            ):
                 return rule.action
         req = rule.on_exit_codes
         if req is None:
             continue
-        statuses = (pod.status.init_container_statuses or []) + (pod.status.container_statuses or [])
+        statuses = (pod.status.init_container_statuses or []) + (
+            pod.status.container_statuses or []
+        )
         for s in statuses:
             term = s.state.terminated if s.state else None
             if term is None or term.exit_code == 0:

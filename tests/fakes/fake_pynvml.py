@@ -39,8 +39,14 @@ class NVMLError(Exception):
         self.value = value
 
     def __str__(self) -> str:
-        return {3: "Not Supported", 4: "Insufficient Permissions", 6: "Not Found", 10: "Timeout",
-                15: "GPU is lost", 999: "Unknown Error"}.get(self.value, f"NVML error {self.value}")
+        return {
+            3: "Not Supported",
+            4: "Insufficient Permissions",
+            6: "Not Found",
+            10: "Timeout",
+            15: "GPU is lost",
+            999: "Unknown Error",
+        }.get(self.value, f"NVML error {self.value}")
 
 
 def _sub(name: str, value: int) -> type:
@@ -138,8 +144,11 @@ class FakeNvml:
     driver: str = "550.107.02"
 
     def xid(self, index: int, xid: int) -> None:
-        self.events.append(_Event(device=self.devices[index], eventType=nvmlEventTypeXidCriticalError,
-                                  eventData=xid))
+        self.events.append(
+            _Event(
+                device=self.devices[index], eventType=nvmlEventTypeXidCriticalError, eventData=xid
+            )
+        )
 
     def _check(self, fn: str, handle: Any) -> None:
         index = handle.index if isinstance(handle, Gpu) else handle.parent.index
@@ -241,16 +250,28 @@ class FakeNvml:
             return fake.driver
 
         for attr, fn in {
-            "nvmlInit": init, "nvmlShutdown": shutdown, "nvmlDeviceGetCount": count,
-            "nvmlDeviceGetHandleByIndex": handle, "nvmlDeviceGetUUID": uuid, "nvmlDeviceGetName": name,
-            "nvmlDeviceGetMemoryInfo": meminfo, "nvmlDeviceGetUtilizationRates": util,
-            "nvmlDeviceGetMigMode": mig_mode, "nvmlDeviceGetMaxMigDeviceCount": max_mig,
-            "nvmlDeviceGetMigDeviceHandleByIndex": mig_handle, "nvmlDeviceGetGpuInstanceId": gi_id,
-            "nvmlDeviceGetGpuInstanceById": gi_by_id, "nvmlGpuInstanceGetInfo": gi_info,
-            "nvmlDeviceGetComputeRunningProcesses": procs, "nvmlDeviceGetGraphicsRunningProcesses": gprocs,
-            "nvmlDeviceGetRemappedRows": remap, "nvmlEventSetCreate": evset,
-            "nvmlDeviceRegisterEvents": register, "nvmlEventSetWait_v2": wait,
-            "nvmlDeviceGetIndex": index_of, "nvmlSystemGetDriverVersion": driver,
+            "nvmlInit": init,
+            "nvmlShutdown": shutdown,
+            "nvmlDeviceGetCount": count,
+            "nvmlDeviceGetHandleByIndex": handle,
+            "nvmlDeviceGetUUID": uuid,
+            "nvmlDeviceGetName": name,
+            "nvmlDeviceGetMemoryInfo": meminfo,
+            "nvmlDeviceGetUtilizationRates": util,
+            "nvmlDeviceGetMigMode": mig_mode,
+            "nvmlDeviceGetMaxMigDeviceCount": max_mig,
+            "nvmlDeviceGetMigDeviceHandleByIndex": mig_handle,
+            "nvmlDeviceGetGpuInstanceId": gi_id,
+            "nvmlDeviceGetGpuInstanceById": gi_by_id,
+            "nvmlGpuInstanceGetInfo": gi_info,
+            "nvmlDeviceGetComputeRunningProcesses": procs,
+            "nvmlDeviceGetGraphicsRunningProcesses": gprocs,
+            "nvmlDeviceGetRemappedRows": remap,
+            "nvmlEventSetCreate": evset,
+            "nvmlDeviceRegisterEvents": register,
+            "nvmlEventSetWait_v2": wait,
+            "nvmlDeviceGetIndex": index_of,
+            "nvmlSystemGetDriverVersion": driver,
         }.items():
             setattr(m, attr, fn)
         return m
@@ -269,7 +290,13 @@ def standard_node() -> FakeNvml:
         devices=[
             Gpu(0, "GPU-0000", used_mib=3, util=0),
             Gpu(1, "GPU-1111", mig_enabled=True, migs=mig, used_mib=30100),
-            Gpu(2, "GPU-2222", used_mib=20480, util=97, procs=[Proc(4242, 20480 * MIB), Proc(4243, None)]),
+            Gpu(
+                2,
+                "GPU-2222",
+                used_mib=20480,
+                util=97,
+                procs=[Proc(4242, 20480 * MIB), Proc(4243, None)],
+            ),
             Gpu(3, "GPU-3333"),
         ],
         raise_on={("nvmlDeviceGetMemoryInfo", 3): NVML_ERROR_GPU_IS_LOST},

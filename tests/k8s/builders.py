@@ -45,44 +45,78 @@ def spec(**overrides: Any) -> LaunchSpec:
 
 
 def mig_spec(profile: str = "3g.40gb", start: int = 4) -> LaunchSpec:
-    return spec(name="qm-43-1", request_id=43, attempt_id=8, profile_kind="mig", node="gpu-mig",
-                grants=(GrantSpec(device=0, milli=428, mig_profile=profile, mig_start=start),))
+    return spec(
+        name="qm-43-1",
+        request_id=43,
+        attempt_id=8,
+        profile_kind="mig",
+        node="gpu-mig",
+        grants=(GrantSpec(device=0, milli=428, mig_profile=profile, mig_start=start),),
+    )
 
 
 def shared_spec() -> LaunchSpec:
-    return spec(name="qm-44-1", request_id=44, attempt_id=9, profile_kind="shared", node="gpu-ts",
-                workload_class="inference", priority_class="quartermaster-inference",
-                grants=(GrantSpec(device=1, milli=250, gpu_memory_mib=10240),))
+    return spec(
+        name="qm-44-1",
+        request_id=44,
+        attempt_id=9,
+        profile_kind="shared",
+        node="gpu-ts",
+        workload_class="inference",
+        priority_class="quartermaster-inference",
+        grants=(GrantSpec(device=1, milli=250, gpu_memory_mib=10240),),
+    )
 
 
 def a100_node(name: str = "gpu-a", **kw: Any) -> Any:
     """8× A100-80GB, exclusive."""
-    labels = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", "nvidia.com/gpu.memory": "81920",
-              "nvidia.com/gpu.count": "8", "nvidia.com/mig.strategy": "none",
-              "nvidia.com/gpu.sharing-strategy": "none", "quartermaster.io/pool": "a100",
-              **kw.pop("labels", {})}
+    labels = {
+        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
+        "nvidia.com/gpu.memory": "81920",
+        "nvidia.com/gpu.count": "8",
+        "nvidia.com/mig.strategy": "none",
+        "nvidia.com/gpu.sharing-strategy": "none",
+        "quartermaster.io/pool": "a100",
+        **kw.pop("labels", {}),
+    }
     alloc = {"nvidia.com/gpu": "8", **kw.pop("allocatable", {})}
     return gpu_node(name, labels=labels, allocatable=alloc, **kw)
 
 
 def mig_node(name: str = "gpu-mig", state: str = "success", **kw: Any) -> Any:
     """2× H100-80GB in MIG mixed, all-balanced: per GPU 1×3g.40gb, 1×2g.20gb, 2×1g.10gb."""
-    labels = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.memory": "81559",
-              "nvidia.com/gpu.count": "2", "nvidia.com/mig.strategy": "mixed",
-              "nvidia.com/mig.config": "all-balanced", "nvidia.com/mig.config.state": state,
-              "nvidia.com/mig-3g.40gb.count": "2", "quartermaster.io/pool": "h100-mig",
-              **kw.pop("labels", {})}
-    alloc = {"nvidia.com/gpu": "0", "nvidia.com/mig-3g.40gb": "2", "nvidia.com/mig-2g.20gb": "2",
-             "nvidia.com/mig-1g.10gb": "4", **kw.pop("allocatable", {})}
+    labels = {
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+        "nvidia.com/gpu.memory": "81559",
+        "nvidia.com/gpu.count": "2",
+        "nvidia.com/mig.strategy": "mixed",
+        "nvidia.com/mig.config": "all-balanced",
+        "nvidia.com/mig.config.state": state,
+        "nvidia.com/mig-3g.40gb.count": "2",
+        "quartermaster.io/pool": "h100-mig",
+        **kw.pop("labels", {}),
+    }
+    alloc = {
+        "nvidia.com/gpu": "0",
+        "nvidia.com/mig-3g.40gb": "2",
+        "nvidia.com/mig-2g.20gb": "2",
+        "nvidia.com/mig-1g.10gb": "4",
+        **kw.pop("allocatable", {}),
+    }
     return gpu_node(name, labels=labels, allocatable=alloc, **kw)
 
 
 def ts_node(name: str = "gpu-ts", **kw: Any) -> Any:
     """4× L40S, time-slicing with 4 replicas, renamed to nvidia.com/gpu.shared."""
-    labels = {"nvidia.com/gpu.product": "NVIDIA-L40S-SHARED", "nvidia.com/gpu.memory": "46068",
-              "nvidia.com/gpu.count": "4", "nvidia.com/gpu.replicas": "4",
-              "nvidia.com/gpu.sharing-strategy": "time-slicing", "quartermaster.io/pool": "l40s-shared",
-              **kw.pop("labels", {})}
+    labels = {
+        "nvidia.com/gpu.product": "NVIDIA-L40S-SHARED",
+        "nvidia.com/gpu.memory": "46068",
+        "nvidia.com/gpu.count": "4",
+        "nvidia.com/gpu.replicas": "4",
+        "nvidia.com/gpu.sharing-strategy": "time-slicing",
+        "quartermaster.io/pool": "l40s-shared",
+        **kw.pop("labels", {}),
+    }
     alloc = {"nvidia.com/gpu.shared": "16", **kw.pop("allocatable", {})}
     return gpu_node(name, labels=labels, allocatable=alloc, **kw)
 
@@ -97,4 +131,6 @@ def cluster_with_nodes() -> FakeCluster:
 def backend(cluster: FakeCluster, **kw: Any) -> KubernetesBackend:
     core, batch = apis(cluster)
     kw.setdefault("job_options", OPTIONS)
-    return KubernetesBackend(core=core, batch=batch, now=lambda: cluster.now, sleep=lambda s: None, **kw)
+    return KubernetesBackend(
+        core=core, batch=batch, now=lambda: cluster.now, sleep=lambda s: None, **kw
+    )

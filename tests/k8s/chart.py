@@ -28,33 +28,62 @@ CASES: dict[str, dict[str, Any]] = {
         "postgresql": {"enabled": True},
         "redis": {"enabled": True},
         "teams": [
-            {"name": "team-a", "quota": {"requests.nvidia.com/gpu": "16", "requests.nvidia.com/mig-3g.40gb": "4",
-                                         "requests.cpu": "256", "requests.memory": "2Ti", "count/jobs.batch": "500"}},
+            {
+                "name": "team-a",
+                "quota": {
+                    "requests.nvidia.com/gpu": "16",
+                    "requests.nvidia.com/mig-3g.40gb": "4",
+                    "requests.cpu": "256",
+                    "requests.memory": "2Ti",
+                    "count/jobs.batch": "500",
+                },
+            },
             {"name": "team-b", "namespace": "research-b", "quota": {"requests.nvidia.com/gpu": 4}},
             {"name": "team-c", "createNamespace": False},
         ],
-        "ingress": {"enabled": True, "className": "nginx", "hosts": [{"host": "gpus.example.com"}],
-                    "tls": [{"secretName": "gpus-tls", "hosts": ["gpus.example.com"]}]},
-        "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
-                    "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}}},
+        "ingress": {
+            "enabled": True,
+            "className": "nginx",
+            "hosts": [{"host": "gpus.example.com"}],
+            "tls": [{"secretName": "gpus-tls", "hosts": ["gpus.example.com"]}],
+        },
+        "metrics": {
+            "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+            "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+        },
         "nodeAgent": {"runtimeClassName": "nvidia", "priorityClassName": "system-node-critical"},
-        "config": {"csrfTrustedOrigins": ["https://gpus.example.com"], "allowedHosts": ["gpus.example.com"],
-                   "workloads": {"runtimeClassName": "nvidia", "allowedImages": ["nvcr.io/"],
-                                 "imagePullSecrets": ["regcred"]},
-                   "extraEnv": {"REQUEUE_LIMIT": "3"}},
+        "config": {
+            "csrfTrustedOrigins": ["https://gpus.example.com"],
+            "allowedHosts": ["gpus.example.com"],
+            "workloads": {
+                "runtimeClassName": "nvidia",
+                "allowedImages": ["nvcr.io/"],
+                "imagePullSecrets": ["regcred"],
+            },
+            "extraEnv": {"REQUEUE_LIMIT": "3"},
+        },
         "imagePullSecrets": ["regcred"],
         "image": {"tag": "1.2.3"},
     },
-    "existing-secret": {"secrets": {"existingSecret": "qm-secrets"}, "rbac": {"readPodsClusterWide": False},
-                        "teams": [{"name": "team-a"}], "admissionPolicy": {"enabled": False},
-                        "priorityClasses": {"create": False}, "migrations": {"enabled": False},
-                        "web": {"replicas": 1}},
-    "simulated": {**EXTERNAL, "config": {"clusterBackend": "simulated", "k8sInCluster": False},
-                  "nodeAgent": {"enabled": False}, "metrics": {"dashboard": {"enabled": False}}},
+    "existing-secret": {
+        "secrets": {"existingSecret": "qm-secrets"},
+        "rbac": {"readPodsClusterWide": False},
+        "teams": [{"name": "team-a"}],
+        "admissionPolicy": {"enabled": False},
+        "priorityClasses": {"create": False},
+        "migrations": {"enabled": False},
+        "web": {"replicas": 1},
+    },
+    "simulated": {
+        **EXTERNAL,
+        "config": {"clusterBackend": "simulated", "k8sInCluster": False},
+        "nodeAgent": {"enabled": False},
+        "metrics": {"dashboard": {"enabled": False}},
+    },
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _load() -> helm.Chart:
     return helm.Chart.load(CHART)
 

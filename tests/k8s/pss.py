@@ -9,8 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
-ALLOWED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
-                   "projected", "secret"}
+ALLOWED_VOLUMES = {
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+}
 
 
 def restricted_violations(pod: dict[str, Any]) -> list[str]:

@@ -24,8 +24,12 @@ def _rules(tmp_path: Path) -> Path:
     rule = one(render(CASES["everything"]), "PrometheusRule", "qm-quartermaster")
     spec = rule["spec"]
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
-    logic = {"groups": [{**g, "rules": [{k: v for k, v in r.items() if k != "annotations"} for r in g["rules"]]}
-                        for g in spec["groups"]]}
+    logic = {
+        "groups": [
+            {**g, "rules": [{k: v for k, v in r.items() if k != "annotations"} for r in g["rules"]]}
+            for g in spec["groups"]
+        ]
+    }
     (tmp_path / "rules_logic.yaml").write_text(yaml.safe_dump(logic, sort_keys=False))
     for test in HERE.glob("*_test.yaml"):
         shutil.copy(test, tmp_path / test.name)
@@ -56,8 +60,13 @@ def test_the_alerts_fire_when_they_should(tmp_path: Path) -> None:
 def test_a_broken_expectation_fails(tmp_path: Path) -> None:
     """The harness itself can fail: an alert expected where none fires is reported."""
     d = _rules(tmp_path)
-    text = (d / "alerts_test.yaml").read_text().replace(
-        "alertname: QuartermasterQueueStalled\n        exp_alerts: []",
-        "alertname: QuartermasterQueueStalled\n        exp_alerts: [{exp_labels: {severity: warning}}]")
+    text = (
+        (d / "alerts_test.yaml")
+        .read_text()
+        .replace(
+            "alertname: QuartermasterQueueStalled\n        exp_alerts: []",
+            "alertname: QuartermasterQueueStalled\n        exp_alerts: [{exp_labels: {severity: warning}}]",
+        )
+    )
     (d / "broken_test.yaml").write_text(text)
     assert promtool("test", "rules", "broken_test.yaml", cwd=d).returncode != 0

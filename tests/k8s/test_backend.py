@@ -82,7 +82,9 @@ def test_a_refused_create_is_not_retried(cluster: FakeCluster) -> None:
     assert len(cluster.calls_of("create_namespaced_job")) == 1
 
 
-def test_stop_deletes_with_grace_in_foreground_and_a_missing_job_is_fine(cluster: FakeCluster) -> None:
+def test_stop_deletes_with_grace_in_foreground_and_a_missing_job_is_fine(
+    cluster: FakeCluster,
+) -> None:
     b = launched(cluster)
     b.stop(NAME, NS, grace_seconds=120)
     body = cluster.calls_of("delete_namespaced_job")[0]["body"]
@@ -130,7 +132,9 @@ def test_a_failed_job_reports_its_exit_code(cluster: FakeCluster) -> None:
                 cluster.terminate(p, 3)
     cluster.reconcile_job(NS, NAME)
     st = b.status(NAME, NS)
-    assert st.outcome is Outcome.FAILED and st.reason == "BackoffLimitExceeded" and st.exit_code == 3
+    assert (
+        st.outcome is Outcome.FAILED and st.reason == "BackoffLimitExceeded" and st.exit_code == 3
+    )
     assert len(cluster.pods_of(NS, NAME)) == 3  # backoffLimit 2: one pod and two replacements
 
 
@@ -155,7 +159,9 @@ def test_node_lost_after_taint_manager_eviction(cluster: FakeCluster) -> None:
     # still Terminating on the unreachable node: the device stays held (INV-8)
     assert b.status(NAME, NS).outcome is Outcome.RUNNING
     cluster.finish_pod_deletion(pod)
-    assert cluster.reconcile_job(NS, NAME) == "replaced"  # Ignore rule: does not count against backoffLimit
+    assert (
+        cluster.reconcile_job(NS, NAME) == "replaced"
+    )  # Ignore rule: does not count against backoffLimit
     # The old pod is gone and its replacement is Pending: a direct read cannot tell why any
     # more; the watcher keeps the final state of the deleted pod (test_watch.py) and says NODE_LOST.
     assert b.status(NAME, NS).outcome is Outcome.PENDING
@@ -218,7 +224,9 @@ def test_invalid_image_name_fails_at_once_and_config_errors_after_the_timeout() 
     pod = cluster.start_pod(NS, NAME)
     cluster.wait_container(pod, "InvalidImageName")
     assert b.status(NAME, NS).outcome is Outcome.IMAGE_PULL
-    cluster.wait_container(pod, "CreateContainerConfigError", "container has runAsNonRoot and image will run as root")
+    cluster.wait_container(
+        pod, "CreateContainerConfigError", "container has runAsNonRoot and image will run as root"
+    )
     assert b.status(NAME, NS).outcome is Outcome.PENDING
     cluster.tick(601)
     st = b.status(NAME, NS)
@@ -313,7 +321,9 @@ def test_launch_reads_the_node_for_its_hostname_label() -> None:
     b = backend(cluster)
     b.launch(spec())
     terms = cluster.job(NS, NAME).spec.template.spec.affinity.node_affinity
-    expr = terms.required_during_scheduling_ignored_during_execution.node_selector_terms[0].match_expressions[0]
+    expr = terms.required_during_scheduling_ignored_during_execution.node_selector_terms[
+        0
+    ].match_expressions[0]
     assert expr.values == ["ip-10-0-0-7"]
 
 
@@ -321,13 +331,17 @@ def test_it_loads_no_kubeconfig_until_used(monkeypatch: pytest.MonkeyPatch) -> N
     from portal.backends.kubernetes import KubernetesBackend
 
     loaded: list[str] = []
-    monkeypatch.setattr("kubernetes.config.load_incluster_config", lambda: loaded.append("in-cluster"))
-    monkeypatch.setattr("kubernetes.config.load_kube_config", lambda **kw: loaded.append("kubeconfig"))
+    monkeypatch.setattr(
+        "kubernetes.config.load_incluster_config", lambda: loaded.append("in-cluster")
+    )
+    monkeypatch.setattr(
+        "kubernetes.config.load_kube_config", lambda **kw: loaded.append("kubeconfig")
+    )
     b = KubernetesBackend(in_cluster=True)
     assert loaded == []
     assert b.core is not None and b.batch is not None
     assert loaded == ["in-cluster"]
-    KubernetesBackend(kubeconfig="/tmp/none").core
+    assert KubernetesBackend(kubeconfig="/tmp/none").core is not None
     assert loaded == ["in-cluster", "kubeconfig"]
 
 
@@ -341,4 +355,6 @@ def test_from_settings(settings) -> None:  # noqa: ANN001
     b = KubernetesBackend.from_settings()
     assert b.in_cluster and b.image_pull_timeout_s == 123
     assert b.job_options.portal_url == "http://qm-web:8000"
-    assert b.job_options.ready_token_key and settings.SECRET_KEY not in b.job_options.ready_token_key
+    assert (
+        b.job_options.ready_token_key and settings.SECRET_KEY not in b.job_options.ready_token_key
+    )

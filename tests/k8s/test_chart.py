@@ -16,7 +16,18 @@ import helm_python as helm
 import kubernetes_validate
 import pytest
 
-from tests.k8s.chart import CASES, CHART, CRD_KINDS, EXTERNAL, NAMESPACE, kinds, one, pod_specs, render, render_files
+from tests.k8s.chart import (
+    CASES,
+    CHART,
+    CRD_KINDS,
+    EXTERNAL,
+    NAMESPACE,
+    kinds,
+    one,
+    pod_specs,
+    render,
+    render_files,
+)
 from tests.k8s.pss import restricted_violations
 
 KUBE_VERSION = "1.32.0"
@@ -46,8 +57,19 @@ def test_every_manifest_validates_strictly(case: str) -> None:
 def test_only_crd_kinds_are_skipped() -> None:
     seen = {d["kind"] for d in render(CASES["everything"])}
     assert seen & CRD_KINDS == CRD_KINDS
-    assert {"Deployment", "DaemonSet", "StatefulSet", "Job", "ClusterRole", "Role", "Namespace",
-            "ResourceQuota", "ValidatingAdmissionPolicy", "PriorityClass", "Ingress"} <= seen
+    assert {
+        "Deployment",
+        "DaemonSet",
+        "StatefulSet",
+        "Job",
+        "ClusterRole",
+        "Role",
+        "Namespace",
+        "ResourceQuota",
+        "ValidatingAdmissionPolicy",
+        "PriorityClass",
+        "Ingress",
+    } <= seen
 
 
 def test_it_needs_a_database_and_a_broker() -> None:
@@ -58,15 +80,18 @@ def test_it_needs_a_database_and_a_broker() -> None:
         render({"externalDatabase": EXTERNAL["externalDatabase"]})
 
 
-@pytest.mark.parametrize("bad", [
-    {"web": {"replicas": "two"}},
-    {"config": {"clusterBackend": "slurm"}},
-    {"teams": [{"name": "Team A"}]},
-    {"teams": [{"name": "a", "quota": {"nvidia.com/gpu": "1"}}]},
-    {"teams": [{"name": "a", "quota": {"limits.nvidia.com/gpu": "1"}}]},
-    {"metrics": {"prometheusRule": {"thresholds": {"tickSkippedRatio": 2}}}},
-    {"typo": True},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"web": {"replicas": "two"}},
+        {"config": {"clusterBackend": "slurm"}},
+        {"teams": [{"name": "Team A"}]},
+        {"teams": [{"name": "a", "quota": {"nvidia.com/gpu": "1"}}]},
+        {"teams": [{"name": "a", "quota": {"limits.nvidia.com/gpu": "1"}}]},
+        {"metrics": {"prometheusRule": {"thresholds": {"tickSkippedRatio": 2}}}},
+        {"typo": True},
+    ],
+)
 def test_the_schema_rejects_bad_values(bad: dict) -> None:
     with pytest.raises(helm.HelmValuesError):
         helm.Chart.load(CHART).validate_schema({**EXTERNAL, **bad})
@@ -74,18 +99,29 @@ def test_the_schema_rejects_bad_values(bad: dict) -> None:
 
 def test_selector_labels_are_stable_across_upgrades() -> None:
     """Selectors are immutable: only name, instance (and component) — no version, no chart."""
-    before = {f"{d['kind']}/{d['metadata']['name']}": d["spec"]["selector"]
-              for d in render(CASES["defaults"]) if d["kind"] in ("Deployment", "StatefulSet", "DaemonSet")}
-    after = {f"{d['kind']}/{d['metadata']['name']}": d["spec"]["selector"]
-             for d in render({**CASES["defaults"], "image": {"tag": "9.9.9"}, "web": {"replicas": 5}})
-             if d["kind"] in ("Deployment", "StatefulSet", "DaemonSet")}
+    before = {
+        f"{d['kind']}/{d['metadata']['name']}": d["spec"]["selector"]
+        for d in render(CASES["defaults"])
+        if d["kind"] in ("Deployment", "StatefulSet", "DaemonSet")
+    }
+    after = {
+        f"{d['kind']}/{d['metadata']['name']}": d["spec"]["selector"]
+        for d in render({**CASES["defaults"], "image": {"tag": "9.9.9"}, "web": {"replicas": 5}})
+        if d["kind"] in ("Deployment", "StatefulSet", "DaemonSet")
+    }
     assert before == after
     for selector in before.values():
-        assert set(selector["matchLabels"]) == {"app.kubernetes.io/name", "app.kubernetes.io/instance",
-                                                "app.kubernetes.io/component"}
+        assert set(selector["matchLabels"]) == {
+            "app.kubernetes.io/name",
+            "app.kubernetes.io/instance",
+            "app.kubernetes.io/component",
+        }
     for d in render(CASES["everything"]):
         labels = d["metadata"]["labels"]
-        assert labels["app.kubernetes.io/instance"] == "qm" and labels["app.kubernetes.io/managed-by"] == "Helm"
+        assert (
+            labels["app.kubernetes.io/instance"] == "qm"
+            and labels["app.kubernetes.io/managed-by"] == "Helm"
+        )
         assert labels["helm.sh/chart"] == "quartermaster-0.1.0"
 
 
@@ -95,17 +131,27 @@ def test_rbac_is_least_privilege(case: str) -> None:
         for rule in role["rules"]:
             for key in ("apiGroups", "resources", "verbs"):
                 assert "*" not in rule[key], role["metadata"]["name"]
-            assert not set(rule["resources"]) & {"secrets", "pods/exec", "pods/attach", "pods/portforward",
-                                                 "nodes/proxy", "serviceaccounts/token", "configmaps"}
+            assert not set(rule["resources"]) & {
+                "secrets",
+                "pods/exec",
+                "pods/attach",
+                "pods/portforward",
+                "nodes/proxy",
+                "serviceaccounts/token",
+                "configmaps",
+            }
             assert "rbac.authorization.k8s.io" not in rule["apiGroups"]
             assert not set(rule["verbs"]) & {"escalate", "bind", "impersonate"}
             if "pods" in rule["resources"]:
                 assert set(rule["verbs"]) <= {"get", "list", "watch"}
     for role in kinds(docs, "ClusterRole"):
         for rule in role["rules"]:
-            assert set(rule["verbs"]) <= {"get", "list", "watch"}, "cluster-wide access is read-only"
+            assert set(rule["verbs"]) <= {"get", "list", "watch"}, (
+                "cluster-wide access is read-only"
+            )
     assert not kinds(docs, "ClusterRoleBinding") or all(
-        b["roleRef"]["name"] == f"{FULL}-node-reader" for b in kinds(docs, "ClusterRoleBinding"))
+        b["roleRef"]["name"] == f"{FULL}-node-reader" for b in kinds(docs, "ClusterRoleBinding")
+    )
 
 
 def test_jobs_are_written_only_in_team_namespaces() -> None:
@@ -114,9 +160,17 @@ def test_jobs_are_written_only_in_team_namespaces() -> None:
     assert sorted(roles) == ["research-b", "team-a", "team-c"]
     for ns, role in roles.items():
         jobs = next(r for r in role["rules"] if r["resources"] == ["jobs"])
-        assert jobs["apiGroups"] == ["batch"] and jobs["verbs"] == ["create", "get", "list", "watch", "delete"]
+        assert jobs["apiGroups"] == ["batch"] and jobs["verbs"] == [
+            "create",
+            "get",
+            "list",
+            "watch",
+            "delete",
+        ]
         binding = next(b for b in kinds(docs, "RoleBinding") if b["metadata"]["namespace"] == ns)
-        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULL, "namespace": NAMESPACE}]
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": FULL, "namespace": NAMESPACE}
+        ]
         assert binding["roleRef"]["kind"] == "Role"
 
 
@@ -142,9 +196,14 @@ def test_team_namespaces_are_restricted_with_one_quota_each() -> None:
     quotas = kinds(docs, "ResourceQuota")
     assert sorted(q["metadata"]["namespace"] for q in quotas) == ["research-b", "team-a", "team-c"]
     team_a = next(q for q in quotas if q["metadata"]["namespace"] == "team-a")["spec"]["hard"]
-    assert team_a["requests.nvidia.com/gpu"] == "16" and team_a["requests.nvidia.com/mig-3g.40gb"] == "4"
+    assert (
+        team_a["requests.nvidia.com/gpu"] == "16"
+        and team_a["requests.nvidia.com/mig-3g.40gb"] == "4"
+    )
     for q in quotas:
-        assert all(not k.startswith(("nvidia.com/", "limits.nvidia.com/")) for k in q["spec"]["hard"])
+        assert all(
+            not k.startswith(("nvidia.com/", "limits.nvidia.com/")) for k in q["spec"]["hard"]
+        )
 
 
 def test_a_quota_without_the_requests_prefix_fails_to_render() -> None:
@@ -162,7 +221,8 @@ def test_the_admission_policy_guards_team_namespaces() -> None:
     binding = one(docs, "ValidatingAdmissionPolicyBinding", f"{FULL}-workload-guard")
     assert binding["spec"]["validationActions"] == ["Deny"]
     assert binding["spec"]["matchResources"]["namespaceSelector"]["matchLabels"] == {
-        "quartermaster.io/team-namespace": "true"}
+        "quartermaster.io/team-namespace": "true"
+    }
     assert not kinds(render(CASES["existing-secret"]), "ValidatingAdmissionPolicy")
 
 
@@ -174,7 +234,12 @@ def test_every_pod_of_the_chart_is_restricted(case: str) -> None:
 def test_beat_is_exactly_one_and_recreated() -> None:
     beat = one(render(CASES["everything"]), "Deployment", f"{FULL}-beat")
     assert beat["spec"]["replicas"] == 1 and beat["spec"]["strategy"] == {"type": "Recreate"}
-    assert beat["spec"]["template"]["spec"]["containers"][0]["command"][:4] == ["celery", "-A", "portal", "beat"]
+    assert beat["spec"]["template"]["spec"]["containers"][0]["command"][:4] == [
+        "celery",
+        "-A",
+        "portal",
+        "beat",
+    ]
 
 
 def test_web_worker_and_migrations_run_the_right_commands() -> None:
@@ -218,11 +283,17 @@ def test_secrets_are_generated_or_taken_from_an_existing_secret() -> None:
     app = one(docs, "Secret", f"{FULL}-app")
     assert set(app["data"]) == {"SECRET_KEY", "DATABASE_URL", "REDIS_URL", "NODE_AGENT_TOKEN"}
     assert {s["metadata"]["name"] for s in kinds(docs, "Secret")} == {
-        f"{FULL}-app", f"{FULL}-postgresql", f"{FULL}-redis"}
+        f"{FULL}-app",
+        f"{FULL}-postgresql",
+        f"{FULL}-redis",
+    }
     existing = render(CASES["existing-secret"])
     assert not kinds(existing, "Secret")
     web = one(existing, "Deployment", f"{FULL}-web")["spec"]["template"]["spec"]
-    assert next(v for v in web["volumes"] if v["name"] == "secrets")["secret"]["secretName"] == "qm-secrets"
+    assert (
+        next(v for v in web["volumes"] if v["name"] == "secrets")["secret"]["secretName"]
+        == "qm-secrets"
+    )
 
 
 def test_the_node_agent_runs_on_gpu_nodes_only_with_all_devices_visible() -> None:
@@ -253,9 +324,15 @@ def test_monitoring_objects() -> None:
     assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     alerts = [r for g in rule["spec"]["groups"] for r in g["rules"]]
     names = {a["alert"] for a in alerts}
-    assert {"QuartermasterQueueStalled", "QuartermasterAdmissionWaitHigh", "QuartermasterInferenceLatencyHigh",
-            "QuartermasterSchedulerNoLeader", "QuartermasterTicksSkipped", "QuartermasterTickFailures",
-            "QuartermasterNodeAgentStale"} <= names
+    assert {
+        "QuartermasterQueueStalled",
+        "QuartermasterAdmissionWaitHigh",
+        "QuartermasterInferenceLatencyHigh",
+        "QuartermasterSchedulerNoLeader",
+        "QuartermasterTicksSkipped",
+        "QuartermasterTickFailures",
+        "QuartermasterNodeAgentStale",
+    } <= names
     for a in alerts:
         assert a["labels"]["severity"] in ("critical", "warning", "info")
         assert {"summary", "description", "runbook_url"} <= set(a["annotations"])
@@ -268,13 +345,18 @@ def test_the_dashboard_is_portable() -> None:
     dash = json.loads(cm["data"]["quartermaster.json"])
     assert dash["uid"] == "quartermaster-overview" and isinstance(dash["schemaVersion"], int)
     variables = {v["name"]: v for v in dash["templating"]["list"]}
-    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    assert (
+        variables["datasource"]["type"] == "datasource"
+        and variables["datasource"]["query"] == "prometheus"
+    )
     assert {"team", "node", "gpu"} <= set(variables)
     for panel in dash["panels"]:
         assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
         assert all(t["datasource"]["uid"] == "${datasource}" for t in panel["targets"])
     # switched off: no dashboard ConfigMap
-    assert [c["metadata"]["name"] for c in kinds(render(CASES["simulated"]), "ConfigMap")] == [f"{FULL}-config"]
+    assert [c["metadata"]["name"] for c in kinds(render(CASES["simulated"]), "ConfigMap")] == [
+        f"{FULL}-config"
+    ]
 
 
 def test_notes_render(case: str) -> None:

@@ -81,13 +81,20 @@ def test_devices_are_found_by_uuid_when_the_pod_says_which(report: dict[str, Any
     assert not k8s.devices_free(report, grants, now=NOW, uuids=["GPU-2222"])[0]
     assert k8s.devices_free(report, grants, now=NOW, uuids=["MIG-2a"]) == (True, "")
     assert not k8s.devices_free(report, grants, now=NOW, uuids=["MIG-3a"])[0]
-    assert "not in the node agent report" in k8s.devices_free(report, grants, now=NOW, uuids=["GPU-9"])[1]
+    assert (
+        "not in the node agent report"
+        in k8s.devices_free(report, grants, now=NOW, uuids=["GPU-9"])[1]
+    )
 
 
 def test_no_or_stale_report_is_not_free(report: dict[str, Any]) -> None:
     """FI-20 (admission side): a stale heartbeat means nothing is known to be free."""
     assert k8s.devices_free(None, [whole(0)]) == (False, "no node agent report for this node")
-    assert k8s.devices_free(report, [whole(0)], now=NOW + timedelta(seconds=119), stale_after_s=120)[0]
-    ok, why = k8s.devices_free(report, [whole(0)], now=NOW + timedelta(seconds=121), stale_after_s=120)
+    assert k8s.devices_free(
+        report, [whole(0)], now=NOW + timedelta(seconds=119), stale_after_s=120
+    )[0]
+    ok, why = k8s.devices_free(
+        report, [whole(0)], now=NOW + timedelta(seconds=121), stale_after_s=120
+    )
     assert not ok and "stale" in why
     assert not k8s.devices_free(report, [whole(9)], now=NOW)[0]

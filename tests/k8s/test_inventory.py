@@ -27,7 +27,9 @@ def test_it_packs_from_allocatable_never_capacity() -> None:
     """FI-15: the device plugin marks a GPU unhealthy after Xid 79 and allocatable
     drops below capacity; the inventory shows one device unhealthy, so it is not packed."""
     cluster = FakeCluster()
-    cluster.add_node(a100_node(allocatable={"nvidia.com/gpu": "7"}, capacity={"nvidia.com/gpu": "8"}))
+    cluster.add_node(
+        a100_node(allocatable={"nvidia.com/gpu": "7"}, capacity={"nvidia.com/gpu": "8"})
+    )
     devices = inv(cluster)["gpu-a"].devices
     assert len(devices) == 8
     assert sum(d.healthy for d in devices) == 7
@@ -35,7 +37,9 @@ def test_it_packs_from_allocatable_never_capacity() -> None:
 
 def test_it_subtracts_pods_it_did_not_create() -> None:
     cluster = cluster_with_nodes()
-    cluster.add_pod(foreign_pod("notebook", "gpu-a", {"cpu": "2", "memory": "8Gi", "nvidia.com/gpu": "3"}))
+    cluster.add_pod(
+        foreign_pod("notebook", "gpu-a", {"cpu": "2", "memory": "8Gi", "nvidia.com/gpu": "3"})
+    )
     cluster.add_pod(foreign_pod("done", "gpu-a", {"nvidia.com/gpu": "4"}, phase="Succeeded"))
     node = inv(cluster)["gpu-a"]
     assert sum(d.healthy for d in node.devices) == 5
@@ -63,11 +67,18 @@ def test_it_reads_pods_per_namespace_when_not_allowed_cluster_wide() -> None:
 
 def test_it_reports_taints_readiness_and_cordon() -> None:
     cluster = FakeCluster()
-    cluster.add_node(a100_node(taints=[("nvidia.com/gpu", "", "NoSchedule"), ("pool", "a100", "NoSchedule")],
-                               unschedulable=True))
+    cluster.add_node(
+        a100_node(
+            taints=[("nvidia.com/gpu", "", "NoSchedule"), ("pool", "a100", "NoSchedule")],
+            unschedulable=True,
+        )
+    )
     cluster.add_node(a100_node("gpu-b", ready=False))
     nodes = inv(cluster)
-    assert nodes["gpu-a"].taints == (("nvidia.com/gpu", "", "NoSchedule"), ("pool", "a100", "NoSchedule"))
+    assert nodes["gpu-a"].taints == (
+        ("nvidia.com/gpu", "", "NoSchedule"),
+        ("pool", "a100", "NoSchedule"),
+    )
     assert nodes["gpu-a"].cordoned and nodes["gpu-a"].ready
     assert not nodes["gpu-b"].ready
 
@@ -78,16 +89,30 @@ def test_it_synthesises_the_mig_layout_from_mixed_resources() -> None:
     for d in node.devices:
         assert d.partitioning == "mig" and d.healthy
         layout = [(m.profile, m.start, m.size) for m in d.mig_instances]
-        assert layout == [("1g.10gb", 0, 1), ("1g.10gb", 1, 1), ("2g.20gb", 2, 2), ("3g.40gb", 4, 4)]
+        assert layout == [
+            ("1g.10gb", 0, 1),
+            ("1g.10gb", 1, 1),
+            ("2g.20gb", 2, 2),
+            ("3g.40gb", 4, 4),
+        ]
 
 
 def test_it_reads_mig_single_strategy() -> None:
     cluster = FakeCluster()
-    cluster.add_node(gpu_node("gpu-s", labels={
-        "nvidia.com/gpu.product": "A100-SXM4-40GB-MIG-1g.5gb", "nvidia.com/gpu.memory": "4864",
-        "nvidia.com/gpu.count": "14", "nvidia.com/mig.strategy": "single",
-        "nvidia.com/mig.config.state": "success", "quartermaster.io/pool": "a100-1g"},
-        allocatable={"nvidia.com/gpu": "14"}))
+    cluster.add_node(
+        gpu_node(
+            "gpu-s",
+            labels={
+                "nvidia.com/gpu.product": "A100-SXM4-40GB-MIG-1g.5gb",
+                "nvidia.com/gpu.memory": "4864",
+                "nvidia.com/gpu.count": "14",
+                "nvidia.com/mig.strategy": "single",
+                "nvidia.com/mig.config.state": "success",
+                "quartermaster.io/pool": "a100-1g",
+            },
+            allocatable={"nvidia.com/gpu": "14"},
+        )
+    )
     node = inv(cluster)["gpu-s"]
     assert len(node.devices) == 2
     assert [len(d.mig_instances) for d in node.devices] == [7, 7]
@@ -120,7 +145,10 @@ def test_it_reads_time_slicing_replicas() -> None:
 def test_it_matches_pools_by_selector_most_specific_first() -> None:
     selectors = {
         "gpu": {"nvidia.com/gpu.present": "true"},
-        "a100": {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"},
+        "a100": {
+            "nvidia.com/gpu.present": "true",
+            "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
+        },
         "empty": {},
     }
     nodes = inv(cluster_with_nodes(), pool_selectors=selectors)
@@ -131,8 +159,14 @@ def test_it_matches_pools_by_selector_most_specific_first() -> None:
 
 def test_it_leaves_out_nodes_in_no_pool_without_gpus_or_for_vms() -> None:
     cluster = cluster_with_nodes()
-    cluster.add_node(gpu_node("cpu-1", labels={"quartermaster.io/pool": "a100", "nvidia.com/gpu.present": "false"}))
-    cluster.add_node(a100_node("gpu-vm", labels={"nvidia.com/gpu.workload.config": "vm-passthrough"}))
+    cluster.add_node(
+        gpu_node(
+            "cpu-1", labels={"quartermaster.io/pool": "a100", "nvidia.com/gpu.present": "false"}
+        )
+    )
+    cluster.add_node(
+        a100_node("gpu-vm", labels={"nvidia.com/gpu.workload.config": "vm-passthrough"})
+    )
     cluster.add_node(gpu_node("gpu-x", allocatable={"nvidia.com/gpu": "1"}))
     assert sorted(inv(cluster)) == ["gpu-a", "gpu-mig", "gpu-ts"]
 

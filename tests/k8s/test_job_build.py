@@ -42,7 +42,10 @@ def env(c: dict[str, Any]) -> dict[str, str]:
 
 ALL_SPECS = {
     "whole": (spec(), None),
-    "mig": (mig_spec(), {"hostname": "gpu-mig", "resources": ["nvidia.com/mig-3g.40gb"], "mig_strategy": "mixed"}),
+    "mig": (
+        mig_spec(),
+        {"hostname": "gpu-mig", "resources": ["nvidia.com/mig-3g.40gb"], "mig_strategy": "mixed"},
+    ),
     "shared": (shared_spec(), {"hostname": "gpu-ts", "resources": ["nvidia.com/gpu.shared"]}),
     "cpu-only": (spec(name="qm-45-1", grants=(), profile_kind="whole"), None),
     "no-ready-check": (spec(), None),
@@ -75,8 +78,17 @@ def test_it_passes_pod_security_restricted(case: str) -> None:
 def test_it_pins_the_node_by_required_affinity_never_node_name() -> None:
     j = job(spec(), {"hostname": "ip-10-0-0-1.ec2.internal", "resources": ["nvidia.com/gpu"]})
     terms = pod(j)["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    assert terms["nodeSelectorTerms"] == [{"matchExpressions": [
-        {"key": "kubernetes.io/hostname", "operator": "In", "values": ["ip-10-0-0-1.ec2.internal"]}]}]
+    assert terms["nodeSelectorTerms"] == [
+        {
+            "matchExpressions": [
+                {
+                    "key": "kubernetes.io/hostname",
+                    "operator": "In",
+                    "values": ["ip-10-0-0-1.ec2.internal"],
+                }
+            ]
+        }
+    ]
     assert "nodeName" not in pod(j)
 
 
@@ -86,7 +98,10 @@ def test_it_carries_the_server_side_settings() -> None:
     assert "generateName" not in j["metadata"]
     labels = j["metadata"]["labels"]
     assert labels["app.kubernetes.io/managed-by"] == "quartermaster"
-    assert labels["quartermaster.io/request-id"] == "42" and labels["quartermaster.io/attempt-id"] == "7"
+    assert (
+        labels["quartermaster.io/request-id"] == "42"
+        and labels["quartermaster.io/attempt-id"] == "7"
+    )
     assert j["spec"]["template"]["metadata"]["labels"] == labels
     assert pod(j)["priorityClassName"] == "quartermaster-training"
     assert pod(j)["restartPolicy"] == "Never"
@@ -105,16 +120,27 @@ def test_it_carries_the_server_side_settings() -> None:
 def test_it_has_the_pod_failure_policy() -> None:
     """FI-13: the rendered Job ignores disruptions (DisruptionTarget) and fails on listed exit codes."""
     rules = job()["spec"]["podFailurePolicy"]["rules"]
-    assert rules[0] == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
-    assert {"action": "FailJob", "onExitCodes": {"containerName": "main", "operator": "In", "values": [137]}} in rules
-    assert {"action": "FailJob", "onExitCodes": {"containerName": "wait-for-device", "operator": "In",
-                                                 "values": [75, 76]}} in rules
+    assert rules[0] == {
+        "action": "Ignore",
+        "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+    }
+    assert {
+        "action": "FailJob",
+        "onExitCodes": {"containerName": "main", "operator": "In", "values": [137]},
+    } in rules
+    assert {
+        "action": "FailJob",
+        "onExitCodes": {"containerName": "wait-for-device", "operator": "In", "values": [75, 76]},
+    } in rules
 
 
 @pytest.mark.parametrize(
     ("case", "resource", "count"),
-    [("whole", "nvidia.com/gpu", "2"), ("mig", "nvidia.com/mig-3g.40gb", "1"),
-     ("shared", "nvidia.com/gpu.shared", "1")],
+    [
+        ("whole", "nvidia.com/gpu", "2"),
+        ("mig", "nvidia.com/mig-3g.40gb", "1"),
+        ("shared", "nvidia.com/gpu.shared", "1"),
+    ],
 )
 def test_it_requests_the_exact_extended_resource(case: str, resource: str, count: str) -> None:
     s, facts = ALL_SPECS[case]
@@ -123,7 +149,9 @@ def test_it_requests_the_exact_extended_resource(case: str, resource: str, count
     assert [k for k in res["limits"] if k.startswith("nvidia.com/")] == [resource]
 
 
-def test_it_uses_the_plain_resource_where_the_node_does_not_rename_shares_or_mig_is_single() -> None:
+def test_it_uses_the_plain_resource_where_the_node_does_not_rename_shares_or_mig_is_single() -> (
+    None
+):
     shared = job(shared_spec(), {"resources": ["nvidia.com/gpu"]})
     assert "nvidia.com/gpu" in container(shared)["resources"]["limits"]
     single = job(mig_spec(), {"resources": ["nvidia.com/gpu"], "mig_strategy": "single"})
@@ -136,8 +164,17 @@ def test_it_caps_shared_units_at_one_per_container() -> None:
         k8s.job_build(two, OPTIONS)
 
 
-@pytest.mark.parametrize("name", ["NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "CUDA_VISIBLE_DEVICES",
-                                  "QUARTERMASTER_ATTEMPT", "bad name", "1X"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "NVIDIA_VISIBLE_DEVICES",
+        "NVIDIA_DRIVER_CAPABILITIES",
+        "CUDA_VISIBLE_DEVICES",
+        "QUARTERMASTER_ATTEMPT",
+        "bad name",
+        "1X",
+    ],
+)
 def test_it_refuses_env_that_could_escape_the_gpu_request(name: str) -> None:
     with pytest.raises(k8s.LaunchRefused):
         k8s.job_build(spec(env=((name, "all"),)), OPTIONS)
@@ -152,8 +189,10 @@ def test_it_hides_gpus_from_containers_without_a_gpu() -> None:
     assert "NVIDIA_VISIBLE_DEVICES" not in env(container(job()))
 
 
-@pytest.mark.parametrize("field,value", [("name", "QM_42"), ("name", "x" * 64), ("namespace", "Team A"),
-                                         ("image", ""), ("node", "")])
+@pytest.mark.parametrize(
+    "field,value",
+    [("name", "QM_42"), ("name", "x" * 64), ("namespace", "Team A"), ("image", ""), ("node", "")],
+)
 def test_it_refuses_bad_identity(field: str, value: str) -> None:
     with pytest.raises(k8s.LaunchRefused):
         k8s.job_build(replace(spec(), **{field: value}), OPTIONS)
@@ -183,7 +222,9 @@ class _Portal(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802
         type(self).seen.append((self.path, self.headers.get("Authorization", "")))
-        code, body = type(self).answers.pop(0) if len(type(self).answers) > 1 else type(self).answers[0]
+        code, body = (
+            type(self).answers.pop(0) if len(type(self).answers) > 1 else type(self).answers[0]
+        )
         data = json.dumps(body).encode()
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
@@ -195,25 +236,33 @@ class _Portal(BaseHTTPRequestHandler):
         pass
 
 
-def run_ready_script(answers: list[tuple[int, dict[str, Any]]], timeout: str = "30") -> tuple[int, list]:
+def run_ready_script(
+    answers: list[tuple[int, dict[str, Any]]], timeout: str = "30"
+) -> tuple[int, list]:
     _Portal.answers = list(answers)
     _Portal.seen = []
     server = HTTPServer(("127.0.0.1", 0), _Portal)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        env = {"QM_READY_URL": f"http://127.0.0.1:{server.server_port}/api/v1/agent/attempts/7/ready",
-               "QM_READY_TOKEN": "tok", "QM_READY_TIMEOUT": timeout, "QM_READY_INTERVAL": "0.01",
-               "NVIDIA_VISIBLE_DEVICES": "GPU-aaa,GPU-bbb"}
-        rc = subprocess.run([sys.executable, "-c", k8s.READY_SCRIPT], env=env, timeout=30,
-                            capture_output=True).returncode
+        env = {
+            "QM_READY_URL": f"http://127.0.0.1:{server.server_port}/api/v1/agent/attempts/7/ready",
+            "QM_READY_TOKEN": "tok",
+            "QM_READY_TIMEOUT": timeout,
+            "QM_READY_INTERVAL": "0.01",
+            "NVIDIA_VISIBLE_DEVICES": "GPU-aaa,GPU-bbb",
+        }
+        rc = subprocess.run(
+            [sys.executable, "-c", k8s.READY_SCRIPT], env=env, timeout=30, capture_output=True
+        ).returncode
     finally:
         server.shutdown()
     return rc, _Portal.seen
 
 
 def test_the_ready_script_waits_until_the_portal_says_ready() -> None:
-    rc, seen = run_ready_script([(200, {"ready": False, "reason": "pid 1 holds memory"}), (503, {}),
-                                 (200, {"ready": True})])
+    rc, seen = run_ready_script(
+        [(200, {"ready": False, "reason": "pid 1 holds memory"}), (503, {}), (200, {"ready": True})]
+    )
     assert rc == 0
     assert len(seen) == 3
     assert seen[0] == ("/api/v1/agent/attempts/7/ready?devices=GPU-aaa%2CGPU-bbb", "Bearer tok")

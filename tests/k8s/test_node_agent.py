@@ -43,8 +43,17 @@ def test_it_reports_every_device(nvml: FakeNvml) -> None:
     assert rep["sent_at"].endswith("Z") and rep["driver_version"] == "550.107.02"
     assert [d["index"] for d in rep["devices"]] == [0, 1, 2, 3]
     idle = dev(rep, 0)
-    assert idle == {**idle, "uuid": "GPU-0000", "memory_total_mib": 81920, "memory_used_mib": 3,
-                    "utilization_pct": 0, "healthy": True, "processes": [], "mig": [], "xids": []}
+    assert idle == {
+        **idle,
+        "uuid": "GPU-0000",
+        "memory_total_mib": 81920,
+        "memory_used_mib": 3,
+        "utilization_pct": 0,
+        "healthy": True,
+        "processes": [],
+        "mig": [],
+        "xids": [],
+    }
     json.dumps(rep)  # it is JSON
 
 
@@ -52,10 +61,16 @@ def test_it_reads_mig_instances_with_placement_and_processes(nvml: FakeNvml) -> 
     d = dev(report(nvml), 1)
     assert d["mig_mode"] and d["utilization_pct"] is None  # GPU_UTIL is not reported under MIG
     assert [(m["profile"], m["start"], m["size"], m["uuid"]) for m in d["mig"]] == [
-        ("1g.10gb", 0, 1, "MIG-1a"), ("1g.10gb", 1, 1, "MIG-1b"), ("2g.20gb", 2, 2, "MIG-2a"),
-        ("3g.40gb", 4, 4, "MIG-3a")]
+        ("1g.10gb", 0, 1, "MIG-1a"),
+        ("1g.10gb", 1, 1, "MIG-1b"),
+        ("2g.20gb", 2, 2, "MIG-2a"),
+        ("3g.40gb", 4, 4, "MIG-3a"),
+    ]
     busy = d["mig"][3]
-    assert busy["processes"] == [{"pid": 777, "used_memory_mib": 30000}] and busy["memory_used_mib"] == 30000
+    assert (
+        busy["processes"] == [{"pid": 777, "used_memory_mib": 30000}]
+        and busy["memory_used_mib"] == 30000
+    )
 
 
 def test_it_reports_unknown_mig_placement_without_permission(nvml: FakeNvml) -> None:
@@ -65,7 +80,10 @@ def test_it_reports_unknown_mig_placement_without_permission(nvml: FakeNvml) -> 
 
 def test_it_lists_a_stray_process_holding_memory(nvml: FakeNvml) -> None:
     d = dev(report(nvml), 2)
-    assert d["processes"] == [{"pid": 4242, "used_memory_mib": 20480}, {"pid": 4243, "used_memory_mib": 0}]
+    assert d["processes"] == [
+        {"pid": 4242, "used_memory_mib": 20480},
+        {"pid": 4243, "used_memory_mib": 0},
+    ]
     assert d["utilization_pct"] == 97 and d["healthy"]
 
 
@@ -143,7 +161,9 @@ def test_xids_are_kept_until_a_report_is_accepted(nvml: FakeNvml) -> None:
         seen.append([x["xid"] for x in dev(rep, 0)["xids"]])
         return next(answers)
 
-    node_agent.run(portal="http://x", node="gpu-a", token="t", interval_s=0, post=post, max_reports=4)
+    node_agent.run(
+        portal="http://x", node="gpu-a", token="t", interval_s=0, post=post, max_reports=4
+    )
     # the first report goes out before the event is read; then 503, resent, accepted, gone
     assert seen == [[], [79], [79], []]
 
@@ -156,7 +176,12 @@ def test_it_keeps_reporting_when_the_portal_is_down(nvml: FakeNvml) -> None:
         calls.append(rep)
         return next(statuses)
 
-    assert node_agent.run(portal="http://x", node="n", token="t", interval_s=0, post=post, max_reports=3) == 0
+    assert (
+        node_agent.run(
+            portal="http://x", node="n", token="t", interval_s=0, post=post, max_reports=3
+        )
+        == 0
+    )
     assert len(calls) == 3
 
 
@@ -171,15 +196,18 @@ def test_the_management_command_prints_a_report(nvml: FakeNvml) -> None:
     assert rep["node"] == "gpu-a" and len(rep["devices"]) == 4
 
 
-def test_the_management_command_posts(nvml: FakeNvml, portal: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_management_command_posts(
+    nvml: FakeNvml, portal: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     url, handler = portal
     monkeypatch.setenv("NODE_AGENT_TOKEN", "from-env")
     call_command("node_agent", "--portal", url, "--node", "gpu-b", "--interval", "5", "--once")
     assert handler.received[0][1] == "Bearer from-env"
 
 
-def test_the_management_command_fails_without_a_token(nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch,
-                                                     settings: Any, tmp_path: Path) -> None:
+def test_the_management_command_fails_without_a_token(
+    nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch, settings: Any, tmp_path: Path
+) -> None:
     monkeypatch.delenv("NODE_AGENT_TOKEN", raising=False)
     monkeypatch.delenv("NODE_AGENT_TOKEN_FILE", raising=False)
     settings.NODE_AGENT_TOKEN = ""
@@ -198,8 +226,13 @@ def test_only_the_agent_imports_pynvml() -> None:
         if path.name == "node_agent.py" and path.parent.name == "portal":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             if any(n.split(".")[0] == "pynvml" for n in names):
                 offenders.append(str(path.relative_to(ROOT)))
     assert offenders == []

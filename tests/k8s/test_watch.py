@@ -19,16 +19,22 @@ def watcher(cluster: FakeCluster, **kw) -> k8s.WorkloadWatcher:  # noqa: ANN003
 def listed(cluster: FakeCluster) -> tuple[dict, dict]:
     """The list-based truth: what a fresh list would give (names -> resourceVersion)."""
     core, batch = apis(cluster)
-    jobs = {j.metadata.name: j.metadata.resource_version
-            for j in batch.list_namespaced_job(NS, label_selector=k8s.MANAGED_SELECTOR).items}
-    pods = {p.metadata.name: p.metadata.resource_version
-            for p in core.list_namespaced_pod(NS, label_selector=k8s.MANAGED_SELECTOR).items}
+    jobs = {
+        j.metadata.name: j.metadata.resource_version
+        for j in batch.list_namespaced_job(NS, label_selector=k8s.MANAGED_SELECTOR).items
+    }
+    pods = {
+        p.metadata.name: p.metadata.resource_version
+        for p in core.list_namespaced_pod(NS, label_selector=k8s.MANAGED_SELECTOR).items
+    }
     return jobs, pods
 
 
 def cached(w: k8s.WorkloadWatcher) -> tuple[dict, dict]:
-    return ({n: j.metadata.resource_version for (_, n), j in w.jobs.items()},
-            {n: p.metadata.resource_version for (_, n), p in w.pods.items()})
+    return (
+        {n: j.metadata.resource_version for (_, n), j in w.jobs.items()},
+        {n: p.metadata.resource_version for (_, n), p in w.pods.items()},
+    )
 
 
 def drive(w: k8s.WorkloadWatcher) -> None:
@@ -110,8 +116,10 @@ def test_a_resync_heals_what_a_watch_missed() -> None:
 def test_it_remembers_why_a_deleted_pod_ended() -> None:
     """FI-09 / FI-13 with the watch: the preempted or node-lost pod is deleted and the Job
     replaces it; the watcher kept the final state, so the status still says why."""
-    for reason, outcome in (("DeletionByTaintManager", Outcome.NODE_LOST),
-                            ("PreemptionByScheduler", Outcome.PREEMPTED)):
+    for reason, outcome in (
+        ("DeletionByTaintManager", Outcome.NODE_LOST),
+        ("PreemptionByScheduler", Outcome.PREEMPTED),
+    ):
         cluster = cluster_with_nodes()
         w = watcher(cluster)
         drive(w)
@@ -120,7 +128,9 @@ def test_it_remembers_why_a_deleted_pod_ended() -> None:
         cluster.run_pod(pod)
         cluster.disrupt(pod, reason)
         drive(w)
-        assert w.status("qm-42-1", NS, now=cluster.now).outcome is Outcome.RUNNING  # still terminating
+        assert (
+            w.status("qm-42-1", NS, now=cluster.now).outcome is Outcome.RUNNING
+        )  # still terminating
         cluster.finish_pod_deletion(pod)
         cluster.reconcile_job(NS, "qm-42-1")
         drive(w)
