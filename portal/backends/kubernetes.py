@@ -78,35 +78,43 @@ class KubernetesBackend:
 
     @classmethod
     def from_settings(cls) -> KubernetesBackend:
-        """Build the backend from Django settings (called only when CLUSTER_BACKEND=kubernetes)."""
+        """Build the backend from Django settings (called only when CLUSTER_BACKEND=kubernetes).
+
+        Every K8S_* setting is optional; lists may be Python lists or comma-separated
+        strings (as the chart's ConfigMap sets them).
+        """
         from django.conf import settings
+
+        def setting(name: str, default: Any) -> Any:
+            return getattr(settings, name, default)
 
         key = hashlib.sha256(f"quartermaster.k8s.ready:{settings.SECRET_KEY}".encode()).hexdigest()
         options = k8s.JobOptions(
-            portal_url=getattr(settings, "K8S_PORTAL_URL", ""),
-            ready_image=getattr(settings, "K8S_READY_IMAGE", ""),
+            portal_url=setting("K8S_PORTAL_URL", ""),
+            ready_image=setting("K8S_READY_IMAGE", ""),
             ready_token_key=key,
-            ready_timeout_s=getattr(settings, "K8S_READY_TIMEOUT_SECONDS", 300),
-            fail_exit_codes=tuple(getattr(settings, "K8S_FAIL_EXIT_CODES", (137,))),
-            backoff_limit=getattr(settings, "K8S_BACKOFF_LIMIT", 2),
-            ttl_seconds_after_finished=getattr(settings, "K8S_JOB_TTL_SECONDS", 86400),
-            termination_grace_s=getattr(settings, "K8S_TERMINATION_GRACE_SECONDS", 30),
-            run_as_user=getattr(settings, "K8S_RUN_AS_USER", 1000),
-            run_as_group=getattr(settings, "K8S_RUN_AS_GROUP", 1000),
-            fs_group=getattr(settings, "K8S_FS_GROUP", 1000),
-            service_account=getattr(settings, "K8S_WORKLOAD_SERVICE_ACCOUNT", ""),
-            image_pull_secrets=tuple(getattr(settings, "K8S_IMAGE_PULL_SECRETS", ())),
-            runtime_class=getattr(settings, "K8S_RUNTIME_CLASS", ""),
-            allowed_images=tuple(getattr(settings, "K8S_ALLOWED_IMAGES", ())),
+            ready_timeout_s=int(setting("K8S_READY_TIMEOUT_SECONDS", 300)),
+            fail_exit_codes=tuple(int(c) for c in _items(setting("K8S_FAIL_EXIT_CODES", (137,)))),
+            backoff_limit=int(setting("K8S_BACKOFF_LIMIT", 2)),
+            ttl_seconds_after_finished=int(setting("K8S_JOB_TTL_SECONDS", 86400)),
+            termination_grace_s=int(setting("K8S_TERMINATION_GRACE_SECONDS", 30)),
+            run_as_user=int(setting("K8S_RUN_AS_USER", 1000)),
+            run_as_group=int(setting("K8S_RUN_AS_GROUP", 1000)),
+            fs_group=int(setting("K8S_FS_GROUP", 1000)),
+            service_account=setting("K8S_WORKLOAD_SERVICE_ACCOUNT", ""),
+            image_pull_secrets=tuple(_items(setting("K8S_IMAGE_PULL_SECRETS", ()))),
+            runtime_class=setting("K8S_RUNTIME_CLASS", ""),
+            allowed_images=tuple(_items(setting("K8S_ALLOWED_IMAGES", ()))),
         )
-        pod_ns = getattr(settings, "K8S_POD_NAMESPACES", None)
+        pod_ns = _items(setting("K8S_POD_NAMESPACES", ()))
         return cls(
             job_options=options,
             pool_selectors=_pool_selectors_from_db,
-            pod_namespaces=list(pod_ns) if pod_ns else None,
-            in_cluster=bool(getattr(settings, "K8S_IN_CLUSTER", False)),
-            kubeconfig=getattr(settings, "KUBECONFIG", None) or None,
-            image_pull_timeout_s=getattr(settings, "IMAGE_PULL_TIMEOUT_SECONDS", 600),
+            pod_namespaces=pod_ns or None,
+            watch_namespaces=_items(setting("K8S_WATCH_NAMESPACES", ())),
+            in_cluster=bool(setting("K8S_IN_CLUSTER", False)),
+            kubeconfig=setting("KUBECONFIG", None) or None,
+            image_pull_timeout_s=int(setting("IMAGE_PULL_TIMEOUT_SECONDS", 600)),
         )
 
     def _load(self) -> None:
@@ -205,6 +213,13 @@ class KubernetesBackend:
             resync_s=resync_s,
         )
         return self.watcher.run(stop)
+
+
+def _items(value: Any) -> list[str]:
+    """A list setting given as a list or as a comma-separated string."""
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    return [str(v) for v in value or ()]
 
 
 def _pool_selectors_from_db() -> dict[str, dict[str, str]]:

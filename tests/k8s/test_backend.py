@@ -352,9 +352,39 @@ def test_from_settings(settings) -> None:  # noqa: ANN001
     settings.IMAGE_PULL_TIMEOUT_SECONDS = 123
     settings.K8S_PORTAL_URL = "http://qm-web:8000"
     settings.K8S_READY_IMAGE = "portal:1"
+    settings.K8S_FAIL_EXIT_CODES = "137,3"
+    settings.K8S_POD_NAMESPACES = ""
+    settings.K8S_WATCH_NAMESPACES = "team-a,team-b"
     b = KubernetesBackend.from_settings()
     assert b.in_cluster and b.image_pull_timeout_s == 123
+    assert b.job_options.fail_exit_codes == (137, 3)
+    assert b.pod_namespaces is None and b.watch_namespaces == ["team-a", "team-b"]
     assert b.job_options.portal_url == "http://qm-web:8000"
     assert (
         b.job_options.ready_token_key and settings.SECRET_KEY not in b.job_options.ready_token_key
     )
+
+
+@pytest.mark.django_db
+def test_pools_come_from_the_pool_rows_node_selectors() -> None:
+    from portal.backends import kubernetes as kb
+    from portal.models import Pool
+
+    Pool.objects.create(
+        name="a100",
+        gpu_model="NVIDIA-A100-SXM4-80GB",
+        gpu_memory_mib=81920,
+        node_selector={"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"},
+    )
+    Pool.objects.create(
+        name="l40s",
+        gpu_model="NVIDIA-L40S",
+        gpu_memory_mib=46068,
+        node_selector={"nvidia.com/gpu.sharing-strategy": "time-slicing"},
+    )
+    cluster = cluster_with_nodes()
+    nodes = {
+        n.name: n.pool
+        for n in backend(cluster, pool_selectors=kb._pool_selectors_from_db).inventory()
+    }
+    assert nodes == {"gpu-a": "a100", "gpu-ts": "l40s"}
