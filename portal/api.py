@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_serializer
 from rest_framework import serializers, status
 from rest_framework.exceptions import ValidationError
 from rest_framework.pagination import PageNumberPagination
@@ -523,3 +523,16 @@ class QuotaSetApi(ApiView):
         quota = services.quota_set(actor=request.user, team=team, pool=pool, **serializer.validated_data)
         return Response(self.OutputSerializer(quota).data)
 
+
+
+def _name_nested_serializers() -> None:
+    """Name each nested serializer after its view in the schema ("QueueApiOutput", not "Output")."""
+    for api_name, view in list(globals().items()):
+        if not (isinstance(view, type) and issubclass(view, APIView)):
+            continue
+        for attr, value in vars(view).items():
+            if isinstance(value, type) and issubclass(value, serializers.Serializer) and value.__qualname__.startswith(api_name):
+                extend_schema_serializer(component_name=api_name + attr.removesuffix("Serializer"))(value)
+
+
+_name_nested_serializers()
