@@ -60,6 +60,9 @@ PUBLISHED_NAMES = {
     "packing": "04-GpuPacking",
     "bestfit": "05-BestFit",
     "fgd": "06-FGD",
+    # our FGD variants are compared with FGD's published numbers
+    "fgd-bestfit": "06-FGD",
+    "fgd-exact": "06-FGD",
 }
 BINS = 131
 
