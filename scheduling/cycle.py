@@ -145,6 +145,8 @@ class _Tick:
         self.running = [r for r in snapshot.running if not r.stopping]
         self.stopping = [r for r in snapshot.running if r.stopping]
         self.failures = _Failures()
+        self.no_victims = _Failures()
+        self.candidates: dict[tuple[str, ...], list[preemption.Candidate]] = {}
         self.reserved: dict[str, str] = {}
         #: nodes where a preemptor will start once its victims have stopped
         self.claimed: dict[str, str] = {}
@@ -184,7 +186,15 @@ class _Tick:
                 return [self._reject_never(req, pools)]
             first = verdicts[pools[0]]
             msg = "waiting: " + quota_sentence(first.code, first.facts)
-            quota = {"pools": {p: v.facts for p, v in verdicts.items()}}
+            quota: dict[str, object] = {"pools": {p: v.facts for p, v in verdicts.items()}}
+            lendable = tuple(p for p in pools if verdicts[p].code == Code.COHORT_EXHAUSTED)
+            if lendable and self._reserve(req, lendable):
+                # Quota is as scarce as devices here: hold what is lent back for it too, so
+                # small borrowers cannot keep a large one out forever.
+                for p in lendable:
+                    self.book.pools[p].held_back += req.shape.gpus_milli
+                quota["reserved_nodes"] = sorted(n for n, o in self.reserved.items() if o == req.id)
+                msg += "; capacity coming free is held for it"
             return [self._wait(req, position, Code(first.code), msg, quota)]
         for tier in (
             tuple(p for p in allowed if not verdicts[p].borrowing),
@@ -328,17 +338,25 @@ class _Tick:
         for pool in allowed:
             book = self.book.pools[pool]
             reclaim = book.managed and not verdicts[pool].borrowing
-            cands = preemption.candidates(
-                self.running,
-                self.classes,
-                book,
-                req.team,
-                cls.band,
-                cls.inference,
-                reclaim,
-                self.now,
-            )
+            # Within a tick, victims only get fewer: remember who found none (by shape size).
+            who = (pool, req.team, cls.name, str(reclaim))
+            if self.no_victims.known(req.shape, who):
+                continue
+            if who not in self.candidates:
+                self.candidates[who] = preemption.candidates(
+                    self.running,
+                    self.classes,
+                    book,
+                    req.team,
+                    cls.band,
+                    cls.inference,
+                    reclaim,
+                    self.now,
+                )
+            cands = self.candidates[who]
             found = preemption.plan(self.state, req.shape, self._accept((pool,)), cands, book, cap)
+            if found is None:
+                self.no_victims.add(req.shape, who)
             if found is not None:
                 return self._apply_plan(req, cls, pool, found, verdicts[pool], position)
         return None
@@ -382,6 +400,7 @@ class _Tick:
                 )
             )
         self.preemptions += len(found.victims)
+        self.candidates.clear()
         # Claim the room now: nothing later in this tick may use the free part of those
         # nodes, and the preemptor's quota counts from now on.
         for name in found.placement.nodes:

@@ -73,13 +73,15 @@ class PoolBook:
     inference_used: int = 0
     #: non-inference usage that may not be preempted (rule 5)
     locked_used: int = 0
+    #: lendable capacity held this tick for a blocked large request; later borrowers
+    #: may not take it
+    held_back: int = 0
 
     def over_guarantee(self, team: str, used: int) -> int:
         return max(0, used - self.guaranteed.get(team, 0))
 
-    @property
-    def cohort_used(self) -> int:
-        return sum(self.over_guarantee(t, u) for t, u in self.used.items())
+    #: sum over teams of usage beyond their guaranteed (non-lendable) part
+    cohort_used: int = 0
 
     def borrowed(self, team: str) -> int:
         """GPU milli the team uses beyond its nominal quota."""
@@ -144,7 +146,7 @@ class QuotaBook:
         if limit is not None and used + milli > nominal + limit:
             return Verdict(False, True, "borrowing-limit", facts)
         extra = book.over_guarantee(team, used + milli) - book.over_guarantee(team, used)
-        cohort_free = book.cohort_capacity - book.cohort_used
+        cohort_free = book.cohort_capacity - book.cohort_used - book.held_back
         facts["cohort_free_milli"] = max(cohort_free, 0)
         if extra > cohort_free:
             return Verdict(False, True, "cohort-exhausted", facts)
@@ -162,7 +164,11 @@ class QuotaBook:
         book = self.pools.get(pool)
         if book is None:
             return
-        book.used[team] = book.used.get(team, 0) + delta
+        before = book.used.get(team, 0)
+        book.used[team] = before + delta
+        book.cohort_used += book.over_guarantee(team, before + delta) - book.over_guarantee(
+            team, before
+        )
         cls = self.classes.get(class_name)
         if cls is not None and cls.inference:
             book.inference_used += delta

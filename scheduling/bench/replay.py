@@ -100,6 +100,9 @@ REPLAY_CLASSES = (
     ),
 )
 QOS_CLASS = {"LS": "inference", "BE": "training"}
+#: the replay's one tuned knob: an entitled request first waits this long for natural
+#: departures (one every few seconds at this size) before it preempts anybody
+REPLAY_PREEMPT_AFTER_S = 300
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,7 +345,7 @@ def run_quartermaster(
         jobs={j.id: j for j in jobs},
         teams=tuple(Team(t) for t in names),
         quotas=quotas,
-        policy=Policy(seed=seed),
+        policy=Policy(seed=seed, preempt_after_s=REPLAY_PREEMPT_AFTER_S),
         rng=random.Random(seed + 1),
     )
     i = 0
