@@ -1,6 +1,7 @@
 import os
 
 from celery import Celery
+from celery.signals import worker_ready
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 
@@ -17,3 +18,17 @@ def _schedule_tick(sender: Celery, **kwargs: object) -> None:
     sender.add_periodic_task(float(settings.TICK_SECONDS), sender.signature("portal.tasks.reconcile"), name="reconcile")
     if settings.DEMO_TRICKLE:
         sender.add_periodic_task(8.0, sender.signature("portal.tasks.demo_trickle"), name="demo-trickle")
+
+
+@worker_ready.connect
+def _start_watching(sender: object, **kwargs: object) -> None:
+    """On a real cluster, watch Jobs and Pods so endings are classified even after pods are gone."""
+    from django.conf import settings
+
+    if settings.CLUSTER_BACKEND == "kubernetes":
+        import threading
+
+        from portal.backends import get_backend
+
+        # Daemon threads: they end with the worker process.
+        get_backend().start_watching(threading.Event())

@@ -159,6 +159,8 @@ class Node(models.Model):
     draining = models.BooleanField(default=False)
     #: last node-agent report; null where no agent runs (the simulated cluster)
     last_heartbeat = models.DateTimeField(null=True, blank=True)
+    #: the node agent's latest report as sent (see docs/node-agent.md)
+    agent_report = models.JSONField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -178,7 +180,12 @@ class Device(models.Model):
     replicas = models.PositiveIntegerField(default=1)
     #: MIG instances that exist on the device: [{"profile": "3g.40gb", "start": 0, "size": 4}]
     mig_instances = models.JSONField(default=list, blank=True)
+    #: as the cluster reports it (device plugin / allocatable)
     healthy = models.BooleanField(default=True)
+    #: as the node agent last read it through NVML
+    agent_healthy = models.BooleanField(default=True)
+    #: set on a critical Xid; only an admin clears it
+    quarantined = models.BooleanField(default=False)
     health_reason = models.CharField(max_length=200, blank=True)
     # What the node agent last read through NVML.
     memory_used_mib = models.PositiveIntegerField(default=0)
@@ -193,6 +200,10 @@ class Device(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node.name}/gpu{self.index}"
+
+    @property
+    def usable(self) -> bool:
+        return self.healthy and self.agent_healthy and not self.quarantined
 
 
 class Quota(models.Model):
@@ -459,6 +470,11 @@ class SchedulerState(models.Model):
     skipped_ticks = models.BigIntegerField(default=0)
     last_tick_at = models.DateTimeField(null=True, blank=True)
     last_tick_ms = models.PositiveIntegerField(default=0)
+    failed_ticks = models.BigIntegerField(default=0)
+    reconciler_repairs = models.BigIntegerField(default=0)
+    #: tick durations: {"le-bound-in-seconds": count}, cumulative like a Prometheus histogram
+    tick_histogram = models.JSONField(default=dict)
+    tick_seconds_sum = models.FloatField(default=0.0)
     lease_until = models.DateTimeField(null=True, blank=True)
 
 

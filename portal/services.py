@@ -224,7 +224,10 @@ def gpu_request_submit(
             status_code="queued",
             status_message="queued: waiting for the next scheduling pass",
         )
-        req.full_clean()
+        # team, user, class and pool are rows fetched above, and every value was checked
+        # above (the database enforces the check constraints too): skipping the per-row
+        # existence queries and constraint savepoints halves the cost of a submit.
+        req.full_clean(exclude=["team", "submitted_by", "workload_class", "pool"], validate_constraints=False)
         req.save()
         audit(actor=user, action="request.submit", obj=req, team=team, after={"profile": req.profile_label, "count": count})
         _wake_scheduler()
@@ -620,7 +623,8 @@ def inventory_sync(*, nodes: list[Any] | None = None) -> int:
                     node=node,
                     index=d.index,
                     defaults={
-                        "uuid": d.uuid,
+                        # Only the node agent knows UUIDs on a real cluster: never blank one out.
+                        **({"uuid": d.uuid} if d.uuid else {}),
                         "model": d.model,
                         "memory_mib": d.memory_mib,
                         "partitioning": d.partitioning,
@@ -631,3 +635,67 @@ def inventory_sync(*, nodes: list[Any] | None = None) -> int:
                 )
             seen += 1
     return seen
+
+
+# ---------------------------------------------------------------------------
+# Node agent
+
+
+CRITICAL_XID_QUARANTINE = "critical Xid"
+
+
+def node_agent_report(*, report: dict[str, Any], now: datetime | None = None) -> Node:
+    """Store a node agent's report: heartbeat, per-device NVML readings, health, quarantine."""
+    now = now or timezone.now()
+    name = report.get("node")
+    if not isinstance(name, str) or not name:
+        raise ValidationError({"node": "The report must name its node."})
+    devices = report.get("devices")
+    if not isinstance(devices, list):
+        raise ValidationError({"devices": "The report must list its devices."})
+    with transaction.atomic():
+        node = Node.objects.select_for_update().filter(name=name).first()
+        if node is None:
+            raise ValidationError({"node": f"Node {name} is not in the inventory."})
+        node.last_heartbeat, node.agent_report = now, report
+        node.save(update_fields=["last_heartbeat", "agent_report", "updated_at"])
+        by_index = {d.index: d for d in node.devices.all()}
+        for raw in devices:
+            if not isinstance(raw, dict) or raw.get("index") not in by_index:
+                continue
+            _device_report(by_index[raw["index"]], raw, now)
+    return node
+
+
+def _device_report(device: Device, raw: dict[str, Any], now: datetime) -> None:
+    xids = [x for x in raw.get("xids") or [] if isinstance(x, dict)]
+    critical = [x for x in xids if x.get("critical")]
+    device.memory_used_mib = max(0, int(raw.get("memory_used_mib") or 0))
+    device.utilization_pct = max(0, int(raw.get("utilization_pct") or 0))
+    device.processes = [p for p in raw.get("processes") or [] if isinstance(p, dict)][:50]
+    device.xids = (device.xids + xids)[-20:]
+    device.agent_healthy = bool(raw.get("healthy", True))
+    device.reported_at = now
+    if raw.get("uuid"):
+        device.uuid = str(raw["uuid"])[:100]
+    if critical and not device.quarantined:
+        device.quarantined = True
+        device.health_reason = f"{CRITICAL_XID_QUARANTINE} {critical[-1].get('xid')}"
+        Decision.objects.create(
+            node=device.node.name, kind=Decision.Kind.END, code="quarantined",
+            message=f"{device}: quarantined after Xid {critical[-1].get('xid')}; an admin must clear it",
+            facts={"xids": critical},
+        )
+    elif not device.agent_healthy:
+        device.health_reason = str(raw.get("error") or "the node agent reports the device unhealthy")[:200]
+    device.save()
+
+
+def device_clear_quarantine(*, actor: AbstractBaseUser, device: Device) -> Device:
+    with transaction.atomic():
+        device = Device.objects.select_for_update().get(pk=device.pk)
+        before = _snapshot(device, ["quarantined", "health_reason"])
+        device.quarantined, device.health_reason = False, ""
+        device.save(update_fields=["quarantined", "health_reason"])
+        audit(actor=actor, action="device.clear", obj=device, before=before, after=_snapshot(device, ["quarantined", "health_reason"]))
+    return device

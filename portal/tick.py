@@ -20,6 +20,7 @@ from django.utils import timezone
 
 import scheduling
 from portal import services
+from portal.metrics import tick_bucket
 from portal.models import (
     Allocation,
     Attempt,
@@ -74,7 +75,7 @@ class Context:
     pools: dict[str, Pool]
 
 
-def _device(d: Device, pool: Pool) -> st.Device:
+def _device(d: Device, pool: Pool, held: bool = False) -> st.Device:
     migs = tuple(st.MigInstance(m["profile"], int(m["start"]), int(m["size"])) for m in d.mig_instances)
     return st.Device(
         index=d.index,
@@ -83,7 +84,8 @@ def _device(d: Device, pool: Pool) -> st.Device:
         partitioning=st.Partitioning(d.partitioning),
         replicas=d.replicas,
         mig_instances=migs,
-        healthy=d.healthy,
+        # Memory held by a process the portal did not place there: not free, whatever the books say.
+        healthy=d.usable and (held or not d.processes),
     )
 
 
@@ -114,6 +116,7 @@ def build_snapshot(now: datetime) -> tuple[st.Snapshot, Context]:
         devices_by_node[d.node_id].append(d)
     nodes: list[st.Node] = []
     devices: dict[tuple[str, int], Device] = {}
+    held = set(Allocation.objects.filter(active=True).values_list("device_id", flat=True))
     for n in Node.objects.select_related("pool").order_by("name"):
         stale = n.last_heartbeat is not None and n.last_heartbeat < stale_before
         for d in devices_by_node[n.id]:
@@ -124,7 +127,7 @@ def build_snapshot(now: datetime) -> tuple[st.Snapshot, Context]:
                 pool=n.pool.name,
                 cpu_milli=n.cpu_milli,
                 memory_mib=n.memory_mib,
-                devices=tuple(_device(d, n.pool) for d in devices_by_node[n.id]),
+                devices=tuple(_device(d, n.pool, d.pk in held) for d in devices_by_node[n.id]),
                 labels=tuple(sorted((k, str(v)) for k, v in n.labels.items())),
                 taints=_taints(n.taints),
                 ready=n.ready and not stale,
@@ -459,14 +462,22 @@ def _try_lock(now: datetime) -> bool:
     return claimed == 1
 
 
-def _count_skip() -> None:
+def _count(counter: str) -> None:
     with transaction.atomic():
         SchedulerState.objects.get_or_create(pk=1)
-        SchedulerState.objects.filter(pk=1).update(skipped_ticks=F("skipped_ticks") + 1)
+        SchedulerState.objects.filter(pk=1).update(**{counter: F(counter) + 1})
 
 
 def run_tick(now: datetime | None = None) -> TickResult:
     """One scheduling pass. A tick that finds the lock taken is skipped and counted."""
+    try:
+        return _run_tick(now)
+    except Exception:
+        _count("failed_ticks")
+        raise
+
+
+def _run_tick(now: datetime | None) -> TickResult:
     started = time.perf_counter()
     now = now or timezone.now()
     with transaction.atomic():
@@ -479,12 +490,20 @@ def run_tick(now: datetime | None = None) -> TickResult:
             snapshot, ctx = build_snapshot(now)
             decisions = scheduling.schedule(snapshot, snapshot.now_ms)
             counts = decisions_apply(decisions=decisions, ctx=ctx, tick_no=tick_no)
-            elapsed_ms = int((time.perf_counter() - started) * 1000)
+            elapsed = time.perf_counter() - started
+            histogram = dict(state.tick_histogram)
+            bucket = tick_bucket(elapsed)
+            histogram[bucket] = histogram.get(bucket, 0) + 1
             SchedulerState.objects.filter(pk=1).update(
-                ticks=tick_no, last_tick_at=now, last_tick_ms=elapsed_ms, lease_until=None
+                ticks=tick_no,
+                last_tick_at=now,
+                last_tick_ms=int(elapsed * 1000),
+                lease_until=None,
+                tick_histogram=histogram,
+                tick_seconds_sum=F("tick_seconds_sum") + elapsed,
             )
     if skipped:
-        _count_skip()
+        _count("skipped_ticks")
         return TickResult(ran=False)
     return TickResult(
         ran=True,
@@ -513,10 +532,12 @@ def reconcile(now: datetime | None = None) -> dict[str, int]:
             # Admitted but never created (a launch lost after commit): create it now.
             launch_attempt(attempt.pk)
             counts["relaunched"] += 1
+            _count("reconciler_repairs")
             continue
         if attempt.state == Attempt.State.STOPPING and status.outcome.value not in ("missing", "preempted"):
             # Ask again: a stop lost after commit must not hold devices forever.
             services._backend_call("stop", attempt.workload_name, attempt.namespace, services.STOP_GRACE_SECONDS)
+            _count("reconciler_repairs")
         new_state = services.attempt_observe(attempt_id=attempt.pk, status=status, now=now)
         counts[new_state] += 1
     return dict(counts)

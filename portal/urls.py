@@ -7,7 +7,7 @@ from django.urls import include, path, register_converter
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.permissions import IsAuthenticated
 
-from portal import api, metrics, views
+from portal import agent_api, api, metrics, views
 
 
 class NodeActionConverter:
@@ -61,6 +61,9 @@ api_patterns = [
 urlpatterns = [
     path("", include((portal_patterns, "portal"))),
     path("api/v1/", include((api_patterns, "api"))),
+    # Machine endpoints (bearer tokens, no sessions): see portal/agent_api.py.
+    path("api/v1/agent/report/", agent_api.agent_report, name="agent-report"),
+    path("api/v1/agent/attempts/<int:attempt_id>/ready", agent_api.attempt_ready, name="agent-attempt-ready"),
     path("api/schema/", SpectacularAPIView.as_view(permission_classes=[IsAuthenticated]), name="schema"),
     path(
         "api/docs/",

@@ -8,7 +8,6 @@ the in-memory fake's CoreV1Api/BatchV1Api to the constructor.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 import time
@@ -88,7 +87,9 @@ class KubernetesBackend:
         def setting(name: str, default: Any) -> Any:
             return getattr(settings, name, default)
 
-        key = hashlib.sha256(f"quartermaster.k8s.ready:{settings.SECRET_KEY}".encode()).hexdigest()
+        from portal.agent_api import ready_token_key
+
+        key = ready_token_key()
         options = k8s.JobOptions(
             portal_url=setting("K8S_PORTAL_URL", ""),
             ready_image=setting("K8S_READY_IMAGE", ""),

@@ -1,0 +1,78 @@
+"""Endpoints for machines, not people: node agent reports and the readiness check of starting Jobs.
+
+Both authenticate with bearer tokens that are not user sessions: the shared
+NODE_AGENT_TOKEN for agents, and a per-attempt HMAC for the readiness init
+container (portal.k8s.attempt_token). See docs/node-agent.md and docs/kubernetes.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_GET, require_POST
+
+from portal import services
+from portal.k8s import attempt_token, devices_free
+from portal.models import Attempt, Node
+
+MAX_REPORT_BYTES = 1_000_000
+
+
+def ready_token_key() -> str:
+    """The server key under which per-attempt readiness tokens are signed."""
+    return hashlib.sha256(f"quartermaster.k8s.ready:{settings.SECRET_KEY}".encode()).hexdigest()
+
+
+def _bearer(request: HttpRequest) -> str:
+    auth = request.headers.get("Authorization", "")
+    return auth[7:].strip() if auth.startswith("Bearer ") else ""
+
+
+@csrf_exempt  # machine-to-machine, bearer token, no cookies
+@require_POST
+def agent_report(request: HttpRequest) -> JsonResponse:
+    token = settings.NODE_AGENT_TOKEN
+    if not token:
+        return JsonResponse({"error": "node agents are not enabled here: set NODE_AGENT_TOKEN"}, status=403)
+    if not hmac.compare_digest(_bearer(request).encode(), token.encode()):
+        return JsonResponse({"error": "bad or missing bearer token"}, status=401)
+    if len(request.body) > MAX_REPORT_BYTES:
+        return JsonResponse({"error": "report too large"}, status=413)
+    try:
+        report = json.loads(request.body)
+    except ValueError:
+        return JsonResponse({"error": "the body must be JSON"}, status=400)
+    if not isinstance(report, dict):
+        return JsonResponse({"error": "the body must be a JSON object"}, status=400)
+    try:
+        node = services.node_agent_report(report=report)
+    except ValidationError as exc:
+        return JsonResponse({"errors": exc.message_dict}, status=400)
+    return JsonResponse({"accepted": True, "node": node.name}, status=202)
+
+
+@require_GET
+def attempt_ready(request: HttpRequest, attempt_id: int) -> JsonResponse:
+    attempt = Attempt.objects.select_related("request__team", "request__workload_class", "pool").filter(pk=attempt_id).first()
+    if attempt is None:
+        return JsonResponse({"error": "no such attempt"}, status=404)
+    expected = attempt_token(ready_token_key(), attempt.namespace, attempt.workload_name, attempt.pk)
+    if not hmac.compare_digest(_bearer(request).encode(), expected.encode()):
+        return JsonResponse({"error": "bad or missing bearer token"}, status=403)
+    if attempt.state not in (Attempt.State.ADMITTED, Attempt.State.RUNNING):
+        return JsonResponse({"error": f"attempt is {attempt.state}"}, status=410)
+    node = Node.objects.filter(name=attempt.nodes[0] if attempt.nodes else "").first()
+    uuids = [u for u in request.GET.get("devices", "").split(",") if u and u not in ("all", "void", "none")]
+    ready, reason = devices_free(
+        node.agent_report if node else None,
+        services.launch_spec(attempt).grants,
+        uuids=uuids,
+        stale_after_s=settings.HEARTBEAT_STALE_SECONDS,
+    )
+    return JsonResponse({"ready": ready, "reason": reason})
