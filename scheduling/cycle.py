@@ -123,6 +123,7 @@ class _Tick:
             sorted(p.name for p in snapshot.pools if p.lifecycle is Lifecycle.PRODUCTION)
         )
         self.node_pool: dict[str, str] = {n.name: n.pool for n in snapshot.nodes}
+        self.node_by_name: dict[str, Node] = {n.name: n for n in snapshot.nodes}
         self.state = ClusterState(snapshot.nodes, policy.packer)
         self.held: dict[tuple[str, int], int] = {}
         for run in snapshot.running:
@@ -354,7 +355,16 @@ class _Tick:
                     self.now,
                 )
             cands = self.candidates[who]
-            found = preemption.plan(self.state, req.shape, self._accept((pool,)), cands, book, cap)
+            found = preemption.plan(
+                self.state,
+                req.shape,
+                self._accept((pool,)),
+                cands,
+                book,
+                cap,
+                self.node_by_name,
+                self.held,
+            )
             if found is None:
                 self.no_victims.add(req.shape, who)
             if found is not None:

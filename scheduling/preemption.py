@@ -36,7 +36,16 @@ from dataclasses import dataclass
 from scheduling.explain import Code
 from scheduling.packer import ClusterState
 from scheduling.quota import PoolBook
-from scheduling.types import Node, Placement, PreemptionPolicy, Running, Shape, WorkloadClass
+from scheduling.types import (
+    WHOLE_GPU_MILLI,
+    Node,
+    Placement,
+    PreemptionPolicy,
+    ProfileKind,
+    Running,
+    Shape,
+    WorkloadClass,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,9 +136,13 @@ def plan(
     cands: list[Candidate],
     book: PoolBook,
     cap: int,
+    nodes: Mapping[str, Node],
+    held: Mapping[tuple[str, int], int],
 ) -> Plan | None:
     """Return the smallest victim set (at most `cap`) that lets `shape` fit, or None.
 
+    `held` is the milli held per (node, device); a node where even stopping every
+    candidate would not free enough devices is skipped without asking the packer.
     Leaves `state` as it found it.
     """
     if not cands or cap <= 0:
@@ -142,6 +155,8 @@ def plan(
             by_node.setdefault(pod.node, []).append(c)
     best: tuple[tuple[int, int, str], Plan] | None = None
     for node in sorted(by_node):
+        if node not in nodes or _hopeless(nodes[node], shape, by_node[node], held):
+            continue
 
         def on_node(n: Node, name: str = node) -> bool:
             return n.name == name and accept(n)
@@ -155,6 +170,29 @@ def plan(
             if len(found.victims) == 1 and found.victims[0].lost == 0:
                 break
     return None if best is None else best[1]
+
+
+def _hopeless(
+    node: Node, shape: Shape, cands: list[Candidate], held: Mapping[tuple[str, int], int]
+) -> bool:
+    """Return True if the shape cannot fit on the node even with every candidate stopped."""
+    if shape.count == 0 or shape.kind is ProfileKind.MIG:
+        return False
+    freed: dict[int, int] = {}
+    for c in cands:
+        for pod in c.run.placement.pods:
+            if pod.node == node.name:
+                for g in pod.grants:
+                    freed[g.device] = freed.get(g.device, 0) + max(g.milli, 1)
+    need = WHOLE_GPU_MILLI if shape.kind is ProfileKind.WHOLE else shape.milli
+    room = 0
+    for d in node.devices:
+        if not d.healthy or (shape.gpu_models and d.model not in shape.gpu_models):
+            continue
+        left = held.get((node.name, d.index), 0) - freed.get(d.index, 0)
+        if WHOLE_GPU_MILLI - left >= need:
+            room += 1
+    return room < shape.count
 
 
 def _greedy(
