@@ -125,10 +125,12 @@ class _Tick:
         self.node_pool: dict[str, str] = {n.name: n.pool for n in snapshot.nodes}
         self.node_by_name: dict[str, Node] = {n.name: n for n in snapshot.nodes}
         self.state = ClusterState(snapshot.nodes, policy.packer)
-        self.held: dict[tuple[str, int], int] = {}
+        #: milli held per (node, device), built only when a reservation or a preemption
+        #: needs it (most ticks never do)
+        self._held: dict[tuple[str, int], int] | None = None
+        self.admitted: list[Placement] = []
         for run in snapshot.running:
             self.state.take(run.placement)
-            self._hold(run.placement, +1)
         self.book = QuotaBook(
             snapshot.pools, snapshot.nodes, snapshot.quotas, snapshot.running, self.classes
         )
@@ -251,7 +253,9 @@ class _Tick:
         position: int,
     ) -> Decision:
         self.state.take(placement)
-        self._hold(placement, +1)
+        self.admitted.append(placement)
+        if self._held is not None:
+            self._hold(self._held, placement)
         pool = self.node_pool[placement.pods[0].node]
         verdict = verdicts[pool]
         milli = req.shape.gpus_milli
@@ -363,7 +367,7 @@ class _Tick:
                 book,
                 cap,
                 self.node_by_name,
-                self.held,
+                self.held(),
             )
             if found is None:
                 self.no_victims.add(req.shape, who)
@@ -439,6 +443,7 @@ class _Tick:
         if not (large or waited or self.queue.escalated.get(req.id, False)):
             return False
         scored: list[tuple[int, str]] = []
+        held = self.held()
         for node in self.snap.nodes:
             if node.pool not in pools or node.name in self.reserved or node.name in self.claimed:
                 continue
@@ -447,7 +452,7 @@ class _Tick:
             fit = [d for d in node.devices if _device_can_host(d, shape)]
             if len(fit) < shape.count:
                 continue
-            free = sum(1 for d in fit if self.held.get((node.name, d.index), 0) == 0)
+            free = sum(1 for d in fit if held.get((node.name, d.index), 0) == 0)
             scored.append((-free, node.name))
         if len(scored) < shape.pods:
             return False
@@ -477,11 +482,22 @@ class _Tick:
 
     # -- helpers ----------------------------------------------------------------------
 
-    def _hold(self, placement: Placement, sign: int) -> None:
+    def held(self) -> dict[tuple[str, int], int]:
+        """Return the milli held per (node, device) by running attempts and admissions."""
+        if self._held is None:
+            self._held = {}
+            for run in self.snap.running:
+                self._hold(self._held, run.placement)
+            for placement in self.admitted:
+                self._hold(self._held, placement)
+        return self._held
+
+    @staticmethod
+    def _hold(held: dict[tuple[str, int], int], placement: Placement) -> None:
         for pod in placement.pods:
             for g in pod.grants:
                 key = (pod.node, g.device)
-                self.held[key] = self.held.get(key, 0) + sign * max(g.milli, 1)
+                held[key] = held.get(key, 0) + max(g.milli, 1)
 
     def _wait(
         self, req: PendingRequest, position: int, code: Code, msg: str, facts: Mapping[str, object]

@@ -15,7 +15,9 @@ All amounts are GPU milli (`Shape.gpus_milli`). Kueue's admission rule
 5. the pool's inference floor is never lent to work that cannot be preempted: a
    non-inference admission that is not preemptible must keep all such usage within
    `capacity - floor`. Preemptible training may use the floor; inference takes it back
-   by preemption (`scheduling.preemption`).
+   by preemption (`scheduling.preemption`);
+6. lendable capacity held back this tick for a blocked large borrower (`held_back`,
+   set by `scheduling.cycle`'s reservation step) is not lent to later borrowers.
 
 A pool without any `Quota` row is not quota-managed: every team may use all of it
 (rule 5 still holds). A team without a row in a quota-managed pool has nominal 0 and
