@@ -196,6 +196,7 @@ class GpuRequestListSubmitApi(ApiView):
         serializer = self.SubmitInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         req = services.gpu_request_submit(user=request.user, **serializer.resolve(request.user))
+        req.attempt_count = 0  # type: ignore[attr-defined]  # new: no query needed
         return Response(self.OutputSerializer(req).data, status=status.HTTP_201_CREATED)
 
 

@@ -603,7 +603,8 @@ def decision_list(
         qs = qs.filter(node__contains=node)
     if kind:
         qs = qs.filter(kind=kind)
-    return qs.order_by("-created_at", "-id")
+    # Ids grow with time: "-id" is newest first and lets deep pages walk the primary key.
+    return qs.order_by("-id")
 
 
 def audit_list(*, team: Team | None = None, action: str = "", actor: str = "") -> QuerySet[AuditEvent]:

@@ -1,0 +1,388 @@
+"""Benchmark the web tier: page server times at scale, and API submits through gunicorn.
+
+    python manage.py bench_web                 # a throwaway SQLite file in a temp dir
+    python manage.py bench_web --database-url postgres://.../qm_bench --yes
+
+The parent process never touches your database: it re-runs itself as a child
+with SQLITE_PATH (or DATABASE_URL) pointing at the throwaway database, which the
+child migrates and fills with 10,000 pending requests, 1,000 nodes (8,000
+devices), running attempts, decisions and audit events. The child then
+
+1. times the queue page, the capacity map and the decision log in-process
+   (Django test client: middleware, queries and template rendering; no network),
+   median of several runs, and counts each page's queries (a fixed number, no N+1);
+2. starts gunicorn on 127.0.0.1 with a few workers and drives POST /api/v1/requests/
+   from threads with token authentication, a bounded number of requests, and
+   reports the sustained rate and any errors.
+
+It prints one JSON object. The pending caps are raised for the throughput run
+(10,000 pending would otherwise hit them by design).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import timedelta
+from http.client import HTTPConnection
+from pathlib import Path
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+TARGET_PAGE_MS = 300
+TARGET_SUBMITS_PER_S = 100
+
+
+class Command(BaseCommand):
+    help = "Seed a throwaway database at scale and time the pages and API submits (prints JSON)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--pending", type=int, default=10_000)
+        parser.add_argument("--nodes", type=int, default=1_000)
+        parser.add_argument("--runs", type=int, default=7, help="timed runs per page")
+        parser.add_argument("--submits", type=int, default=3_000, help="API submits to send through gunicorn")
+        parser.add_argument("--threads", type=int, default=8, help="client threads")
+        parser.add_argument("--workers", type=int, default=3, help="gunicorn workers")
+        parser.add_argument("--database-url", default="", help="a THROWAWAY database to fill (needs --yes)")
+        parser.add_argument("--yes", action="store_true", help="confirm that --database-url may be filled")
+        parser.add_argument("--keep", action="store_true", help="keep the temp dir (SQLite file) afterwards")
+        parser.add_argument("--child", action="store_true", help=__import__("argparse").SUPPRESS)
+
+    def handle(self, *args: Any, **opts: Any) -> None:
+        if opts["child"]:
+            result = _child(opts)
+            self.stdout.write(json.dumps(result, indent=2, default=str))
+            return
+        if opts["database_url"] and not opts["yes"]:
+            raise CommandError("--database-url fills that database with benchmark data: add --yes if it is a throwaway one")
+        tmp = Path(tempfile.mkdtemp(prefix="qm-bench-"))
+        env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "SQLITE_PATH")}
+        # The same SQLite options as the default settings, through DATABASE_URL so that
+        # connections persist across requests (conn_max_age), as they do on PostgreSQL.
+        sqlite_url = (
+            f"sqlite:///{tmp / 'bench.sqlite3'}?timeout=30&transaction_mode=IMMEDIATE"
+            "&init_command=PRAGMA+journal_mode%3DWAL%3B+PRAGMA+synchronous%3DNORMAL%3B"
+        )
+        env.update(
+            QM_VAR_DIR=str(tmp),
+            DATABASE_URL=sqlite_url,
+            CELERY_TASK_ALWAYS_EAGER="false",
+            MAX_PENDING_PER_USER="1000000000",
+            MAX_PENDING_PER_TEAM="1000000000",
+            DEMO_TRICKLE="false",
+            DEBUG="false",
+            LOG_LEVEL="WARNING",
+        )
+        if opts["database_url"]:
+            env["DATABASE_URL"] = opts["database_url"]
+        argv = [sys.executable, "manage.py", "bench_web", "--child"]
+        for key in ("pending", "nodes", "runs", "submits", "threads", "workers"):
+            argv += [f"--{key}", str(opts[key])]
+        try:
+            done = subprocess.run(argv, env=env, cwd=_root(), capture_output=True, text=True, check=False)
+        finally:
+            if not opts["keep"]:
+                shutil.rmtree(tmp, ignore_errors=True)
+        if done.returncode != 0:
+            self.stderr.write(done.stderr[-4000:])
+            raise CommandError(f"benchmark child failed with exit code {done.returncode}")
+        self.stdout.write(done.stdout.strip()[done.stdout.strip().find("{") :])
+
+
+def _root() -> str:
+    return str(Path(__file__).resolve().parents[3])
+
+
+# ---------------------------------------------------------------------------
+# The child: runs against the throwaway database only
+
+
+def _child(opts: dict[str, Any]) -> dict[str, Any]:
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    started = time.perf_counter()
+    users = _seed(pending=opts["pending"], nodes=opts["nodes"])
+    seed_s = time.perf_counter() - started
+    pages = _time_pages(admin=users["admin"], runs=opts["runs"])
+    api = _drive_gunicorn(users["submitters"], submits=opts["submits"], threads=opts["threads"], workers=opts["workers"])
+    return {
+        "database": _db_label(),
+        "seeded": {"pending": opts["pending"], "nodes": opts["nodes"], "seconds": round(seed_s, 1), **_counts()},
+        "pages_ms": pages,
+        "api_submit": api,
+        "targets": {"page_ms": TARGET_PAGE_MS, "submits_per_s": TARGET_SUBMITS_PER_S},
+        "ok": all(p["median_ms"] <= TARGET_PAGE_MS for p in pages.values())
+        and api["rate_per_s"] >= TARGET_SUBMITS_PER_S
+        and api["errors"] == 0,
+    }
+
+
+def _db_label() -> str:
+    from django.db import connection
+
+    return f"{connection.vendor} {connection.settings_dict['NAME']}"
+
+
+def _counts() -> dict[str, int]:
+    from portal.models import Allocation, AuditEvent, Decision, Device, GpuRequest
+
+    return {
+        "requests": GpuRequest.objects.count(),
+        "devices": Device.objects.count(),
+        "allocations": Allocation.objects.filter(active=True).count(),
+        "decisions": Decision.objects.count(),
+        "audit_events": AuditEvent.objects.count(),
+    }
+
+
+def _seed(*, pending: int, nodes: int) -> dict[str, Any]:
+    """Demo classes, pools and teams, then nodes, running work, a deep queue and a long log."""
+    from django.contrib.auth import get_user_model
+    from django.db import transaction
+    from django.utils import timezone
+    from rest_framework.authtoken.models import Token
+
+    from portal.demo import seed
+    from portal.models import (
+        Allocation,
+        Attempt,
+        AuditEvent,
+        Decision,
+        Device,
+        GpuRequest,
+        Membership,
+        Node,
+        Pool,
+        Team,
+        WorkloadClass,
+    )
+
+    rng = random.Random(7)
+    seed()
+    now = timezone.now()
+    User = get_user_model()
+    admin = User.objects.create_user("bench-admin", password="bench-admin-pw", is_staff=True)
+    with transaction.atomic():
+        teams = [Team.objects.get_or_create(name=f"bench-{i}", defaults={"namespace": f"qm-bench-{i}"})[0] for i in range(10)]
+        members = []
+        for i, team in enumerate(teams):
+            for j in range(5):
+                u = User.objects.create_user(f"bench-{i}-{j}", password="x" * 12)
+                Membership.objects.create(user=u, team=team, role="lead" if j == 0 else "member")
+                members.append((u, team))
+        pools = {p.name: p for p in Pool.objects.all()}
+        layout = ("a100-train", "exclusive", 8), ("h100-mig", "mig", 8), ("l4-shared", "time-slicing", 4)
+        node_rows = []
+        for n in range(nodes):
+            pool_name, _, _ = layout[0] if n % 10 < 6 else layout[1] if n % 10 < 8 else layout[2]
+            node_rows.append(Node(name=f"bench-node-{n:04d}", pool=pools[pool_name], cpu_milli=128000, memory_mib=1 << 20))
+        Node.objects.bulk_create(node_rows, batch_size=500)
+        mig = [{"profile": "3g.40gb", "start": 0, "size": 4}, {"profile": "2g.20gb", "start": 4, "size": 2},
+               {"profile": "1g.10gb", "start": 6, "size": 1}, {"profile": "1g.10gb", "start": 7, "size": 1}]
+        device_rows = []
+        for node in Node.objects.filter(name__startswith="bench-node-").select_related("pool"):
+            part = node.pool.partitioning
+            for idx in range(4 if part == "time-slicing" else 8):
+                device_rows.append(
+                    Device(node=node, index=idx, model=node.pool.gpu_model, memory_mib=node.pool.gpu_memory_mib,
+                           partitioning=part, replicas=4 if part == "time-slicing" else 1,
+                           mig_instances=mig if part == "mig" else [], healthy=rng.random() > 0.01)
+                )
+        Device.objects.bulk_create(device_rows, batch_size=1000)
+        training = WorkloadClass.objects.get(name="training")
+        a100 = pools["a100-train"]
+        # Running work on a fifth of the exclusive devices, so the map has colour.
+        exclusive = list(Device.objects.filter(node__name__startswith="bench-node-", partitioning="exclusive").select_related("node").order_by("id"))
+        running = exclusive[:: 5]
+        reqs = [
+            GpuRequest(team=members[i % len(members)][1], submitted_by=members[i % len(members)][0], workload_class=training,
+                       pool=a100, image="registry.example.com/bench/train:1", state="running", status_code="running",
+                       status_message="running")
+            for i in range(len(running))
+        ]
+        GpuRequest.objects.bulk_create(reqs, batch_size=1000)
+        attempts = [
+            Attempt(request=r, number=1, state="running", pool=a100, nodes=[d.node.name], workload_name=f"qm-{r.pk}-1",
+                    namespace=r.team.namespace, gpus_milli=1000, admitted_at=now - timedelta(minutes=rng.randrange(1, 600)),
+                    started_at=now - timedelta(minutes=1))
+            for r, d in zip(reqs, running)
+        ]
+        Attempt.objects.bulk_create(attempts, batch_size=1000)
+        Allocation.objects.bulk_create(
+            [Allocation(attempt=a, device=d, slot="gpu") for a, d in zip(attempts, running)], batch_size=1000
+        )
+        classes = list(WorkloadClass.objects.all())
+        pool_list = [None, *pools.values()]
+        pend = [
+            GpuRequest(team=members[i % len(members)][1], submitted_by=members[i % len(members)][0],
+                       workload_class=classes[i % len(classes)], pool=pool_list[i % len(pool_list)] if i % 3 else a100,
+                       count=1 + i % 4, image="registry.example.com/bench/train:1", status_code="no-capacity",
+                       status_message="waiting: no node in pool a100-train has 2 whole GPUs free right now",
+                       queue_position=i + 1)
+            for i in range(pending)
+        ]
+        GpuRequest.objects.bulk_create(pend, batch_size=1000)
+        # Spread creation times so the queue has ages.
+        for i in range(0, pending, 1000):
+            ids = [r.pk for r in pend[i : i + 1000]]
+            GpuRequest.objects.filter(pk__in=ids).update(created_at=now - timedelta(minutes=i // 10))
+        decisions = []
+        for r in pend:
+            decisions.append(Decision(tick=1, request=r, team=r.team, kind="wait", code="no-capacity", message=r.status_message))
+        for r, a in zip(reqs, attempts):
+            decisions.append(Decision(tick=1, request=r, attempt=a, team=r.team, pool=a100, node=a.nodes[0],
+                                      kind="admit", code="fits", message="admitted within quota"))
+        for k in range(30_000):
+            r = pend[k % len(pend)]
+            decisions.append(Decision(tick=2 + k // 1000, request=r, team=r.team, kind="wait", code="borrowing-limit",
+                                      message="waiting: team over its quota"))
+        Decision.objects.bulk_create(decisions, batch_size=2000)
+        AuditEvent.objects.bulk_create(
+            [AuditEvent(actor=admin, actor_name="bench-admin", action="request.submit", object_type="gpurequest",
+                        object_id=str(r.pk), team=r.team, after={"count": r.count}) for r in pend],
+            batch_size=2000,
+        )
+    submitters = []
+    for u, team in members:
+        token, _ = Token.objects.get_or_create(user=u)
+        submitters.append((token.key, team.name))
+    return {"admin": admin, "submitters": submitters}
+
+
+def _time_pages(*, admin: Any, runs: int) -> dict[str, dict[str, Any]]:
+    from django.db import connection
+    from django.test import Client
+    from django.test.utils import CaptureQueriesContext
+
+    client = Client()
+    client.force_login(admin)
+    pages = {
+        "queue": "/queue/",
+        "queue (htmx partial)": "/queue/?page=100",
+        "capacity map": "/ops/capacity/",
+        "capacity map (page 10)": "/ops/capacity/?page=10",
+        "decision log": "/decisions/",
+        "decision log (filtered)": "/decisions/?kind=wait&page=50",
+    }
+    out = {}
+    for label, url in pages.items():
+        headers = {"HTTP_HX_REQUEST": "true"} if "htmx" in label else {}
+        assert client.get(url, **headers).status_code == 200, url  # warm caches and connections
+        times = []
+        for _ in range(runs):
+            with CaptureQueriesContext(connection) as q:
+                t = time.perf_counter()
+                r = client.get(url, **headers)
+                times.append((time.perf_counter() - t) * 1000)
+            assert r.status_code == 200
+        out[label] = {
+            "median_ms": round(statistics.median(times), 1),
+            "max_ms": round(max(times), 1),
+            "queries": len(q.captured_queries),
+            "bytes": len(r.content),
+        }
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _drive_gunicorn(submitters: list[tuple[str, str]], *, submits: int, threads: int, workers: int) -> dict[str, Any]:
+    port = _free_port()
+    gunicorn = [sys.executable, "-m", "gunicorn", "portal.wsgi:application", "--bind", f"127.0.0.1:{port}",
+                "--workers", str(workers), "--log-level", "warning", "--timeout", "60"]
+    proc = subprocess.Popen(gunicorn, cwd=_root(), env=os.environ.copy(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        _wait_for(port)
+        body = {"workload_class": "training", "pool": "a100-train", "profile": "whole", "count": 1,
+                "image": "registry.example.com/bench/train:1", "command": ["python", "train.py"], "env": {"EPOCHS": "1"}}
+        lock = threading.Lock()
+        counter = {"next": 0}
+        latencies: list[float] = []
+        errors: list[str] = []
+
+        def worker() -> None:
+            while True:
+                with lock:
+                    i = counter["next"]
+                    if i >= submits:
+                        return
+                    counter["next"] += 1
+                token, team = submitters[i % len(submitters)]
+                payload = json.dumps({**body, "team": team, "name": f"bench-{i}"})
+                t = time.perf_counter()
+                try:
+                    conn = HTTPConnection("127.0.0.1", port, timeout=30)
+                    conn.request("POST", "/api/v1/requests/", payload,
+                                 {"Authorization": f"Token {token}", "Content-Type": "application/json"})
+                    resp = conn.getresponse()
+                    data = resp.read()
+                    conn.close()
+                    if resp.status != 201:
+                        errors.append(f"{resp.status} {data[:200]!r}")
+                except OSError as exc:
+                    errors.append(repr(exc))
+                with lock:
+                    latencies.append((time.perf_counter() - t) * 1000)
+
+        # A short warm-up so each worker has imported everything before the clock starts.
+        for _ in range(workers * 2):
+            token, team = submitters[0]
+            conn = HTTPConnection("127.0.0.1", port, timeout=30)
+            conn.request("GET", "/api/v1/pools/", headers={"Authorization": f"Token {token}"})
+            conn.getresponse().read()
+            conn.close()
+        started = time.perf_counter()
+        pool = [threading.Thread(target=worker) for _ in range(threads)]
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
+        elapsed = time.perf_counter() - started
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    latencies.sort()
+    ok = submits - len(errors)
+    return {
+        "submits": submits,
+        "ok": ok,
+        "errors": len(errors),
+        "first_errors": errors[:3],
+        "seconds": round(elapsed, 2),
+        "rate_per_s": round(ok / elapsed, 1) if elapsed else 0.0,
+        "latency_ms_p50": round(latencies[len(latencies) // 2], 1) if latencies else None,
+        "latency_ms_p95": round(latencies[int(len(latencies) * 0.95)], 1) if latencies else None,
+        "gunicorn_workers": workers,
+        "client_threads": threads,
+    }
+
+
+def _wait_for(port: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            conn = HTTPConnection("127.0.0.1", port, timeout=2)
+            conn.request("GET", "/healthz")
+            if conn.getresponse().status == 200:
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise CommandError("gunicorn did not start")
