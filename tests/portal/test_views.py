@@ -7,7 +7,15 @@ from django.test import Client
 from django.urls import reverse
 
 from portal import tick
-from portal.models import AuditEvent, DeviceProfile, GpuRequest, Membership, Pool, Quota, WorkloadClass
+from portal.models import (
+    AuditEvent,
+    DeviceProfile,
+    GpuRequest,
+    Membership,
+    Pool,
+    Quota,
+    WorkloadClass,
+)
 from tests.base import World, make_world, submit
 
 pytestmark = pytest.mark.django_db

@@ -17,7 +17,16 @@ from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 
 from portal import tick
-from portal.models import AuditEvent, Decision, GpuRequest, Membership, Node, Pool, Quota, WorkloadClass
+from portal.models import (
+    AuditEvent,
+    Decision,
+    GpuRequest,
+    Membership,
+    Node,
+    Pool,
+    Quota,
+    WorkloadClass,
+)
 from tests.base import World, make_world, submit
 
 # Not walked, and why:

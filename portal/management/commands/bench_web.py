@@ -216,11 +216,11 @@ def _seed(*, pending: int, nodes: int) -> dict[str, Any]:
             Attempt(request=r, number=1, state="running", pool=a100, nodes=[d.node.name], workload_name=f"qm-{r.pk}-1",
                     namespace=r.team.namespace, gpus_milli=1000, admitted_at=now - timedelta(minutes=rng.randrange(1, 600)),
                     started_at=now - timedelta(minutes=1))
-            for r, d in zip(reqs, running)
+            for r, d in zip(reqs, running, strict=True)
         ]
         Attempt.objects.bulk_create(attempts, batch_size=1000)
         Allocation.objects.bulk_create(
-            [Allocation(attempt=a, device=d, slot="gpu") for a, d in zip(attempts, running)], batch_size=1000
+            [Allocation(attempt=a, device=d, slot="gpu") for a, d in zip(attempts, running, strict=True)], batch_size=1000
         )
         classes = list(WorkloadClass.objects.all())
         pool_list = [None, *pools.values()]
@@ -240,7 +240,7 @@ def _seed(*, pending: int, nodes: int) -> dict[str, Any]:
         decisions = []
         for r in pend:
             decisions.append(Decision(tick=1, request=r, team=r.team, kind="wait", code="no-capacity", message=r.status_message))
-        for r, a in zip(reqs, attempts):
+        for r, a in zip(reqs, attempts, strict=True):
             decisions.append(Decision(tick=1, request=r, attempt=a, team=r.team, pool=a100, node=a.nodes[0],
                                       kind="admit", code="fits", message="admitted within quota"))
         for k in range(30_000):
