@@ -155,6 +155,7 @@ class _Tick:
         self.claimed: dict[str, str] = {}
         self.preemptions = 0
         self.never: dict[tuple[Shape, tuple[str, ...]], bool] = {}
+        self.may_reserve = self._reservation_holders()
 
     # -- the pass -------------------------------------------------------------------
 
@@ -431,17 +432,40 @@ class _Tick:
         out.append(self._wait(req, position, Code.PREEMPTING, msg, facts))
         return out
 
+    def _reservation_holders(self) -> set[str]:
+        """Return who may hold a reservation this tick: the oldest qualifying requests.
+
+        A request qualifies when it is large (`Policy.reserve_min_devices` devices in
+        all), escalated, or has waited `Policy.reserve_after_s`, and no per-team limit
+        (borrowing limit, inference floor) holds it back. Choosing by age rather than by
+        queue position keeps the same request, and so the same draining nodes, from one
+        tick to the next even while fair shares shift.
+        """
+        policy = self.policy
+        qualifying: list[tuple[int, str]] = []
+        for req in self.snap.pending:
+            if req.workload_class not in self.classes or req.not_before_ms > self.now:
+                continue
+            large = req.shape.count * req.shape.pods >= policy.reserve_min_devices
+            waited = self.now - req.created_at_ms >= policy.reserve_after_s * 1000
+            if not (large or waited or self.queue.escalated.get(req.id, False)):
+                continue
+            pools = (req.pool,) if req.pool else self.production
+            codes = {
+                self.book.check(req.team, p, req.shape.gpus_milli, req.workload_class).code
+                for p in pools
+                if p in self.book.pools
+            }
+            if codes and codes <= {Code.BORROWING_LIMIT, Code.INFERENCE_FLOOR}:
+                continue
+            qualifying.append((req.created_at_ms, req.id))
+        return {rid for _, rid in sorted(qualifying)[: policy.max_reservations]}
+
     def _reserve(self, req: PendingRequest, pools: tuple[str, ...]) -> bool:
         """Step 3e: hold the nodes closest to fitting this request, if it qualifies."""
-        owners = set(self.reserved.values())
-        if len(owners) >= self.policy.max_reservations or req.id in owners:
+        if req.id not in self.may_reserve or req.id in self.reserved.values():
             return False
         shape = req.shape
-        devices = shape.count * shape.pods
-        waited = self.now - req.created_at_ms >= self.policy.reserve_after_s * 1000
-        large = devices >= self.policy.reserve_min_devices
-        if not (large or waited or self.queue.escalated.get(req.id, False)):
-            return False
         scored: list[tuple[int, str]] = []
         held = self.held()
         for node in self.snap.nodes:

@@ -22,10 +22,11 @@ can take the same capacity back and forth tick after tick.
 
 Victim order inside the candidates (`victim_key`): 1. tier; 2. lower band first;
 3. fewest GPU-milliseconds lost since the last checkpoint (or start); 4. most recently
-started first; 5. attempt id. The victim set is the smallest found: on each node the
-candidates are added in that order until the request fits there, then every victim
-not needed is put back; the node with the fewest victims (then least work lost, then
-name) wins. Gangs over several nodes take the same greedy pass over the whole pool.
+started first; 5. attempt id. The victim set is minimal: on each node the candidates
+are added in that order until the request fits there, then every victim not needed is
+put back; the node whose set loses the least work wins, then the one with fewer
+victims, then the name (least work lost first, because a victim set that loses
+nothing since its last checkpoint costs nothing however many it counts). Gangs over several nodes take the same greedy pass over the whole pool.
 """
 
 from __future__ import annotations
@@ -164,10 +165,10 @@ def plan(
         found = _greedy(state, shape, on_node, by_node[node], book, cap)
         if found is None:
             continue
-        score = (len(found.victims), sum(v.lost for v in found.victims), node)
+        score = (sum(v.lost for v in found.victims), len(found.victims), node)
         if best is None or score < best[0]:
             best = (score, found)
-            if len(found.victims) == 1 and found.victims[0].lost == 0:
+            if score[0] == 0:
                 break
     return None if best is None else best[1]
 

@@ -28,7 +28,8 @@ replay keeps its request shapes and runtimes and draws the arrivals. Procedure:
      happened since the last tick (an arrival, a departure, a requeue coming due).
      ADMIT starts the job at the tick; PREEMPT stops it at once (all work since its
      start is lost: the trace has no checkpoints) and requeues it with
-     `requeue_delay_s(attempt, 60, 3600, jitter)`.
+     `requeue_delay_s(attempt, 60, 3600, jitter)`. Like the portal, it admits a request
+     whose last decision was `preempting` with `Running.admitted_by_preemption`.
 6. **Measurement**: the window runs from the arrival of job N/5 (after warm-up) to the
    last arrival. Utilization is the requested GPU-time (milli share × time) running in
    the window over capacity × window. A job's wait runs from its arrival to its first
@@ -252,6 +253,8 @@ class _Sim:
     #: (time, seq, kind, id): kind 0 = departure, 1 = requeue due, 2 = wake
     events: list[tuple[int, int, int, str]] = field(default_factory=list)
     seq: int = 0
+    #: requests whose last decision was "preempting": admitted with admitted_by_preemption
+    preemptors: set[str] = field(default_factory=set)
 
     def push(self, t: int, kind: int, ident: str) -> None:
         heapq.heappush(self.events, (t, self.seq, kind, ident))
@@ -294,6 +297,11 @@ class _Sim:
             elif d.kind is DecisionKind.PREEMPT:
                 self.preempt(d.attempt_id, now)
                 woke = True
+            elif d.kind is DecisionKind.WAIT:
+                if d.code == "preempting":
+                    self.preemptors.add(d.request_id)
+                else:
+                    self.preemptors.discard(d.request_id)
             elif d.kind is DecisionKind.REJECT:
                 raise RuntimeError(f"replay job {d.request_id} rejected: {d.message}")
         if woke:
@@ -315,7 +323,9 @@ class _Sim:
             req.shape,
             placement,
             now,
+            admitted_by_preemption=request_id in self.preemptors,
         )
+        self.preemptors.discard(request_id)
         self.out.first_start_ms.setdefault(request_id, now)
         self.push(now + job.runtime_ms, 0, attempt)
 
