@@ -354,6 +354,41 @@ class OrderTest(unittest.TestCase):
         self.assertFalse(decisions["young"].escalated)
 
 
+class ReservationTest(unittest.TestCase):
+    def test_the_oldest_qualifying_request_holds_the_reservation(self) -> None:
+        # Team a holds a lot, so b's younger request comes first in queue order; the
+        # reservation still goes to a's older one, so its nodes keep draining.
+        snap = snapshot(
+            TWO_NODES,
+            pending=[req("old", team="a", gpus=4, created_s=900), req("young", team="b", gpus=4)],
+            running=[
+                run("x", team="a", node="n1", devices=(0,)),
+                run("y", team="a", node="n2", devices=(0, 1)),
+            ],
+        )
+        decisions = {d.request_id: d for d in schedule(snap, policy=Policy(max_reservations=1))}
+        self.assertLess(decisions["young"].position, decisions["old"].position)
+        self.assertEqual(decisions["old"].facts["reserved_nodes"], ["n1"])
+        self.assertNotIn("reserved_nodes", decisions["young"].facts)
+
+    def test_a_large_borrower_blocked_by_quota_holds_lendable_quota(self) -> None:
+        snap = snapshot(
+            [node("n1", gpus=8)],
+            pending=[req("big", team="a", gpus=4, created_s=900), req("small", team="b", gpus=1)],
+            running=[
+                run("a0", team="a", devices=(0, 1)),
+                run("b0", team="b", devices=(2, 3, 4, 5)),
+            ],
+            quotas=[quota("a", 2), quota("b", 2), quota("c", 4)],
+        )
+        self.assertEqual(
+            outcome(schedule(snap, policy=Policy(max_reservations=0)))["small"], "admit:borrows"
+        )
+        decisions = {d.request_id: d for d in schedule(snap)}
+        self.assertEqual(decisions["small"].code, "cohort-exhausted")
+        self.assertIn("held for it", decisions["big"].message)
+
+
 class ExplainTest(unittest.TestCase):
     def test_it_says_why_in_words(self) -> None:
         snap = snapshot(
