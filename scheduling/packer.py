@@ -32,11 +32,14 @@ to distinct nodes, all or nothing.
 
 Policies (`POLICIES`; every policy ranks candidate nodes by a score tuple, lower first)
 -----------------------------------------------------------------------------------------
-* `fgd` — fragmentation gradient descent (Weng et al., ATC'23): the node and device(s)
-  where the fragmentation of the node, measured against the target workload, grows least.
-* `fgd-bestfit` (the default) — `fgd`, then among equal fragmentation growth the `bestfit`
-  score; it places where fragmentation grows least and, on a tie, where it leaves the
-  least stranded capacity.
+* `fgd` — fragmentation gradient descent (Weng et al., ATC'23) as its artifact scores it:
+  1. the node with the best coarse score `int(100 · sigmoid(-ΔF / 1000))` (ΔF in milli-GPU
+  per target request; about 40 milli-GPU per point); devices inside it by exact ΔF.
+* `fgd-exact` — exact ΔF only.
+* `fgd-bestfit` (the default) — 1. the coarse FGD score; 2. when no target shape constrains
+  the GPU model, the `bestfit` score (consolidates near-equal ΔF); otherwise nothing more, so
+  the tie-break decides as in FGD (BestFit favours small nodes, often the scarce models that
+  constrained requests need); 3. exact ΔF for the device choice.
 * `bestfit` — least `cpu_left + 16 × gpu_left` after placement (FGD's BestFit baseline:
   0.5 × CPU/128 cores + 0.5 × GPU/8 GPUs), then the fullest fitting device.
 * `dotprod` — Tetris: largest dot product of request and free capacity (CPU, GPU), each
