@@ -169,7 +169,7 @@ if REDIS_URL:
     CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {"visibility_timeout": 3600}
 else:
     _broker = VAR_DIR / "broker"
-    for _sub in ("in", "processed"):
+    for _sub in ("in", "processed", "control"):
         (_broker / _sub).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_URL = "filesystem://"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
@@ -177,6 +177,7 @@ else:
         "data_folder_out": str(_broker / "in"),
         "data_folder_processed": str(_broker / "processed"),
         "store_processed": False,
+        "control_folder": str(_broker / "control"),
     }
 CELERY_TASK_ALWAYS_EAGER = envbool("CELERY_TASK_ALWAYS_EAGER", "false")
 CELERY_TASK_EAGER_PROPAGATES = True

@@ -10,7 +10,9 @@ COMMANDS = ("packing", "replay", "tick")
 
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in COMMANDS:
-        print(f"usage: python -m scheduling.bench {{{','.join(COMMANDS)}}} [options]", file=sys.stderr)
+        print(
+            f"usage: python -m scheduling.bench {{{','.join(COMMANDS)}}} [options]", file=sys.stderr
+        )
         return 2
     module = importlib.import_module(f"scheduling.bench.{argv[0]}")
     result: int = module.main(argv[1:])
