@@ -23,7 +23,7 @@
       are gone;
    e. else **reserve**: the first `Policy.max_reservations` blocked requests that are
       large (`Policy.reserve_min_devices`), escalated or have waited
-      `Policy.reserve_after_s` hold the nodes closest to fitting them; no later
+      `Policy.reserve_after_s` (the oldest first) hold nodes (`_reserve`); no later
       request of the tick may use those nodes, so small jobs cannot keep a large
       one out forever (backfill only on nodes that do not delay a reserved head);
 4. **Explain** every outcome (`scheduling.explain`): a code, a sentence, the facts.
@@ -462,12 +462,20 @@ class _Tick:
         return {rid for _, rid in sorted(qualifying)[: policy.max_reservations]}
 
     def _reserve(self, req: PendingRequest, pools: tuple[str, ...]) -> bool:
-        """Step 3e: hold the nodes closest to fitting this request, if it qualifies."""
+        """Step 3e: hold nodes for this request, if it is a reservation holder.
+
+        Which nodes, in order: 1. the node where nothing has started for the longest
+        time — a node held back in the last tick has had no start since, so the choice
+        sticks from tick to tick without any state and the node really drains (jobs that
+        have run long are, under a runtime cap, also the nearest to ending); 2. the most
+        devices free; 3. the name.
+        """
         if req.id not in self.may_reserve or req.id in self.reserved.values():
             return False
         shape = req.shape
-        scored: list[tuple[int, str]] = []
+        scored: list[tuple[int, int, str]] = []
         held = self.held()
+        last = self.last_start()
         for node in self.snap.nodes:
             if node.pool not in pools or node.name in self.reserved or node.name in self.claimed:
                 continue
@@ -477,10 +485,10 @@ class _Tick:
             if len(fit) < shape.count:
                 continue
             free = sum(1 for d in fit if held.get((node.name, d.index), 0) == 0)
-            scored.append((-free, node.name))
+            scored.append((last.get(node.name, 0), -free, node.name))
         if len(scored) < shape.pods:
             return False
-        for _, name in sorted(scored)[: shape.pods]:
+        for _, _, name in sorted(scored)[: shape.pods]:
             self.reserved[name] = req.id
         return True
 
@@ -505,6 +513,17 @@ class _Tick:
         return self.never[key]
 
     # -- helpers ----------------------------------------------------------------------
+
+    def last_start(self) -> dict[str, int]:
+        """Return when something last started on each node (this tick's admissions: now)."""
+        last: dict[str, int] = {}
+        for run in self.snap.running:
+            for pod in run.placement.pods:
+                last[pod.node] = max(last.get(pod.node, 0), run.started_at_ms)
+        for placement in self.admitted:
+            for name in placement.nodes:
+                last[name] = self.now
+        return last
 
     def held(self) -> dict[tuple[str, int], int]:
         """Return the milli held per (node, device) by running attempts and admissions."""
