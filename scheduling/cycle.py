@@ -358,6 +358,7 @@ class _Tick:
                     cls.inference,
                     reclaim,
                     self.now,
+                    self.policy.max_victim_loss_gpu_s,
                 )
             cands = self.candidates[who]
             found = preemption.plan(

@@ -14,7 +14,8 @@ missing. Candidates, by tier (lower tier is taken first):
 Never a candidate: attempts already stopping; classes that are never preempted;
 `when-borrowing` classes whose team does not borrow in the pool; attempts younger
 than their class's minimum runtime; inference attempts whose loss would take the
-pool's inference usage below its floor; and, against preemption cycles, an attempt
+pool's inference usage below its floor; attempts that would lose more work than
+`Policy.max_victim_loss_gpu_s`; and, against preemption cycles, an attempt
 that was itself admitted by preempting (`Running.admitted_by_preemption`) unless the
 preemptor is of a strictly higher band. Together with rule 1 (only a non-borrowing
 request reclaims, only from a borrowing team, never below nominal) no two requests
@@ -81,6 +82,7 @@ def candidates(
     inference: bool,
     reclaim: bool,
     now_ms: int,
+    max_loss_gpu_s: int = 0,
 ) -> list[Candidate]:
     """Return the attempts in `book`'s pool this request may preempt, in victim order."""
     out: list[Candidate] = []
@@ -105,6 +107,8 @@ def candidates(
             continue
         since = run.last_checkpoint_ms if run.last_checkpoint_ms is not None else run.started_at_ms
         lost = run.shape.gpus_milli * max(0, now_ms - since)
+        if max_loss_gpu_s and lost > max_loss_gpu_s * 1_000_000:
+            continue
         out.append(Candidate(run, tier[0], tier[1], cls.band, lost))
     out.sort(key=victim_key)
     return out

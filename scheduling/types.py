@@ -322,3 +322,6 @@ class Policy:
     reserve_min_devices: int = 2
     #: an entitled request preempts only after waiting this long (0 = at once)
     preempt_after_s: int = 0
+    #: an attempt that would lose more than this many GPU-seconds of work since its last
+    #: checkpoint (or start) is no preemption candidate; 0 = no limit
+    max_victim_loss_gpu_s: int = 0

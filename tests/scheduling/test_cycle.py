@@ -220,6 +220,17 @@ CASES: dict[str, Case] = {
         {"a1": "wait:preempting"},
         preempted=["fresh#1"],
     ),
+    "victims that would lose too much work are spared": Case(
+        snapshot(
+            [node("n1", gpus=2)],
+            pending=[req("a1", team="a", gpus=1)],
+            running=[run("long", team="b", devices=(0, 1), age_s=7200)],
+            quotas=[quota("a", 1), quota("b", 1)],
+        ),
+        {"a1": "wait:no-capacity"},
+        preempted=[],
+        policy=Policy(max_victim_loss_gpu_s=3600),
+    ),
     "preemption cap per tick": Case(
         snapshot(
             [node("n1", gpus=8)],
