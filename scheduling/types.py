@@ -314,7 +314,7 @@ class Policy:
     tie_break: str = "name"
     seed: int = 0
     #: at most this many blocked requests hold nodes back (a reservation) per tick
-    max_reservations: int = 2
+    max_reservations: int = 4
     #: a blocked request asking for fewer than `reserve_min_devices` devices gets a
     #: reservation only after waiting this long
     reserve_after_s: int = 1800

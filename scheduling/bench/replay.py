@@ -26,7 +26,8 @@ replay keeps its request shapes and runtimes and draws the arrivals. Procedure:
      pending requests in the snapshot, running ones as `Running`, the decayed team
      usage as `TeamUsage` — on a clock of D seconds (default 10) whenever something
      happened since the last tick (an arrival, a departure, a requeue coming due).
-     ADMIT starts the job at the tick; PREEMPT stops it at once (all work since its
+     The policy is `Policy()` except `preempt_after_s = 300` and
+     `max_victim_loss_gpu_s = 7200` (`REPLAY_*`). ADMIT starts the job at the tick; PREEMPT stops it at once (all work since its
      start is lost: the trace has no checkpoints) and requeues it with
      `requeue_delay_s(attempt, 60, 3600, jitter)`. Like the portal, it admits a request
      whose last decision was `preempting` with `Running.admitted_by_preemption`.
@@ -101,9 +102,12 @@ REPLAY_CLASSES = (
     ),
 )
 QOS_CLASS = {"LS": "inference", "BE": "training"}
-#: the replay's one tuned knob: an entitled request first waits this long for natural
-#: departures (one every few seconds at this size) before it preempts anybody
+#: the replay's tuned knobs (everything else is `Policy()`): an entitled request first
+#: waits this long for natural departures (one every few seconds at this size) before it
+#: preempts anybody, and no victim may lose more than 2 GPU-hours (the trace has no
+#: checkpoints, so every preemption loses all work since the start)
 REPLAY_PREEMPT_AFTER_S = 300
+REPLAY_MAX_VICTIM_LOSS_GPU_S = 2 * 3600
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,7 +359,11 @@ def run_quartermaster(
         jobs={j.id: j for j in jobs},
         teams=tuple(Team(t) for t in names),
         quotas=quotas,
-        policy=Policy(seed=seed, preempt_after_s=REPLAY_PREEMPT_AFTER_S),
+        policy=Policy(
+            seed=seed,
+            preempt_after_s=REPLAY_PREEMPT_AFTER_S,
+            max_victim_loss_gpu_s=REPLAY_MAX_VICTIM_LOSS_GPU_S,
+        ),
         rng=random.Random(seed + 1),
     )
     i = 0
