@@ -48,7 +48,7 @@ from portal.backends.base import (
     Outcome,
     WorkloadStatus,
 )
-from scheduling.packer import mig_geometry
+from scheduling import mig
 
 log = logging.getLogger(__name__)
 
@@ -361,7 +361,10 @@ def _mig_devices(
     layouts: list[list[InventoryMig]] = [[] for _ in range(count)]
     order = sorted(wanted, key=lambda p: (-_compute(p), p))
     for profile in order:
-        size, starts = mig_geometry(profile, device_memory)
+        prof = mig.profile_for(model, device_memory, profile)
+        if prof is None:
+            continue
+        size, starts = prof.slots, prof.starts
         for n in range(wanted[profile]):
             _place(layouts, profile, size, starts, n, grow=strategy == "single")
     if not mig_ok:

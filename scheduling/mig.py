@@ -236,10 +236,16 @@ def layout_valid(family: MigFamily, instances: Iterable[MigInstance]) -> bool:
 
 def fits(family: MigFamily, profiles: Iterable[str]) -> bool:
     """Whether instances of these profiles can coexist on one GPU (searching all starts)."""
+    return layout(family, profiles) is not None
+
+
+def layout(family: MigFamily, profiles: Iterable[str]) -> tuple[MigInstance, ...] | None:
+    """Place instances of these profiles on one GPU, biggest first; None when they do not fit."""
     wanted = [family.profile(p) for p in profiles]
     if any(p is None for p in wanted):
-        return False
+        return None
     ordered = sorted((p for p in wanted if p is not None), key=lambda p: (-p.slots, p.name))
+    placed: list[MigInstance] = []
 
     def place(i: int, mask: int, compute: int, counts: dict[str, int]) -> bool:
         if i == len(ordered):
@@ -247,9 +253,13 @@ def fits(family: MigFamily, profiles: Iterable[str]) -> bool:
         prof = ordered[i]
         for start in free_starts(prof, mask, compute, counts.get(prof.name, 0)):
             counts[prof.name] = counts.get(prof.name, 0) + 1
+            placed.append(MigInstance(prof.name, start, prof.slots))
             if place(i + 1, mask | prof.mask(start), compute + prof.compute, counts):
                 return True
+            placed.pop()
             counts[prof.name] -= 1
         return False
 
-    return place(0, 0, 0, {})
+    if not place(0, 0, 0, {}):
+        return None
+    return tuple(sorted(placed, key=lambda m: m.start))

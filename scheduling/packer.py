@@ -140,21 +140,6 @@ Result = tuple[Score, Choice] | None
 _MISS: object = object()
 
 
-def mig_geometry(profile: str, device_memory_mib: int) -> tuple[int, tuple[int, ...]]:
-    """Return (size in memory slots, allowed starts) of a MIG profile on a device.
-
-    Kept for callers of the first packer; `scheduling.mig` holds the tables.
-    """
-    prof = None
-    for family in mig.FAMILIES:
-        if family.memory_mib >= device_memory_mib * 9 // 10 and (prof := family.profile(profile)):
-            break
-    prof = prof or mig.generic_profile(profile)
-    if prof is None:
-        raise KeyError(profile)
-    return prof.slots, prof.starts
-
-
 def target_workload(
     shapes: Iterable[Shape], coverage_pct: int = TARGET_COVERAGE_PCT
 ) -> list[tuple[Shape, int]]:

@@ -25,6 +25,7 @@ from portal.backends.base import (
     WorkloadStatus,
 )
 from portal.models import SimulatedWorkload
+from scheduling import mig
 
 START_DELAY = timedelta(seconds=1)
 
@@ -48,28 +49,13 @@ def load_cluster(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def mig_instances(layout: list[str], memory_mib: int = 81920) -> tuple[InventoryMig, ...]:
-    """Lay out MIG profiles on one device by NVIDIA's geometry (a small backtracking search)."""
-    from scheduling.packer import mig_geometry
-
-    profiles = sorted(layout, key=lambda p: -int(p.split("g.", 1)[0]))
-
-    def place(i: int, used: int) -> list[InventoryMig] | None:
-        if i == len(profiles):
-            return []
-        size, starts = mig_geometry(profiles[i], memory_mib)
-        for start in starts:
-            mask = ((1 << size) - 1) << start
-            if not used & mask:
-                rest = place(i + 1, used | mask)
-                if rest is not None:
-                    return [InventoryMig(profiles[i], start, size), *rest]
-        return None
-
-    placed = place(0, 0)
+def mig_instances(layout: list[str], model: str, memory_mib: int) -> tuple[InventoryMig, ...]:
+    """Lay out MIG profiles on one device by NVIDIA's geometry for its GPU family."""
+    family = mig.family_for(model, memory_mib)
+    placed = mig.layout(family, layout) if family is not None else None
     if placed is None:
-        raise ClusterFileError(f"MIG layout {layout} does not fit one device")
-    return tuple(sorted(placed, key=lambda m: m.start))
+        raise ClusterFileError(f"MIG layout {layout} does not fit one {model} device")
+    return tuple(InventoryMig(m.profile, m.start, m.size) for m in placed)
 
 
 def inventory_from_file(path: str | Path) -> list[InventoryNode]:
@@ -78,7 +64,7 @@ def inventory_from_file(path: str | Path) -> list[InventoryNode]:
     for pool in data["pools"]:
         spec = pool["nodes"]
         partitioning = pool.get("partitioning", "exclusive")
-        migs = mig_instances(pool.get("mig_layout", []), int(pool["gpu_memory_mib"])) if partitioning == "mig" else ()
+        migs = mig_instances(pool.get("mig_layout", []), pool["gpu_model"], int(pool["gpu_memory_mib"])) if partitioning == "mig" else ()
         for i in range(int(spec.get("count", 1))):
             name = f"{spec.get('prefix', pool['name'])}-{i + 1:02d}"
             unhealthy = set(spec.get("unhealthy", {}).get(name, []))

@@ -111,3 +111,17 @@ def test_layout_valid() -> None:
     assert not mig.layout_valid(mig.A100_40GB, [*ok, MigInstance("1g.5gb", 6, 1)])
     assert not mig.layout_valid(mig.A100_40GB, [MigInstance("3g.20gb", 2, 4)])
     assert not mig.layout_valid(mig.A100_40GB, [MigInstance("3g.40gb", 0, 4)])
+
+
+def test_layout_places_the_all_balanced_profiles_where_nvidia_does() -> None:
+    from scheduling.mig import H100_80GB, layout
+
+    placed = layout(H100_80GB, ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"])
+    assert placed is not None
+    assert [(m.profile, m.start, m.size) for m in placed] == [
+        ("2g.20gb", 0, 2),
+        ("1g.10gb", 2, 1),
+        ("1g.10gb", 3, 1),
+        ("3g.40gb", 4, 4),
+    ]
+    assert layout(H100_80GB, ["3g.40gb", "3g.40gb", "1g.10gb"]) is None
