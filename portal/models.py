@@ -144,6 +144,19 @@ class Pool(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    def offers(self, kind: str, mig_profile: str = "") -> bool:
+        """Whether devices of this pool can serve a device profile."""
+        if self.partitioning == self.Partitioning.MIG:
+            return kind == DeviceProfile.Kind.MIG and mig_profile in (self.mig_layout or [])
+        if self.partitioning == self.Partitioning.TIME_SLICING:
+            return kind in (DeviceProfile.Kind.SHARED, DeviceProfile.Kind.WHOLE)
+        return kind == DeviceProfile.Kind.WHOLE
+
+    @classmethod
+    def offering(cls, pool: Pool | None) -> list[Pool]:
+        """The named pool, or every production pool: where a request may land."""
+        return [pool] if pool is not None else list(cls.objects.filter(lifecycle=cls.Lifecycle.PRODUCTION))
+
 
 class Node(models.Model):
     name = models.CharField(max_length=253, unique=True)
@@ -286,14 +299,10 @@ class GpuRequest(models.Model):
 
     @property
     def gpus_milli(self) -> int:
-        if self.profile_kind == DeviceProfile.Kind.MIG:
-            head = self.mig_profile.split("g.", 1)[0]
-            per = (int(head) if head.isdigit() else 7) * 1000 // 7
-        elif self.profile_kind == DeviceProfile.Kind.SHARED:
-            per = self.milli
-        else:
-            per = 1000
-        return per * self.count * self.pods
+        """GPU milli held in total, counted as the scheduling core's quotas count it."""
+        from portal.tick import request_shape
+
+        return request_shape(self).gpus_milli
 
     @property
     def profile_label(self) -> str:

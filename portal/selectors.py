@@ -227,16 +227,9 @@ class Preview:
 
 def offered_profiles(pool: Pool | None = None) -> QuerySet[DeviceProfile]:
     """Device profiles some pool really offers (the named one, or any production pool)."""
-    pools = [pool] if pool is not None else list(Pool.objects.filter(lifecycle=Pool.Lifecycle.PRODUCTION))
-    q = Q(pk__in=[])
-    for p in pools:
-        if p.partitioning == Pool.Partitioning.MIG:
-            q |= Q(kind=DeviceProfile.Kind.MIG, mig_profile__in=list(p.mig_layout or []))
-        elif p.partitioning == Pool.Partitioning.TIME_SLICING:
-            q |= Q(kind__in=[DeviceProfile.Kind.SHARED, DeviceProfile.Kind.WHOLE])
-        else:
-            q |= Q(kind=DeviceProfile.Kind.WHOLE)
-    return DeviceProfile.objects.filter(q).order_by("kind", "name")
+    pools = Pool.offering(pool)
+    offered = [p.pk for p in DeviceProfile.objects.all() if any(x.offers(p.kind, p.mig_profile) for x in pools)]
+    return DeviceProfile.objects.filter(pk__in=offered).order_by("kind", "name")
 
 
 def gpu_request_preview(

@@ -92,21 +92,6 @@ def _snapshot(obj: Model, fields: list[str]) -> dict[str, Any]:
 # Requests
 
 
-def _offering_pools(*, kind: str, mig_profile: str, pool: Pool | None) -> list[Pool]:
-    """Pools that can serve a profile: the named one, or every production pool."""
-    pools = [pool] if pool is not None else list(Pool.objects.filter(lifecycle=Pool.Lifecycle.PRODUCTION))
-    out = []
-    for p in pools:
-        if kind == DeviceProfile.Kind.MIG and (p.partitioning != "mig" or mig_profile not in p.mig_layout):
-            continue
-        if kind == DeviceProfile.Kind.SHARED and p.partitioning != "time-slicing":
-            continue
-        if kind == DeviceProfile.Kind.WHOLE and p.partitioning == "mig":
-            continue
-        out.append(p)
-    return out
-
-
 def _validate_env(env: Any) -> dict[str, str]:
     if not isinstance(env, dict):
         raise ValidationError({"env": "Environment variables must be a mapping of NAME to value."})
@@ -178,7 +163,7 @@ def gpu_request_submit(
         raise ValidationError({"pods": "A gang spans between 1 and 64 nodes."})
     if pool is not None and pool.lifecycle == Pool.Lifecycle.MAINTENANCE:
         raise ValidationError({"pool": f"Pool {pool.name} is in maintenance."})
-    if not _offering_pools(kind=profile_kind, mig_profile=mig_profile, pool=pool):
+    if not any(p.offers(profile_kind, mig_profile) for p in Pool.offering(pool)):
         where = f"pool {pool.name}" if pool else "any production pool"
         field = "mig_profile" if profile_kind == DeviceProfile.Kind.MIG else "profile_kind"
         raise ValidationError({field: f"No {where} offers this device profile."})

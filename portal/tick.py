@@ -93,7 +93,7 @@ def _taints(raw: list[dict[str, str]]) -> tuple[st.Taint, ...]:
     return tuple(st.Taint(t["key"], t.get("value", ""), t.get("effect", "NoSchedule")) for t in raw)
 
 
-def _shape(r: GpuRequest) -> st.Shape:
+def request_shape(r: GpuRequest) -> st.Shape:
     return st.Shape(
         kind=st.ProfileKind(r.profile_kind),
         count=r.count,
@@ -145,7 +145,7 @@ def build_snapshot(now: datetime) -> tuple[st.Snapshot, Context]:
     )
     pending = []
     for r in pending_rows:
-        shape = _shape(r)
+        shape = request_shape(r)
         # Requests tolerate the taints of the pools that may serve them: taints keep
         # other workloads off a pool, they are not a barrier for the pool's own users.
         candidate = [pools[r.pool.name]] if r.pool else list(pools.values())
@@ -237,7 +237,7 @@ def _running(devices: dict[tuple[str, int], Device]) -> tuple[list[st.Running], 
                 team=req.team.name,
                 workload_class=req.workload_class.name,
                 pool=att.pool.name,
-                shape=_shape(req),
+                shape=request_shape(req),
                 placement=placement,
                 started_at_ms=_ms(att.started_at or att.admitted_at),
                 last_checkpoint_ms=_ms(att.last_checkpoint_at) if att.last_checkpoint_at else None,
