@@ -194,7 +194,7 @@ if CLUSTER_BACKEND not in ("simulated", "kubernetes"):
     raise ImproperlyConfigured("CLUSTER_BACKEND must be simulated or kubernetes")
 SIMULATED_CLUSTER = env("SIMULATED_CLUSTER", str(BASE_DIR / "portal" / "demo_cluster.yaml"))
 # Simulated workloads run this many real seconds per requested hour (demo speed).
-SIMULATED_SECONDS_PER_HOUR = envint("SIMULATED_SECONDS_PER_HOUR", "20")
+SIMULATED_SECONDS_PER_HOUR = envint("SIMULATED_SECONDS_PER_HOUR", "60")
 K8S_IN_CLUSTER = envbool("K8S_IN_CLUSTER", "false")
 NODE_AGENT_TOKEN = env("NODE_AGENT_TOKEN")
 HEARTBEAT_STALE_SECONDS = envint("HEARTBEAT_STALE_SECONDS", "120")
