@@ -337,6 +337,8 @@ class Attempt(models.Model):
     namespace = models.CharField(max_length=63)
     gpus_milli = models.PositiveIntegerField()
     borrowing = models.BooleanField(default=False)
+    #: admitted into room made by preempting others; only a higher band may preempt it in turn
+    admitted_by_preemption = models.BooleanField(default=False)
     admitted_at = models.DateTimeField()
     started_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)

@@ -27,6 +27,7 @@ from portal.models import (
     Decision,
     Device,
     GpuRequest,
+    Membership,
     Node,
     Pool,
     Quota,
@@ -73,6 +74,8 @@ class Context:
     active_slots: dict[int, set[str]]
     attempts: dict[str, Attempt]
     pools: dict[str, Pool]
+    #: decisions the portal makes itself, before the core sees the queue (member caps)
+    held_back: list[st.Decision] = field(default_factory=list)
 
 
 def _device(d: Device, pool: Pool, held: bool = False) -> st.Device:
@@ -143,6 +146,8 @@ def build_snapshot(now: datetime) -> tuple[st.Snapshot, Context]:
         .select_related("team", "workload_class", "pool")
         .order_by("created_at", "id")
     )
+    queued = {str(r.pk): r for r in pending_rows}
+    pending_rows, held_back = _apply_member_rules(pending_rows, now)
     pending = []
     for r in pending_rows:
         shape = request_shape(r)
@@ -191,13 +196,69 @@ def build_snapshot(now: datetime) -> tuple[st.Snapshot, Context]:
     )
     ctx = Context(
         now=now,
-        requests={str(r.pk): r for r in pending_rows},
+        requests=queued,
         devices=devices,
         active_slots=active_slots,
         attempts=attempts,
         pools=pools,
+        held_back=held_back,
     )
     return snapshot, ctx
+
+
+def _apply_member_rules(rows: list[GpuRequest], now: datetime) -> tuple[list[GpuRequest], list[st.Decision]]:
+    """Membership decides, before the core sees the queue.
+
+    1. A request whose submitter has left its team is cancelled, with an audit row.
+    2. A request that would take its submitter past their cap in the team waits
+       (oldest first; requests kept this tick count as held, so a cap is never exceeded).
+    Returns the requests the core may schedule and the WAIT decisions for the others.
+    """
+    members = {
+        (m.user_id, m.team_id): m
+        for m in Membership.objects.filter(team_id__in={r.team_id for r in rows})
+    }
+    holding: dict[tuple[int, int], int] = defaultdict(int)
+    capped = {key for key, m in members.items() if m.gpu_cap_milli is not None}
+    if capped:
+        active = Attempt.objects.filter(state__in=Attempt.ACTIVE_STATES).values_list(
+            "request__submitted_by_id", "request__team_id", "gpus_milli"
+        )
+        for user_id, team_id, milli in active:
+            holding[(user_id, team_id)] += milli
+    keep: list[GpuRequest] = []
+    waits: list[st.Decision] = []
+    for r in rows:
+        m = members.get((r.submitted_by_id, r.team_id))
+        if m is None:
+            _cancel_orphan(r, now)
+            continue
+        key = (r.submitted_by_id, r.team_id)
+        if m.gpu_cap_milli is not None and holding[key] + r.gpus_milli > m.gpu_cap_milli:
+            message = (
+                f"waiting: your cap in team {r.team.name} is {m.gpu_cap_milli / 1000:g} GPUs "
+                f"and you hold {holding[key] / 1000:g}; this request needs {r.gpus_milli / 1000:g} more"
+            )
+            waits.append(
+                st.Decision(st.DecisionKind.WAIT, str(r.pk), "member-cap", message,
+                            facts={"cap_milli": m.gpu_cap_milli, "holding_milli": holding[key]})
+            )
+            continue
+        # Counted as if admitted: the core may admit every kept request this tick.
+        holding[key] += r.gpus_milli
+        keep.append(r)
+    return keep, waits
+
+
+def _cancel_orphan(r: GpuRequest, now: datetime) -> None:
+    reason = "cancelled: the submitter is no longer a member of the team"
+    GpuRequest.objects.filter(pk=r.pk, state=GpuRequest.State.PENDING).update(
+        state=GpuRequest.State.CANCELLED, end_reason=reason, status_code="not-a-member",
+        status_message=reason, queue_position=None, updated_at=now,
+    )
+    Decision.objects.create(request=r, team=r.team, kind=Decision.Kind.END, code="not-a-member", message=reason)
+    services.audit(actor=None, action="request.cancel", obj=r, team=r.team,
+                   before={"state": "pending"}, after={"state": "cancelled", "reason": reason})
 
 
 def _shape_kwargs(shape: st.Shape) -> dict[str, Any]:
@@ -243,6 +304,7 @@ def _running(devices: dict[tuple[str, int], Device]) -> tuple[list[st.Running], 
                 last_checkpoint_ms=_ms(att.last_checkpoint_at) if att.last_checkpoint_at else None,
                 priority=req.priority,
                 stopping=att.state == Attempt.State.STOPPING,
+                admitted_by_preemption=att.admitted_by_preemption,
             )
         )
     return running, attempts, active_slots
@@ -306,6 +368,8 @@ def _admit(d: st.Decision, ctx: Context, tick_no: int) -> bool:
                 namespace=req.team.namespace,
                 gpus_milli=req.gpus_milli,
                 borrowing=d.borrowing,
+                # The request's last decision said it waited for preempted attempts to stop.
+                admitted_by_preemption=req.status_code == "preempting",
                 admitted_at=ctx.now,
             )
             rows = []
@@ -488,7 +552,7 @@ def _run_tick(now: datetime | None) -> TickResult:
             state, _ = SchedulerState.objects.get_or_create(pk=1)
             tick_no = state.ticks + 1
             snapshot, ctx = build_snapshot(now)
-            decisions = scheduling.schedule(snapshot, snapshot.now_ms)
+            decisions = scheduling.schedule(snapshot, snapshot.now_ms) + ctx.held_back
             counts = decisions_apply(decisions=decisions, ctx=ctx, tick_no=tick_no)
             elapsed = time.perf_counter() - started
             histogram = dict(state.tick_histogram)
