@@ -91,7 +91,7 @@ class SubmitForm(forms.Form):
                 key, value = line.split("=", 1)
                 env[key.strip()] = value.strip()
         try:
-            return services._validate_env(env)
+            return services.validate_env(env)
         except ValidationError as exc:
             raise forms.ValidationError(exc.message_dict["env"]) from None
 

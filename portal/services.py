@@ -16,7 +16,7 @@ from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import Model
+from django.db.models import Count, Model, Q
 from django.forms.models import model_to_dict
 from django.utils import timezone
 
@@ -92,7 +92,7 @@ def _snapshot(obj: Model, fields: list[str]) -> dict[str, Any]:
 # Requests
 
 
-def _validate_env(env: Any) -> dict[str, str]:
+def validate_env(env: Any) -> dict[str, str]:
     if not isinstance(env, dict):
         raise ValidationError({"env": "Environment variables must be a mapping of NAME to value."})
     clean: dict[str, str] = {}
@@ -170,7 +170,7 @@ def gpu_request_submit(
     if not image or len(image) > 500 or not IMAGE.match(image):
         raise ValidationError({"image": "Give a container image such as registry.example.com/team/train:1.2."})
     command = _validate_command(list(command) if isinstance(command, tuple) else command)
-    env = _validate_env(env or {})
+    env = validate_env(env or {})
     for field_name, value in (
         ("cpu_milli", cpu_milli),
         ("memory_mib", memory_mib),
@@ -220,26 +220,23 @@ def gpu_request_submit(
 
 
 def _check_pending_caps(*, user: AbstractBaseUser, team: Team) -> None:
-    pending = GpuRequest.objects.filter(state=GpuRequest.State.PENDING)
-    if pending.filter(submitted_by=user).count() >= settings.MAX_PENDING_PER_USER:
+    # Both counts in one query (one round trip inside the team lock).
+    mine, team_q = Q(submitted_by=user), Q(team=team)
+    counts = GpuRequest.objects.filter(mine | team_q, state=GpuRequest.State.PENDING).aggregate(
+        user=Count("pk", filter=mine), team=Count("pk", filter=team_q)
+    )
+    if counts["user"] >= settings.MAX_PENDING_PER_USER:
         raise ValidationError({"__all__": f"You already have {settings.MAX_PENDING_PER_USER} pending requests."})
     team_cap = team.max_pending or settings.MAX_PENDING_PER_TEAM
-    if pending.filter(team=team).count() >= team_cap:
+    if counts["team"] >= team_cap:
         raise ValidationError({"__all__": f"Team {team.name} already has {team_cap} pending requests."})
 
 
 def _wake_scheduler() -> None:
-    from portal.tasks import tick
+    # Coalesced: at most one tick enqueued per second per process (see tasks.wake_tick).
+    from portal.tasks import wake_tick
 
-    transaction.on_commit(lambda: _safe_delay(tick))
-
-
-def _safe_delay(task: Any) -> None:
-    # The broker only wakes things up: if it is down, beat's next tick does the work.
-    try:
-        task.delay()
-    except Exception:  # noqa: BLE001
-        log.warning("could not enqueue %s; the periodic tick will pick the work up", task.name, exc_info=True)
+    transaction.on_commit(wake_tick)
 
 
 def gpu_request_cancel(*, user: AbstractBaseUser, gpu_request: GpuRequest) -> GpuRequest:
@@ -251,7 +248,7 @@ def gpu_request_cancel(*, user: AbstractBaseUser, gpu_request: GpuRequest) -> Gp
         before = {"state": req.state}
         attempt = req.attempts.filter(state__in=Attempt.ACTIVE_STATES).first()
         if attempt is not None:
-            _attempt_stop(attempt, reason="cancelled")
+            attempt_stop(attempt, reason="cancelled")
         req.state = GpuRequest.State.CANCELLED
         req.end_reason = f"cancelled by {getattr(user, 'username', 'a user')}"
         req.status_code, req.status_message = "cancelled", req.end_reason
@@ -264,7 +261,7 @@ def gpu_request_cancel(*, user: AbstractBaseUser, gpu_request: GpuRequest) -> Gp
     return req
 
 
-def _attempt_stop(attempt: Attempt, *, reason: str) -> None:
+def attempt_stop(attempt: Attempt, *, reason: str) -> None:
     """Ask the backend to stop an attempt; its devices stay held until the pod is gone."""
     if attempt.state == Attempt.State.STOPPING:
         return
@@ -272,10 +269,10 @@ def _attempt_stop(attempt: Attempt, *, reason: str) -> None:
     attempt.stop_reason = reason
     attempt.save(update_fields=["state", "stop_reason"])
     name, namespace = attempt.workload_name, attempt.namespace
-    transaction.on_commit(lambda: _backend_call("stop", name, namespace, STOP_GRACE_SECONDS))
+    transaction.on_commit(lambda: backend_call("stop", name, namespace, STOP_GRACE_SECONDS))
 
 
-def _backend_call(method: str, *args: Any) -> None:
+def backend_call(method: str, *args: Any) -> None:
     # Runs after commit; a failure is re-driven by the reconciler, never lost.
     try:
         getattr(get_backend(), method)(*args)
@@ -561,7 +558,7 @@ def node_drain(*, actor: AbstractBaseUser, node: Node) -> Node:
         node = _node_maintenance(actor=actor, node=node, cordoned=True, draining=True, action="node.drain")
         attempt_ids = Allocation.objects.filter(device__node=node, active=True).values_list("attempt_id", flat=True)
         for attempt in Attempt.objects.filter(pk__in=set(attempt_ids), state__in=Attempt.ACTIVE_STATES):
-            _attempt_stop(attempt, reason="drained")
+            attempt_stop(attempt, reason="drained")
     return node
 
 

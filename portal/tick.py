@@ -426,7 +426,7 @@ def _admit(d: st.Decision, ctx: Context, tick_no: int) -> bool:
 
 def launch_attempt(attempt_id: int) -> None:
     attempt = Attempt.objects.select_related("request__team", "request__workload_class", "pool").get(pk=attempt_id)
-    services._backend_call("launch", services.launch_spec(attempt))
+    services.backend_call("launch", services.launch_spec(attempt))
 
 
 def _facts(d: st.Decision) -> dict[str, Any]:
@@ -460,7 +460,7 @@ def _preempt(d: st.Decision, ctx: Context, tick_no: int) -> bool:
     attempt = ctx.attempts.get(d.attempt_id)
     if attempt is None or attempt.state not in (Attempt.State.ADMITTED, Attempt.State.RUNNING):
         return False
-    services._attempt_stop(attempt, reason="preempted")
+    services.attempt_stop(attempt, reason="preempted")
     req = attempt.request
     Decision.objects.create(
         tick=tick_no,
@@ -600,7 +600,7 @@ def reconcile(now: datetime | None = None) -> dict[str, int]:
             continue
         if attempt.state == Attempt.State.STOPPING and status.outcome.value not in ("missing", "preempted"):
             # Ask again: a stop lost after commit must not hold devices forever.
-            services._backend_call("stop", attempt.workload_name, attempt.namespace, services.STOP_GRACE_SECONDS)
+            services.backend_call("stop", attempt.workload_name, attempt.namespace, services.STOP_GRACE_SECONDS)
             _count("reconciler_repairs")
         new_state = services.attempt_observe(attempt_id=attempt.pk, status=status, now=now)
         counts[new_state] += 1

@@ -76,7 +76,7 @@ def test_it_requeues_a_preempted_attempt_with_backoff_and_does_not_charge_it(set
     run_tick()
     attempt = req.attempts.get()
     with transaction.atomic():
-        services._attempt_stop(attempt, reason="preempted")
+        services.attempt_stop(attempt, reason="preempted")
     reconcile()
     req.refresh_from_db()
     attempt.refresh_from_db()
