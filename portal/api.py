@@ -146,7 +146,10 @@ class SubmitFields(StrictSerializer):
                 raise ValidationError({"pool": ["No such pool."]})
         profile_name = d.pop("profile", None)
         if profile_name:
-            profile = selectors.offered_profiles(d["pool"]).filter(name=profile_name).first()
+            # The named profile, if some pool the request may land in offers it (as selectors.offered_profiles).
+            profile = DeviceProfile.objects.filter(name=profile_name).first()
+            if profile is not None and not any(p.offers(profile.kind, profile.mig_profile) for p in Pool.offering(d["pool"])):
+                profile = None
             if profile is None:
                 raise ValidationError({"profile": ["No pool you chose offers this device profile."]})
             d.update(profile_kind=profile.kind, mig_profile=profile.mig_profile, milli=profile.milli,

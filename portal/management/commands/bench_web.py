@@ -11,9 +11,11 @@ devices), running attempts, decisions and audit events. The child then
 1. times the queue page, the capacity map and the decision log in-process
    (Django test client: middleware, queries and template rendering; no network),
    median of several runs, and counts each page's queries (a fixed number, no N+1);
-2. starts gunicorn on 127.0.0.1 with a few workers and drives POST /api/v1/requests/
-   from threads with token authentication, a bounded number of requests, and
-   reports the sustained rate and any errors.
+2. starts gunicorn on 127.0.0.1 (gthread workers with keep-alive, by default 2
+   workers x 4 threads) and drives POST /api/v1/requests/ from client threads, each
+   reusing one HTTP/1.1 connection (``--new-connections``: one per request), with
+   token authentication and a bounded number of requests, and reports the sustained
+   rate, any errors and the load average (the machine may be shared).
 
 It prints one JSON object. The pending caps are raised for the throughput run
 (10,000 pending would otherwise hit them by design).
@@ -33,7 +35,7 @@ import tempfile
 import threading
 import time
 from datetime import timedelta
-from http.client import HTTPConnection
+from http.client import HTTPConnection, HTTPException
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +54,10 @@ class Command(BaseCommand):
         parser.add_argument("--runs", type=int, default=7, help="timed runs per page")
         parser.add_argument("--submits", type=int, default=3_000, help="API submits to send through gunicorn")
         parser.add_argument("--threads", type=int, default=8, help="client threads")
-        parser.add_argument("--workers", type=int, default=3, help="gunicorn workers")
+        parser.add_argument("--workers", type=int, default=2, help="gunicorn workers")
+        parser.add_argument("--worker-class", default="gthread", help="gunicorn worker class (sync, gthread)")
+        parser.add_argument("--worker-threads", type=int, default=4, help="threads per gthread worker")
+        parser.add_argument("--new-connections", action="store_true", help="client: a new connection per request")
         parser.add_argument("--database-url", default="", help="a THROWAWAY database to fill (needs --yes)")
         parser.add_argument("--yes", action="store_true", help="confirm that --database-url may be filled")
         parser.add_argument("--keep", action="store_true", help="keep the temp dir (SQLite file) afterwards")
@@ -86,8 +91,10 @@ class Command(BaseCommand):
         if opts["database_url"]:
             env["DATABASE_URL"] = opts["database_url"]
         argv = [sys.executable, "manage.py", "bench_web", "--child"]
-        for key in ("pending", "nodes", "runs", "submits", "threads", "workers"):
-            argv += [f"--{key}", str(opts[key])]
+        for key in ("pending", "nodes", "runs", "submits", "threads", "workers", "worker_class", "worker_threads"):
+            argv += [f"--{key.replace('_', '-')}", str(opts[key])]
+        if opts["new_connections"]:
+            argv.append("--new-connections")
         try:
             done = subprocess.run(argv, env=env, cwd=_root(), capture_output=True, text=True, check=False)
         finally:
@@ -115,7 +122,9 @@ def _child(opts: dict[str, Any]) -> dict[str, Any]:
     users = _seed(pending=opts["pending"], nodes=opts["nodes"])
     seed_s = time.perf_counter() - started
     pages = _time_pages(admin=users["admin"], runs=opts["runs"])
-    api = _drive_gunicorn(users["submitters"], submits=opts["submits"], threads=opts["threads"], workers=opts["workers"])
+    api = _drive_gunicorn(users["submitters"], submits=opts["submits"], threads=opts["threads"], workers=opts["workers"],
+                          worker_class=opts["worker_class"], worker_threads=opts["worker_threads"],
+                          reuse=not opts["new_connections"])
     return {
         "database": _db_label(),
         "seeded": {"pending": opts["pending"], "nodes": opts["nodes"], "seconds": round(seed_s, 1), **_counts()},
@@ -301,10 +310,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _drive_gunicorn(submitters: list[tuple[str, str]], *, submits: int, threads: int, workers: int) -> dict[str, Any]:
+def _drive_gunicorn(submitters: list[tuple[str, str]], *, submits: int, threads: int, workers: int,
+                    worker_class: str = "gthread", worker_threads: int = 4, reuse: bool = True) -> dict[str, Any]:
     port = _free_port()
     gunicorn = [sys.executable, "-m", "gunicorn", "portal.wsgi:application", "--bind", f"127.0.0.1:{port}",
-                "--workers", str(workers), "--log-level", "warning", "--timeout", "60"]
+                "--workers", str(workers), "--worker-class", worker_class, "--keep-alive", "5",
+                "--log-level", "warning", "--timeout", "60"]
+    if worker_class == "gthread":
+        gunicorn += ["--threads", str(worker_threads)]
     proc = subprocess.Popen(gunicorn, cwd=_root(), env=os.environ.copy(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         _wait_for(port)
@@ -315,29 +328,42 @@ def _drive_gunicorn(submitters: list[tuple[str, str]], *, submits: int, threads:
         latencies: list[float] = []
         errors: list[str] = []
 
+        connects = {"n": 0}
+
         def worker() -> None:
+            conn: HTTPConnection | None = None
             while True:
                 with lock:
                     i = counter["next"]
                     if i >= submits:
-                        return
+                        break
                     counter["next"] += 1
                 token, team = submitters[i % len(submitters)]
                 payload = json.dumps({**body, "team": team, "name": f"bench-{i}"})
                 t = time.perf_counter()
                 try:
-                    conn = HTTPConnection("127.0.0.1", port, timeout=30)
+                    if conn is None:
+                        conn = HTTPConnection("127.0.0.1", port, timeout=30)
+                        with lock:
+                            connects["n"] += 1
                     conn.request("POST", "/api/v1/requests/", payload,
                                  {"Authorization": f"Token {token}", "Content-Type": "application/json"})
                     resp = conn.getresponse()
                     data = resp.read()
-                    conn.close()
+                    if not reuse or resp.will_close:
+                        conn.close()
+                        conn = None
                     if resp.status != 201:
                         errors.append(f"{resp.status} {data[:200]!r}")
-                except OSError as exc:
+                except (OSError, HTTPException) as exc:  # counted, never retried (a POST)
                     errors.append(repr(exc))
+                    if conn is not None:
+                        conn.close()
+                    conn = None
                 with lock:
                     latencies.append((time.perf_counter() - t) * 1000)
+            if conn is not None:
+                conn.close()
 
         # A short warm-up so each worker has imported everything before the clock starts.
         for _ in range(workers * 2):
@@ -346,6 +372,8 @@ def _drive_gunicorn(submitters: list[tuple[str, str]], *, submits: int, threads:
             conn.request("GET", "/api/v1/pools/", headers={"Authorization": f"Token {token}"})
             conn.getresponse().read()
             conn.close()
+        load_before = os.getloadavg()
+        server_cpu, client_cpu = _tree_cpu_s(proc.pid), time.process_time()
         started = time.perf_counter()
         pool = [threading.Thread(target=worker) for _ in range(threads)]
         for t in pool:
@@ -353,6 +381,8 @@ def _drive_gunicorn(submitters: list[tuple[str, str]], *, submits: int, threads:
         for t in pool:
             t.join()
         elapsed = time.perf_counter() - started
+        load_after = os.getloadavg()
+        server_cpu, client_cpu = _tree_cpu_s(proc.pid) - server_cpu, time.process_time() - client_cpu
     finally:
         proc.terminate()
         try:
@@ -370,9 +400,34 @@ def _drive_gunicorn(submitters: list[tuple[str, str]], *, submits: int, threads:
         "rate_per_s": round(ok / elapsed, 1) if elapsed else 0.0,
         "latency_ms_p50": round(latencies[len(latencies) // 2], 1) if latencies else None,
         "latency_ms_p95": round(latencies[int(len(latencies) * 0.95)], 1) if latencies else None,
-        "gunicorn_workers": workers,
+        "gunicorn": f"{workers} {worker_class} workers" + (f" x {worker_threads} threads" if worker_class == "gthread" else ""),
         "client_threads": threads,
+        "client_connections": connects["n"],
+        # CPU per submit is steadier than the rate on a shared machine (database server not included).
+        "gunicorn_cpu_ms_per_submit": round(server_cpu * 1000 / submits, 2) if server_cpu >= 0 else None,
+        "client_cpu_ms_per_submit": round(client_cpu * 1000 / submits, 2),
+        "loadavg_1_5_15_before": [round(x, 2) for x in load_before],
+        "loadavg_1_5_15_after": [round(x, 2) for x in load_after],
     }
+
+
+def _tree_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process and its children (Linux /proc; -1.0 elsewhere)."""
+    try:
+        total = 0.0
+        for p in [pid, *_children(pid)]:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return total
+    except (OSError, ValueError, IndexError):
+        return -1.0
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        out += [int(c) for c in (task / "children").read_text().split()]
+    return out
 
 
 def _wait_for(port: int, timeout: float = 30.0) -> None:
