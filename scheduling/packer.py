@@ -37,7 +37,8 @@ Policies (`POLICIES`; every policy ranks candidate nodes by a score tuple, lower
   per target request; about 40 milli-GPU per point); devices inside it by exact ΔF.
 * `fgd-exact` — exact ΔF only.
 * `fgd-bestfit` (the default) — 1. the coarse FGD score; 2. when no target shape constrains
-  the GPU model, the `bestfit` score (consolidates near-equal ΔF); otherwise nothing more, so
+  the GPU model, a BestFit score `cpu_left + 32 × gpu_left` (GPU weighted double
+  `bestfit`'s 16; consolidates near-equal ΔF); otherwise nothing more, so
   the tie-break decides as in FGD (BestFit favours small nodes, often the scarce models that
   constrained requests need); 3. exact ΔF for the device choice.
 * `bestfit` — least `cpu_left + 16 × gpu_left` after placement (FGD's BestFit baseline:
@@ -124,6 +125,14 @@ TIE_BREAKS = ("name", "random")
 
 #: share of requests the learnt target workload covers, in percent (FGD uses 95)
 TARGET_COVERAGE_PCT = 95
+
+#: `bestfit` weighs a milli-GPU left like 16 milli-CPU (FGD's BestFit: 128 cores ~ 8 GPUs)
+BESTFIT_GPU_WEIGHT = 16
+#: `fgd-bestfit` breaks near-equal FGD scores with GPU left weighted double that: measured on
+#: the openb trace (seeds 42-51), GPU-heavier consolidation helps the CPU- and sharing-heavy
+#: mixes (cpu100 +0.12, gpushare100 +0.19), `default` +0.01, worst loss cpu250 -0.09; see
+#: docs/packer.md (24 and 40 were each worse somewhere)
+FGD_BESTFIT_GPU_WEIGHT = 32
 
 _INTERCONNECT_RANK = {"nvswitch": 0, "nvlink": 1, "pcie": 2}
 
@@ -672,9 +681,9 @@ class ClusterState:
             coarse = self._coarse(delta)
             if policy == "fgd" or self._constrained:
                 return (coarse, delta)
-            return (coarse, *self._bestfit(g, cpu_a, after, picks), delta)
+            return (coarse, *self._bestfit(g, cpu_a, after, picks, FGD_BESTFIT_GPU_WEIGHT), delta)
         if policy == "bestfit":
-            return self._bestfit(g, cpu_a, after, picks)
+            return self._bestfit(g, cpu_a, after, picks, BESTFIT_GPU_WEIGHT)
         if policy in ("random", "firstfit"):
             return ()
         idle_b = _idle(cls, g.devs)
@@ -715,8 +724,11 @@ class ClusterState:
             return 0
         return -int(100 / (1 + math.exp(x)))
 
-    def _bestfit(self, g: _Group, cpu_a: int, after: tuple[DevState, ...], picks: Choice) -> Score:
-        return (cpu_a + 16 * _idle(g.cls, after), _dev_left(g, picks))
+    def _bestfit(
+        self, g: _Group, cpu_a: int, after: tuple[DevState, ...], picks: Choice, gpu_weight: int
+    ) -> Score:
+        """`cpu_left + gpu_weight × gpu_left` after placement, then the fullest device."""
+        return (cpu_a + gpu_weight * _idle(g.cls, after), _dev_left(g, picks))
 
     def _frag(self, cls: _Class, cpu: int, mem: int, devs: tuple[DevState, ...]) -> int:
         key = (

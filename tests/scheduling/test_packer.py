@@ -422,3 +422,16 @@ def test_never_overcommitted(policy: str, ops: list[tuple[Shape, int]]) -> None:
     assert [state.free_capacity(n.name) for n in CLUSTER] == [
         fresh.free_capacity(n.name) for n in CLUSTER
     ]
+
+
+def test_fgd_bestfit_weighs_gpu_left_double_bestfit() -> None:
+    # CPU-only target workload: every node's F is w × idle GPU, so a CPU-only request has
+    # ΔF = 0 everywhere and the BestFit term decides. After placing 2 cores, "a" has 10 cores
+    # and 1 GPU left, "b" 28 cores and no GPU: bestfit (16 per milli-GPU) scores 26000 vs
+    # 28000, fgd-bestfit (32 per milli-GPU) 42000 vs 28000.
+    nodes = [node("a", 1, cpu=12000), node("b", 0, cpu=30000)]
+    cpu_only = whole(0, cpu_milli=2000)
+    for policy, want in (("bestfit", "a"), ("fgd-bestfit", "b")):
+        state = ClusterState(nodes, policy, shape_weights={cpu_only: 1})
+        p = state.find(cpu_only)
+        assert p is not None and p.nodes == (want,), policy
