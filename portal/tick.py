@@ -291,6 +291,11 @@ def _running(devices: dict[tuple[str, int], Device]) -> tuple[list[st.Running], 
         placement = st.Placement(
             tuple(st.PodPlacement(n, tuple(gs), req.cpu_milli, req.memory_mib) for n, gs in sorted(per_node.items()))
         )
+        # Expected end for reservations (EASY backfilling): the user's estimate, never past
+        # the hard limit when one is set; None (the rule without estimates) when neither.
+        limits = [s for s in (req.estimated_runtime_s, req.max_runtime_s) if s]
+        begun = att.started_at or att.admitted_at
+        expected_end_ms = _ms(begun) + min(limits) * 1000 if limits else None
         running.append(
             st.Running(
                 request_id=str(req.pk),
@@ -305,6 +310,7 @@ def _running(devices: dict[tuple[str, int], Device]) -> tuple[list[st.Running], 
                 priority=req.priority,
                 stopping=att.state == Attempt.State.STOPPING,
                 admitted_by_preemption=att.admitted_by_preemption,
+                expected_end_ms=expected_end_ms,
             )
         )
     return running, attempts, active_slots

@@ -23,9 +23,12 @@
       are gone;
    e. else **reserve**: the first `Policy.max_reservations` blocked requests that are
       large (`Policy.reserve_min_devices`), escalated or have waited
-      `Policy.reserve_after_s` (the oldest first) hold nodes (`_reserve`); no later
-      request of the tick may use those nodes, so small jobs cannot keep a large
-      one out forever (backfill only on nodes that do not delay a reserved head);
+      `Policy.reserve_after_s` (the oldest first) hold nodes (`_reserve`: those
+      expected to drain soonest by `Running.expected_end_ms`, else those untouched
+      longest); no later request of the tick may use those nodes, so small jobs cannot
+      keep a large one out forever — except work expected to end
+      (`PendingRequest.expected_runtime_ms`) before the holder's expected start there
+      (`_backfill`, EASY backfilling);
 4. **Explain** every outcome (`scheduling.explain`): a code, a sentence, the facts.
 
 Decisions come back in queue order; the PREEMPT decisions of a preemptor come just
@@ -34,7 +37,7 @@ before its own WAIT.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from scheduling import preemption
@@ -51,6 +54,7 @@ from scheduling.packer import ClusterState
 from scheduling.queue import FairQueue, cluster_capacity
 from scheduling.quota import QuotaBook, Verdict
 from scheduling.types import (
+    WHOLE_GPU_MILLI,
     Decision,
     DecisionKind,
     Device,
@@ -68,6 +72,10 @@ from scheduling.types import (
 )
 
 ShapeKey = tuple[object, ...]
+#: what one pod of a running attempt (or an admission of this tick) holds on a node:
+#: expected end (None = unknown), (device, milli) grants, CPU milli, memory MiB
+_Hold = tuple[int | None, tuple[tuple[int, int], ...], int, int]
+_NEVER = 1 << 62
 
 
 def schedule(
@@ -129,6 +137,10 @@ class _Tick:
         #: needs it (most ticks never do)
         self._held: dict[tuple[str, int], int] | None = None
         self.admitted: list[Placement] = []
+        #: expected end of each admission of this tick (None = no estimate)
+        self.admitted_end: list[int | None] = []
+        #: per node, what holds it and until when; built only when a reservation needs it
+        self._holders: dict[str, list[_Hold]] | None = None
         for run in snapshot.running:
             self.state.take(run.placement)
         self.book = QuotaBook(
@@ -151,6 +163,8 @@ class _Tick:
         self.no_victims = _Failures()
         self.candidates: dict[tuple[str, ...], list[preemption.Candidate]] = {}
         self.reserved: dict[str, str] = {}
+        #: reserved node -> when its holder is expected to start there (None = unknown)
+        self.reserve_start: dict[str, int | None] = {}
         #: nodes where a preemptor will start once its victims have stopped
         self.claimed: dict[str, str] = {}
         self.preemptions = 0
@@ -205,6 +219,8 @@ class _Tick:
             tuple(p for p in allowed if verdicts[p].borrowing),
         ):
             placement = self._find(req.shape, tier) if tier else None
+            if placement is None and tier:
+                placement = self._backfill(req, tier)
             if placement is not None:
                 return [self._admit(req, cls, placement, verdicts, position)]
         if self._never_fits(req.shape, pools):
@@ -236,6 +252,21 @@ class _Tick:
             self.failures.add(shape, pools)
         return placement
 
+    def _backfill(self, req: PendingRequest, pools: tuple[str, ...]) -> Placement | None:
+        """Place on reserved nodes whose holder is expected to start only after this request
+        is expected to end (EASY backfilling); never without both estimates."""
+        if req.expected_runtime_ms is None or not self.reserve_start:
+            return None
+        end = self.now + req.expected_runtime_ms
+        ok = {
+            name
+            for name, start in self.reserve_start.items()
+            if start is not None and start >= end and name not in self.claimed
+        }
+        if not ok:
+            return None
+        return self.state.find(req.shape, lambda n: n.pool in pools and n.name in ok)
+
     def _accept(self, pools: tuple[str, ...], reserved: bool = True) -> Callable[[Node], bool]:
         held = self.reserved if reserved else {}
         claimed = self.claimed
@@ -255,8 +286,12 @@ class _Tick:
     ) -> Decision:
         self.state.take(placement)
         self.admitted.append(placement)
+        end = None if req.expected_runtime_ms is None else self.now + req.expected_runtime_ms
+        self.admitted_end.append(end)
         if self._held is not None:
             self._hold(self._held, placement)
+        if self._holders is not None:
+            self._add_holds(self._holders, placement, end)
         pool = self.node_pool[placement.pods[0].node]
         verdict = verdicts[pool]
         milli = req.shape.gpus_milli
@@ -315,6 +350,9 @@ class _Tick:
         if self._reserve(req, tuple(allowed)):
             held = sorted(n for n, owner in self.reserved.items() if owner == req.id)
             facts["reserved_nodes"] = held
+            start = self.reserve_start.get(held[0]) if held else None
+            if start is not None:
+                facts["expected_start_ms"] = start
             msg += f"; {', '.join(held)} {'is' if len(held) == 1 else 'are'} held back for it"
         elif self.reserved:
             owners = sorted(set(self.reserved.values()))
@@ -465,18 +503,24 @@ class _Tick:
     def _reserve(self, req: PendingRequest, pools: tuple[str, ...]) -> bool:
         """Step 3e: hold nodes for this request, if it is a reservation holder.
 
-        Which nodes, in order: 1. the node where nothing has started for the longest
-        time — a node held back in the last tick has had no start since, so the choice
-        sticks from tick to tick without any state and the node really drains (jobs that
-        have run long are, under a runtime cap, also the nearest to ending); 2. the most
-        devices free; 3. the name.
+        Which nodes, in order: 1. the node expected to drain soonest — the earliest time
+        at which one pod of the request fits there, from the `Running.expected_end_ms` of
+        what holds it (and the expected runtime of this tick's admissions); a node where
+        some holder has no estimate comes after every node with one; 2. the node where
+        nothing has started for the longest time — a node held back in the last tick has
+        had no start since, so the choice sticks from tick to tick without any state and
+        the node really drains (jobs that have run long are, under a runtime cap, also
+        the nearest to ending); 3. the most devices free; 4. the name. Without estimates
+        only 2–4 apply. The request's expected start (the latest drain of its nodes) is
+        kept so that `_backfill` admits there only work expected to end before it.
         """
         if req.id not in self.may_reserve or req.id in self.reserved.values():
             return False
         shape = req.shape
-        scored: list[tuple[int, int, str]] = []
+        scored: list[tuple[int, int, int, str]] = []
         held = self.held()
         last = self.last_start()
+        holders = self.holders()
         for node in self.snap.nodes:
             if node.pool not in pools or node.name in self.reserved or node.name in self.claimed:
                 continue
@@ -486,12 +530,60 @@ class _Tick:
             if len(fit) < shape.count:
                 continue
             free = sum(1 for d in fit if held.get((node.name, d.index), 0) == 0)
-            scored.append((last.get(node.name, 0), -free, node.name))
+            drain = self._drain_ms(node, shape, fit, holders.get(node.name, ()))
+            scored.append(
+                (_NEVER if drain is None else drain, last.get(node.name, 0), -free, node.name)
+            )
         if len(scored) < shape.pods:
             return False
-        for _, _, name in sorted(scored)[: shape.pods]:
+        chosen = sorted(scored)[: shape.pods]
+        latest = max(c[0] for c in chosen)
+        start = None if latest >= _NEVER else latest
+        for *_, name in chosen:
             self.reserved[name] = req.id
+            self.reserve_start[name] = start
         return True
+
+    def _drain_ms(
+        self, node: Node, shape: Shape, fit: list[Device], holds: Sequence[_Hold]
+    ) -> int | None:
+        """Return when one pod of the shape is expected to fit on the node (devices, CPU,
+        memory), from the expected ends of what holds it; None when one has no estimate."""
+        ends: list[tuple[int, int]] = []
+        used: dict[int, int] = {}
+        cpu = mem = 0
+        for k, (end, grants, c, m) in enumerate(holds):
+            if end is None:
+                return None
+            ends.append((max(end, self.now), k))
+            for dev, milli in grants:
+                used[dev] = used.get(dev, 0) + milli
+            cpu += c
+            mem += m
+        # A rough test (the packer decides): whole devices must be empty, a shared slice
+        # needs its share free, a MIG instance only a device not wholly taken.
+        if shape.kind is ProfileKind.WHOLE:
+            need = WHOLE_GPU_MILLI
+        else:
+            need = shape.milli if shape.kind is ProfileKind.SHARED else 1
+
+        def fits() -> bool:
+            if node.cpu_milli - cpu < shape.cpu_milli or node.memory_mib - mem < shape.memory_mib:
+                return False
+            room = sum(1 for d in fit if WHOLE_GPU_MILLI - used.get(d.index, 0) >= need)
+            return room >= shape.count
+
+        if fits():
+            return self.now
+        for end, k in sorted(ends):
+            _, grants, c, m = holds[k]
+            for dev, milli in grants:
+                used[dev] -= milli
+            cpu -= c
+            mem -= m
+            if fits():
+                return end
+        return None
 
     def _reject_never(self, req: PendingRequest, pools: tuple[str, ...]) -> Decision:
         msg = f"rejected: no node in {where(pools)} can hold {describe(req.shape)}"
@@ -525,6 +617,23 @@ class _Tick:
             for name in placement.nodes:
                 last[name] = self.now
         return last
+
+    def holders(self) -> dict[str, list[_Hold]]:
+        """Return, per node, what holds it and when it is expected to end."""
+        if self._holders is None:
+            self._holders = {}
+            for run in self.snap.running:
+                end = self.now if run.stopping else run.expected_end_ms
+                self._add_holds(self._holders, run.placement, end)
+            for placement, end in zip(self.admitted, self.admitted_end, strict=True):
+                self._add_holds(self._holders, placement, end)
+        return self._holders
+
+    @staticmethod
+    def _add_holds(holders: dict[str, list[_Hold]], placement: Placement, end: int | None) -> None:
+        for pod in placement.pods:
+            grants = tuple((g.device, max(g.milli, 1)) for g in pod.grants)
+            holders.setdefault(pod.node, []).append((end, grants, pod.cpu_milli, pod.memory_mib))
 
     def held(self) -> dict[tuple[str, int], int]:
         """Return the milli held per (node, device) by running attempts and admissions."""

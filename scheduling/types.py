@@ -243,6 +243,10 @@ class PendingRequest:
     #: requeued after a preemption or a lost node: not admitted before this time
     #: (epoch ms, see `scheduling.backoff.requeue_delay_s`); 0 = no hold
     not_before_ms: int = 0
+    #: expected runtime once started (ms), or None when unknown; with it the request may
+    #: backfill a node reserved for a large request if it is expected to end before that
+    #: request is expected to start (EASY backfilling)
+    expected_runtime_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,6 +268,10 @@ class Running:
     #: this attempt was admitted on capacity freed by preempting others; it is never a
     #: victim of a preemptor from the same or a lower band (no preemption cycles)
     admitted_by_preemption: bool = False
+    #: when the attempt is expected to end (epoch ms), or None when unknown; reservations
+    #: hold the nodes expected to drain soonest (`cycle._Tick._reserve`). An estimate past
+    #: `now` counts as ending now.
+    expected_end_ms: int | None = None
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Replay benchmark: the openb trace's request shapes under drawn arrivals, through `schedule()`.
 
 `python -m scheduling.bench replay --json [--nodes CSV] [--pods CSV] [--every K] [--jobs N]
-[--load L] [--teams T] [--seed S] [--tick-s D]`
+[--load L] [--teams T] [--seed S] [--tick-s D] [--estimates exact|over3|none]`
 
 The openb pod list is a snapshot made for packing studies, not a load trace, so the
 replay keeps its request shapes and runtimes and draws the arrivals. Procedure:
@@ -31,6 +31,13 @@ replay keeps its request shapes and runtimes and draws the arrivals. Procedure:
      start is lost: the trace has no checkpoints) and requeues it with
      `requeue_delay_s(attempt, 60, 3600, jitter)`. Like the portal, it admits a request
      whose last decision was `preempting` with `Running.admitted_by_preemption`.
+     **Runtime estimates** (`--estimates`): by default (`exact`) every request carries
+     its true runtime as `PendingRequest.expected_runtime_ms` and every attempt
+     `Running.expected_end_ms = start + runtime` — a *perfect* estimate, which no real
+     user gives, so this is the best case for the reservation rule (nodes expected to
+     drain soonest) and for EASY backfill onto reserved nodes; `over3` multiplies each
+     runtime by U(1, 3) (users over-estimate), `none` gives no estimates (the rule
+     without them: nodes untouched longest, no backfill on reserved nodes).
 6. **Measurement**: the window runs from the arrival of job N/5 (after warm-up) to the
    last arrival. Utilization is the requested GPU-time (milli share × time) running in
    the window over capacity × window. A job's wait runs from its arrival to its first
@@ -51,7 +58,7 @@ import random
 import time
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from scheduling.backoff import decay_usage, interval_usage, requeue_delay_s
@@ -118,6 +125,8 @@ class Job:
     shape: Shape
     runtime_ms: int
     arrival_ms: int
+    #: the runtime the scheduler is told (None = no estimate); see `with_estimates`
+    estimate_ms: int | None = None
 
 
 @dataclass(slots=True)
@@ -153,6 +162,23 @@ def draw_jobs(
         cls = QOS_CLASS.get(pod.qos, "interactive")
         jobs.append(Job(f"job-{i:06d}", team, cls, pod.to_shape(), runtime, int(t)))
     return jobs, capacity
+
+
+def with_estimates(jobs: Sequence[Job], mode: str, seed: int) -> list[Job]:
+    """Return the jobs with the runtime estimate the scheduler is told.
+
+    `exact`: the true runtime (a perfect estimate, which real users never give);
+    `over3`: the true runtime × U(1, 3), drawn per job from its own seeded stream (users
+    over-estimate, never under-estimate); `none`: no estimate (the rule without them).
+    """
+    if mode == "none":
+        return [replace(j, estimate_ms=None) for j in jobs]
+    if mode == "exact":
+        return [replace(j, estimate_ms=j.runtime_ms) for j in jobs]
+    if mode == "over3":
+        rng = random.Random(seed + 7919)
+        return [replace(j, estimate_ms=int(j.runtime_ms * rng.uniform(1, 3))) for j in jobs]
+    raise ValueError(f"unknown estimate mode {mode!r}")
 
 
 def _runtime_ms(pod: TracePod) -> int:
@@ -328,6 +354,7 @@ class _Sim:
             placement,
             now,
             admitted_by_preemption=request_id in self.preemptors,
+            expected_end_ms=None if job.estimate_ms is None else now + job.estimate_ms,
         )
         self.preemptors.discard(request_id)
         self.out.first_start_ms.setdefault(request_id, now)
@@ -341,7 +368,14 @@ class _Sim:
         delay = requeue_delay_s(n, 60, 3600, self.rng.uniform(0, 6))
         due = now + int(delay * 1000)
         self.pending[run.request_id] = PendingRequest(
-            job.id, job.team, job.cls, job.shape, job.arrival_ms, attempts=n, not_before_ms=due
+            job.id,
+            job.team,
+            job.cls,
+            job.shape,
+            job.arrival_ms,
+            attempts=n,
+            not_before_ms=due,
+            expected_runtime_ms=job.estimate_ms,
         )
         self.push(due, 1, run.request_id)
 
@@ -382,7 +416,12 @@ def run_quartermaster(
         while i < len(jobs) and jobs[i].arrival_ms <= now:
             job = jobs[i]
             sim.pending[job.id] = PendingRequest(
-                job.id, job.team, job.cls, job.shape, job.arrival_ms
+                job.id,
+                job.team,
+                job.cls,
+                job.shape,
+                job.arrival_ms,
+                expected_runtime_ms=job.estimate_ms,
             )
             i += 1
         if sim.pending:
@@ -437,13 +476,21 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--tick-s", type=float, default=10.0, help="tick period; 0 = every event")
     parser.add_argument("--policies", default="quartermaster,k8s-default")
+    parser.add_argument(
+        "--estimates",
+        default="exact",
+        choices=("exact", "over3", "none"),
+        help="runtime estimates given to quartermaster: exact (perfect), over3 (x U(1,3)), none",
+    )
     args = parser.parse_args(list(argv))
     nodes = load_nodes(args.nodes)[:: args.every]
     jobs, capacity = draw_jobs(
         load_pods(args.pods), nodes, args.jobs, args.load, args.teams, args.seed
     )
+    jobs = with_estimates(jobs, args.estimates, args.seed)
     result: dict[str, object] = {
         "offered_load": args.load,
+        "estimates": args.estimates,
         "gpus": capacity // 1000,
         "jobs": len(jobs),
     }
