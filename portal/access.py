@@ -26,7 +26,9 @@ security_log = logging.getLogger("portal.security")
 
 
 def _denied(user: AnyUser, what: str, pk: Any, exc: type[Exception], message: str) -> Exception:
-    security_log.warning("access denied: user=%s %s=%s (%s)", getattr(user, "pk", None), what, pk, exc.__name__)
+    security_log.warning(
+        "access denied: user=%s %s=%s (%s)", getattr(user, "pk", None), what, pk, exc.__name__
+    )
     return exc(message)
 
 
@@ -57,7 +59,11 @@ def get_team_for_user(user: AnyUser, pk: int | str, *, role: str | None = None) 
         team = None
     if team is None:
         raise _denied(user, "team", pk, Http404, "No such team.")
-    if role == Membership.Role.LEAD and not is_admin(user) and role_in(user, team) != Membership.Role.LEAD:
+    if (
+        role == Membership.Role.LEAD
+        and not is_admin(user)
+        and role_in(user, team) != Membership.Role.LEAD
+    ):
         raise _denied(user, "team", pk, PermissionDenied, "Only the team's leads may do this.")
     return team
 
@@ -80,7 +86,13 @@ def get_gpu_request_for_user(user: AnyUser, pk: int | str, *, write: bool = Fals
         own = req.submitted_by_id == user.pk
         lead = role_in(user, req.team) == Membership.Role.LEAD
         if not (own or lead):
-            raise _denied(user, "request", pk, PermissionDenied, "Only the submitter or a team lead may change this request.")
+            raise _denied(
+                user,
+                "request",
+                pk,
+                PermissionDenied,
+                "Only the submitter or a team lead may change this request.",
+            )
     return req
 
 

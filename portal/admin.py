@@ -46,13 +46,29 @@ class NodeAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
 @admin.register(models.Quota)
 class QuotaAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    list_display = ["team", "pool", "nominal_milli", "borrowing_limit_milli", "lending_limit_milli", "granted_milli"]
+    list_display = [
+        "team",
+        "pool",
+        "nominal_milli",
+        "borrowing_limit_milli",
+        "lending_limit_milli",
+        "granted_milli",
+    ]
 
 
 class AttemptInline(admin.TabularInline):  # type: ignore[type-arg]
     model = models.Attempt
     extra = 0
-    readonly_fields = ["number", "state", "pool", "nodes", "admitted_at", "started_at", "ended_at", "released_at"]
+    readonly_fields = [
+        "number",
+        "state",
+        "pool",
+        "nodes",
+        "admitted_at",
+        "started_at",
+        "ended_at",
+        "released_at",
+    ]
 
 
 @admin.register(models.GpuRequest)

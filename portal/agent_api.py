@@ -39,7 +39,9 @@ def _bearer(request: HttpRequest) -> str:
 def agent_report(request: HttpRequest) -> JsonResponse:
     token = settings.NODE_AGENT_TOKEN
     if not token:
-        return JsonResponse({"error": "node agents are not enabled here: set NODE_AGENT_TOKEN"}, status=403)
+        return JsonResponse(
+            {"error": "node agents are not enabled here: set NODE_AGENT_TOKEN"}, status=403
+        )
     if not hmac.compare_digest(_bearer(request).encode(), token.encode()):
         return JsonResponse({"error": "bad or missing bearer token"}, status=401)
     if len(request.body) > MAX_REPORT_BYTES:
@@ -59,16 +61,26 @@ def agent_report(request: HttpRequest) -> JsonResponse:
 
 @require_GET
 def attempt_ready(request: HttpRequest, attempt_id: int) -> JsonResponse:
-    attempt = Attempt.objects.select_related("request__team", "request__workload_class", "pool").filter(pk=attempt_id).first()
+    attempt = (
+        Attempt.objects.select_related("request__team", "request__workload_class", "pool")
+        .filter(pk=attempt_id)
+        .first()
+    )
     if attempt is None:
         return JsonResponse({"error": "no such attempt"}, status=404)
-    expected = attempt_token(ready_token_key(), attempt.namespace, attempt.workload_name, attempt.pk)
+    expected = attempt_token(
+        ready_token_key(), attempt.namespace, attempt.workload_name, attempt.pk
+    )
     if not hmac.compare_digest(_bearer(request).encode(), expected.encode()):
         return JsonResponse({"error": "bad or missing bearer token"}, status=403)
     if attempt.state not in (Attempt.State.ADMITTED, Attempt.State.RUNNING):
         return JsonResponse({"error": f"attempt is {attempt.state}"}, status=410)
     node = Node.objects.filter(name=attempt.nodes[0] if attempt.nodes else "").first()
-    uuids = [u for u in request.GET.get("devices", "").split(",") if u and u not in ("all", "void", "none")]
+    uuids = [
+        u
+        for u in request.GET.get("devices", "").split(",")
+        if u and u not in ("all", "void", "none")
+    ]
     ready, reason = devices_free(
         node.agent_report if node else None,
         services.launch_spec(attempt).grants,

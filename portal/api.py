@@ -31,13 +31,28 @@ from portal.models import (
 )
 
 # Keys a client may not send: the platform derives them (RELIABILITY.md §8.6).
-FORBIDDEN_KEYS = {"namespace", "node", "nodeName", "node_name", "tolerations", "runtimeClassName", "priorityClassName",
-                  "state", "submitted_by", "queue_position", "status_code", "status_message", "allocated_devices"}
+FORBIDDEN_KEYS = {
+    "namespace",
+    "node",
+    "nodeName",
+    "node_name",
+    "tolerations",
+    "runtimeClassName",
+    "priorityClassName",
+    "state",
+    "submitted_by",
+    "queue_position",
+    "status_code",
+    "status_message",
+    "allocated_devices",
+}
 
 
 def _detail(exc: DjangoValidationError) -> dict[str, Any]:
     if hasattr(exc, "error_dict"):
-        return {("non_field_errors" if k == "__all__" else k): v for k, v in exc.message_dict.items()}
+        return {
+            ("non_field_errors" if k == "__all__" else k): v for k, v in exc.message_dict.items()
+        }
     return {"non_field_errors": exc.messages}
 
 
@@ -50,7 +65,9 @@ class ApiView(APIView):
         return super().handle_exception(exc)
 
 
-def _paginate(view: APIView, request: Request, qs: Any, serializer: type[serializers.Serializer]) -> Response:
+def _paginate(
+    view: APIView, request: Request, qs: Any, serializer: type[serializers.Serializer]
+) -> Response:
     paginator = PageNumberPagination()
     page = paginator.paginate_queryset(qs, request, view=view)
     return paginator.get_paginated_response(serializer(page, many=True).data)
@@ -110,10 +127,16 @@ class GpuRequestOutputSerializer(serializers.Serializer):
 class SubmitFields(StrictSerializer):
     """The fields of a request a client chooses; everything else comes from the platform."""
 
-    team = serializers.SlugField(required=False, help_text="team name; optional if you are in one team")
+    team = serializers.SlugField(
+        required=False, help_text="team name; optional if you are in one team"
+    )
     workload_class = serializers.SlugField()
-    pool = serializers.CharField(required=False, allow_null=True, allow_blank=True, help_text='pool name, or "any"')
-    profile = serializers.CharField(required=False, help_text="device profile name, e.g. mig-3g.40gb")
+    pool = serializers.CharField(
+        required=False, allow_null=True, allow_blank=True, help_text='pool name, or "any"'
+    )
+    profile = serializers.CharField(
+        required=False, help_text="device profile name, e.g. mig-3g.40gb"
+    )
     profile_kind = serializers.ChoiceField(choices=DeviceProfile.Kind.values, required=False)
     mig_profile = serializers.CharField(required=False, allow_blank=True, max_length=30)
     milli = serializers.IntegerField(required=False, min_value=1, max_value=1000)
@@ -148,15 +171,28 @@ class SubmitFields(StrictSerializer):
         if profile_name:
             # The named profile, if some pool the request may land in offers it (as selectors.offered_profiles).
             profile = DeviceProfile.objects.filter(name=profile_name).first()
-            if profile is not None and not any(p.offers(profile.kind, profile.mig_profile) for p in Pool.offering(d["pool"])):
+            if profile is not None and not any(
+                p.offers(profile.kind, profile.mig_profile) for p in Pool.offering(d["pool"])
+            ):
                 profile = None
             if profile is None:
-                raise ValidationError({"profile": ["No pool you chose offers this device profile."]})
-            d.update(profile_kind=profile.kind, mig_profile=profile.mig_profile, milli=profile.milli,
-                     gpu_memory_mib=profile.gpu_memory_mib)
+                raise ValidationError(
+                    {"profile": ["No pool you chose offers this device profile."]}
+                )
+            d.update(
+                profile_kind=profile.kind,
+                mig_profile=profile.mig_profile,
+                milli=profile.milli,
+                gpu_memory_mib=profile.gpu_memory_mib,
+            )
         elif "profile_kind" not in d and wc.default_profile is not None:
             p = wc.default_profile
-            d.update(profile_kind=p.kind, mig_profile=p.mig_profile, milli=p.milli, gpu_memory_mib=p.gpu_memory_mib)
+            d.update(
+                profile_kind=p.kind,
+                mig_profile=p.mig_profile,
+                milli=p.milli,
+                gpu_memory_mib=p.gpu_memory_mib,
+            )
         d.setdefault("profile_kind", DeviceProfile.Kind.WHOLE)
         return d
 
@@ -170,7 +206,9 @@ class GpuRequestListSubmitApi(ApiView):
         cpu_milli = serializers.IntegerField(default=1000, min_value=0, max_value=10**9)
         memory_mib = serializers.IntegerField(default=4096, min_value=0, max_value=10**9)
         image = serializers.CharField(max_length=500)
-        command = serializers.JSONField(required=False, default=list, help_text="list of strings (or one string)")
+        command = serializers.JSONField(
+            required=False, default=list, help_text="list of strings (or one string)"
+        )
         env = serializers.JSONField(required=False, default=dict, help_text="mapping NAME -> value")
         checkpoint_interval_s = serializers.IntegerField(default=0, min_value=0, max_value=10**9)
         max_runtime_s = serializers.IntegerField(default=0, min_value=0, max_value=10**9)
@@ -190,11 +228,19 @@ class GpuRequestListSubmitApi(ApiView):
     def get(self, request: Request) -> Response:
         state = request.query_params.get("state", "")
         if state and state not in GpuRequest.State.values:
-            raise ValidationError({"state": [f"Choose one of {', '.join(GpuRequest.State.values)}."]})
-        qs = selectors.request_list(request.user, mine=request.query_params.get("mine") in ("1", "true"), state=state)
+            raise ValidationError(
+                {"state": [f"Choose one of {', '.join(GpuRequest.State.values)}."]}
+            )
+        qs = selectors.request_list(
+            request.user, mine=request.query_params.get("mine") in ("1", "true"), state=state
+        )
         return _paginate(self, request, qs, self.OutputSerializer)
 
-    @extend_schema(operation_id="requests_submit", request=SubmitInputSerializer, responses={201: GpuRequestOutputSerializer})
+    @extend_schema(
+        operation_id="requests_submit",
+        request=SubmitInputSerializer,
+        responses={201: GpuRequestOutputSerializer},
+    )
     def post(self, request: Request) -> Response:
         serializer = self.SubmitInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -218,7 +264,9 @@ class GpuRequestPreviewApi(ApiView):
         estimated_start = serializers.DateTimeField(allow_null=True)
         borrowing = serializers.BooleanField()
 
-    @extend_schema(operation_id="requests_preview", request=InputSerializer, responses=OutputSerializer)
+    @extend_schema(
+        operation_id="requests_preview", request=InputSerializer, responses=OutputSerializer
+    )
     def post(self, request: Request) -> Response:
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -239,7 +287,9 @@ class GpuRequestDetailApi(ApiView):
 class GpuRequestCancelApi(ApiView):
     OutputSerializer = GpuRequestOutputSerializer
 
-    @extend_schema(operation_id="requests_cancel", request=None, responses=GpuRequestOutputSerializer)
+    @extend_schema(
+        operation_id="requests_cancel", request=None, responses=GpuRequestOutputSerializer
+    )
     def post(self, request: Request, request_id: int) -> Response:
         req = access.get_gpu_request_for_user(request.user, request_id, write=True)
         req = services.gpu_request_cancel(user=request.user, gpu_request=req)
@@ -265,7 +315,11 @@ class QueueApi(ApiView):
 
     @extend_schema(
         operation_id="queue_list",
-        parameters=[OpenApiParameter("workload_class", str), OpenApiParameter("team", str), OpenApiParameter("pool", str)],
+        parameters=[
+            OpenApiParameter("workload_class", str),
+            OpenApiParameter("team", str),
+            OpenApiParameter("pool", str),
+        ],
         responses=OutputSerializer(many=True),
     )
     def get(self, request: Request) -> Response:
@@ -277,7 +331,9 @@ class QueueApi(ApiView):
                 if obj is None:
                     raise ValidationError({key: [f"No such {key.replace('_', ' ')}."]})
                 filters[key] = obj
-        return _paginate(self, request, selectors.queue_list(request.user, **filters), self.OutputSerializer)
+        return _paginate(
+            self, request, selectors.queue_list(request.user, **filters), self.OutputSerializer
+        )
 
 
 # ---------------------------------------------------------------------------
@@ -310,7 +366,9 @@ class PoolListApi(ApiView):
     def get(self, request: Request) -> Response:
         rows = selectors.pool_summaries()
         for r in rows:
-            r["profiles"] = list(selectors.offered_profiles(r["pool"]).values_list("name", flat=True))
+            r["profiles"] = list(
+                selectors.offered_profiles(r["pool"]).values_list("name", flat=True)
+            )
         return Response(self.OutputSerializer(rows, many=True).data)
 
 
@@ -350,7 +408,11 @@ class CapacityApi(ApiView):
         def get_devices(self, obj: Any) -> list[dict[str, Any]]:
             return CapacityApi.DeviceSerializer(obj.devices, many=True).data  # type: ignore[return-value]
 
-    @extend_schema(operation_id="capacity_list", parameters=[OpenApiParameter("pool", str)], responses=OutputSerializer(many=True))
+    @extend_schema(
+        operation_id="capacity_list",
+        parameters=[OpenApiParameter("pool", str)],
+        responses=OutputSerializer(many=True),
+    )
     def get(self, request: Request) -> Response:
         access.require_admin(request.user)
         nodes = Node.objects.select_related("pool").order_by("pool__name", "name")
@@ -374,7 +436,11 @@ class NodeActionApi(ApiView):
     @extend_schema(operation_id="nodes_action", request=None, responses=OutputSerializer)
     def post(self, request: Request, node_id: int, action: str) -> Response:
         node = access.get_node_for_admin(request.user, node_id)
-        service = {"cordon": services.node_cordon, "drain": services.node_drain, "return": services.node_return}[action]
+        service = {
+            "cordon": services.node_cordon,
+            "drain": services.node_drain,
+            "return": services.node_return,
+        }[action]
         return Response(self.OutputSerializer(service(actor=request.user, node=node)).data)
 
 
@@ -408,7 +474,10 @@ class DecisionListApi(ApiView):
     )
     def get(self, request: Request) -> Response:
         params = request.query_params
-        filters: dict[str, Any] = {"node": params.get("node", "")[:253], "kind": params.get("kind", "")}
+        filters: dict[str, Any] = {
+            "node": params.get("node", "")[:253],
+            "kind": params.get("kind", ""),
+        }
         if filters["kind"] and filters["kind"] not in Decision.Kind.values:
             raise ValidationError({"kind": [f"Choose one of {', '.join(Decision.Kind.values)}."]})
         if params.get("team"):
@@ -420,7 +489,9 @@ class DecisionListApi(ApiView):
                 filters["request_id"] = int(params["request"])
             except ValueError:
                 raise ValidationError({"request": ["A request id is a whole number."]}) from None
-        return _paginate(self, request, selectors.decision_list(request.user, **filters), self.OutputSerializer)
+        return _paginate(
+            self, request, selectors.decision_list(request.user, **filters), self.OutputSerializer
+        )
 
 
 class AuditListApi(ApiView):
@@ -435,7 +506,11 @@ class AuditListApi(ApiView):
         after = serializers.JSONField()
         created_at = serializers.DateTimeField()
 
-    @extend_schema(operation_id="audit_list", parameters=[OpenApiParameter("action", str)], responses=OutputSerializer(many=True))
+    @extend_schema(
+        operation_id="audit_list",
+        parameters=[OpenApiParameter("action", str)],
+        responses=OutputSerializer(many=True),
+    )
     def get(self, request: Request) -> Response:
         access.require_admin(request.user)
         qs: Any = selectors.audit_list(action=request.query_params.get("action", "")[:50])
@@ -464,7 +539,9 @@ class TeamListApi(ApiView):
 
     @extend_schema(operation_id="teams_list", responses=OutputSerializer(many=True))
     def get(self, request: Request) -> Response:
-        return _paginate(self, request, access.teams_for(request.user).order_by("name"), self.OutputSerializer)
+        return _paginate(
+            self, request, access.teams_for(request.user).order_by("name"), self.OutputSerializer
+        )
 
 
 class TeamDetailApi(ApiView):
@@ -498,7 +575,10 @@ class TeamDetailApi(ApiView):
     def get(self, request: Request, team_id: int) -> Response:
         team = access.get_team_for_user(request.user, team_id)
         data = {
-            "id": team.pk, "name": team.name, "namespace": team.namespace, "weight": team.weight,
+            "id": team.pk,
+            "name": team.name,
+            "namespace": team.namespace,
+            "weight": team.weight,
             "max_pending": team.max_pending,
             "usage": self.UsageSerializer(selectors.team_usage(team), many=True).data,
             "quotas": QuotaOutputSerializer(team.quotas.select_related("pool"), many=True).data,
@@ -512,21 +592,30 @@ class QuotaSetApi(ApiView):
 
     class InputSerializer(StrictSerializer):
         nominal_milli = serializers.IntegerField(min_value=0, max_value=10**9)
-        borrowing_limit_milli = serializers.IntegerField(min_value=0, max_value=10**9, required=False, allow_null=True)
-        lending_limit_milli = serializers.IntegerField(min_value=0, max_value=10**9, required=False, allow_null=True)
-        granted_milli = serializers.IntegerField(min_value=0, max_value=10**9, required=False, allow_null=True)
+        borrowing_limit_milli = serializers.IntegerField(
+            min_value=0, max_value=10**9, required=False, allow_null=True
+        )
+        lending_limit_milli = serializers.IntegerField(
+            min_value=0, max_value=10**9, required=False, allow_null=True
+        )
+        granted_milli = serializers.IntegerField(
+            min_value=0, max_value=10**9, required=False, allow_null=True
+        )
 
     OutputSerializer = QuotaOutputSerializer
 
-    @extend_schema(operation_id="quotas_set", request=InputSerializer, responses=QuotaOutputSerializer)
+    @extend_schema(
+        operation_id="quotas_set", request=InputSerializer, responses=QuotaOutputSerializer
+    )
     def put(self, request: Request, team_id: int, pool_id: int) -> Response:
         team = access.get_team_for_user(request.user, team_id, role=Membership.Role.LEAD)
         pool = access.get_pool(request.user, pool_id)
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        quota = services.quota_set(actor=request.user, team=team, pool=pool, **serializer.validated_data)
+        quota = services.quota_set(
+            actor=request.user, team=team, pool=pool, **serializer.validated_data
+        )
         return Response(self.OutputSerializer(quota).data)
-
 
 
 def _name_nested_serializers() -> None:
@@ -535,8 +624,14 @@ def _name_nested_serializers() -> None:
         if not (isinstance(view, type) and issubclass(view, APIView)):
             continue
         for attr, value in vars(view).items():
-            if isinstance(value, type) and issubclass(value, serializers.Serializer) and value.__qualname__.startswith(api_name):
-                extend_schema_serializer(component_name=api_name + attr.removesuffix("Serializer"))(value)
+            if (
+                isinstance(value, type)
+                and issubclass(value, serializers.Serializer)
+                and value.__qualname__.startswith(api_name)
+            ):
+                extend_schema_serializer(component_name=api_name + attr.removesuffix("Serializer"))(
+                    value
+                )
 
 
 _name_nested_serializers()

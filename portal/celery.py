@@ -14,10 +14,16 @@ app.autodiscover_tasks()
 def _schedule_tick(sender: Celery, **kwargs: object) -> None:
     from django.conf import settings
 
-    sender.add_periodic_task(float(settings.TICK_SECONDS), sender.signature("portal.tasks.tick"), name="tick")
-    sender.add_periodic_task(float(settings.TICK_SECONDS), sender.signature("portal.tasks.reconcile"), name="reconcile")
+    sender.add_periodic_task(
+        float(settings.TICK_SECONDS), sender.signature("portal.tasks.tick"), name="tick"
+    )
+    sender.add_periodic_task(
+        float(settings.TICK_SECONDS), sender.signature("portal.tasks.reconcile"), name="reconcile"
+    )
     if settings.DEMO_TRICKLE:
-        sender.add_periodic_task(4.0, sender.signature("portal.tasks.demo_trickle"), name="demo-trickle")
+        sender.add_periodic_task(
+            4.0, sender.signature("portal.tasks.demo_trickle"), name="demo-trickle"
+        )
 
 
 @worker_ready.connect

@@ -27,9 +27,25 @@ DEMO_USERS = [
 
 CLASSES = [
     # name, band, preemption, min runtime, max queue, inference, description
-    ("inference", 300, "never", 0, 600, True, "Production model serving: latency objective, never preempted"),
+    (
+        "inference",
+        300,
+        "never",
+        0,
+        600,
+        True,
+        "Production model serving: latency objective, never preempted",
+    ),
     ("interactive", 200, "when-borrowing", 300, 1800, False, "Notebooks and debugging sessions"),
-    ("training", 100, "always", 600, 0, False, "Batch training; checkpoint and expect preemption when borrowing"),
+    (
+        "training",
+        100,
+        "always",
+        600,
+        0,
+        False,
+        "Batch training; checkpoint and expect preemption when borrowing",
+    ),
 ]
 
 # team -> {pool: nominal GPUs}
@@ -56,9 +72,14 @@ def seed(*, path: str | None = None) -> dict[str, Any]:
     profiles = {}
     for name, kind, mig, milli, mem in PROFILES:
         profiles[name], _ = DeviceProfile.objects.update_or_create(
-            name=name, defaults={"kind": kind, "mig_profile": mig, "milli": milli, "gpu_memory_mib": mem}
+            name=name,
+            defaults={"kind": kind, "mig_profile": mig, "milli": milli, "gpu_memory_mib": mem},
         )
-    default_profile = {"inference": "mig-1g.10gb", "interactive": "shared-500m-10gb", "training": "whole"}
+    default_profile = {
+        "inference": "mig-1g.10gb",
+        "interactive": "shared-500m-10gb",
+        "training": "whole",
+    }
     for name, band, preemption, min_rt, max_q, inference, description in CLASSES:
         WorkloadClass.objects.update_or_create(
             name=name,
@@ -93,22 +114,32 @@ def seed(*, path: str | None = None) -> dict[str, Any]:
     services.inventory_sync(nodes=inventory_from_file(path or settings.SIMULATED_CLUSTER))
     teams = {}
     for name in QUOTAS:
-        teams[name] = Team.objects.filter(name=name).first() or services.team_create(actor=None, name=name)
+        teams[name] = Team.objects.filter(name=name).first() or services.team_create(
+            actor=None, name=name
+        )
     for team_name, per_pool in QUOTAS.items():
         for pool_name, gpus in per_pool.items():
             Quota.objects.update_or_create(
                 team=teams[team_name],
                 pool=Pool.objects.get(name=pool_name),
-                defaults={"nominal_milli": gpus * 1000, "granted_milli": gpus * 1000, "borrowing_limit_milli": gpus * 1000},
+                defaults={
+                    "nominal_milli": gpus * 1000,
+                    "granted_milli": gpus * 1000,
+                    "borrowing_limit_milli": gpus * 1000,
+                },
             )
     User = get_user_model()
     for username, role, team_name, staff in DEMO_USERS:
-        user, created = User.objects.get_or_create(username=username, defaults={"is_staff": staff, "is_superuser": staff})
+        user, created = User.objects.get_or_create(
+            username=username, defaults={"is_staff": staff, "is_superuser": staff}
+        )
         if created:
             user.set_password(DEMO_PASSWORD)
             user.save()
         if team_name and not Membership.objects.filter(user=user, team=teams[team_name]).exists():
-            services.membership_set(actor=None, team=teams[team_name], user=user, role=role or "member")
+            services.membership_set(
+                actor=None, team=teams[team_name], user=user, role=role or "member"
+            )
     return {"users": [u[0] for u in DEMO_USERS], "password": DEMO_PASSWORD}
 
 

@@ -37,7 +37,9 @@ class SubmitForm(forms.Form):
     name = forms.CharField(max_length=100, required=False)
     workload_class = forms.ModelChoiceField(queryset=WorkloadClass.objects.all())
     pool = forms.ModelChoiceField(
-        queryset=Pool.objects.exclude(lifecycle="maintenance"), required=False, empty_label="any pool"
+        queryset=Pool.objects.exclude(lifecycle="maintenance"),
+        required=False,
+        empty_label="any pool",
     )
     profile = forms.ModelChoiceField(queryset=DeviceProfile.objects.none(), label="Device profile")
     count = forms.IntegerField(min_value=1, max_value=16, initial=1, label="Devices")
@@ -49,9 +51,23 @@ class SubmitForm(forms.Form):
         label="Environment",
         help_text="NAME=value, one per line; NVIDIA_* and CUDA_VISIBLE_DEVICES are set by the platform",
     )
-    checkpoint_interval_s = forms.IntegerField(min_value=0, max_value=10**9, initial=0, label="Checkpoint every (s)", help_text="0 = no checkpoints")
-    max_runtime_s = forms.IntegerField(min_value=0, max_value=10**9, initial=0, label="Maximum runtime (s)", help_text="0 = no limit")
-    estimated_runtime_s = forms.IntegerField(min_value=1, max_value=10**9, initial=3600, label="Estimated runtime (s)")
+    checkpoint_interval_s = forms.IntegerField(
+        min_value=0,
+        max_value=10**9,
+        initial=0,
+        label="Checkpoint every (s)",
+        help_text="0 = no checkpoints",
+    )
+    max_runtime_s = forms.IntegerField(
+        min_value=0,
+        max_value=10**9,
+        initial=0,
+        label="Maximum runtime (s)",
+        help_text="0 = no limit",
+    )
+    estimated_runtime_s = forms.IntegerField(
+        min_value=1, max_value=10**9, initial=3600, label="Estimated runtime (s)"
+    )
 
     def __init__(self, *args: Any, teams: Any = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -119,14 +135,28 @@ class SubmitForm(forms.Form):
     def preview_kwargs(self) -> dict[str, Any]:
         """What the preview needs: the shape and where, nothing about the container."""
         k = self.service_kwargs()
-        return {key: k[key] for key in ("team", "workload_class", "pool", "profile_kind", "mig_profile", "milli", "gpu_memory_mib", "count")}
+        return {
+            key: k[key]
+            for key in (
+                "team",
+                "workload_class",
+                "pool",
+                "profile_kind",
+                "mig_profile",
+                "milli",
+                "gpu_memory_mib",
+                "count",
+            )
+        }
 
 
 class QuotaForm(forms.Form):
     """A team's quota in one pool, in GPUs. Leads edit nominal and limits; admins also grant."""
 
     nominal = GpuField(label="Guaranteed GPUs")
-    borrowing_limit = GpuField(required=False, label="May borrow (GPUs)", help_text="empty = no limit")
+    borrowing_limit = GpuField(
+        required=False, label="May borrow (GPUs)", help_text="empty = no limit"
+    )
     lending_limit = GpuField(required=False, label="May lend (GPUs)", help_text="empty = no limit")
     granted = GpuField(required=False, label="Granted by admins (GPUs)")
 
@@ -166,7 +196,9 @@ class QuotaForm(forms.Form):
 
 
 class MemberCapForm(forms.Form):
-    gpu_cap = GpuField(required=False, label="Cap (GPUs)", help_text="empty = the team's quota is the only cap")
+    gpu_cap = GpuField(
+        required=False, label="Cap (GPUs)", help_text="empty = the team's quota is the only cap"
+    )
     role = forms.ChoiceField(choices=[("member", "member"), ("lead", "lead")], required=False)
 
     def __init__(self, *args: Any, admin: bool = False, **kwargs: Any) -> None:
@@ -188,7 +220,9 @@ class PoolForm(forms.ModelForm):  # type: ignore[type-arg]
 
 
 class DecisionFilterForm(forms.Form):
-    team = forms.ModelChoiceField(queryset=Team.objects.all(), required=False, empty_label="all teams")
+    team = forms.ModelChoiceField(
+        queryset=Team.objects.all(), required=False, empty_label="all teams"
+    )
     request = forms.IntegerField(required=False, min_value=1, label="Request #")
     node = forms.CharField(required=False, max_length=253)
     kind = forms.ChoiceField(choices=[("", "all kinds"), *Decision.Kind.choices], required=False)
@@ -200,9 +234,15 @@ class DecisionFilterForm(forms.Form):
 
 
 class QueueFilterForm(forms.Form):
-    workload_class = forms.ModelChoiceField(queryset=WorkloadClass.objects.all(), required=False, empty_label="all classes")
-    team = forms.ModelChoiceField(queryset=Team.objects.all(), required=False, empty_label="all teams")
-    pool = forms.ModelChoiceField(queryset=Pool.objects.all(), required=False, empty_label="all pools")
+    workload_class = forms.ModelChoiceField(
+        queryset=WorkloadClass.objects.all(), required=False, empty_label="all classes"
+    )
+    team = forms.ModelChoiceField(
+        queryset=Team.objects.all(), required=False, empty_label="all teams"
+    )
+    pool = forms.ModelChoiceField(
+        queryset=Pool.objects.all(), required=False, empty_label="all pools"
+    )
 
     def __init__(self, *args: Any, teams: Any = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -211,5 +251,7 @@ class QueueFilterForm(forms.Form):
 
 
 class CapacityFilterForm(forms.Form):
-    pool = forms.ModelChoiceField(queryset=Pool.objects.all(), required=False, empty_label="all pools")
+    pool = forms.ModelChoiceField(
+        queryset=Pool.objects.all(), required=False, empty_label="all pools"
+    )
     node = forms.CharField(required=False, max_length=253, label="Node name contains")

@@ -28,7 +28,9 @@ class ProbeMiddleware:
             token = settings.METRICS_TOKEN
             auth = request.headers.get("Authorization", "")
             if token and not hmac.compare_digest(auth.encode(), f"Bearer {token}".encode()):
-                return HttpResponse("metrics need a bearer token\n", status=401, content_type="text/plain")
+                return HttpResponse(
+                    "metrics need a bearer token\n", status=401, content_type="text/plain"
+                )
             from portal.metrics import metrics_response
 
             return metrics_response()

@@ -40,7 +40,9 @@ class Membership(models.Model):
         MEMBER = "member"
         LEAD = "lead"
 
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
+    )
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
     role = models.CharField(max_length=10, choices=Role.choices, default=Role.MEMBER)
     #: most GPU milli this member may hold at once; null = no cap beyond the team's
@@ -78,7 +80,9 @@ class DeviceProfile(models.Model):
 
     def clean(self) -> None:
         if self.kind == self.Kind.MIG and not self.mig_profile:
-            raise ValidationError({"mig_profile": "A MIG profile needs a profile name such as 3g.40gb."})
+            raise ValidationError(
+                {"mig_profile": "A MIG profile needs a profile name such as 3g.40gb."}
+            )
         if self.kind == self.Kind.SHARED and not 0 < self.milli < 1000:
             raise ValidationError({"milli": "A shared slice takes between 1 and 999 milli-GPU."})
         if self.kind == self.Kind.WHOLE and self.milli != 1000:
@@ -95,11 +99,15 @@ class WorkloadClass(models.Model):
     description = models.CharField(max_length=300, blank=True)
     #: higher bands are served first; requests never leave their band
     band = models.IntegerField(default=0)
-    preemption = models.CharField(max_length=20, choices=Preemption.choices, default=Preemption.ALWAYS)
+    preemption = models.CharField(
+        max_length=20, choices=Preemption.choices, default=Preemption.ALWAYS
+    )
     min_runtime_s = models.PositiveIntegerField(default=0)
     max_queue_s = models.PositiveIntegerField(default=0, help_text="0 = no limit")
     latency_objective_ms = models.PositiveIntegerField(null=True, blank=True)
-    default_profile = models.ForeignKey(DeviceProfile, null=True, blank=True, on_delete=models.SET_NULL)
+    default_profile = models.ForeignKey(
+        DeviceProfile, null=True, blank=True, on_delete=models.SET_NULL
+    )
     #: counts against a pool's production-inference floor
     inference = models.BooleanField(default=False)
     priority_class_name = models.CharField(max_length=63, blank=True)
@@ -128,14 +136,20 @@ class Pool(models.Model):
     gpu_memory_mib = models.PositiveIntegerField()
     architecture = models.CharField(max_length=50, blank=True)
     interconnect = models.CharField(max_length=20, default="pcie")
-    partitioning = models.CharField(max_length=20, choices=Partitioning.choices, default=Partitioning.EXCLUSIVE)
-    time_slicing_replicas = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
+    partitioning = models.CharField(
+        max_length=20, choices=Partitioning.choices, default=Partitioning.EXCLUSIVE
+    )
+    time_slicing_replicas = models.PositiveIntegerField(
+        default=1, validators=[MinValueValidator(1)]
+    )
     #: MIG: the profiles each device is cut into, e.g. ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]
     mig_layout = models.JSONField(default=list, blank=True)
     node_selector = models.JSONField(default=dict, blank=True)
     #: [{"key": ..., "value": ..., "effect": ...}]
     taints = models.JSONField(default=list, blank=True)
-    lifecycle = models.CharField(max_length=20, choices=Lifecycle.choices, default=Lifecycle.PRODUCTION)
+    lifecycle = models.CharField(
+        max_length=20, choices=Lifecycle.choices, default=Lifecycle.PRODUCTION
+    )
     inference_floor_milli = models.PositiveIntegerField(default=0)
 
     class Meta:
@@ -155,7 +169,11 @@ class Pool(models.Model):
     @classmethod
     def offering(cls, pool: Pool | None) -> list[Pool]:
         """The named pool, or every production pool: where a request may land."""
-        return [pool] if pool is not None else list(cls.objects.filter(lifecycle=cls.Lifecycle.PRODUCTION))
+        return (
+            [pool]
+            if pool is not None
+            else list(cls.objects.filter(lifecycle=cls.Lifecycle.PRODUCTION))
+        )
 
 
 class Node(models.Model):
@@ -189,7 +207,9 @@ class Device(models.Model):
     uuid = models.CharField(max_length=100, blank=True)
     model = models.CharField(max_length=100)
     memory_mib = models.PositiveIntegerField()
-    partitioning = models.CharField(max_length=20, choices=Pool.Partitioning.choices, default="exclusive")
+    partitioning = models.CharField(
+        max_length=20, choices=Pool.Partitioning.choices, default="exclusive"
+    )
     replicas = models.PositiveIntegerField(default=1)
     #: MIG instances that exist on the device: [{"profile": "3g.40gb", "start": 0, "size": 4}]
     mig_instances = models.JSONField(default=list, blank=True)
@@ -209,7 +229,9 @@ class Device(models.Model):
 
     class Meta:
         ordering = ["node__name", "index"]
-        constraints = [models.UniqueConstraint(fields=["node", "index"], name="device_unique_index")]
+        constraints = [
+            models.UniqueConstraint(fields=["node", "index"], name="device_unique_index")
+        ]
 
     def __str__(self) -> str:
         return f"{self.node.name}/gpu{self.index}"
@@ -251,12 +273,16 @@ class GpuRequest(models.Model):
     TERMINAL_STATES = (State.SUCCEEDED, State.FAILED, State.CANCELLED)
 
     team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="requests")
-    submitted_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="gpu_requests")
+    submitted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="gpu_requests"
+    )
     name = models.CharField(max_length=100, blank=True)
     workload_class = models.ForeignKey(WorkloadClass, on_delete=models.PROTECT)
     #: null = any pool that offers the profile
     pool = models.ForeignKey(Pool, null=True, blank=True, on_delete=models.PROTECT)
-    profile_kind = models.CharField(max_length=10, choices=DeviceProfile.Kind.choices, default="whole")
+    profile_kind = models.CharField(
+        max_length=10, choices=DeviceProfile.Kind.choices, default="whole"
+    )
     mig_profile = models.CharField(max_length=30, blank=True)
     milli = models.PositiveIntegerField(default=1000)
     gpu_memory_mib = models.PositiveIntegerField(default=0)
@@ -273,7 +299,9 @@ class GpuRequest(models.Model):
     #: the submitter's estimate, used for start-time estimates and the simulated cluster
     estimated_runtime_s = models.PositiveIntegerField(default=3600)
     priority = models.IntegerField(default=0)
-    state = models.CharField(max_length=20, choices=State.choices, default=State.PENDING, db_index=True)
+    state = models.CharField(
+        max_length=20, choices=State.choices, default=State.PENDING, db_index=True
+    )
     requeue_count = models.PositiveIntegerField(default=0)
     requeue_at = models.DateTimeField(null=True, blank=True)
     end_reason = models.CharField(max_length=300, blank=True)
@@ -288,10 +316,15 @@ class GpuRequest(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
-        indexes = [models.Index(fields=["team", "state"]), models.Index(fields=["state", "created_at"])]
+        indexes = [
+            models.Index(fields=["team", "state"]),
+            models.Index(fields=["state", "created_at"]),
+        ]
         constraints = [
             models.CheckConstraint(condition=Q(count__gte=1), name="request_count_positive"),
-            models.CheckConstraint(condition=Q(milli__gte=1) & Q(milli__lte=1000), name="request_milli_range"),
+            models.CheckConstraint(
+                condition=Q(milli__gte=1) & Q(milli__lte=1000), name="request_milli_range"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -330,7 +363,9 @@ class Attempt(models.Model):
 
     request = models.ForeignKey(GpuRequest, on_delete=models.CASCADE, related_name="attempts")
     number = models.PositiveIntegerField()
-    state = models.CharField(max_length=20, choices=State.choices, default=State.ADMITTED, db_index=True)
+    state = models.CharField(
+        max_length=20, choices=State.choices, default=State.ADMITTED, db_index=True
+    )
     pool = models.ForeignKey(Pool, on_delete=models.PROTECT)
     nodes = models.JSONField(default=list)
     workload_name = models.CharField(max_length=63)
@@ -389,7 +424,9 @@ class Allocation(models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["device", "slot"], condition=Q(active=True), name="allocation_one_active_per_slot"
+                fields=["device", "slot"],
+                condition=Q(active=True),
+                name="allocation_one_active_per_slot",
             )
         ]
 
@@ -422,7 +459,9 @@ class Decision(models.Model):
         END = "end"
 
     tick = models.BigIntegerField(default=0, db_index=True)
-    request = models.ForeignKey(GpuRequest, null=True, blank=True, on_delete=models.CASCADE, related_name="decisions")
+    request = models.ForeignKey(
+        GpuRequest, null=True, blank=True, on_delete=models.CASCADE, related_name="decisions"
+    )
     attempt = models.ForeignKey(Attempt, null=True, blank=True, on_delete=models.SET_NULL)
     team = models.ForeignKey(Team, null=True, blank=True, on_delete=models.CASCADE)
     pool = models.ForeignKey(Pool, null=True, blank=True, on_delete=models.SET_NULL)
@@ -435,7 +474,10 @@ class Decision(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
-        indexes = [models.Index(fields=["team", "-created_at"]), models.Index(fields=["request", "-created_at"])]
+        indexes = [
+            models.Index(fields=["team", "-created_at"]),
+            models.Index(fields=["request", "-created_at"]),
+        ]
 
 
 class AuditEventQuerySet(models.QuerySet["AuditEvent"]):
@@ -449,7 +491,9 @@ class AuditEventQuerySet(models.QuerySet["AuditEvent"]):
 class AuditEvent(models.Model):
     """Who changed what, before and after. Append-only, in Python and in the database."""
 
-    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
     actor_name = models.CharField(max_length=150)
     action = models.CharField(max_length=50, db_index=True)
     object_type = models.CharField(max_length=50)
@@ -503,4 +547,6 @@ class SimulatedWorkload(models.Model):
     stopped_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["namespace", "name"], name="simworkload_unique")]
+        constraints = [
+            models.UniqueConstraint(fields=["namespace", "name"], name="simworkload_unique")
+        ]

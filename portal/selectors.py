@@ -41,7 +41,9 @@ from portal.models import (
 # Requests and the queue
 
 
-def request_list(user: AnyUser, *, mine: bool = False, team: Team | None = None, state: str = "") -> QuerySet[GpuRequest]:
+def request_list(
+    user: AnyUser, *, mine: bool = False, team: Team | None = None, state: str = ""
+) -> QuerySet[GpuRequest]:
     """Requests the user may see, newest first; `mine` keeps only the user's own."""
     qs = access.requests_visible(user)
     if mine:
@@ -111,7 +113,9 @@ def _runtime_s(req_runtime_s: int, max_runtime_s: int) -> float:
     return seconds
 
 
-def running_ends(pool_ids: Iterable[int] | None = None, *, team: Team | None = None) -> list[tuple[datetime, int, int]]:
+def running_ends(
+    pool_ids: Iterable[int] | None = None, *, team: Team | None = None
+) -> list[tuple[datetime, int, int]]:
     """(expected end, pool id, GPU milli) of every active attempt, soonest first."""
     now = timezone.now()
     qs = Attempt.objects.filter(state__in=Attempt.ACTIVE_STATES)
@@ -121,7 +125,12 @@ def running_ends(pool_ids: Iterable[int] | None = None, *, team: Team | None = N
         qs = qs.filter(request__team=team)
     out = []
     for started, admitted, est, max_rt, pool_id, milli in qs.values_list(
-        "started_at", "admitted_at", "request__estimated_runtime_s", "request__max_runtime_s", "pool_id", "gpus_milli"
+        "started_at",
+        "admitted_at",
+        "request__estimated_runtime_s",
+        "request__max_runtime_s",
+        "pool_id",
+        "gpus_milli",
     ):
         end = (started or admitted) + timedelta(seconds=_runtime_s(est, max_rt))
         # Overdue work is assumed to end soon rather than in the past.
@@ -137,14 +146,20 @@ def pool_free_milli(pool_ids: Iterable[int]) -> int:
         node__pool_id__in=ids, healthy=True, node__ready=True, node__cordoned=False
     ).count()
     held = (
-        Attempt.objects.filter(state__in=Attempt.ACTIVE_STATES, pool_id__in=ids).aggregate(s=Sum("gpus_milli"))["s"]
+        Attempt.objects.filter(state__in=Attempt.ACTIVE_STATES, pool_id__in=ids).aggregate(
+            s=Sum("gpus_milli")
+        )["s"]
         or 0
     )
     return max(0, devices * 1000 - held)
 
 
 def estimate_start(
-    *, need_milli: int, free_milli: int, ends: Sequence[tuple[datetime, int, int]], now: datetime | None = None
+    *,
+    need_milli: int,
+    free_milli: int,
+    ends: Sequence[tuple[datetime, int, int]],
+    now: datetime | None = None,
 ) -> datetime | None:
     """Return when `need_milli` becomes free if nothing else arrives, or None if it never does.
 
@@ -168,14 +183,18 @@ def request_estimates(requests: Sequence[GpuRequest]) -> dict[int, datetime | No
     pending = [r for r in requests if r.state == GpuRequest.State.PENDING]
     if not pending:
         return {}
-    all_pools = list(Pool.objects.filter(lifecycle=Pool.Lifecycle.PRODUCTION).values_list("id", flat=True))
+    all_pools = list(
+        Pool.objects.filter(lifecycle=Pool.Lifecycle.PRODUCTION).values_list("id", flat=True)
+    )
     ends = running_ends()
     free_cache: dict[tuple[int, ...], int] = {}
     # Demand queued ahead of each request, per pool, from one narrow query.
     ahead_rows = list(
         GpuRequest.objects.filter(state=GpuRequest.State.PENDING, queue_position__isnull=False)
         .order_by("queue_position")
-        .values_list("pool_id", "queue_position", "profile_kind", "mig_profile", "milli", "count", "pods")[:5000]
+        .values_list(
+            "pool_id", "queue_position", "profile_kind", "mig_profile", "milli", "count", "pods"
+        )[:5000]
     )
     out: dict[int, datetime | None] = {}
     for r in pending:
@@ -228,7 +247,11 @@ class Preview:
 def offered_profiles(pool: Pool | None = None) -> QuerySet[DeviceProfile]:
     """Device profiles some pool really offers (the named one, or any production pool)."""
     pools = Pool.offering(pool)
-    offered = [p.pk for p in DeviceProfile.objects.all() if any(x.offers(p.kind, p.mig_profile) for x in pools)]
+    offered = [
+        p.pk
+        for p in DeviceProfile.objects.all()
+        if any(x.offers(p.kind, p.mig_profile) for x in pools)
+    ]
     return DeviceProfile.objects.filter(pk__in=offered).order_by("kind", "name")
 
 
@@ -257,7 +280,11 @@ def gpu_request_preview(
     snapshot, ctx = build_snapshot(now)
     candidate_pools = [pool] if pool is not None else list(ctx.pools.values())
     tolerations = tuple(
-        {st.Taint(t["key"], t.get("value", ""), t.get("effect", "NoSchedule")) for p in candidate_pools for t in p.taints}
+        {
+            st.Taint(t["key"], t.get("value", ""), t.get("effect", "NoSchedule"))
+            for p in candidate_pools
+            for t in p.taints
+        }
     )
     shape = st.Shape(
         kind=st.ProfileKind(profile_kind),
@@ -280,20 +307,34 @@ def gpu_request_preview(
         pool=pool.name if pool else "",
         priority=priority,
     )
-    decisions = scheduling.schedule(dataclasses.replace(snapshot, pending=snapshot.pending + (candidate,)), snapshot.now_ms)
-    mine = [d for d in decisions if d.request_id == candidate_id and d.kind != st.DecisionKind.PREEMPT]
+    decisions = scheduling.schedule(
+        dataclasses.replace(snapshot, pending=snapshot.pending + (candidate,)), snapshot.now_ms
+    )
+    mine = [
+        d for d in decisions if d.request_id == candidate_id and d.kind != st.DecisionKind.PREEMPT
+    ]
     preemptions = sum(
-        1 for i, d in enumerate(decisions) if d.kind == st.DecisionKind.PREEMPT and _preempts_for(decisions, i, candidate_id)
+        1
+        for i, d in enumerate(decisions)
+        if d.kind == st.DecisionKind.PREEMPT and _preempts_for(decisions, i, candidate_id)
     )
     if not mine:
         return Preview("waits", "the scheduler gave no answer for this request", code="unknown")
     d = mine[0]
     if d.kind == st.DecisionKind.ADMIT:
         how = " by borrowing unused quota of other teams (may be reclaimed)" if d.borrowing else ""
-        return Preview("fits", f"fits now on pool {d.pool}{how}", pool=d.pool, code=d.code, borrowing=d.borrowing)
+        return Preview(
+            "fits",
+            f"fits now on pool {d.pool}{how}",
+            pool=d.pool,
+            code=d.code,
+            borrowing=d.borrowing,
+        )
     if d.kind == st.DecisionKind.REJECT:
         return Preview("rejected", d.message, code=d.code)
-    pool_ids = [p.pk for p in candidate_pools if p.lifecycle == Pool.Lifecycle.PRODUCTION or p == pool]
+    pool_ids = [
+        p.pk for p in candidate_pools if p.lifecycle == Pool.Lifecycle.PRODUCTION or p == pool
+    ]
     ahead = sum(
         p.shape.gpus_milli
         for p, pd in _pending_with_positions(snapshot.pending, decisions)
@@ -307,10 +348,20 @@ def gpu_request_preview(
         estimate = now + timedelta(seconds=settings.TICK_SECONDS * 2 + 30)
     else:
         estimate = estimate_start(
-            need_milli=shape.gpus_milli + ahead, free_milli=pool_free_milli(pool_ids), ends=running_ends(pool_ids), now=now
+            need_milli=shape.gpus_milli + ahead,
+            free_milli=pool_free_milli(pool_ids),
+            ends=running_ends(pool_ids),
+            now=now,
         )
     message = d.message.removeprefix("waiting: ")
-    return Preview("waits", message, code=d.code, position=d.position, estimated_start=estimate, preemptions=preemptions)
+    return Preview(
+        "waits",
+        message,
+        code=d.code,
+        position=d.position,
+        estimated_start=estimate,
+        preemptions=preemptions,
+    )
 
 
 def _preempts_for(decisions: Sequence[Any], i: int, candidate_id: str) -> bool:
@@ -321,7 +372,9 @@ def _preempts_for(decisions: Sequence[Any], i: int, candidate_id: str) -> bool:
     return False
 
 
-def _pending_with_positions(pending: Sequence[Any], decisions: Sequence[Any]) -> list[tuple[Any, int]]:
+def _pending_with_positions(
+    pending: Sequence[Any], decisions: Sequence[Any]
+) -> list[tuple[Any, int]]:
     positions = {d.request_id: d.position for d in decisions if d.kind == "wait"}
     return [(p, positions.get(p.id, 0)) for p in pending]
 
@@ -380,7 +433,9 @@ def pool_summaries() -> list[dict[str, Any]]:
     nodes = {
         r["pool_id"]: r
         for r in Node.objects.values("pool_id").annotate(
-            n=Count("id"), cordoned=Count("id", filter=Q(cordoned=True)), not_ready=Count("id", filter=Q(ready=False))
+            n=Count("id"),
+            cordoned=Count("id", filter=Q(cordoned=True)),
+            not_ready=Count("id", filter=Q(ready=False)),
         )
     }
     held = dict(
@@ -419,18 +474,32 @@ def capacity_nodes(nodes: Sequence[Node]) -> list[NodeView]:
         by_node[d.node_id].append(d)
     allocs: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for a in Allocation.objects.filter(active=True, device__node_id__in=node_ids).values(
-        "device_id", "slot", "mig_profile", "mig_start", "mig_size", "milli",
-        "attempt__request_id", "attempt__request__team__name",
+        "device_id",
+        "slot",
+        "mig_profile",
+        "mig_start",
+        "mig_size",
+        "milli",
+        "attempt__request_id",
+        "attempt__request__team__name",
     ):
         allocs[a["device_id"]].append(a)
     return [
-        NodeView(n, [_device_view(n, d, allocs.get(d.pk, [])) for d in by_node.get(n.pk, [])]) for n in nodes
+        NodeView(n, [_device_view(n, d, allocs.get(d.pk, [])) for d in by_node.get(n.pk, [])])
+        for n in nodes
     ]
 
 
 def _device_view(node: Node, d: Device, allocs: list[dict[str, Any]]) -> DeviceView:
     view = DeviceView(
-        d.index, d.model, d.partitioning, d.healthy, d.health_reason, d.utilization_pct, d.memory_used_mib, d.memory_mib
+        d.index,
+        d.model,
+        d.partitioning,
+        d.healthy,
+        d.health_reason,
+        d.utilization_pct,
+        d.memory_used_mib,
+        d.memory_mib,
     )
     by_slot = {a["slot"]: a for a in allocs}
 
@@ -440,7 +509,9 @@ def _device_view(node: Node, d: Device, allocs: list[dict[str, Any]]) -> DeviceV
 
     if d.partitioning == Pool.Partitioning.MIG:
         instances = d.mig_instances or [
-            {"profile": a["mig_profile"], "start": a["mig_start"], "size": a["mig_size"]} for a in allocs if a["mig_start"] >= 0
+            {"profile": a["mig_profile"], "start": a["mig_start"], "size": a["mig_size"]}
+            for a in allocs
+            if a["mig_start"] >= 0
         ]
         seen = set()
         for inst in sorted(instances, key=lambda m: int(m["start"])):
@@ -450,7 +521,11 @@ def _device_view(node: Node, d: Device, allocs: list[dict[str, Any]]) -> DeviceV
             seen.add(key)
             a = by_slot.get(f"m{key}")
             width = int(inst.get("size", 1))
-            view.cells.append(taken(a, inst["profile"], width) if a else Cell(inst["profile"], "free", width=width))
+            view.cells.append(
+                taken(a, inst["profile"], width)
+                if a
+                else Cell(inst["profile"], "free", width=width)
+            )
     elif d.partitioning == Pool.Partitioning.TIME_SLICING:
         for k in range(max(1, d.replicas)):
             a = by_slot.get(f"s{k}")
@@ -540,7 +615,15 @@ def team_usage(team: Team, *, all_pools: bool = False) -> list[PoolUsage]:
         lent = 0
         if total_lendable and lendable.get(team.pk):
             lent = min(lendable[team.pk], total_borrowed * lendable[team.pk] // total_lendable)
-        out.append(PoolUsage(pool, by_key.get((team.pk, pool_id)), used.get((team.pk, pool_id), 0), borrowed[team.pk], lent))
+        out.append(
+            PoolUsage(
+                pool,
+                by_key.get((team.pk, pool_id)),
+                used.get((team.pk, pool_id), 0),
+                borrowed[team.pk],
+                lent,
+            )
+        )
     return out
 
 
@@ -559,8 +642,14 @@ def team_members(team: Team) -> list[dict[str, Any]]:
         .values_list("submitted_by_id", "n")
     )
     return [
-        {"membership": m, "holding_milli": holding.get(m.user_id, 0) or 0, "pending": pending.get(m.user_id, 0)}
-        for m in Membership.objects.filter(team=team).select_related("user").order_by("user__username")
+        {
+            "membership": m,
+            "holding_milli": holding.get(m.user_id, 0) or 0,
+            "pending": pending.get(m.user_id, 0),
+        }
+        for m in Membership.objects.filter(team=team)
+        .select_related("user")
+        .order_by("user__username")
     ]
 
 
@@ -600,7 +689,9 @@ def decision_list(
     return qs.order_by("-id")
 
 
-def audit_list(*, team: Team | None = None, action: str = "", actor: str = "") -> QuerySet[AuditEvent]:
+def audit_list(
+    *, team: Team | None = None, action: str = "", actor: str = ""
+) -> QuerySet[AuditEvent]:
     """The audit log, newest first (admin-only; leads see their team's through `team`)."""
     qs = AuditEvent.objects.select_related("team")
     if team is not None:

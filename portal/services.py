@@ -100,7 +100,9 @@ def validate_env(env: Any) -> dict[str, str]:
         if not isinstance(key, str) or not ENV_NAME.match(key):
             raise ValidationError({"env": f"{key!r} is not a valid environment variable name."})
         if FORBIDDEN_ENV.match(key):
-            raise ValidationError({"env": f"{key} is set by the platform and cannot be overridden."})
+            raise ValidationError(
+                {"env": f"{key} is set by the platform and cannot be overridden."}
+            )
         if not isinstance(value, str | int | float) or len(str(value)) > 4096:
             raise ValidationError({"env": f"{key} must be a string of at most 4096 characters."})
         clean[key] = str(value)
@@ -146,7 +148,9 @@ def gpu_request_submit(
     if not Membership.objects.filter(user=user, team=team).exists():
         raise ValidationError({"team": "You are not a member of this team."})
     if profile_kind not in DeviceProfile.Kind.values:
-        raise ValidationError({"profile_kind": f"Choose one of {', '.join(DeviceProfile.Kind.values)}."})
+        raise ValidationError(
+            {"profile_kind": f"Choose one of {', '.join(DeviceProfile.Kind.values)}."}
+        )
     if profile_kind == DeviceProfile.Kind.WHOLE:
         milli, gpu_memory_mib, mig_profile = 1000, 0, ""
     elif profile_kind == DeviceProfile.Kind.SHARED:
@@ -158,7 +162,9 @@ def gpu_request_submit(
         if not mig_profile:
             raise ValidationError({"mig_profile": "Choose a MIG profile."})
     if not 1 <= count <= MAX_GPUS_PER_NODE:
-        raise ValidationError({"count": f"Ask for between 1 and {MAX_GPUS_PER_NODE} devices per node."})
+        raise ValidationError(
+            {"count": f"Ask for between 1 and {MAX_GPUS_PER_NODE} devices per node."}
+        )
     if not 1 <= pods <= 64:
         raise ValidationError({"pods": "A gang spans between 1 and 64 nodes."})
     if pool is not None and pool.lifecycle == Pool.Lifecycle.MAINTENANCE:
@@ -168,7 +174,9 @@ def gpu_request_submit(
         field = "mig_profile" if profile_kind == DeviceProfile.Kind.MIG else "profile_kind"
         raise ValidationError({field: f"No {where} offers this device profile."})
     if not image or len(image) > 500 or not IMAGE.match(image):
-        raise ValidationError({"image": "Give a container image such as registry.example.com/team/train:1.2."})
+        raise ValidationError(
+            {"image": "Give a container image such as registry.example.com/team/train:1.2."}
+        )
     command = _validate_command(list(command) if isinstance(command, tuple) else command)
     env = validate_env(env or {})
     for field_name, value in (
@@ -212,9 +220,17 @@ def gpu_request_submit(
         # team, user, class and pool are rows fetched above, and every value was checked
         # above (the database enforces the check constraints too): skipping the per-row
         # existence queries and constraint savepoints halves the cost of a submit.
-        req.full_clean(exclude=["team", "submitted_by", "workload_class", "pool"], validate_constraints=False)
+        req.full_clean(
+            exclude=["team", "submitted_by", "workload_class", "pool"], validate_constraints=False
+        )
         req.save()
-        audit(actor=user, action="request.submit", obj=req, team=team, after={"profile": req.profile_label, "count": count})
+        audit(
+            actor=user,
+            action="request.submit",
+            obj=req,
+            team=team,
+            after={"profile": req.profile_label, "count": count},
+        )
         _wake_scheduler()
     return req
 
@@ -226,10 +242,14 @@ def _check_pending_caps(*, user: AbstractBaseUser, team: Team) -> None:
         user=Count("pk", filter=mine), team=Count("pk", filter=team_q)
     )
     if counts["user"] >= settings.MAX_PENDING_PER_USER:
-        raise ValidationError({"__all__": f"You already have {settings.MAX_PENDING_PER_USER} pending requests."})
+        raise ValidationError(
+            {"__all__": f"You already have {settings.MAX_PENDING_PER_USER} pending requests."}
+        )
     team_cap = team.max_pending or settings.MAX_PENDING_PER_TEAM
     if counts["team"] >= team_cap:
-        raise ValidationError({"__all__": f"Team {team.name} already has {team_cap} pending requests."})
+        raise ValidationError(
+            {"__all__": f"Team {team.name} already has {team_cap} pending requests."}
+        )
 
 
 def _wake_scheduler() -> None:
@@ -255,9 +275,20 @@ def gpu_request_cancel(*, user: AbstractBaseUser, gpu_request: GpuRequest) -> Gp
         req.queue_position = None
         req.save()
         Decision.objects.create(
-            request=req, team=req.team, kind=Decision.Kind.END, code="cancelled", message=req.end_reason
+            request=req,
+            team=req.team,
+            kind=Decision.Kind.END,
+            code="cancelled",
+            message=req.end_reason,
         )
-        audit(actor=user, action="request.cancel", obj=req, team=req.team, before=before, after={"state": req.state})
+        audit(
+            actor=user,
+            action="request.cancel",
+            obj=req,
+            team=req.team,
+            before=before,
+            after={"state": req.state},
+        )
     return req
 
 
@@ -287,11 +318,17 @@ def backend_call(method: str, *args: Any) -> None:
 def launch_spec(attempt: Attempt) -> LaunchSpec:
     """Build the workload from stored rows only: nothing here comes from request data at launch."""
     req = attempt.request
-    allocations = list(attempt.allocations.select_related("device__node").order_by("device__node__name", "device__index", "slot"))
+    allocations = list(
+        attempt.allocations.select_related("device__node").order_by(
+            "device__node__name", "device__index", "slot"
+        )
+    )
     grants: dict[tuple[int, int], GrantSpec] = {}
     for a in allocations:
         key = (a.device.index, a.mig_start)
-        grants.setdefault(key, GrantSpec(a.device.index, a.milli, a.gpu_memory_mib, a.mig_profile, a.mig_start))
+        grants.setdefault(
+            key, GrantSpec(a.device.index, a.milli, a.gpu_memory_mib, a.mig_profile, a.mig_start)
+        )
     exit_code = 0
     words = [str(c) for c in req.command]
     if len(words) >= 2 and words[-2] == "exit" and words[-1].isdigit():
@@ -315,7 +352,10 @@ def launch_spec(attempt: Attempt) -> LaunchSpec:
         grants=tuple(grants.values()),
         cpu_milli=req.cpu_milli,
         memory_mib=req.memory_mib,
-        tolerations=tuple((t["key"], t.get("value", ""), t.get("effect", "NoSchedule")) for t in attempt.pool.taints),
+        tolerations=tuple(
+            (t["key"], t.get("value", ""), t.get("effect", "NoSchedule"))
+            for t in attempt.pool.taints
+        ),
         max_runtime_s=req.max_runtime_s,
         simulated_duration_s=max(2, duration),
         simulated_exit_code=exit_code,
@@ -360,7 +400,9 @@ def _requeue(req: GpuRequest, *, now: datetime, why: str) -> None:
         req.status_message = f"requeued: {why}; back in the queue in {int(delay)} s"
         kind, code = Decision.Kind.REQUEUE, "requeued"
     req.save()
-    Decision.objects.create(request=req, team=req.team, kind=kind, code=code, message=req.status_message)
+    Decision.objects.create(
+        request=req, team=req.team, kind=kind, code=code, message=req.status_message
+    )
 
 
 # How each backend outcome ends an attempt: (attempt state, request state or None to requeue, charged).
@@ -389,19 +431,27 @@ def attempt_observe(*, attempt_id: int, status: WorkloadStatus, now: datetime | 
     """Move an attempt (and its request) forward from what the backend reports. Returns the new state."""
     now = now or timezone.now()
     with transaction.atomic():
-        attempt = Attempt.objects.select_for_update().select_related("request__team").get(pk=attempt_id)
+        attempt = (
+            Attempt.objects.select_for_update().select_related("request__team").get(pk=attempt_id)
+        )
         if attempt.state not in Attempt.ACTIVE_STATES:
             return str(attempt.state)
         req = GpuRequest.objects.select_for_update().get(pk=attempt.request_id)
         outcome = status.outcome
-        if attempt.state == Attempt.State.STOPPING and outcome in (Outcome.MISSING, Outcome.PREEMPTED):
+        if attempt.state == Attempt.State.STOPPING and outcome in (
+            Outcome.MISSING,
+            Outcome.PREEMPTED,
+        ):
             return _end_stopped(attempt, req, now=now)
         if outcome == Outcome.RUNNING and attempt.state == Attempt.State.ADMITTED:
             attempt.state, attempt.started_at = Attempt.State.RUNNING, now
             attempt.save(update_fields=["state", "started_at"])
             if req.state == GpuRequest.State.ADMITTED:
                 req.state = GpuRequest.State.RUNNING
-                req.status_code, req.status_message = "running", f"running on {', '.join(attempt.nodes)}"
+                req.status_code, req.status_message = (
+                    "running",
+                    f"running on {', '.join(attempt.nodes)}",
+                )
                 req.save()
             return str(attempt.state)
         if outcome == Outcome.MISSING and attempt.state == Attempt.State.RUNNING:
@@ -411,7 +461,9 @@ def attempt_observe(*, attempt_id: int, status: WorkloadStatus, now: datetime | 
         return _end_attempt(attempt, req, outcome=outcome, status=status, now=now)
 
 
-def _end_attempt(attempt: Attempt, req: GpuRequest, *, outcome: Outcome, status: WorkloadStatus, now: datetime) -> str:
+def _end_attempt(
+    attempt: Attempt, req: GpuRequest, *, outcome: Outcome, status: WorkloadStatus, now: datetime
+) -> str:
     attempt_state, request_state, charged = _ENDINGS[outcome]
     reason = _REASONS[outcome] + (f" ({status.message})" if status.message else "")
     attempt.state, attempt.ended_at, attempt.exit_code = attempt_state, now, status.exit_code
@@ -419,8 +471,14 @@ def _end_attempt(attempt: Attempt, req: GpuRequest, *, outcome: Outcome, status:
     attempt.save(update_fields=["state", "ended_at", "exit_code", "end_reason"])
     release_attempt(attempt, now=now, charged=charged)
     Decision.objects.create(
-        request=req, attempt=attempt, team=req.team, pool=attempt.pool, node=",".join(attempt.nodes),
-        kind=Decision.Kind.END, code=outcome.value, message=f"attempt {attempt.number}: {reason}",
+        request=req,
+        attempt=attempt,
+        team=req.team,
+        pool=attempt.pool,
+        node=",".join(attempt.nodes),
+        kind=Decision.Kind.END,
+        code=outcome.value,
+        message=f"attempt {attempt.number}: {reason}",
         facts={"exit_code": status.exit_code, "reason": status.reason},
     )
     if req.state in GpuRequest.TERMINAL_STATES:
@@ -443,7 +501,11 @@ def _end_stopped(attempt: Attempt, req: GpuRequest, *, now: datetime) -> str:
     # Cancelled work is the user's choice and is charged; preempted and drained work is not.
     release_attempt(attempt, now=now, charged=cancelled)
     if not cancelled and req.state not in GpuRequest.TERMINAL_STATES:
-        why = "preempted to make room for work with a stronger claim" if reason == "preempted" else f"stopped ({reason})"
+        why = (
+            "preempted to make room for work with a stronger claim"
+            if reason == "preempted"
+            else f"stopped ({reason})"
+        )
         _requeue(req, now=now, why=why)
     return str(attempt.state)
 
@@ -472,11 +534,15 @@ def quota_set(
         before = _snapshot(quota, QUOTA_FIELDS)
         if granted_milli is not None:
             if not is_admin:
-                raise ValidationError({"granted_milli": "Only platform admins change what a team is granted."})
+                raise ValidationError(
+                    {"granted_milli": "Only platform admins change what a team is granted."}
+                )
             quota.granted_milli = granted_milli
         if not is_admin and nominal_milli > quota.granted_milli:
             raise ValidationError(
-                {"nominal_milli": f"At most {quota.granted_milli / 1000:g} GPUs were granted to {team.name} in {pool.name}."}
+                {
+                    "nominal_milli": f"At most {quota.granted_milli / 1000:g} GPUs were granted to {team.name} in {pool.name}."
+                }
             )
         for field_name, value in (
             ("nominal_milli", nominal_milli),
@@ -484,31 +550,64 @@ def quota_set(
             ("lending_limit_milli", lending_limit_milli),
         ):
             if value is not None and (not isinstance(value, int) or value < 0):
-                raise ValidationError({field_name: "Must be a whole number of milli-GPU, 0 or more."})
+                raise ValidationError(
+                    {field_name: "Must be a whole number of milli-GPU, 0 or more."}
+                )
         quota.nominal_milli = nominal_milli
         quota.borrowing_limit_milli = borrowing_limit_milli
         quota.lending_limit_milli = lending_limit_milli
         quota.full_clean()
         quota.save()
-        audit(actor=actor, action="quota.set", obj=quota, team=team, before=before, after=_snapshot(quota, QUOTA_FIELDS))
+        audit(
+            actor=actor,
+            action="quota.set",
+            obj=quota,
+            team=team,
+            before=before,
+            after=_snapshot(quota, QUOTA_FIELDS),
+        )
     return quota
 
 
-CLASS_FIELDS = ["band", "preemption", "min_runtime_s", "max_queue_s", "latency_objective_ms", "inference", "priority_class_name", "description"]
+CLASS_FIELDS = [
+    "band",
+    "preemption",
+    "min_runtime_s",
+    "max_queue_s",
+    "latency_objective_ms",
+    "inference",
+    "priority_class_name",
+    "description",
+]
 
 
-def workload_class_update(*, actor: AbstractBaseUser, workload_class: WorkloadClass, **changes: Any) -> WorkloadClass:
-    return _update(actor=actor, obj=workload_class, fields=CLASS_FIELDS, action="class.update", changes=changes)
+def workload_class_update(
+    *, actor: AbstractBaseUser, workload_class: WorkloadClass, **changes: Any
+) -> WorkloadClass:
+    return _update(
+        actor=actor, obj=workload_class, fields=CLASS_FIELDS, action="class.update", changes=changes
+    )
 
 
-POOL_FIELDS = ["lifecycle", "inference_floor_milli", "taints", "node_selector", "time_slicing_replicas", "mig_layout", "interconnect", "architecture"]
+POOL_FIELDS = [
+    "lifecycle",
+    "inference_floor_milli",
+    "taints",
+    "node_selector",
+    "time_slicing_replicas",
+    "mig_layout",
+    "interconnect",
+    "architecture",
+]
 
 
 def pool_update(*, actor: AbstractBaseUser, pool: Pool, **changes: Any) -> Pool:
     return _update(actor=actor, obj=pool, fields=POOL_FIELDS, action="pool.update", changes=changes)
 
 
-def _update(*, actor: AbstractBaseUser, obj: Any, fields: list[str], action: str, changes: dict[str, Any]) -> Any:
+def _update(
+    *, actor: AbstractBaseUser, obj: Any, fields: list[str], action: str, changes: dict[str, Any]
+) -> Any:
     unknown = set(changes) - set(fields)
     if unknown:
         raise ValidationError({sorted(unknown)[0]: "This field cannot be changed here."})
@@ -523,52 +622,104 @@ def _update(*, actor: AbstractBaseUser, obj: Any, fields: list[str], action: str
     return obj
 
 
-def team_create(*, actor: AbstractBaseUser | None, name: str, namespace: str = "", display_name: str = "", weight: int = 1) -> Team:
+def team_create(
+    *,
+    actor: AbstractBaseUser | None,
+    name: str,
+    namespace: str = "",
+    display_name: str = "",
+    weight: int = 1,
+) -> Team:
     with transaction.atomic():
-        team = Team(name=name, namespace=namespace or f"qm-{name}", display_name=display_name or name, weight=weight)
+        team = Team(
+            name=name,
+            namespace=namespace or f"qm-{name}",
+            display_name=display_name or name,
+            weight=weight,
+        )
         team.full_clean()
         team.save()
-        audit(actor=actor, action="team.create", obj=team, team=team, after={"name": name, "namespace": team.namespace})
+        audit(
+            actor=actor,
+            action="team.create",
+            obj=team,
+            team=team,
+            after={"name": name, "namespace": team.namespace},
+        )
     return team
 
 
-def membership_set(*, actor: AbstractBaseUser | None, team: Team, user: AbstractBaseUser, role: str, gpu_cap_milli: int | None = None) -> Membership:
+def membership_set(
+    *,
+    actor: AbstractBaseUser | None,
+    team: Team,
+    user: AbstractBaseUser,
+    role: str,
+    gpu_cap_milli: int | None = None,
+) -> Membership:
     if role not in Membership.Role.values:
         raise ValidationError({"role": f"Choose one of {', '.join(Membership.Role.values)}."})
     with transaction.atomic():
-        m, created = Membership.objects.select_for_update().get_or_create(user=user, team=team, defaults={"role": role})
+        m, created = Membership.objects.select_for_update().get_or_create(
+            user=user, team=team, defaults={"role": role}
+        )
         before = None if created else _snapshot(m, ["role", "gpu_cap_milli"])
         m.role, m.gpu_cap_milli = role, gpu_cap_milli
         m.save()
-        audit(actor=actor, action="membership.set", obj=m, team=team, before=before, after=_snapshot(m, ["role", "gpu_cap_milli"]))
+        audit(
+            actor=actor,
+            action="membership.set",
+            obj=m,
+            team=team,
+            before=before,
+            after=_snapshot(m, ["role", "gpu_cap_milli"]),
+        )
     return m
 
 
 def node_cordon(*, actor: AbstractBaseUser, node: Node) -> Node:
-    return _node_maintenance(actor=actor, node=node, cordoned=True, draining=False, action="node.cordon")
+    return _node_maintenance(
+        actor=actor, node=node, cordoned=True, draining=False, action="node.cordon"
+    )
 
 
 def node_return(*, actor: AbstractBaseUser, node: Node) -> Node:
-    return _node_maintenance(actor=actor, node=node, cordoned=False, draining=False, action="node.return")
+    return _node_maintenance(
+        actor=actor, node=node, cordoned=False, draining=False, action="node.return"
+    )
 
 
 def node_drain(*, actor: AbstractBaseUser, node: Node) -> Node:
     """Cordon the node and stop what runs there; stopped work requeues, not charged."""
     with transaction.atomic():
-        node = _node_maintenance(actor=actor, node=node, cordoned=True, draining=True, action="node.drain")
-        attempt_ids = Allocation.objects.filter(device__node=node, active=True).values_list("attempt_id", flat=True)
-        for attempt in Attempt.objects.filter(pk__in=set(attempt_ids), state__in=Attempt.ACTIVE_STATES):
+        node = _node_maintenance(
+            actor=actor, node=node, cordoned=True, draining=True, action="node.drain"
+        )
+        attempt_ids = Allocation.objects.filter(device__node=node, active=True).values_list(
+            "attempt_id", flat=True
+        )
+        for attempt in Attempt.objects.filter(
+            pk__in=set(attempt_ids), state__in=Attempt.ACTIVE_STATES
+        ):
             attempt_stop(attempt, reason="drained")
     return node
 
 
-def _node_maintenance(*, actor: AbstractBaseUser, node: Node, cordoned: bool, draining: bool, action: str) -> Node:
+def _node_maintenance(
+    *, actor: AbstractBaseUser, node: Node, cordoned: bool, draining: bool, action: str
+) -> Node:
     with transaction.atomic():
         node = Node.objects.select_for_update().get(pk=node.pk)
         before = _snapshot(node, ["cordoned", "draining"])
         node.cordoned, node.draining = cordoned, draining
         node.save(update_fields=["cordoned", "draining", "updated_at"])
-        audit(actor=actor, action=action, obj=node, before=before, after=_snapshot(node, ["cordoned", "draining"]))
+        audit(
+            actor=actor,
+            action=action,
+            obj=node,
+            before=before,
+            after=_snapshot(node, ["cordoned", "draining"]),
+        )
     return node
 
 
@@ -611,7 +762,10 @@ def inventory_sync(*, nodes: list[Any] | None = None) -> int:
                         "memory_mib": d.memory_mib,
                         "partitioning": d.partitioning,
                         "replicas": d.replicas,
-                        "mig_instances": [{"profile": m.profile, "start": m.start, "size": m.size} for m in d.mig_instances],
+                        "mig_instances": [
+                            {"profile": m.profile, "start": m.start, "size": m.size}
+                            for m in d.mig_instances
+                        ],
                         "healthy": d.healthy,
                     },
                 )
@@ -664,12 +818,16 @@ def _device_report(device: Device, raw: dict[str, Any], now: datetime) -> None:
         device.quarantined = True
         device.health_reason = f"{CRITICAL_XID_QUARANTINE} {critical[-1].get('xid')}"
         Decision.objects.create(
-            node=device.node.name, kind=Decision.Kind.END, code="quarantined",
+            node=device.node.name,
+            kind=Decision.Kind.END,
+            code="quarantined",
             message=f"{device}: quarantined after Xid {critical[-1].get('xid')}; an admin must clear it",
             facts={"xids": critical},
         )
     elif not device.agent_healthy:
-        device.health_reason = str(raw.get("error") or "the node agent reports the device unhealthy")[:200]
+        device.health_reason = str(
+            raw.get("error") or "the node agent reports the device unhealthy"
+        )[:200]
     device.save()
 
 
@@ -679,5 +837,11 @@ def device_clear_quarantine(*, actor: AbstractBaseUser, device: Device) -> Devic
         before = _snapshot(device, ["quarantined", "health_reason"])
         device.quarantined, device.health_reason = False, ""
         device.save(update_fields=["quarantined", "health_reason"])
-        audit(actor=actor, action="device.clear", obj=device, before=before, after=_snapshot(device, ["quarantined", "health_reason"]))
+        audit(
+            actor=actor,
+            action="device.clear",
+            obj=device,
+            before=before,
+            after=_snapshot(device, ["quarantined", "health_reason"]),
+        )
     return device

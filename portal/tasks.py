@@ -63,7 +63,10 @@ def _safe_enqueue(send: Any) -> bool:
     try:
         send()
     except Exception:  # noqa: BLE001
-        log.warning("could not enqueue portal.tasks.tick; the periodic tick will pick the work up", exc_info=True)
+        log.warning(
+            "could not enqueue portal.tasks.tick; the periodic tick will pick the work up",
+            exc_info=True,
+        )
         return False
     return True
 

@@ -79,7 +79,9 @@ class Context:
 
 
 def _device(d: Device, pool: Pool, held: bool = False) -> st.Device:
-    migs = tuple(st.MigInstance(m["profile"], int(m["start"]), int(m["size"])) for m in d.mig_instances)
+    migs = tuple(
+        st.MigInstance(m["profile"], int(m["start"]), int(m["size"])) for m in d.mig_instances
+    )
     return st.Device(
         index=d.index,
         model=d.model,
@@ -170,7 +172,12 @@ def build_snapshot(now: datetime) -> tuple[st.Snapshot, Context]:
     snapshot = st.Snapshot(
         now_ms=_ms(now),
         pools=tuple(
-            st.Pool(p.name, st.Partitioning(p.partitioning), st.Lifecycle(p.lifecycle), p.inference_floor_milli)
+            st.Pool(
+                p.name,
+                st.Partitioning(p.partitioning),
+                st.Lifecycle(p.lifecycle),
+                p.inference_floor_milli,
+            )
             for p in pools.values()
         ),
         nodes=tuple(nodes),
@@ -178,7 +185,13 @@ def build_snapshot(now: datetime) -> tuple[st.Snapshot, Context]:
         pending=tuple(pending),
         teams=tuple(st.Team(t.name, t.weight) for t in Team.objects.all()),
         quotas=tuple(
-            st.Quota(q.team.name, q.pool.name, q.nominal_milli, q.borrowing_limit_milli, q.lending_limit_milli)
+            st.Quota(
+                q.team.name,
+                q.pool.name,
+                q.nominal_milli,
+                q.borrowing_limit_milli,
+                q.lending_limit_milli,
+            )
             for q in Quota.objects.select_related("team", "pool")
         ),
         classes=tuple(
@@ -206,7 +219,9 @@ def build_snapshot(now: datetime) -> tuple[st.Snapshot, Context]:
     return snapshot, ctx
 
 
-def _apply_member_rules(rows: list[GpuRequest], now: datetime) -> tuple[list[GpuRequest], list[st.Decision]]:
+def _apply_member_rules(
+    rows: list[GpuRequest], now: datetime
+) -> tuple[list[GpuRequest], list[st.Decision]]:
     """Membership decides, before the core sees the queue.
 
     1. A request whose submitter has left its team is cancelled, with an audit row.
@@ -240,8 +255,13 @@ def _apply_member_rules(rows: list[GpuRequest], now: datetime) -> tuple[list[Gpu
                 f"and you hold {holding[key] / 1000:g}; this request needs {r.gpus_milli / 1000:g} more"
             )
             waits.append(
-                st.Decision(st.DecisionKind.WAIT, str(r.pk), "member-cap", message,
-                            facts={"cap_milli": m.gpu_cap_milli, "holding_milli": holding[key]})
+                st.Decision(
+                    st.DecisionKind.WAIT,
+                    str(r.pk),
+                    "member-cap",
+                    message,
+                    facts={"cap_milli": m.gpu_cap_milli, "holding_milli": holding[key]},
+                )
             )
             continue
         # Counted as if admitted: the core may admit every kept request this tick.
@@ -253,19 +273,33 @@ def _apply_member_rules(rows: list[GpuRequest], now: datetime) -> tuple[list[Gpu
 def _cancel_orphan(r: GpuRequest, now: datetime) -> None:
     reason = "cancelled: the submitter is no longer a member of the team"
     GpuRequest.objects.filter(pk=r.pk, state=GpuRequest.State.PENDING).update(
-        state=GpuRequest.State.CANCELLED, end_reason=reason, status_code="not-a-member",
-        status_message=reason, queue_position=None, updated_at=now,
+        state=GpuRequest.State.CANCELLED,
+        end_reason=reason,
+        status_code="not-a-member",
+        status_message=reason,
+        queue_position=None,
+        updated_at=now,
     )
-    Decision.objects.create(request=r, team=r.team, kind=Decision.Kind.END, code="not-a-member", message=reason)
-    services.audit(actor=None, action="request.cancel", obj=r, team=r.team,
-                   before={"state": "pending"}, after={"state": "cancelled", "reason": reason})
+    Decision.objects.create(
+        request=r, team=r.team, kind=Decision.Kind.END, code="not-a-member", message=reason
+    )
+    services.audit(
+        actor=None,
+        action="request.cancel",
+        obj=r,
+        team=r.team,
+        before={"state": "pending"},
+        after={"state": "cancelled", "reason": reason},
+    )
 
 
 def _shape_kwargs(shape: st.Shape) -> dict[str, Any]:
     return {f: getattr(shape, f) for f in shape.__dataclass_fields__}
 
 
-def _running(devices: dict[tuple[str, int], Device]) -> tuple[list[st.Running], dict[str, Attempt], dict[int, set[str]]]:
+def _running(
+    devices: dict[tuple[str, int], Device],
+) -> tuple[list[st.Running], dict[str, Attempt], dict[int, set[str]]]:
     by_id = {d.pk: (name, idx) for (name, idx), d in devices.items()}
     attempts = {
         str(a.pk): a
@@ -280,7 +314,8 @@ def _running(devices: dict[tuple[str, int], Device]) -> tuple[list[st.Running], 
         node, idx = by_id.get(a.device_id, ("", -1))
         mig = st.MigInstance(a.mig_profile, a.mig_start, a.mig_size) if a.mig_profile else None
         grants[a.attempt_id].setdefault(
-            (node, idx, a.mig_start), st.DeviceGrant(node, idx, a.milli if mig is None else 0, a.gpu_memory_mib, mig)
+            (node, idx, a.mig_start),
+            st.DeviceGrant(node, idx, a.milli if mig is None else 0, a.gpu_memory_mib, mig),
         )
     running = []
     for aid, att in attempts.items():
@@ -289,7 +324,10 @@ def _running(devices: dict[tuple[str, int], Device]) -> tuple[list[st.Running], 
         for (node, _, _), g in sorted(grants[att.pk].items()):
             per_node[node].append(g)
         placement = st.Placement(
-            tuple(st.PodPlacement(n, tuple(gs), req.cpu_milli, req.memory_mib) for n, gs in sorted(per_node.items()))
+            tuple(
+                st.PodPlacement(n, tuple(gs), req.cpu_milli, req.memory_mib)
+                for n, gs in sorted(per_node.items())
+            )
         )
         # Expected end for reservations (EASY backfilling): the user's estimate, never past
         # the hard limit when one is set; None (the rule without estimates) when neither.
@@ -322,10 +360,14 @@ def _usage(now: datetime) -> list[st.TeamUsage]:
     now_ms = _ms(now)
     horizon = now - timedelta(seconds=half_life * 8)
     totals: dict[str, int] = defaultdict(int)
-    records = UsageRecord.objects.filter(charged=True).filter(Q(ended_at__isnull=True) | Q(ended_at__gte=horizon))
+    records = UsageRecord.objects.filter(charged=True).filter(
+        Q(ended_at__isnull=True) | Q(ended_at__gte=horizon)
+    )
     for u in records.select_related("team"):
         end_ms = _ms(u.ended_at) if u.ended_at else now_ms
-        totals[u.team.name] += backoff.interval_usage(u.gpus_milli, _ms(u.started_at), end_ms, now_ms, half_life)
+        totals[u.team.name] += backoff.interval_usage(
+            u.gpus_milli, _ms(u.started_at), end_ms, now_ms, half_life
+        )
     return [st.TeamUsage(team, v) for team, v in sorted(totals.items())]
 
 
@@ -410,7 +452,9 @@ def _admit(d: st.Decision, ctx: Context, tick_no: int) -> bool:
         # The database refused a double booking: the request waits for the next tick.
         log.error("tick %s: allocation conflict for request %s; left pending", tick_no, req.pk)
         GpuRequest.objects.filter(pk=req.pk).update(
-            state=GpuRequest.State.PENDING, status_code="conflict", status_message="waiting: placement conflict, retrying"
+            state=GpuRequest.State.PENDING,
+            status_code="conflict",
+            status_message="waiting: placement conflict, retrying",
         )
         return False
     Decision.objects.create(
@@ -431,12 +475,18 @@ def _admit(d: st.Decision, ctx: Context, tick_no: int) -> bool:
 
 
 def launch_attempt(attempt_id: int) -> None:
-    attempt = Attempt.objects.select_related("request__team", "request__workload_class", "pool").get(pk=attempt_id)
+    attempt = Attempt.objects.select_related(
+        "request__team", "request__workload_class", "pool"
+    ).get(pk=attempt_id)
     services.backend_call("launch", services.launch_spec(attempt))
 
 
 def _facts(d: st.Decision) -> dict[str, Any]:
-    out = {k: v for k, v in dict(d.facts).items() if isinstance(v, str | int | float | bool | list | dict | type(None))}
+    out = {
+        k: v
+        for k, v in dict(d.facts).items()
+        if isinstance(v, str | int | float | bool | list | dict | type(None))
+    }
     if d.escalated:
         out["escalated"] = True
     if d.borrowing:
@@ -449,16 +499,36 @@ def _wait(d: st.Decision, ctx: Context, tick_no: int, changed: list[GpuRequest])
     new_message = d.message[:500]
     estimate = d.facts.get("estimated_start_ms") if d.facts else None
     estimated_start = (
-        datetime.fromtimestamp(int(estimate) / 1000, tz=ctx.now.tzinfo) if isinstance(estimate, int) else None
+        datetime.fromtimestamp(int(estimate) / 1000, tz=ctx.now.tzinfo)
+        if isinstance(estimate, int)
+        else None
     )
     if (req.status_code, req.status_message) != (d.code, new_message):
         # The decision log records changes of reason, not every tick's repetition.
         Decision.objects.create(
-            tick=tick_no, request=req, team=req.team, kind=Decision.Kind.WAIT, code=d.code, message=new_message, facts=_facts(d)
+            tick=tick_no,
+            request=req,
+            team=req.team,
+            kind=Decision.Kind.WAIT,
+            code=d.code,
+            message=new_message,
+            facts=_facts(d),
         )
     fields = (d.code, new_message, d.position or None, d.escalated, estimated_start)
-    if (req.status_code, req.status_message, req.queue_position, req.escalated, req.estimated_start) != fields:
-        req.status_code, req.status_message, req.queue_position, req.escalated, req.estimated_start = fields
+    if (
+        req.status_code,
+        req.status_message,
+        req.queue_position,
+        req.escalated,
+        req.estimated_start,
+    ) != fields:
+        (
+            req.status_code,
+            req.status_message,
+            req.queue_position,
+            req.escalated,
+            req.estimated_start,
+        ) = fields
         changed.append(req)
 
 
@@ -486,10 +556,20 @@ def _preempt(d: st.Decision, ctx: Context, tick_no: int) -> bool:
 def _reject(d: st.Decision, ctx: Context, tick_no: int) -> None:
     req = ctx.requests[d.request_id]
     GpuRequest.objects.filter(pk=req.pk, state=GpuRequest.State.PENDING).update(
-        state=GpuRequest.State.FAILED, end_reason=d.message[:300], status_code=d.code, status_message=d.message[:500], queue_position=None
+        state=GpuRequest.State.FAILED,
+        end_reason=d.message[:300],
+        status_code=d.code,
+        status_message=d.message[:500],
+        queue_position=None,
     )
     Decision.objects.create(
-        tick=tick_no, request=req, team=req.team, kind=Decision.Kind.REJECT, code=d.code, message=d.message[:500], facts=_facts(d)
+        tick=tick_no,
+        request=req,
+        team=req.team,
+        kind=Decision.Kind.REJECT,
+        code=d.code,
+        message=d.message[:500],
+        facts=_facts(d),
     )
 
 
@@ -509,7 +589,9 @@ def decisions_apply(*, decisions: list[st.Decision], ctx: Context, tick_no: int)
             _reject(d, ctx, tick_no)
             counts["reject"] += 1
     GpuRequest.objects.bulk_update(
-        changed, ["status_code", "status_message", "queue_position", "escalated", "estimated_start"], batch_size=500
+        changed,
+        ["status_code", "status_message", "queue_position", "escalated", "estimated_start"],
+        batch_size=500,
     )
     return dict(counts)
 
@@ -526,9 +608,9 @@ def _try_lock(now: datetime) -> bool:
             return bool(cur.fetchone()[0])
     # SQLite: a lease row claimed by a conditional UPDATE.
     SchedulerState.objects.get_or_create(pk=1)
-    claimed = SchedulerState.objects.filter(Q(lease_until__isnull=True) | Q(lease_until__lt=now), pk=1).update(
-        lease_until=now + LEASE
-    )
+    claimed = SchedulerState.objects.filter(
+        Q(lease_until__isnull=True) | Q(lease_until__lt=now), pk=1
+    ).update(lease_until=now + LEASE)
     return claimed == 1
 
 
@@ -604,9 +686,14 @@ def reconcile(now: datetime | None = None) -> dict[str, int]:
             counts["relaunched"] += 1
             _count("reconciler_repairs")
             continue
-        if attempt.state == Attempt.State.STOPPING and status.outcome.value not in ("missing", "preempted"):
+        if attempt.state == Attempt.State.STOPPING and status.outcome.value not in (
+            "missing",
+            "preempted",
+        ):
             # Ask again: a stop lost after commit must not hold devices forever.
-            services.backend_call("stop", attempt.workload_name, attempt.namespace, services.STOP_GRACE_SECONDS)
+            services.backend_call(
+                "stop", attempt.workload_name, attempt.namespace, services.STOP_GRACE_SECONDS
+            )
             _count("reconciler_repairs")
         new_state = services.attempt_observe(attempt_id=attempt.pk, status=status, now=now)
         counts[new_state] += 1

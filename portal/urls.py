@@ -46,11 +46,17 @@ api_patterns = [
     path("requests/", api.GpuRequestListSubmitApi.as_view(), name="requests"),
     path("requests/preview/", api.GpuRequestPreviewApi.as_view(), name="request-preview"),
     path("requests/<int:request_id>/", api.GpuRequestDetailApi.as_view(), name="request-detail"),
-    path("requests/<int:request_id>/cancel/", api.GpuRequestCancelApi.as_view(), name="request-cancel"),
+    path(
+        "requests/<int:request_id>/cancel/",
+        api.GpuRequestCancelApi.as_view(),
+        name="request-cancel",
+    ),
     path("queue/", api.QueueApi.as_view(), name="queue"),
     path("pools/", api.PoolListApi.as_view(), name="pools"),
     path("capacity/", api.CapacityApi.as_view(), name="capacity"),
-    path("nodes/<int:node_id>/<node_action:action>/", api.NodeActionApi.as_view(), name="node-action"),
+    path(
+        "nodes/<int:node_id>/<node_action:action>/", api.NodeActionApi.as_view(), name="node-action"
+    ),
     path("decisions/", api.DecisionListApi.as_view(), name="decisions"),
     path("audit/", api.AuditListApi.as_view(), name="audit"),
     path("teams/", api.TeamListApi.as_view(), name="teams"),
@@ -63,8 +69,16 @@ urlpatterns = [
     path("api/v1/", include((api_patterns, "api"))),
     # Machine endpoints (bearer tokens, no sessions): see portal/agent_api.py.
     path("api/v1/agent/report/", agent_api.agent_report, name="agent-report"),
-    path("api/v1/agent/attempts/<int:attempt_id>/ready", agent_api.attempt_ready, name="agent-attempt-ready"),
-    path("api/schema/", SpectacularAPIView.as_view(permission_classes=[IsAuthenticated]), name="schema"),
+    path(
+        "api/v1/agent/attempts/<int:attempt_id>/ready",
+        agent_api.attempt_ready,
+        name="agent-attempt-ready",
+    ),
+    path(
+        "api/schema/",
+        SpectacularAPIView.as_view(permission_classes=[IsAuthenticated]),
+        name="schema",
+    ),
     path(
         "api/docs/",
         SpectacularSwaggerView.as_view(url_name="schema", permission_classes=[IsAuthenticated]),

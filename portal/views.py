@@ -93,7 +93,9 @@ def request_submit(request: HttpRequest) -> HttpResponse:
         else:
             return redirect("portal:request-detail", request_id=req.pk)
     status = 400 if form.errors else 200
-    return render(request, "portal/submit.html", {"form": form, "no_team": not teams.exists()}, status=status)
+    return render(
+        request, "portal/submit.html", {"form": form, "no_team": not teams.exists()}, status=status
+    )
 
 
 @login_required
@@ -145,7 +147,12 @@ def decision_log(request: HttpRequest) -> HttpResponse:
     filters: dict[str, Any] = {}
     if form.is_valid():
         d = form.cleaned_data
-        filters = {"team": d["team"], "request_id": d["request"], "node": d["node"], "kind": d["kind"]}
+        filters = {
+            "team": d["team"],
+            "request_id": d["request"],
+            "node": d["node"],
+            "kind": d["kind"],
+        }
     qs = selectors.decision_list(request.user, **filters).select_related("request")
     page = Paginator(qs, PAGE_SIZE).get_page(request.GET.get("page"))
     template = "portal/decisions.html"
@@ -200,12 +207,17 @@ def _team_context(request: HttpRequest, team: Team) -> dict[str, Any]:
     # Admins see every pool, so that they can grant a team a share of a new one.
     usage = selectors.team_usage(team, all_pools=admin)
     for u in usage:
-        u.form = QuotaForm(initial=QuotaForm.initial_for(u.quota), admin=admin, prefix=f"pool{u.pool.pk}")  # type: ignore[attr-defined]
+        u.form = QuotaForm(
+            initial=QuotaForm.initial_for(u.quota), admin=admin, prefix=f"pool{u.pool.pk}"
+        )  # type: ignore[attr-defined]
     members = selectors.team_members(team)
     for m in members:
         ms = m["membership"]
         m["form"] = MemberCapForm(
-            initial={"gpu_cap": None if ms.gpu_cap_milli is None else ms.gpu_cap_milli / 1000, "role": ms.role},
+            initial={
+                "gpu_cap": None if ms.gpu_cap_milli is None else ms.gpu_cap_milli / 1000,
+                "role": ms.role,
+            },
             admin=admin,
             prefix=f"m{ms.pk}",
         )
@@ -319,7 +331,11 @@ def capacity(request: HttpRequest) -> HttpResponse:
 @require_POST
 def node_action(request: HttpRequest, node_id: int, action: str) -> HttpResponse:
     node = access.get_node_for_admin(request.user, node_id)
-    service = {"cordon": services.node_cordon, "drain": services.node_drain, "return": services.node_return}[action]
+    service = {
+        "cordon": services.node_cordon,
+        "drain": services.node_drain,
+        "return": services.node_return,
+    }[action]
     service(actor=request.user, node=node)  # type: ignore[arg-type]
     return redirect(_next_url(request, reverse("portal:capacity")))
 
@@ -337,7 +353,11 @@ def audit_log(request: HttpRequest) -> HttpResponse:
     template = "portal/audit.html"
     if request.htmx:
         template += "#audit-log"
-    return render(request, template, {"page": page, "action": action, "actor": actor, "query": query.urlencode()})
+    return render(
+        request,
+        template,
+        {"page": page, "action": action, "actor": actor, "query": query.urlencode()},
+    )
 
 
 @login_required
@@ -350,8 +370,14 @@ def settings_page(request: HttpRequest) -> HttpResponse:
 
 def _settings_context(override: dict[tuple[str, int], Any] | None = None) -> dict[str, Any]:
     override = override or {}
-    classes = [(c, override.get(("class", c.pk)) or WorkloadClassForm(instance=c, prefix=f"c{c.pk}")) for c in WorkloadClass.objects.all()]
-    pools = [(p, override.get(("pool", p.pk)) or PoolForm(instance=p, prefix=f"p{p.pk}")) for p in Pool.objects.all()]
+    classes = [
+        (c, override.get(("class", c.pk)) or WorkloadClassForm(instance=c, prefix=f"c{c.pk}"))
+        for c in WorkloadClass.objects.all()
+    ]
+    pools = [
+        (p, override.get(("pool", p.pk)) or PoolForm(instance=p, prefix=f"p{p.pk}"))
+        for p in Pool.objects.all()
+    ]
     quotas = Quota.objects.select_related("team", "pool").order_by("team__name", "pool__name")
     return {"classes": classes, "pools": pools, "quotas": quotas, "teams": Team.objects.all()}
 
@@ -360,7 +386,9 @@ def _settings_context(override: dict[tuple[str, int], Any] | None = None) -> dic
 @require_POST
 def workload_class_edit(request: HttpRequest, class_id: int) -> HttpResponse:
     wc = access.get_workload_class_for_admin(request.user, class_id)
-    form = WorkloadClassForm(request.POST, instance=WorkloadClass.objects.get(pk=wc.pk), prefix=f"c{wc.pk}")
+    form = WorkloadClassForm(
+        request.POST, instance=WorkloadClass.objects.get(pk=wc.pk), prefix=f"c{wc.pk}"
+    )
     if form.is_valid():
         changes = {f: form.cleaned_data[f] for f in form.Meta.fields}
         try:
@@ -369,7 +397,9 @@ def workload_class_edit(request: HttpRequest, class_id: int) -> HttpResponse:
             _add_errors(form, exc)
         else:
             return redirect(reverse("portal:settings") + "#classes")
-    return render(request, "portal/settings.html", _settings_context({("class", wc.pk): form}), status=400)
+    return render(
+        request, "portal/settings.html", _settings_context({("class", wc.pk): form}), status=400
+    )
 
 
 @login_required
@@ -385,4 +415,6 @@ def pool_edit(request: HttpRequest, pool_id: int) -> HttpResponse:
             _add_errors(form, exc)
         else:
             return redirect(reverse("portal:settings") + "#pools")
-    return render(request, "portal/settings.html", _settings_context({("pool", pool.pk): form}), status=400)
+    return render(
+        request, "portal/settings.html", _settings_context({("pool", pool.pk): form}), status=400
+    )

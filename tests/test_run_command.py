@@ -34,12 +34,17 @@ def _get(url: str) -> tuple[int, str]:
 
 def test_it_serves_the_demo_and_stops_cleanly(tmp_path: Path) -> None:
     port = _free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "SQLITE_PATH")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "SQLITE_PATH")
+    }
     env.update(QM_VAR_DIR=str(tmp_path / "var"), TICK_SECONDS="1", SIMULATED_SECONDS_PER_HOUR="30")
     log = open(tmp_path / "up.log", "w")
     proc = subprocess.Popen(
         [sys.executable, "manage.py", "up", "--bind", f"127.0.0.1:{port}"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     try:
         deadline = time.monotonic() + 120
@@ -55,7 +60,11 @@ def test_it_serves_the_demo_and_stops_cleanly(tmp_path: Path) -> None:
 
         def running() -> int:
             with sqlite3.connect(db, timeout=10) as conn:
-                return int(conn.execute("SELECT count(*) FROM portal_gpurequest WHERE state = 'running'").fetchone()[0])
+                return int(
+                    conn.execute(
+                        "SELECT count(*) FROM portal_gpurequest WHERE state = 'running'"
+                    ).fetchone()[0]
+                )
 
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and running() == 0:

@@ -14,7 +14,12 @@ def _manage(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     dropped = ("DEBUG", "SECRET_KEY", "SECURE_COOKIES", "DJANGO_ALLOW_ASYNC_UNSAFE")
     base = {k: v for k, v in os.environ.items() if k not in dropped}
     return subprocess.run(
-        [sys.executable, "manage.py", *args], cwd=ROOT, env={**base, **env}, capture_output=True, text=True, timeout=120
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -22,8 +27,14 @@ def test_it_passes_check_deploy_with_production_settings(tmp_path: Path) -> None
     secret = tmp_path / "secret"
     secret.write_text("x" * 30 + "-a-long-random-production-secret-" + "y" * 20)
     result = _manage(
-        "check", "--deploy", "--fail-level", "WARNING",
-        SECRET_KEY_FILE=str(secret), SECURE_COOKIES="true", DEBUG="false", ALLOWED_HOSTS="gpu.example.com",
+        "check",
+        "--deploy",
+        "--fail-level",
+        "WARNING",
+        SECRET_KEY_FILE=str(secret),
+        SECURE_COOKIES="true",
+        DEBUG="false",
+        ALLOWED_HOSTS="gpu.example.com",
     )
     assert result.returncode == 0, result.stdout + result.stderr
 

@@ -64,7 +64,13 @@ def inventory_from_file(path: str | Path) -> list[InventoryNode]:
     for pool in data["pools"]:
         spec = pool["nodes"]
         partitioning = pool.get("partitioning", "exclusive")
-        migs = mig_instances(pool.get("mig_layout", []), pool["gpu_model"], int(pool["gpu_memory_mib"])) if partitioning == "mig" else ()
+        migs = (
+            mig_instances(
+                pool.get("mig_layout", []), pool["gpu_model"], int(pool["gpu_memory_mib"])
+            )
+            if partitioning == "mig"
+            else ()
+        )
         for i in range(int(spec.get("count", 1))):
             name = f"{spec.get('prefix', pool['name'])}-{i + 1:02d}"
             unhealthy = set(spec.get("unhealthy", {}).get(name, []))
@@ -88,8 +94,14 @@ def inventory_from_file(path: str | Path) -> list[InventoryNode]:
                     cpu_milli=int(spec.get("cpu_milli", 64000)),
                     memory_mib=int(spec.get("memory_mib", 512 * 1024)),
                     devices=devices,
-                    labels={"nvidia.com/gpu.product": pool["gpu_model"], **pool.get("node_selector", {})},
-                    taints=tuple((t["key"], t.get("value", ""), t.get("effect", "NoSchedule")) for t in pool.get("taints", [])),
+                    labels={
+                        "nvidia.com/gpu.product": pool["gpu_model"],
+                        **pool.get("node_selector", {}),
+                    },
+                    taints=tuple(
+                        (t["key"], t.get("value", ""), t.get("effect", "NoSchedule"))
+                        for t in pool.get("taints", [])
+                    ),
                     ready=name not in set(spec.get("not_ready", [])),
                     interconnect=pool.get("interconnect", "pcie"),
                 )
@@ -114,10 +126,16 @@ class SimulatedBackend:
                     name=spec.name,
                     namespace=spec.namespace,
                     node=spec.node,
-                    spec={"image": spec.image, "command": list(spec.command), "attempt": spec.attempt_id},
+                    spec={
+                        "image": spec.image,
+                        "command": list(spec.command),
+                        "attempt": spec.attempt_id,
+                    },
                     created_at=now,
                     starts_at=now + START_DELAY,
-                    ends_at=now + START_DELAY + timedelta(seconds=max(1, spec.simulated_duration_s)),
+                    ends_at=now
+                    + START_DELAY
+                    + timedelta(seconds=max(1, spec.simulated_duration_s)),
                     exit_code=spec.simulated_exit_code,
                 )
         except IntegrityError:
@@ -125,9 +143,9 @@ class SimulatedBackend:
             pass
 
     def stop(self, name: str, namespace: str, grace_seconds: int = 30) -> None:
-        SimulatedWorkload.objects.filter(name=name, namespace=namespace, stopped_at__isnull=True).update(
-            stopped_at=timezone.now()
-        )
+        SimulatedWorkload.objects.filter(
+            name=name, namespace=namespace, stopped_at__isnull=True
+        ).update(stopped_at=timezone.now())
 
     def status(self, name: str, namespace: str) -> WorkloadStatus:
         w = SimulatedWorkload.objects.filter(name=name, namespace=namespace).first()
@@ -135,7 +153,9 @@ class SimulatedBackend:
             return WorkloadStatus(name, namespace, Outcome.MISSING)
         now = timezone.now()
         if w.stopped_at is not None:
-            return WorkloadStatus(name, namespace, Outcome.PREEMPTED, "Deleted", "stopped by the portal")
+            return WorkloadStatus(
+                name, namespace, Outcome.PREEMPTED, "Deleted", "stopped by the portal"
+            )
         if now < w.starts_at:
             return WorkloadStatus(name, namespace, Outcome.PENDING)
         if now < w.ends_at:
@@ -143,5 +163,10 @@ class SimulatedBackend:
         if w.exit_code == 0:
             return WorkloadStatus(name, namespace, Outcome.SUCCEEDED, "Completed", exit_code=0)
         return WorkloadStatus(
-            name, namespace, Outcome.FAILED, "Error", f"exited with code {w.exit_code}", exit_code=w.exit_code
+            name,
+            namespace,
+            Outcome.FAILED,
+            "Error",
+            f"exited with code {w.exit_code}",
+            exit_code=w.exit_code,
         )

@@ -22,7 +22,12 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 CHROMIUM = "/usr/bin/chromium"
 RESULTS = Path(__file__).resolve().parents[2] / "test-results"
-PASSWORDS = {"alice": "pw-alice-123", "bob": "pw-bob-123", "carol": "pw-carol-123", "dave": "pw-dave-123"}
+PASSWORDS = {
+    "alice": "pw-alice-123",
+    "bob": "pw-bob-123",
+    "carol": "pw-carol-123",
+    "dave": "pw-dave-123",
+}
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +73,9 @@ def login(page, username: str) -> None:  # noqa: ANN001
     page.wait_for_url("**/")
 
 
-def test_a_researcher_submits_and_sees_it_queued_then_running(page, world: World, monkeypatch) -> None:  # noqa: ANN001
+def test_a_researcher_submits_and_sees_it_queued_then_running(
+    page, world: World, monkeypatch
+) -> None:  # noqa: ANN001
     # The test drives the tick itself, as beat would a few seconds later.
     monkeypatch.setattr(services, "_wake_scheduler", lambda: None)
     login(page, "bob")
@@ -94,10 +101,14 @@ def test_a_researcher_submits_and_sees_it_queued_then_running(page, world: World
 
     tick.run_tick()
     # The status section polls every 3 s and swaps in the new state without a reload.
-    page.wait_for_function("document.querySelector('[data-testid=state]').textContent === 'admitted'")
+    page.wait_for_function(
+        "document.querySelector('[data-testid=state]').textContent === 'admitted'"
+    )
     time.sleep(1.5)  # the simulated workload starts a moment after it is created
     tick.reconcile()
-    page.wait_for_function("document.querySelector('[data-testid=state]').textContent === 'running'")
+    page.wait_for_function(
+        "document.querySelector('[data-testid=state]').textContent === 'running'"
+    )
     assert "running on a100-" in page.locator("[data-testid=reason]").inner_text()
     shot(page, "researcher-request-running")
 
@@ -134,8 +145,23 @@ def test_a_lead_changes_a_quota_and_sees_it_in_the_audit_log(page, world: World)
 def test_an_admin_filters_decisions_and_sees_the_capacity_map(page, world: World) -> None:  # noqa: ANN001
     for i in range(5):
         submit(world.bob, world.vision, count=8, name=f"big-{i}")
-    submit(world.carol, world.nlp, pool_name="h100-mig", profile_kind="mig", mig_profile="3g.40gb", cls="inference")
-    submit(world.carol, world.nlp, pool_name="l4-shared", profile_kind="shared", milli=500, gpu_memory_mib=10240, cls="interactive")
+    submit(
+        world.carol,
+        world.nlp,
+        pool_name="h100-mig",
+        profile_kind="mig",
+        mig_profile="3g.40gb",
+        cls="inference",
+    )
+    submit(
+        world.carol,
+        world.nlp,
+        pool_name="l4-shared",
+        profile_kind="shared",
+        milli=500,
+        gpu_memory_mib=10240,
+        cls="interactive",
+    )
     tick.run_tick()
     services.node_cordon(actor=world.dave, node=Pool.objects.get(name="l4-shared").nodes.last())
     login(page, "dave")
@@ -149,13 +175,18 @@ def test_an_admin_filters_decisions_and_sees_the_capacity_map(page, world: World
     page.wait_for_function(
         "[...document.querySelectorAll('#decision-log tbody tr td:nth-child(2)')].every(td => td.textContent.trim() === 'wait')"
     )
-    assert page.locator("#decision-log tbody tr").count() == GpuRequest.objects.filter(state="pending").count()
+    assert (
+        page.locator("#decision-log tbody tr").count()
+        == GpuRequest.objects.filter(state="pending").count()
+    )
     shot(page, "admin-decisions-filtered")
 
     page.click("header.top >> text=Capacity")
     page.wait_for_selector("#capacity-map .cell.allocated")
     assert page.locator(".node[data-node=a100-01] .cell.allocated").count() == 8
-    assert page.locator(".cell.fragmented").count() >= 1  # the MIG and shared slices next to used ones
+    assert (
+        page.locator(".cell.fragmented").count() >= 1
+    )  # the MIG and shared slices next to used ones
     assert page.locator(".cell.cordoned").count() >= 1
     shot(page, "admin-capacity")
 

@@ -21,17 +21,33 @@ TOKEN = "agent-token-for-tests"
 
 def _report(node: str = "a100-01", **device: object) -> dict[str, object]:
     devices = [
-        {"index": i, "uuid": f"GPU-{node}-{i}", "memory_total_mib": 81920, "memory_used_mib": 0,
-         "utilization_pct": 0, "healthy": True, "xids": [], "processes": [], "mig": []}
+        {
+            "index": i,
+            "uuid": f"GPU-{node}-{i}",
+            "memory_total_mib": 81920,
+            "memory_used_mib": 0,
+            "utilization_pct": 0,
+            "healthy": True,
+            "xids": [],
+            "processes": [],
+            "mig": [],
+        }
         for i in range(8)
     ]
     devices[0].update(device)
-    return {"node": node, "agent_version": "test", "sent_at": timezone.now().isoformat(), "devices": devices}
+    return {
+        "node": node,
+        "agent_version": "test",
+        "sent_at": timezone.now().isoformat(),
+        "devices": devices,
+    }
 
 
 def _post(client: Client, body: object, token: str = TOKEN) -> object:
     return client.post(
-        "/api/v1/agent/report/", data=json.dumps(body), content_type="application/json",
+        "/api/v1/agent/report/",
+        data=json.dumps(body),
+        content_type="application/json",
         HTTP_AUTHORIZATION=f"Bearer {token}",
     )
 
@@ -112,12 +128,22 @@ def test_the_readiness_check_needs_the_attempts_token_and_a_free_device(agent: C
     node = attempt.nodes[0]
     index = attempt.allocations.first().device.index
     report = _report(node=node)
-    report["devices"][index].update(processes=[{"pid": 7, "used_memory_mib": 900}], memory_used_mib=900)  # type: ignore[index]
+    report["devices"][index].update(
+        processes=[{"pid": 7, "used_memory_mib": 900}], memory_used_mib=900
+    )  # type: ignore[index]
     _post(agent, report)
     assert agent.get(url, HTTP_AUTHORIZATION=f"Bearer {token}").json()["ready"] is False
     _post(agent, _report(node=node))
-    assert agent.get(url, HTTP_AUTHORIZATION=f"Bearer {token}").json() == {"ready": True, "reason": ""}
-    assert agent.get("/api/v1/agent/attempts/999999/ready", HTTP_AUTHORIZATION=f"Bearer {token}").status_code == 404
+    assert agent.get(url, HTTP_AUTHORIZATION=f"Bearer {token}").json() == {
+        "ready": True,
+        "reason": "",
+    }
+    assert (
+        agent.get(
+            "/api/v1/agent/attempts/999999/ready", HTTP_AUTHORIZATION=f"Bearer {token}"
+        ).status_code
+        == 404
+    )
 
 
 def test_probes_answer_whatever_the_host(client: Client) -> None:
@@ -125,8 +151,12 @@ def test_probes_answer_whatever_the_host(client: Client) -> None:
     resp = client.get("/metrics", HTTP_HOST="10.1.2.3:8000")
     assert resp.status_code == 200
     text = resp.content.decode()
-    for name in ("quartermaster_pending_requests", "quartermaster_scheduler_tick_duration_seconds_count",
-                 "quartermaster_scheduler_tick_failures_total", "quartermaster_admitted_requests_total"):
+    for name in (
+        "quartermaster_pending_requests",
+        "quartermaster_scheduler_tick_duration_seconds_count",
+        "quartermaster_scheduler_tick_failures_total",
+        "quartermaster_admitted_requests_total",
+    ):
         assert name in text
 
 

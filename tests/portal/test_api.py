@@ -138,16 +138,26 @@ def test_it_sets_quotas_within_the_grant(world: World) -> None:
     a100 = Pool.objects.get(name="a100-train")
     url = f"/api/v1/teams/{world.vision.pk}/quotas/{a100.pk}/"
     c = api(world.alice)
-    r = c.put(url, {"nominal_milli": 8000, "borrowing_limit_milli": 2000}, content_type="application/json")
+    r = c.put(
+        url, {"nominal_milli": 8000, "borrowing_limit_milli": 2000}, content_type="application/json"
+    )
     assert r.status_code == 200 and r.json()["nominal_milli"] == 8000
     assert AuditEvent.objects.filter(action="quota.set", actor=world.alice).exists()
     r = c.put(url, {"nominal_milli": 99000}, content_type="application/json")
     assert r.status_code == 400 and "nominal_milli" in r.json()
     r = c.put(url, {"nominal_milli": 1000, "granted_milli": 99000}, content_type="application/json")
     assert r.status_code == 400 and "granted_milli" in r.json()
-    assert api(world.bob).put(url, {"nominal_milli": 0}, content_type="application/json").status_code == 403
-    assert api(world.carol).put(url, {"nominal_milli": 0}, content_type="application/json").status_code == 404
-    r = api(world.dave).put(url, {"nominal_milli": 20000, "granted_milli": 24000}, content_type="application/json")
+    assert (
+        api(world.bob).put(url, {"nominal_milli": 0}, content_type="application/json").status_code
+        == 403
+    )
+    assert (
+        api(world.carol).put(url, {"nominal_milli": 0}, content_type="application/json").status_code
+        == 404
+    )
+    r = api(world.dave).put(
+        url, {"nominal_milli": 20000, "granted_milli": 24000}, content_type="application/json"
+    )
     assert r.status_code == 200
     q = Quota.objects.get(team=world.vision, pool=a100)
     assert (q.nominal_milli, q.granted_milli) == (20000, 24000)
@@ -166,7 +176,10 @@ def test_it_serves_pools_capacity_decisions_and_audit(world: World) -> None:
     submit(world.bob, world.vision, count=2)
     tick.run_tick()
     pools = {p["name"]: p for p in api(world.bob).get("/api/v1/pools/").json()}
-    assert pools["a100-train"]["allocated_milli"] == 2000 and "whole" in pools["a100-train"]["profiles"]
+    assert (
+        pools["a100-train"]["allocated_milli"] == 2000
+        and "whole" in pools["a100-train"]["profiles"]
+    )
     assert "mig-3g.40gb" in pools["h100-mig"]["profiles"]
     assert api(world.alice).get("/api/v1/capacity/").status_code == 403
     r = api(world.dave).get("/api/v1/capacity/?pool=a100-train")
@@ -183,8 +196,14 @@ def test_it_serves_pools_capacity_decisions_and_audit(world: World) -> None:
 
 def test_it_previews_without_writing(world: World) -> None:
     before = (GpuRequest.objects.count(), AuditEvent.objects.count())
-    r = post(api(world.bob), "/api/v1/requests/preview/", {k: BODY[k] for k in ("team", "workload_class", "pool", "profile", "count")})
-    assert r.status_code == 200 and r.json()["outcome"] == "fits" and r.json()["pool"] == "a100-train"
+    r = post(
+        api(world.bob),
+        "/api/v1/requests/preview/",
+        {k: BODY[k] for k in ("team", "workload_class", "pool", "profile", "count")},
+    )
+    assert (
+        r.status_code == 200 and r.json()["outcome"] == "fits" and r.json()["pool"] == "a100-train"
+    )
     assert (GpuRequest.objects.count(), AuditEvent.objects.count()) == before
 
 

@@ -30,7 +30,9 @@ def _worker_env(tmp_path: Path) -> dict[str, str]:
     db = connection.settings_dict
     if connection.vendor == "postgresql":
         user = f"{db['USER']}@" if db["USER"] else ""
-        env["DATABASE_URL"] = f"postgres://{user}{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+        env["DATABASE_URL"] = (
+            f"postgres://{user}{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+        )
     else:
         env.pop("DATABASE_URL", None)
         env["SQLITE_PATH"] = str(db["NAME"])
@@ -57,8 +59,21 @@ def test_it_runs_a_request_to_success_through_a_real_worker(tmp_path: Path) -> N
 
     w = make_world()
     worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "portal", "worker", "--beat", "--pool", "solo",
-         "--schedule", str(tmp_path / "beat"), "--loglevel", "INFO"],
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "portal",
+            "worker",
+            "--beat",
+            "--pool",
+            "solo",
+            "--schedule",
+            str(tmp_path / "beat"),
+            "--loglevel",
+            "INFO",
+        ],
         cwd=ROOT,
         env=_worker_env(tmp_path),
         stdout=open(tmp_path / "worker.log", "w"),
@@ -73,8 +88,12 @@ def test_it_runs_a_request_to_success_through_a_real_worker(tmp_path: Path) -> N
         def state() -> str:
             return GpuRequest.objects.get(pk=req.pk).state
 
-        assert _wait_for(lambda: state() != "pending", 60), (tmp_path / "worker.log").read_text()[-3000:]
-        assert _wait_for(lambda: state() == "succeeded", 60), (tmp_path / "worker.log").read_text()[-3000:]
+        assert _wait_for(lambda: state() != "pending", 60), (tmp_path / "worker.log").read_text()[
+            -3000:
+        ]
+        assert _wait_for(lambda: state() == "succeeded", 60), (tmp_path / "worker.log").read_text()[
+            -3000:
+        ]
     finally:
         worker.terminate()
         worker.wait(timeout=30)

@@ -44,7 +44,9 @@ def _assert_invariants() -> None:
     # INV-2: no slot in two active allocations.
     assert active.count() == len(set(active.values_list("device_id", "slot")))
     # INV-3: at most one active attempt per request.
-    per_request = Attempt.objects.filter(state__in=Attempt.ACTIVE_STATES).values_list("request_id", flat=True)
+    per_request = Attempt.objects.filter(state__in=Attempt.ACTIVE_STATES).values_list(
+        "request_id", flat=True
+    )
     assert len(per_request) == len(set(per_request))
     # INV-1: each team within nominal + borrowing limit in each pool.
     for q in Quota.objects.all():
@@ -53,7 +55,9 @@ def _assert_invariants() -> None:
                 state__in=Attempt.ACTIVE_STATES, request__team=q.team, pool=q.pool
             ).values_list("gpus_milli", flat=True)
         )
-        limit = q.nominal_milli + (q.borrowing_limit_milli if q.borrowing_limit_milli is not None else 10**9)
+        limit = q.nominal_milli + (
+            q.borrowing_limit_milli if q.borrowing_limit_milli is not None else 10**9
+        )
         assert held <= limit, f"{q.team}@{q.pool}: {held} > {limit}"
 
 
@@ -104,7 +108,9 @@ def test_fi05_a_submit_succeeds_with_the_broker_down(monkeypatch: pytest.MonkeyP
     assert GpuRequest.objects.get(pk=req.pk).state == "admitted"
 
 
-def test_fi06_a_tick_that_dies_midway_leaves_nothing_half_applied(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fi06_a_tick_that_dies_midway_leaves_nothing_half_applied(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """FI-06: the tick fails after its first admission; all of it rolls back, the next one succeeds."""
     from portal import tick
 
@@ -136,7 +142,9 @@ def test_fi18_lowering_a_quota_blocks_admissions_but_keeps_running_work() -> Non
     pool = Pool.objects.get(name="a100-train")
     running = submit(w.bob, w.vision, count=4)
     run_tick()
-    services.quota_set(actor=w.dave, team=w.vision, pool=pool, nominal_milli=0, borrowing_limit_milli=0)
+    services.quota_set(
+        actor=w.dave, team=w.vision, pool=pool, nominal_milli=0, borrowing_limit_milli=0
+    )
     later = submit(w.bob, w.vision, count=1)
     run_tick()
     assert GpuRequest.objects.get(pk=running.pk).state == "admitted"
@@ -154,7 +162,9 @@ def test_fi19_a_request_of_someone_who_left_the_team_is_cancelled_and_audited() 
     req.refresh_from_db()
     assert req.state == "cancelled" and "no longer a member" in req.end_reason
     assert not req.attempts.exists()
-    assert AuditEvent.objects.filter(action="request.cancel", object_id=str(req.pk), actor=None).exists()
+    assert AuditEvent.objects.filter(
+        action="request.cancel", object_id=str(req.pk), actor=None
+    ).exists()
 
 
 def test_member_caps_hold_requests_back_with_a_reason() -> None:
@@ -188,7 +198,9 @@ def test_fi21_a_killed_lock_holder_does_not_stop_the_next_tick() -> None:
         other.close()  # the holder dies: PostgreSQL drops its transaction and the lock
         assert run_tick().ran is True
     else:
-        SchedulerState.objects.update_or_create(pk=1, defaults={"lease_until": timezone.now() + timedelta(seconds=120)})
+        SchedulerState.objects.update_or_create(
+            pk=1, defaults={"lease_until": timezone.now() + timedelta(seconds=120)}
+        )
         assert run_tick().ran is False
         assert run_tick(now=timezone.now() + timedelta(seconds=121)).ran is True
     assert GpuRequest.objects.get(pk=req.pk).state == "admitted"

@@ -76,6 +76,10 @@ def test_it_keeps_audit_events_append_only_in_the_database() -> None:
     if connection.vendor == "postgresql":
         statements.append(f"DELETE FROM {table} WHERE id = %s")
     for sql in statements:
-        with pytest.raises(Exception, match="append-only"), transaction.atomic(), connection.cursor() as cur:
+        with (
+            pytest.raises(Exception, match="append-only"),
+            transaction.atomic(),
+            connection.cursor() as cur,
+        ):
             cur.execute(sql, [event.pk])
     assert AuditEvent.objects.get(pk=event.pk).action == "request.submit"

@@ -72,16 +72,22 @@ def test_it_lets_a_lead_set_quota_within_the_grant_only() -> None:
     assert Quota.objects.get(team=w.vision, pool=pool).nominal_milli == granted - 1000
     event = AuditEvent.objects.filter(action="quota.set").first()
     assert event is not None
-    assert event.before["nominal_milli"] == granted and event.after["nominal_milli"] == granted - 1000
+    assert (
+        event.before["nominal_milli"] == granted and event.after["nominal_milli"] == granted - 1000
+    )
 
 
 def test_it_lets_only_admins_change_grants() -> None:
     w = make_world()
     pool = Pool.objects.get(name="a100-train")
     with pytest.raises(ValidationError) as exc:
-        services.quota_set(actor=w.alice, team=w.vision, pool=pool, nominal_milli=0, granted_milli=99000)
+        services.quota_set(
+            actor=w.alice, team=w.vision, pool=pool, nominal_milli=0, granted_milli=99000
+        )
     assert "granted_milli" in exc.value.message_dict
-    services.quota_set(actor=w.dave, team=w.vision, pool=pool, nominal_milli=20000, granted_milli=20000)
+    services.quota_set(
+        actor=w.dave, team=w.vision, pool=pool, nominal_milli=20000, granted_milli=20000
+    )
     assert Quota.objects.get(team=w.vision, pool=pool).granted_milli == 20000
 
 

@@ -21,7 +21,8 @@ def _advance(req: GpuRequest, seconds: float) -> None:
 
     w = SimulatedWorkload.objects.get(name=req.attempts.get().workload_name)
     SimulatedWorkload.objects.filter(pk=w.pk).update(
-        starts_at=w.starts_at - timedelta(seconds=seconds), ends_at=w.ends_at - timedelta(seconds=seconds)
+        starts_at=w.starts_at - timedelta(seconds=seconds),
+        ends_at=w.ends_at - timedelta(seconds=seconds),
     )
 
 
@@ -70,7 +71,9 @@ def test_it_fails_a_request_whose_workload_exits_non_zero() -> None:
     assert req.attempts.get().exit_code == 3
 
 
-def test_it_requeues_a_preempted_attempt_with_backoff_and_does_not_charge_it(settings: object) -> None:
+def test_it_requeues_a_preempted_attempt_with_backoff_and_does_not_charge_it(
+    settings: object,
+) -> None:
     w = make_world()
     req = submit(w.bob, w.vision)
     run_tick()
@@ -103,7 +106,9 @@ def test_it_gives_up_after_the_requeue_limit(settings: object) -> None:
     for _ in range(2):
         run_tick(now=timezone.now() + timedelta(hours=2))
         attempt = req.attempts.filter(state__in=Attempt.ACTIVE_STATES).get()
-        services.attempt_observe(attempt_id=attempt.pk, status=WorkloadStatus("n", "ns", Outcome.NODE_LOST))
+        services.attempt_observe(
+            attempt_id=attempt.pk, status=WorkloadStatus("n", "ns", Outcome.NODE_LOST)
+        )
     req.refresh_from_db()
     assert req.state == GpuRequest.State.FAILED
     assert "gave up after 1 requeues" in req.end_reason
@@ -163,7 +168,9 @@ def test_it_skips_a_tick_while_another_holds_the_lock() -> None:
             other.rollback()
             other.close()
     else:
-        SchedulerState.objects.filter(pk=1).update(lease_until=timezone.now() + timedelta(minutes=1))
+        SchedulerState.objects.filter(pk=1).update(
+            lease_until=timezone.now() + timedelta(minutes=1)
+        )
         result = run_tick()
     assert result.ran is False
     assert SchedulerState.objects.get(pk=1).skipped_ticks == state.skipped_ticks + 1

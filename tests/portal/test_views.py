@@ -55,7 +55,16 @@ def test_it_shows_every_page_to_an_admin(world: World) -> None:
     submit(world.bob, world.vision, name="queued-one")
     tick.run_tick()
     c = login(world.dave)
-    for name in ["home", "request-submit", "queue", "decisions", "team-list", "capacity", "audit", "settings"]:
+    for name in [
+        "home",
+        "request-submit",
+        "queue",
+        "decisions",
+        "team-list",
+        "capacity",
+        "audit",
+        "settings",
+    ]:
         r = c.get(reverse(f"portal:{name}"))
         assert r.status_code == 200, name
     r = c.get(reverse("portal:team-detail", args=[world.vision.pk]))
@@ -75,7 +84,11 @@ def test_it_submits_from_the_form_and_shows_the_request(world: World) -> None:
 
 def test_it_refuses_nvidia_env_names(world: World) -> None:
     c = login(world.bob)
-    for env in ["NVIDIA_VISIBLE_DEVICES=all", "CUDA_VISIBLE_DEVICES=0", "nvidia_driver_capabilities=all"]:
+    for env in [
+        "NVIDIA_VISIBLE_DEVICES=all",
+        "CUDA_VISIBLE_DEVICES=0",
+        "nvidia_driver_capabilities=all",
+    ]:
         r = c.post(reverse("portal:request-submit"), form_data(world, env=env))
         assert r.status_code == 400
         assert "set by the platform" in r.context["form"].errors["env"][0]
@@ -95,7 +108,11 @@ def test_it_offers_only_profiles_the_pool_has(world: World) -> None:
     mig = Pool.objects.get(name="h100-mig")
     r = c.get(reverse("portal:request-submit"), {"pool": mig.pk}, HTTP_HX_REQUEST="true")
     assert r.status_code == 200
-    assert b"mig-3g.40gb" in r.content and b"shared-250m" not in r.content and b">whole<" not in r.content
+    assert (
+        b"mig-3g.40gb" in r.content
+        and b"shared-250m" not in r.content
+        and b">whole<" not in r.content
+    )
     # A profile the pool does not offer is refused.
     r = c.post(reverse("portal:request-submit"), form_data(world, pool=mig.pk))
     assert r.status_code == 400 and "profile" in r.context["form"].errors
@@ -142,8 +159,13 @@ def test_it_lists_my_jobs_with_position_reason_and_cancel(world: World) -> None:
 
 def test_it_renders_partials_for_htmx(world: World) -> None:
     c = login(world.dave)
-    for name, marker in [("home", 'id="request-table"'), ("queue", 'id="queue-table"'),
-                         ("decisions", 'id="decision-log"'), ("capacity", 'id="capacity-map"'), ("audit", 'id="audit-log"')]:
+    for name, marker in [
+        ("home", 'id="request-table"'),
+        ("queue", 'id="queue-table"'),
+        ("decisions", 'id="decision-log"'),
+        ("capacity", 'id="capacity-map"'),
+        ("audit", 'id="audit-log"'),
+    ]:
         r = c.get(reverse(f"portal:{name}"), HTTP_HX_REQUEST="true")
         body = r.content.decode()
         assert body.lstrip().startswith("<div " + marker) or marker in body.split("\n", 1)[0], name
@@ -174,7 +196,8 @@ def test_it_lets_a_lead_change_the_quota_within_the_grant(world: World) -> None:
 def test_it_refuses_quota_changes_from_a_member(world: World) -> None:
     a100 = Pool.objects.get(name="a100-train")
     r = login(world.bob).post(
-        reverse("portal:quota-edit", args=[world.vision.pk, a100.pk]), {f"pool{a100.pk}-nominal": "1"}
+        reverse("portal:quota-edit", args=[world.vision.pk, a100.pk]),
+        {f"pool{a100.pk}-nominal": "1"},
     )
     assert r.status_code == 403
     assert Quota.objects.get(team=world.vision, pool=a100).nominal_milli == 16000
@@ -183,7 +206,8 @@ def test_it_refuses_quota_changes_from_a_member(world: World) -> None:
 def test_it_lets_a_lead_cap_a_member(world: World) -> None:
     m = Membership.objects.get(user=world.bob, team=world.vision)
     r = login(world.alice).post(
-        reverse("portal:member-edit", args=[world.vision.pk, m.pk]), {f"m{m.pk}-gpu_cap": "2.5", f"m{m.pk}-role": "lead"}
+        reverse("portal:member-edit", args=[world.vision.pk, m.pk]),
+        {f"m{m.pk}-gpu_cap": "2.5", f"m{m.pk}-role": "lead"},
     )
     assert r.status_code == 302
     m.refresh_from_db()
@@ -195,22 +219,45 @@ def test_it_lets_an_admin_grant_and_edit_classes_pools_and_nodes(world: World) -
     c = login(world.dave)
     a100 = Pool.objects.get(name="a100-train")
     p = f"pool{a100.pk}-"
-    r = c.post(reverse("portal:quota-edit", args=[world.vision.pk, a100.pk]), {p + "nominal": "20", p + "granted": "24"})
+    r = c.post(
+        reverse("portal:quota-edit", args=[world.vision.pk, a100.pk]),
+        {p + "nominal": "20", p + "granted": "24"},
+    )
     assert r.status_code == 302
     q = Quota.objects.get(team=world.vision, pool=a100)
     assert (q.granted_milli, q.nominal_milli) == (24000, 20000)
 
     wc = WorkloadClass.objects.get(name="training")
-    data = {f"c{wc.pk}-{k}": v for k, v in {"band": 150, "preemption": "always", "min_runtime_s": 60, "max_queue_s": 0,
-                                            "latency_objective_ms": "", "priority_class_name": "qm-training", "description": "x"}.items()}
+    data = {
+        f"c{wc.pk}-{k}": v
+        for k, v in {
+            "band": 150,
+            "preemption": "always",
+            "min_runtime_s": 60,
+            "max_queue_s": 0,
+            "latency_objective_ms": "",
+            "priority_class_name": "qm-training",
+            "description": "x",
+        }.items()
+    }
     r = c.post(reverse("portal:class-edit", args=[wc.pk]), data)
     assert r.status_code == 302, r.content
     wc.refresh_from_db()
     assert wc.band == 150 and AuditEvent.objects.filter(action="class.update").exists()
 
-    data = {f"p{a100.pk}-{k}": v for k, v in {"lifecycle": "maintenance", "inference_floor_milli": 0, "taints": "[]",
-                                              "node_selector": "{}", "time_slicing_replicas": 1, "mig_layout": "[]",
-                                              "interconnect": "nvswitch", "architecture": "ampere"}.items()}
+    data = {
+        f"p{a100.pk}-{k}": v
+        for k, v in {
+            "lifecycle": "maintenance",
+            "inference_floor_milli": 0,
+            "taints": "[]",
+            "node_selector": "{}",
+            "time_slicing_replicas": 1,
+            "mig_layout": "[]",
+            "interconnect": "nvswitch",
+            "architecture": "ampere",
+        }.items()
+    }
     r = c.post(reverse("portal:pool-edit", args=[a100.pk]), data)
     assert r.status_code == 302, r.content
     a100.refresh_from_db()

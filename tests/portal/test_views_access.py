@@ -57,7 +57,9 @@ def _walk(patterns: list, prefix: str = "") -> Iterator[tuple[str, str]]:
 
 
 def _skipped(route: str, name: str) -> bool:
-    return any(route.startswith(s) for s in SKIPPED) or any(w in route or w in name for w in SKIPPED_WORDS)
+    return any(route.startswith(s) for s in SKIPPED) or any(
+        w in route or w in name for w in SKIPPED_WORDS
+    )
 
 
 ROUTES = sorted({r for r, n in _walk(get_resolver().url_patterns) if not _skipped(r, n)})
@@ -102,7 +104,11 @@ def state() -> tuple:
         AuditEvent.objects.count(),
         Decision.objects.count(),
         sorted(GpuRequest.objects.values_list("id", "state", "status_code")),
-        sorted(Quota.objects.values_list("id", "nominal_milli", "borrowing_limit_milli", "granted_milli")),
+        sorted(
+            Quota.objects.values_list(
+                "id", "nominal_milli", "borrowing_limit_milli", "granted_milli"
+            )
+        ),
         sorted(Node.objects.values_list("id", "cordoned", "draining")),
         sorted(WorkloadClass.objects.values_list("id", "band")),
         sorted(Pool.objects.values_list("id", "lifecycle")),
@@ -135,7 +141,9 @@ def test_it_keeps_other_teams_out(world: dict, route: str) -> None:
             r = getattr(client, method)(url, data)
         statuses[method] = r.status_code
         assert r.status_code != 500, (url, method)
-        assert MARKER not in r.content.decode(errors="replace"), f"{method} {url} leaks vision's request"
+        assert MARKER not in r.content.decode(errors="replace"), (
+            f"{method} {url} leaks vision's request"
+        )
         if PARAM.search(route):
             assert r.status_code in ANSWERS | {405}, (url, method, r.status_code)
         else:
@@ -205,7 +213,11 @@ def test_it_enforces_csrf_on_every_state_change(world: dict) -> None:
     for route in ROUTES:
         url = fill(route, ids)
         for method in ("post", "put", "patch", "delete"):
-            r = getattr(client, method)(url, {}, content_type="application/json") if method != "post" else client.post(url, {})
+            r = (
+                getattr(client, method)(url, {}, content_type="application/json")
+                if method != "post"
+                else client.post(url, {})
+            )
             assert r.status_code in {403, 405}, (url, method, r.status_code)
             if r.status_code == 403 and not route.startswith("api/"):
                 assert b"CSRF" in r.content, url
@@ -226,6 +238,9 @@ def test_it_accepts_the_htmx_csrf_header(world: dict) -> None:
     req.refresh_from_db()
     assert req.state == "cancelled"
     # The API with the session also needs the token.
-    r = client.post("/api/v1/requests/", {"workload_class": "training", "image": "registry.example.com/x/y:1"},
-                    content_type="application/json")
+    r = client.post(
+        "/api/v1/requests/",
+        {"workload_class": "training", "image": "registry.example.com/x/y:1"},
+        content_type="application/json",
+    )
     assert r.status_code == 403

@@ -38,7 +38,9 @@ def broker(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[_Broker, list[floa
     tasks.tick.app.conf.task_always_eager = True  # as tests/conftest.py sets it
 
 
-def test_a_burst_of_wakes_enqueues_one_tick_now_and_one_at_the_end_of_the_window(broker: tuple[_Broker, list[float]]) -> None:
+def test_a_burst_of_wakes_enqueues_one_tick_now_and_one_at_the_end_of_the_window(
+    broker: tuple[_Broker, list[float]],
+) -> None:
     b, clock = broker
     tasks.wake_tick()
     assert b.sent == [0.0]  # the first wake: a tick right away
@@ -72,7 +74,9 @@ def test_every_wake_is_followed_by_a_tick_due_after_it(broker: tuple[_Broker, li
     assert len(b.sent) <= 400 * 0.037 / tasks.WAKE_COALESCE_SECONDS + 2
 
 
-def test_a_broker_outage_records_nothing_so_the_next_wake_tries_again(broker: tuple[_Broker, list[float]]) -> None:
+def test_a_broker_outage_records_nothing_so_the_next_wake_tries_again(
+    broker: tuple[_Broker, list[float]],
+) -> None:
     b, clock = broker
     b.down = True
     tasks.wake_tick()  # logged, not raised: beat's next tick does the work

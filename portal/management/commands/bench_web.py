@@ -52,15 +52,29 @@ class Command(BaseCommand):
         parser.add_argument("--pending", type=int, default=10_000)
         parser.add_argument("--nodes", type=int, default=1_000)
         parser.add_argument("--runs", type=int, default=7, help="timed runs per page")
-        parser.add_argument("--submits", type=int, default=3_000, help="API submits to send through gunicorn")
+        parser.add_argument(
+            "--submits", type=int, default=3_000, help="API submits to send through gunicorn"
+        )
         parser.add_argument("--threads", type=int, default=8, help="client threads")
         parser.add_argument("--workers", type=int, default=2, help="gunicorn workers")
-        parser.add_argument("--worker-class", default="gthread", help="gunicorn worker class (sync, gthread)")
-        parser.add_argument("--worker-threads", type=int, default=4, help="threads per gthread worker")
-        parser.add_argument("--new-connections", action="store_true", help="client: a new connection per request")
-        parser.add_argument("--database-url", default="", help="a THROWAWAY database to fill (needs --yes)")
-        parser.add_argument("--yes", action="store_true", help="confirm that --database-url may be filled")
-        parser.add_argument("--keep", action="store_true", help="keep the temp dir (SQLite file) afterwards")
+        parser.add_argument(
+            "--worker-class", default="gthread", help="gunicorn worker class (sync, gthread)"
+        )
+        parser.add_argument(
+            "--worker-threads", type=int, default=4, help="threads per gthread worker"
+        )
+        parser.add_argument(
+            "--new-connections", action="store_true", help="client: a new connection per request"
+        )
+        parser.add_argument(
+            "--database-url", default="", help="a THROWAWAY database to fill (needs --yes)"
+        )
+        parser.add_argument(
+            "--yes", action="store_true", help="confirm that --database-url may be filled"
+        )
+        parser.add_argument(
+            "--keep", action="store_true", help="keep the temp dir (SQLite file) afterwards"
+        )
         parser.add_argument("--child", action="store_true", help=__import__("argparse").SUPPRESS)
 
     def handle(self, *args: Any, **opts: Any) -> None:
@@ -69,7 +83,9 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps(result, indent=2, default=str))
             return
         if opts["database_url"] and not opts["yes"]:
-            raise CommandError("--database-url fills that database with benchmark data: add --yes if it is a throwaway one")
+            raise CommandError(
+                "--database-url fills that database with benchmark data: add --yes if it is a throwaway one"
+            )
         tmp = Path(tempfile.mkdtemp(prefix="qm-bench-"))
         env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "SQLITE_PATH")}
         # The same SQLite options as the default settings, through DATABASE_URL so that
@@ -91,12 +107,23 @@ class Command(BaseCommand):
         if opts["database_url"]:
             env["DATABASE_URL"] = opts["database_url"]
         argv = [sys.executable, "manage.py", "bench_web", "--child"]
-        for key in ("pending", "nodes", "runs", "submits", "threads", "workers", "worker_class", "worker_threads"):
+        for key in (
+            "pending",
+            "nodes",
+            "runs",
+            "submits",
+            "threads",
+            "workers",
+            "worker_class",
+            "worker_threads",
+        ):
             argv += [f"--{key.replace('_', '-')}", str(opts[key])]
         if opts["new_connections"]:
             argv.append("--new-connections")
         try:
-            done = subprocess.run(argv, env=env, cwd=_root(), capture_output=True, text=True, check=False)
+            done = subprocess.run(
+                argv, env=env, cwd=_root(), capture_output=True, text=True, check=False
+            )
         finally:
             if not opts["keep"]:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -122,12 +149,23 @@ def _child(opts: dict[str, Any]) -> dict[str, Any]:
     users = _seed(pending=opts["pending"], nodes=opts["nodes"])
     seed_s = time.perf_counter() - started
     pages = _time_pages(admin=users["admin"], runs=opts["runs"])
-    api = _drive_gunicorn(users["submitters"], submits=opts["submits"], threads=opts["threads"], workers=opts["workers"],
-                          worker_class=opts["worker_class"], worker_threads=opts["worker_threads"],
-                          reuse=not opts["new_connections"])
+    api = _drive_gunicorn(
+        users["submitters"],
+        submits=opts["submits"],
+        threads=opts["threads"],
+        workers=opts["workers"],
+        worker_class=opts["worker_class"],
+        worker_threads=opts["worker_threads"],
+        reuse=not opts["new_connections"],
+    )
     return {
         "database": _db_label(),
-        "seeded": {"pending": opts["pending"], "nodes": opts["nodes"], "seconds": round(seed_s, 1), **_counts()},
+        "seeded": {
+            "pending": opts["pending"],
+            "nodes": opts["nodes"],
+            "seconds": round(seed_s, 1),
+            **_counts(),
+        },
         "pages_ms": pages,
         "api_submit": api,
         "targets": {"page_ms": TARGET_PAGE_MS, "submits_per_s": TARGET_SUBMITS_PER_S},
@@ -183,7 +221,12 @@ def _seed(*, pending: int, nodes: int) -> dict[str, Any]:
     User = get_user_model()
     admin = User.objects.create_user("bench-admin", password="bench-admin-pw", is_staff=True)
     with transaction.atomic():
-        teams = [Team.objects.get_or_create(name=f"bench-{i}", defaults={"namespace": f"qm-bench-{i}"})[0] for i in range(10)]
+        teams = [
+            Team.objects.get_or_create(name=f"bench-{i}", defaults={"namespace": f"qm-bench-{i}"})[
+                0
+            ]
+            for i in range(10)
+        ]
         members = []
         for i, team in enumerate(teams):
             for j in range(5):
@@ -191,75 +234,167 @@ def _seed(*, pending: int, nodes: int) -> dict[str, Any]:
                 Membership.objects.create(user=u, team=team, role="lead" if j == 0 else "member")
                 members.append((u, team))
         pools = {p.name: p for p in Pool.objects.all()}
-        layout = ("a100-train", "exclusive", 8), ("h100-mig", "mig", 8), ("l4-shared", "time-slicing", 4)
+        layout = (
+            ("a100-train", "exclusive", 8),
+            ("h100-mig", "mig", 8),
+            ("l4-shared", "time-slicing", 4),
+        )
         node_rows = []
         for n in range(nodes):
             pool_name, _, _ = layout[0] if n % 10 < 6 else layout[1] if n % 10 < 8 else layout[2]
-            node_rows.append(Node(name=f"bench-node-{n:04d}", pool=pools[pool_name], cpu_milli=128000, memory_mib=1 << 20))
+            node_rows.append(
+                Node(
+                    name=f"bench-node-{n:04d}",
+                    pool=pools[pool_name],
+                    cpu_milli=128000,
+                    memory_mib=1 << 20,
+                )
+            )
         Node.objects.bulk_create(node_rows, batch_size=500)
-        mig = [{"profile": "3g.40gb", "start": 0, "size": 4}, {"profile": "2g.20gb", "start": 4, "size": 2},
-               {"profile": "1g.10gb", "start": 6, "size": 1}, {"profile": "1g.10gb", "start": 7, "size": 1}]
+        mig = [
+            {"profile": "3g.40gb", "start": 0, "size": 4},
+            {"profile": "2g.20gb", "start": 4, "size": 2},
+            {"profile": "1g.10gb", "start": 6, "size": 1},
+            {"profile": "1g.10gb", "start": 7, "size": 1},
+        ]
         device_rows = []
         for node in Node.objects.filter(name__startswith="bench-node-").select_related("pool"):
             part = node.pool.partitioning
             for idx in range(4 if part == "time-slicing" else 8):
                 device_rows.append(
-                    Device(node=node, index=idx, model=node.pool.gpu_model, memory_mib=node.pool.gpu_memory_mib,
-                           partitioning=part, replicas=4 if part == "time-slicing" else 1,
-                           mig_instances=mig if part == "mig" else [], healthy=rng.random() > 0.01)
+                    Device(
+                        node=node,
+                        index=idx,
+                        model=node.pool.gpu_model,
+                        memory_mib=node.pool.gpu_memory_mib,
+                        partitioning=part,
+                        replicas=4 if part == "time-slicing" else 1,
+                        mig_instances=mig if part == "mig" else [],
+                        healthy=rng.random() > 0.01,
+                    )
                 )
         Device.objects.bulk_create(device_rows, batch_size=1000)
         training = WorkloadClass.objects.get(name="training")
         a100 = pools["a100-train"]
         # Running work on a fifth of the exclusive devices, so the map has colour.
-        exclusive = list(Device.objects.filter(node__name__startswith="bench-node-", partitioning="exclusive").select_related("node").order_by("id"))
-        running = exclusive[:: 5]
+        exclusive = list(
+            Device.objects.filter(node__name__startswith="bench-node-", partitioning="exclusive")
+            .select_related("node")
+            .order_by("id")
+        )
+        running = exclusive[::5]
         reqs = [
-            GpuRequest(team=members[i % len(members)][1], submitted_by=members[i % len(members)][0], workload_class=training,
-                       pool=a100, image="registry.example.com/bench/train:1", state="running", status_code="running",
-                       status_message="running")
+            GpuRequest(
+                team=members[i % len(members)][1],
+                submitted_by=members[i % len(members)][0],
+                workload_class=training,
+                pool=a100,
+                image="registry.example.com/bench/train:1",
+                state="running",
+                status_code="running",
+                status_message="running",
+            )
             for i in range(len(running))
         ]
         GpuRequest.objects.bulk_create(reqs, batch_size=1000)
         attempts = [
-            Attempt(request=r, number=1, state="running", pool=a100, nodes=[d.node.name], workload_name=f"qm-{r.pk}-1",
-                    namespace=r.team.namespace, gpus_milli=1000, admitted_at=now - timedelta(minutes=rng.randrange(1, 600)),
-                    started_at=now - timedelta(minutes=1))
+            Attempt(
+                request=r,
+                number=1,
+                state="running",
+                pool=a100,
+                nodes=[d.node.name],
+                workload_name=f"qm-{r.pk}-1",
+                namespace=r.team.namespace,
+                gpus_milli=1000,
+                admitted_at=now - timedelta(minutes=rng.randrange(1, 600)),
+                started_at=now - timedelta(minutes=1),
+            )
             for r, d in zip(reqs, running, strict=True)
         ]
         Attempt.objects.bulk_create(attempts, batch_size=1000)
         Allocation.objects.bulk_create(
-            [Allocation(attempt=a, device=d, slot="gpu") for a, d in zip(attempts, running, strict=True)], batch_size=1000
+            [
+                Allocation(attempt=a, device=d, slot="gpu")
+                for a, d in zip(attempts, running, strict=True)
+            ],
+            batch_size=1000,
         )
         classes = list(WorkloadClass.objects.all())
         pool_list = [None, *pools.values()]
         pend = [
-            GpuRequest(team=members[i % len(members)][1], submitted_by=members[i % len(members)][0],
-                       workload_class=classes[i % len(classes)], pool=pool_list[i % len(pool_list)] if i % 3 else a100,
-                       count=1 + i % 4, image="registry.example.com/bench/train:1", status_code="no-capacity",
-                       status_message="waiting: no node in pool a100-train has 2 whole GPUs free right now",
-                       queue_position=i + 1)
+            GpuRequest(
+                team=members[i % len(members)][1],
+                submitted_by=members[i % len(members)][0],
+                workload_class=classes[i % len(classes)],
+                pool=pool_list[i % len(pool_list)] if i % 3 else a100,
+                count=1 + i % 4,
+                image="registry.example.com/bench/train:1",
+                status_code="no-capacity",
+                status_message="waiting: no node in pool a100-train has 2 whole GPUs free right now",
+                queue_position=i + 1,
+            )
             for i in range(pending)
         ]
         GpuRequest.objects.bulk_create(pend, batch_size=1000)
         # Spread creation times so the queue has ages.
         for i in range(0, pending, 1000):
             ids = [r.pk for r in pend[i : i + 1000]]
-            GpuRequest.objects.filter(pk__in=ids).update(created_at=now - timedelta(minutes=i // 10))
+            GpuRequest.objects.filter(pk__in=ids).update(
+                created_at=now - timedelta(minutes=i // 10)
+            )
         decisions = []
         for r in pend:
-            decisions.append(Decision(tick=1, request=r, team=r.team, kind="wait", code="no-capacity", message=r.status_message))
+            decisions.append(
+                Decision(
+                    tick=1,
+                    request=r,
+                    team=r.team,
+                    kind="wait",
+                    code="no-capacity",
+                    message=r.status_message,
+                )
+            )
         for r, a in zip(reqs, attempts, strict=True):
-            decisions.append(Decision(tick=1, request=r, attempt=a, team=r.team, pool=a100, node=a.nodes[0],
-                                      kind="admit", code="fits", message="admitted within quota"))
+            decisions.append(
+                Decision(
+                    tick=1,
+                    request=r,
+                    attempt=a,
+                    team=r.team,
+                    pool=a100,
+                    node=a.nodes[0],
+                    kind="admit",
+                    code="fits",
+                    message="admitted within quota",
+                )
+            )
         for k in range(30_000):
             r = pend[k % len(pend)]
-            decisions.append(Decision(tick=2 + k // 1000, request=r, team=r.team, kind="wait", code="borrowing-limit",
-                                      message="waiting: team over its quota"))
+            decisions.append(
+                Decision(
+                    tick=2 + k // 1000,
+                    request=r,
+                    team=r.team,
+                    kind="wait",
+                    code="borrowing-limit",
+                    message="waiting: team over its quota",
+                )
+            )
         Decision.objects.bulk_create(decisions, batch_size=2000)
         AuditEvent.objects.bulk_create(
-            [AuditEvent(actor=admin, actor_name="bench-admin", action="request.submit", object_type="gpurequest",
-                        object_id=str(r.pk), team=r.team, after={"count": r.count}) for r in pend],
+            [
+                AuditEvent(
+                    actor=admin,
+                    actor_name="bench-admin",
+                    action="request.submit",
+                    object_type="gpurequest",
+                    object_id=str(r.pk),
+                    team=r.team,
+                    after={"count": r.count},
+                )
+                for r in pend
+            ],
             batch_size=2000,
         )
     submitters = []
@@ -310,19 +445,55 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _drive_gunicorn(submitters: list[tuple[str, str]], *, submits: int, threads: int, workers: int,
-                    worker_class: str = "gthread", worker_threads: int = 4, reuse: bool = True) -> dict[str, Any]:
+def _drive_gunicorn(
+    submitters: list[tuple[str, str]],
+    *,
+    submits: int,
+    threads: int,
+    workers: int,
+    worker_class: str = "gthread",
+    worker_threads: int = 4,
+    reuse: bool = True,
+) -> dict[str, Any]:
     port = _free_port()
-    gunicorn = [sys.executable, "-m", "gunicorn", "portal.wsgi:application", "--bind", f"127.0.0.1:{port}",
-                "--workers", str(workers), "--worker-class", worker_class, "--keep-alive", "5",
-                "--log-level", "warning", "--timeout", "60"]
+    gunicorn = [
+        sys.executable,
+        "-m",
+        "gunicorn",
+        "portal.wsgi:application",
+        "--bind",
+        f"127.0.0.1:{port}",
+        "--workers",
+        str(workers),
+        "--worker-class",
+        worker_class,
+        "--keep-alive",
+        "5",
+        "--log-level",
+        "warning",
+        "--timeout",
+        "60",
+    ]
     if worker_class == "gthread":
         gunicorn += ["--threads", str(worker_threads)]
-    proc = subprocess.Popen(gunicorn, cwd=_root(), env=os.environ.copy(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        gunicorn,
+        cwd=_root(),
+        env=os.environ.copy(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         _wait_for(port)
-        body = {"workload_class": "training", "pool": "a100-train", "profile": "whole", "count": 1,
-                "image": "registry.example.com/bench/train:1", "command": ["python", "train.py"], "env": {"EPOCHS": "1"}}
+        body = {
+            "workload_class": "training",
+            "pool": "a100-train",
+            "profile": "whole",
+            "count": 1,
+            "image": "registry.example.com/bench/train:1",
+            "command": ["python", "train.py"],
+            "env": {"EPOCHS": "1"},
+        }
         lock = threading.Lock()
         counter = {"next": 0}
         latencies: list[float] = []
@@ -346,8 +517,12 @@ def _drive_gunicorn(submitters: list[tuple[str, str]], *, submits: int, threads:
                         conn = HTTPConnection("127.0.0.1", port, timeout=30)
                         with lock:
                             connects["n"] += 1
-                    conn.request("POST", "/api/v1/requests/", payload,
-                                 {"Authorization": f"Token {token}", "Content-Type": "application/json"})
+                    conn.request(
+                        "POST",
+                        "/api/v1/requests/",
+                        payload,
+                        {"Authorization": f"Token {token}", "Content-Type": "application/json"},
+                    )
                     resp = conn.getresponse()
                     data = resp.read()
                     if not reuse or resp.will_close:
@@ -382,7 +557,10 @@ def _drive_gunicorn(submitters: list[tuple[str, str]], *, submits: int, threads:
             t.join()
         elapsed = time.perf_counter() - started
         load_after = os.getloadavg()
-        server_cpu, client_cpu = _tree_cpu_s(proc.pid) - server_cpu, time.process_time() - client_cpu
+        server_cpu, client_cpu = (
+            _tree_cpu_s(proc.pid) - server_cpu,
+            time.process_time() - client_cpu,
+        )
     finally:
         proc.terminate()
         try:
@@ -400,11 +578,14 @@ def _drive_gunicorn(submitters: list[tuple[str, str]], *, submits: int, threads:
         "rate_per_s": round(ok / elapsed, 1) if elapsed else 0.0,
         "latency_ms_p50": round(latencies[len(latencies) // 2], 1) if latencies else None,
         "latency_ms_p95": round(latencies[int(len(latencies) * 0.95)], 1) if latencies else None,
-        "gunicorn": f"{workers} {worker_class} workers" + (f" x {worker_threads} threads" if worker_class == "gthread" else ""),
+        "gunicorn": f"{workers} {worker_class} workers"
+        + (f" x {worker_threads} threads" if worker_class == "gthread" else ""),
         "client_threads": threads,
         "client_connections": connects["n"],
         # CPU per submit is steadier than the rate on a shared machine (database server not included).
-        "gunicorn_cpu_ms_per_submit": round(server_cpu * 1000 / submits, 2) if server_cpu >= 0 else None,
+        "gunicorn_cpu_ms_per_submit": round(server_cpu * 1000 / submits, 2)
+        if server_cpu >= 0
+        else None,
         "client_cpu_ms_per_submit": round(client_cpu * 1000 / submits, 2),
         "loadavg_1_5_15_before": [round(x, 2) for x in load_before],
         "loadavg_1_5_15_after": [round(x, 2) for x in load_after],

@@ -12,7 +12,9 @@ class Command(BaseCommand):
     help = "Create the demo pools, teams, users and a few requests (safe to run twice)."
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("--requests", type=int, default=6, help="synthetic requests to submit now")
+        parser.add_argument(
+            "--requests", type=int, default=6, help="synthetic requests to submit now"
+        )
 
     def handle(self, *args: Any, requests: int, **options: Any) -> None:
         info = seed()

@@ -17,11 +17,15 @@ from portal.demo import DEMO_PASSWORD, DEMO_USERS
 
 
 class Command(BaseCommand):
-    help = "Migrate, seed the demo and run web (gunicorn), a Celery worker and beat until interrupted."
+    help = (
+        "Migrate, seed the demo and run web (gunicorn), a Celery worker and beat until interrupted."
+    )
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--bind", default="127.0.0.1:8000")
-        parser.add_argument("--no-demo", action="store_true", help="do not seed demo data or trickle requests")
+        parser.add_argument(
+            "--no-demo", action="store_true", help="do not seed demo data or trickle requests"
+        )
 
     def handle(self, *args: Any, bind: str, no_demo: bool, **options: Any) -> None:
         call_command("migrate", interactive=False, verbosity=0)
@@ -32,12 +36,47 @@ class Command(BaseCommand):
             env["DEMO_TRICKLE"] = "true"
         python = sys.executable
         procs = {
-            "web": [python, "-m", "gunicorn", "portal.wsgi", "--bind", bind, "--workers", "2", "--access-logfile", "-"],
-            "worker": [python, "-m", "celery", "-A", "portal", "worker", "--concurrency", "1", "--loglevel", "INFO"],
-            "beat": [python, "-m", "celery", "-A", "portal", "beat", "--loglevel", "INFO",
-                     "--schedule", str(settings.VAR_DIR / "celerybeat-schedule")],
+            "web": [
+                python,
+                "-m",
+                "gunicorn",
+                "portal.wsgi",
+                "--bind",
+                bind,
+                "--workers",
+                "2",
+                "--access-logfile",
+                "-",
+            ],
+            "worker": [
+                python,
+                "-m",
+                "celery",
+                "-A",
+                "portal",
+                "worker",
+                "--concurrency",
+                "1",
+                "--loglevel",
+                "INFO",
+            ],
+            "beat": [
+                python,
+                "-m",
+                "celery",
+                "-A",
+                "portal",
+                "beat",
+                "--loglevel",
+                "INFO",
+                "--schedule",
+                str(settings.VAR_DIR / "celerybeat-schedule"),
+            ],
         }
-        children = {name: subprocess.Popen(cmd, env=env, cwd=settings.BASE_DIR) for name, cmd in procs.items()}
+        children = {
+            name: subprocess.Popen(cmd, env=env, cwd=settings.BASE_DIR)
+            for name, cmd in procs.items()
+        }
         self.stdout.write(f"Quartermaster is serving on http://{bind}/")
         if not no_demo:
             logins = ", ".join(u[0] for u in DEMO_USERS)
