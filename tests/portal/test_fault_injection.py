@@ -8,6 +8,7 @@ no-op and counted) are in tests/portal/test_tick.py.
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -195,7 +196,19 @@ def test_fi21_a_killed_lock_holder_does_not_stop_the_next_tick() -> None:
         with other.cursor() as cur:
             cur.execute("SELECT pg_advisory_xact_lock(%s)", [TICK_LOCK_KEY])
         assert run_tick().ran is False
+        with other.cursor() as cur:
+            cur.execute("SELECT pg_backend_pid()")
+            holder_pid = cur.fetchone()[0]
         other.close()  # the holder dies: PostgreSQL drops its transaction and the lock
+        # The server ends the backend asynchronously after the socket closes; the
+        # lock is gone once the backend is, which may take a moment on a loaded host.
+        deadline = time.monotonic() + 30
+        with connection.cursor() as cur:
+            while time.monotonic() < deadline:
+                cur.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [holder_pid])
+                if cur.fetchone()[0] == 0:
+                    break
+                time.sleep(0.05)
         assert run_tick().ran is True
     else:
         SchedulerState.objects.update_or_create(
