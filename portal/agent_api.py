@@ -2,12 +2,11 @@
 
 Both authenticate with bearer tokens that are not user sessions: the shared
 NODE_AGENT_TOKEN for agents, and a per-attempt HMAC for the readiness init
-container (portal.k8s.attempt_token). See docs/node-agent.md and docs/kubernetes.md.
+container (portal.readiness.attempt_token). See docs/node-agent.md and docs/kubernetes.md.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import json
 
@@ -18,15 +17,10 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
 from portal import services
-from portal.k8s import attempt_token, devices_free
 from portal.models import Attempt, Node
+from portal.readiness import attempt_token, devices_free, ready_token_key
 
 MAX_REPORT_BYTES = 1_000_000
-
-
-def ready_token_key() -> str:
-    """The server key under which per-attempt readiness tokens are signed."""
-    return hashlib.sha256(f"quartermaster.k8s.ready:{settings.SECRET_KEY}".encode()).hexdigest()
 
 
 def _bearer(request: HttpRequest) -> str:

@@ -29,6 +29,7 @@ from portal.models import (
     Team,
     WorkloadClass,
 )
+from portal.preview import gpu_request_preview
 
 # Keys a client may not send: the platform derives them (RELIABILITY.md §8.6).
 FORBIDDEN_KEYS = {
@@ -271,7 +272,7 @@ class GpuRequestPreviewApi(ApiView):
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         d = serializer.resolve(request.user)
-        preview = selectors.gpu_request_preview(**d)
+        preview = gpu_request_preview(**d)
         return Response(self.OutputSerializer(preview).data)
 
 

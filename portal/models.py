@@ -333,7 +333,7 @@ class GpuRequest(models.Model):
     @property
     def gpus_milli(self) -> int:
         """GPU milli held in total, counted as the scheduling core's quotas count it."""
-        from portal.tick import request_shape
+        from portal.snapshot import request_shape
 
         return request_shape(self).gpus_milli
 

@@ -73,7 +73,7 @@ def _safe_enqueue(send: Any) -> bool:
 
 @shared_task(name="portal.tasks.reconcile", ignore_result=True)
 def reconcile() -> dict[str, int]:
-    from portal.tick import reconcile as reconcile_now
+    from portal.reconcile import reconcile as reconcile_now
 
     counts = reconcile_now()
     if any(counts.get(k) for k in ("succeeded", "failed", "preempted", "node_lost", "cancelled")):

@@ -18,6 +18,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from portal import access, selectors, services
+from portal.estimates import request_estimates
 from portal.forms import (
     CapacityFilterForm,
     DecisionFilterForm,
@@ -29,6 +30,7 @@ from portal.forms import (
     WorkloadClassForm,
 )
 from portal.models import GpuRequest, Membership, Node, Pool, Quota, Team, WorkloadClass
+from portal.preview import gpu_request_preview
 
 PAGE_SIZE = 50
 NODES_PER_PAGE = 20
@@ -65,7 +67,7 @@ def home(request: HttpRequest) -> HttpResponse:
     qs = selectors.request_list(request.user, mine=scope == "mine")
     page = Paginator(qs, PAGE_SIZE).get_page(request.GET.get("page"))
     rows = list(page.object_list)
-    estimates = selectors.request_estimates(rows)
+    estimates = request_estimates(rows)
     for r in rows:
         r.estimate = estimates.get(r.pk)  # type: ignore[attr-defined]
         r.can_cancel = r.state not in GpuRequest.TERMINAL_STATES  # type: ignore[attr-defined]
@@ -105,7 +107,7 @@ def request_preview(request: HttpRequest) -> HttpResponse:
     form = SubmitForm(request.POST, teams=access.teams_for(request.user))
     preview = None
     if form.is_valid():
-        preview = selectors.gpu_request_preview(**form.preview_kwargs())
+        preview = gpu_request_preview(**form.preview_kwargs())
     return render(request, "portal/submit.html#preview", {"form": form, "preview": preview})
 
 
@@ -118,7 +120,7 @@ def request_detail(request: HttpRequest, request_id: int) -> HttpResponse:
         template += "#request-status"
     context = {
         "req": req,
-        "estimate": selectors.request_estimates([req]).get(req.pk),
+        "estimate": request_estimates([req]).get(req.pk),
         "attempts": req.attempts.select_related("pool").order_by("-number"),
         "decisions": req.decisions.order_by("-created_at", "-id")[:50],
         "can_cancel": req.state not in GpuRequest.TERMINAL_STATES,

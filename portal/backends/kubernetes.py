@@ -1,8 +1,8 @@
-"""The Kubernetes cluster backend: the ClusterBackend protocol over portal/k8s.py.
+"""The Kubernetes cluster backend: the ClusterBackend protocol over the portal/k8s package.
 
 Loads kubeconfig (or the in-cluster service account) lazily, on the first
 call, so that importing this module, or running with the simulated backend,
-never needs a cluster. Every API call goes through portal/k8s.py; tests pass
+never needs a cluster. Every API call goes through the portal/k8s package; tests pass
 the in-memory fake's CoreV1Api/BatchV1Api to the constructor.
 """
 
@@ -17,8 +17,11 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from portal import k8s
 from portal.backends.base import InventoryNode, LaunchSpec, WorkloadStatus
+from portal.k8s.inventory import inventory_from_nodes, node_facts, nodes_list_gpu, pods_list_active
+from portal.k8s.jobs import JobOptions, job_build, job_create, job_delete
+from portal.k8s.status import workload_status
+from portal.k8s.watch import WorkloadWatcher
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +47,7 @@ class KubernetesBackend:
         *,
         core: Any = None,
         batch: Any = None,
-        job_options: k8s.JobOptions | None = None,
+        job_options: JobOptions | None = None,
         pool_selectors: PoolSelectors | Callable[[], PoolSelectors] | None = None,
         pod_namespaces: Sequence[str] | None = None,
         watch_namespaces: Sequence[str] = (),
@@ -58,7 +61,7 @@ class KubernetesBackend:
     ) -> None:
         self._core = core
         self._batch = batch
-        self.job_options = job_options or k8s.JobOptions()
+        self.job_options = job_options or JobOptions()
         self._pool_selectors = pool_selectors
         self.pod_namespaces = list(pod_namespaces) if pod_namespaces is not None else None
         self.watch_namespaces = list(watch_namespaces)
@@ -71,7 +74,7 @@ class KubernetesBackend:
         self._sleep = sleep
         self._facts: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
-        self.watcher: k8s.WorkloadWatcher | None = None
+        self.watcher: WorkloadWatcher | None = None
 
     # -- configuration -------------------------------------------------------------
 
@@ -87,10 +90,10 @@ class KubernetesBackend:
         def setting(name: str, default: Any) -> Any:
             return getattr(settings, name, default)
 
-        from portal.agent_api import ready_token_key
+        from portal.readiness import ready_token_key
 
         key = ready_token_key()
-        options = k8s.JobOptions(
+        options = JobOptions(
             portal_url=setting("K8S_PORTAL_URL", ""),
             ready_image=setting("K8S_READY_IMAGE", ""),
             ready_token_key=key,
@@ -149,11 +152,11 @@ class KubernetesBackend:
     # -- the protocol ----------------------------------------------------------------
 
     def inventory(self) -> list[InventoryNode]:
-        nodes = k8s.nodes_list_gpu(self.core)
-        pods = k8s.pods_list_active(self.core, self.pod_namespaces)
+        nodes = nodes_list_gpu(self.core)
+        pods = pods_list_active(self.core, self.pod_namespaces)
         with self._lock:
-            self._facts = {n.metadata.name: k8s.node_facts(n) for n in nodes}
-        return k8s.inventory_from_nodes(
+            self._facts = {n.metadata.name: node_facts(n) for n in nodes}
+        return inventory_from_nodes(
             nodes, pods, self.pool_selectors(), require_mig_state=self.require_mig_state
         )
 
@@ -168,17 +171,17 @@ class KubernetesBackend:
             if exc.status == 404:
                 return None
             raise
-        facts = k8s.node_facts(n)
+        facts = node_facts(n)
         with self._lock:
             self._facts[node] = facts
         return facts
 
     def launch(self, spec: LaunchSpec) -> None:
-        job = k8s.job_build(spec, self.job_options, self._node_facts(spec.node))
-        k8s.job_create(self.batch, job, sleep=self._sleep)
+        job = job_build(spec, self.job_options, self._node_facts(spec.node))
+        job_create(self.batch, job, sleep=self._sleep)
 
     def stop(self, name: str, namespace: str, grace_seconds: int = 30) -> None:
-        k8s.job_delete(self.batch, name, namespace, grace_seconds=grace_seconds)
+        job_delete(self.batch, name, namespace, grace_seconds=grace_seconds)
 
     def status(self, name: str, namespace: str) -> WorkloadStatus:
         now = self._now() if self._now else None
@@ -187,7 +190,7 @@ class KubernetesBackend:
             return watcher.status(
                 name, namespace, now=now, image_pull_timeout_s=self.image_pull_timeout_s
             )
-        return k8s.workload_status(
+        return workload_status(
             self.core,
             self.batch,
             name,
@@ -206,7 +209,7 @@ class KubernetesBackend:
         watch_factory: Callable[[], Any] | None = None,
     ) -> list[threading.Thread]:
         """Keep Jobs and pods of `watch_namespaces` cached; `status()` then reads the cache."""
-        self.watcher = k8s.WorkloadWatcher(
+        self.watcher = WorkloadWatcher(
             self.core,
             self.batch,
             self.watch_namespaces,

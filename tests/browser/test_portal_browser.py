@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from portal import services, tick
+from portal import reconcile, services, tick
 from portal.models import GpuRequest, Pool, Quota
 from tests.base import World, make_world, submit
 
@@ -105,7 +105,7 @@ def test_a_researcher_submits_and_sees_it_queued_then_running(
         "document.querySelector('[data-testid=state]').textContent === 'admitted'"
     )
     time.sleep(1.5)  # the simulated workload starts a moment after it is created
-    tick.reconcile()
+    reconcile.reconcile()
     page.wait_for_function(
         "document.querySelector('[data-testid=state]').textContent === 'running'"
     )

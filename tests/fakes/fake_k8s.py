@@ -3,7 +3,7 @@
 `FakeCluster` holds Nodes, Jobs and Pods as the real client's model objects
 (`kubernetes.client.V1Node`, `V1Job`, `V1Pod`) with resource versions and an
 event log. `FakeCoreV1Api` / `FakeBatchV1Api` answer the handful of calls
-portal/k8s.py makes, with the real signatures' argument names, and raise the
+portal/k8s/ makes, with the real signatures' argument names, and raise the
 real `ApiException` (404, 409, 410, 500, 403). `FakeWatch` replays the event
 log like `kubernetes.watch.Watch().stream` and answers `410 Gone` for a
 compacted resource version.

@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from portal import k8s
 from portal.backends.base import GrantSpec, LaunchSpec
 from portal.backends.kubernetes import KubernetesBackend
+from portal.k8s.jobs import JobOptions
 from tests.fakes.fake_k8s import FakeCluster, apis, gpu_node
 
 NS = "team-a"
-OPTIONS = k8s.JobOptions(
+OPTIONS = JobOptions(
     portal_url="http://qm-web.quartermaster.svc:8000",
     ready_image="ghcr.io/quartermaster/portal:0.1.0",
     ready_token_key="test-key",

@@ -5,9 +5,10 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
-from portal import k8s
 from portal.backends.base import Outcome
+from portal.k8s.names import READY_EXIT_BUSY, JobConflict
 from tests.fakes.fake_k8s import FakeCluster
 from tests.k8s.builders import NS, backend, cluster_with_nodes, spec
 
@@ -44,7 +45,7 @@ def test_a_redelivered_launch_adopts_the_existing_job() -> None:
 
 def test_a_409_for_another_attempt_is_a_conflict(cluster: FakeCluster) -> None:
     b = launched(cluster)
-    with pytest.raises(k8s.JobConflict):
+    with pytest.raises(JobConflict):
         b.launch(spec(attempt_id=99))
 
 
@@ -67,7 +68,7 @@ def test_a_create_answering_500_without_creating_is_retried(cluster: FakeCluster
 def test_a_create_failing_every_time_raises_after_bounded_tries(cluster: FakeCluster) -> None:
     """FI-07 / INV-11: the retry loop is bounded; the reconciler re-drives later."""
     cluster.fail("create_namespaced_job", 503, times=10)
-    with pytest.raises(k8s.ApiException):
+    with pytest.raises(ApiException):
         backend(cluster).launch(spec())
     assert len(cluster.calls_of("create_namespaced_job")) == 3
     cluster.faults.clear()
@@ -77,7 +78,7 @@ def test_a_create_failing_every_time_raises_after_bounded_tries(cluster: FakeClu
 
 def test_a_refused_create_is_not_retried(cluster: FakeCluster) -> None:
     cluster.fail("create_namespaced_job", 403)
-    with pytest.raises(k8s.ApiException):
+    with pytest.raises(ApiException):
         backend(cluster).launch(spec())
     assert len(cluster.calls_of("create_namespaced_job")) == 1
 
@@ -309,7 +310,7 @@ def test_device_busy_at_start_is_a_device_error() -> None:
     cluster = cluster_with_nodes()
     b = launched(cluster)
     pod = cluster.start_pod(NS, NAME)
-    cluster.terminate(pod, k8s.READY_EXIT_BUSY, container="wait-for-device")
+    cluster.terminate(pod, READY_EXIT_BUSY, container="wait-for-device")
     assert cluster.reconcile_job(NS, NAME) == "failed"
     st = b.status(NAME, NS)
     assert st.outcome is Outcome.DEVICE_ERROR and st.reason == "DeviceBusy"

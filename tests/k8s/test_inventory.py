@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from portal import k8s
+from portal.k8s.inventory import pool_for_labels
 from tests.fakes.fake_k8s import FakeCluster, foreign_pod, gpu_node
 from tests.k8s.builders import a100_node, backend, cluster_with_nodes, mig_node, spec
 
@@ -154,7 +154,7 @@ def test_it_matches_pools_by_selector_most_specific_first() -> None:
     nodes = inv(cluster_with_nodes(), pool_selectors=selectors)
     assert nodes["gpu-a"].pool == "a100"
     assert nodes["gpu-mig"].pool == "gpu"
-    assert k8s.pool_for_labels({"x": "1"}, selectors) is None
+    assert pool_for_labels({"x": "1"}, selectors) is None
 
 
 def test_it_leaves_out_nodes_in_no_pool_without_gpus_or_for_vms() -> None:

@@ -13,8 +13,10 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from portal import k8s
 from portal.backends.base import GrantSpec
+from portal.k8s.jobs import READY_SCRIPT, job_build, job_to_dict
+from portal.k8s.names import READY_EXIT_BUSY, READY_EXIT_REFUSED, LaunchRefused
+from portal.readiness import attempt_token
 from tests.k8s.builders import OPTIONS, mig_spec, shared_spec, spec
 from tests.k8s.pss import restricted_violations
 
@@ -24,7 +26,7 @@ KUBE_VERSION = "1.32.0"
 
 
 def job(s=None, facts=None, options=OPTIONS) -> dict[str, Any]:  # noqa: ANN001
-    return k8s.job_to_dict(k8s.job_build(s or spec(), options, facts))
+    return job_to_dict(job_build(s or spec(), options, facts))
 
 
 def pod(j: dict[str, Any]) -> dict[str, Any]:
@@ -160,8 +162,8 @@ def test_it_uses_the_plain_resource_where_the_node_does_not_rename_shares_or_mig
 
 def test_it_caps_shared_units_at_one_per_container() -> None:
     two = replace(shared_spec(), grants=(GrantSpec(0, 250, 1024), GrantSpec(1, 250, 1024)))
-    with pytest.raises(k8s.LaunchRefused):
-        k8s.job_build(two, OPTIONS)
+    with pytest.raises(LaunchRefused):
+        job_build(two, OPTIONS)
 
 
 @pytest.mark.parametrize(
@@ -176,8 +178,8 @@ def test_it_caps_shared_units_at_one_per_container() -> None:
     ],
 )
 def test_it_refuses_env_that_could_escape_the_gpu_request(name: str) -> None:
-    with pytest.raises(k8s.LaunchRefused):
-        k8s.job_build(spec(env=((name, "all"),)), OPTIONS)
+    with pytest.raises(LaunchRefused):
+        job_build(spec(env=((name, "all"),)), OPTIONS)
 
 
 def test_it_hides_gpus_from_containers_without_a_gpu() -> None:
@@ -194,15 +196,15 @@ def test_it_hides_gpus_from_containers_without_a_gpu() -> None:
     [("name", "QM_42"), ("name", "x" * 64), ("namespace", "Team A"), ("image", ""), ("node", "")],
 )
 def test_it_refuses_bad_identity(field: str, value: str) -> None:
-    with pytest.raises(k8s.LaunchRefused):
-        k8s.job_build(replace(spec(), **{field: value}), OPTIONS)
+    with pytest.raises(LaunchRefused):
+        job_build(replace(spec(), **{field: value}), OPTIONS)
 
 
 def test_it_enforces_the_image_allowlist() -> None:
     options = replace(OPTIONS, allowed_images=("registry.example.com/",))
-    with pytest.raises(k8s.LaunchRefused):
-        k8s.job_build(spec(), options)
-    k8s.job_build(spec(image="registry.example.com/team-a/train:1"), options)
+    with pytest.raises(LaunchRefused):
+        job_build(spec(), options)
+    job_build(spec(image="registry.example.com/team-a/train:1"), options)
 
 
 def test_the_ready_init_container_asks_for_the_same_devices() -> None:
@@ -211,8 +213,8 @@ def test_the_ready_init_container_asks_for_the_same_devices() -> None:
     assert init["resources"]["limits"]["nvidia.com/gpu"] == "2"
     e = env(init)
     assert e["QM_READY_URL"] == "http://qm-web.quartermaster.svc:8000/api/v1/agent/attempts/7/ready"
-    assert e["QM_READY_TOKEN"] == k8s.attempt_token("test-key", "team-a", "qm-42-1", 7)
-    assert e["QM_READY_TOKEN"] != k8s.attempt_token("test-key", "team-a", "qm-42-1", 8)
+    assert e["QM_READY_TOKEN"] == attempt_token("test-key", "team-a", "qm-42-1", 7)
+    assert e["QM_READY_TOKEN"] != attempt_token("test-key", "team-a", "qm-42-1", 8)
     assert init["image"] == OPTIONS.ready_image
 
 
@@ -252,7 +254,7 @@ def run_ready_script(
             "NVIDIA_VISIBLE_DEVICES": "GPU-aaa,GPU-bbb",
         }
         rc = subprocess.run(
-            [sys.executable, "-c", k8s.READY_SCRIPT], env=env, timeout=30, capture_output=True
+            [sys.executable, "-c", READY_SCRIPT], env=env, timeout=30, capture_output=True
         ).returncode
     finally:
         server.shutdown()
@@ -269,5 +271,5 @@ def test_the_ready_script_waits_until_the_portal_says_ready() -> None:
 
 
 def test_the_ready_script_gives_up_when_refused_or_late() -> None:
-    assert run_ready_script([(410, {})])[0] == k8s.READY_EXIT_REFUSED
-    assert run_ready_script([(200, {"ready": False})], timeout="0")[0] == k8s.READY_EXIT_BUSY
+    assert run_ready_script([(410, {})])[0] == READY_EXIT_REFUSED
+    assert run_ready_script([(200, {"ready": False})], timeout="0")[0] == READY_EXIT_BUSY

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import threading
 
-from portal import k8s
 from portal.backends.base import Outcome
+from portal.k8s.names import MANAGED_SELECTOR
+from portal.k8s.watch import WorkloadWatcher
 from tests.fakes.fake_k8s import FakeCluster, FakeWatch, apis
 from tests.k8s.builders import NS, backend, cluster_with_nodes, spec
 
 
-def watcher(cluster: FakeCluster, **kw) -> k8s.WorkloadWatcher:  # noqa: ANN003
+def watcher(cluster: FakeCluster, **kw) -> WorkloadWatcher:  # noqa: ANN003
     core, batch = apis(cluster)
     fw = kw.pop("watch", None) or FakeWatch(cluster)
-    return k8s.WorkloadWatcher(core, batch, [NS], watch_factory=lambda: fw, **kw)
+    return WorkloadWatcher(core, batch, [NS], watch_factory=lambda: fw, **kw)
 
 
 def listed(cluster: FakeCluster) -> tuple[dict, dict]:
@@ -21,23 +22,23 @@ def listed(cluster: FakeCluster) -> tuple[dict, dict]:
     core, batch = apis(cluster)
     jobs = {
         j.metadata.name: j.metadata.resource_version
-        for j in batch.list_namespaced_job(NS, label_selector=k8s.MANAGED_SELECTOR).items
+        for j in batch.list_namespaced_job(NS, label_selector=MANAGED_SELECTOR).items
     }
     pods = {
         p.metadata.name: p.metadata.resource_version
-        for p in core.list_namespaced_pod(NS, label_selector=k8s.MANAGED_SELECTOR).items
+        for p in core.list_namespaced_pod(NS, label_selector=MANAGED_SELECTOR).items
     }
     return jobs, pods
 
 
-def cached(w: k8s.WorkloadWatcher) -> tuple[dict, dict]:
+def cached(w: WorkloadWatcher) -> tuple[dict, dict]:
     return (
         {n: j.metadata.resource_version for (_, n), j in w.jobs.items()},
         {n: p.metadata.resource_version for (_, n), p in w.pods.items()},
     )
 
 
-def drive(w: k8s.WorkloadWatcher) -> None:
+def drive(w: WorkloadWatcher) -> None:
     for kind in ("jobs", "pods"):
         w.watch_once(NS, kind)
 

@@ -113,11 +113,11 @@ def test_fi06_a_tick_that_dies_midway_leaves_nothing_half_applied(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """FI-06: the tick fails after its first admission; all of it rolls back, the next one succeeds."""
-    from portal import tick
+    from portal import apply
 
     w = make_world()
     reqs = [submit(w.bob, w.vision) for _ in range(3)]
-    real_admit = tick._admit
+    real_admit = apply._admit
     calls = {"n": 0}
 
     def admit_then_die(*args: object, **kwargs: object) -> bool:
@@ -126,13 +126,13 @@ def test_fi06_a_tick_that_dies_midway_leaves_nothing_half_applied(
             raise ConnectionError("server closed the connection unexpectedly")
         return real_admit(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(tick, "_admit", admit_then_die)
+    monkeypatch.setattr(apply, "_admit", admit_then_die)
     with pytest.raises(ConnectionError):
         run_tick()
     assert not Attempt.objects.exists() and not Allocation.objects.exists()
     assert set(GpuRequest.objects.values_list("state", flat=True)) == {"pending"}
     assert SchedulerState.objects.get(pk=1).failed_ticks == 1
-    monkeypatch.setattr(tick, "_admit", real_admit)
+    monkeypatch.setattr(apply, "_admit", real_admit)
     run_tick()
     assert GpuRequest.objects.filter(pk__in=[r.pk for r in reqs], state="admitted").count() == 3
 

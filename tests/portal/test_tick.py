@@ -9,7 +9,8 @@ from django.utils import timezone
 from portal import services
 from portal.backends.base import Outcome, WorkloadStatus
 from portal.models import Allocation, Attempt, Decision, GpuRequest, SchedulerState, UsageRecord
-from portal.tick import TICK_LOCK_KEY, reconcile, run_tick
+from portal.reconcile import reconcile
+from portal.tick import TICK_LOCK_KEY, run_tick
 from tests.base import make_world, submit
 
 pytestmark = pytest.mark.django_db(transaction=True)

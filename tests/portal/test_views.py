@@ -6,7 +6,7 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from portal import tick
+from portal import reconcile, tick
 from portal.models import (
     AuditEvent,
     DeviceProfile,
@@ -132,7 +132,7 @@ def test_it_previews_a_wait_with_reason_and_estimate(world: World) -> None:
     for _ in range(4):
         submit(world.bob, world.vision, count=8)
     tick.run_tick()
-    tick.reconcile()
+    reconcile.reconcile()
     c = login(world.alice)
     r = c.post(reverse("portal:request-preview"), form_data(world, count=8), HTTP_HX_REQUEST="true")
     body = r.content.decode()

@@ -1,0 +1,256 @@
+"""The tick's apply step: write the core's decisions (admissions, waits, preemptions,
+rejections) in the tick's transaction, and launch what was admitted once it commits.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from datetime import datetime
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import F
+
+from portal import services
+from portal.models import (
+    Allocation,
+    Attempt,
+    Decision,
+    Device,
+    GpuRequest,
+    SchedulerState,
+    UsageRecord,
+)
+from portal.snapshot import Context
+from scheduling import types as st
+
+log = logging.getLogger(__name__)
+
+
+def _slots(device: Device, grant: st.DeviceGrant, taken: set[str]) -> list[str]:
+    """The Allocation slots a grant occupies on a device (see Allocation's docstring)."""
+    if grant.mig is not None:
+        return [f"m{i}" for i in range(grant.mig.start, grant.mig.start + grant.mig.size)]
+    if device.partitioning == "time-slicing":
+        shares = [f"s{k}" for k in range(device.replicas)]
+        if grant.milli >= 1000:
+            return shares
+        free = [s for s in shares if s not in taken]
+        return free[:1] or ["s-overbooked"]
+    return ["gpu"]
+
+
+def _admit(d: st.Decision, ctx: Context, tick_no: int) -> bool:
+    req = ctx.requests[d.request_id]
+    assert d.placement is not None
+    claimed = GpuRequest.objects.filter(pk=req.pk, state=GpuRequest.State.PENDING).update(
+        state=GpuRequest.State.ADMITTED,
+        status_code="admitted",
+        status_message=d.message,
+        queue_position=None,
+        escalated=False,
+        estimated_start=None,
+        updated_at=ctx.now,
+    )
+    if claimed != 1:
+        # Cancelled since the snapshot: nothing to do.
+        return False
+    pool = ctx.pools[d.pool]
+    number = req.attempts.count() + 1
+    try:
+        with transaction.atomic():
+            attempt = Attempt.objects.create(
+                request=req,
+                number=number,
+                pool=pool,
+                nodes=list(d.placement.nodes),
+                workload_name=f"qm-{req.pk}-{number}",
+                namespace=req.team.namespace,
+                gpus_milli=req.gpus_milli,
+                borrowing=d.borrowing,
+                # The request's last decision said it waited for preempted attempts to stop.
+                admitted_by_preemption=req.status_code == "preempting",
+                admitted_at=ctx.now,
+            )
+            rows = []
+            for pod in d.placement.pods:
+                for g in pod.grants:
+                    device = ctx.devices[(pod.node, g.device)]
+                    taken = ctx.active_slots[device.pk]
+                    for slot in _slots(device, g, taken):
+                        taken.add(slot)
+                        rows.append(
+                            Allocation(
+                                attempt=attempt,
+                                device=device,
+                                slot=slot,
+                                milli=g.milli if g.mig is None else 0,
+                                gpu_memory_mib=g.gpu_memory_mib,
+                                mig_profile=g.mig.profile if g.mig else "",
+                                mig_start=g.mig.start if g.mig else -1,
+                                mig_size=g.mig.size if g.mig else 0,
+                            )
+                        )
+            Allocation.objects.bulk_create(rows)
+            UsageRecord.objects.create(
+                attempt=attempt,
+                team=req.team,
+                workload_class=req.workload_class,
+                pool=pool,
+                gpus_milli=req.gpus_milli,
+                started_at=ctx.now,
+            )
+    except IntegrityError:
+        # The database refused a double booking: the request waits for the next tick.
+        log.error("tick %s: allocation conflict for request %s; left pending", tick_no, req.pk)
+        GpuRequest.objects.filter(pk=req.pk).update(
+            state=GpuRequest.State.PENDING,
+            status_code="conflict",
+            status_message="waiting: placement conflict, retrying",
+        )
+        return False
+    Decision.objects.create(
+        tick=tick_no,
+        request=req,
+        attempt=attempt,
+        team=req.team,
+        pool=pool,
+        node=",".join(d.placement.nodes),
+        kind=Decision.Kind.ADMIT,
+        code=d.code,
+        message=d.message,
+        facts=_facts(d),
+    )
+    attempt_id = attempt.pk
+    transaction.on_commit(lambda: launch_attempt(attempt_id))
+    return True
+
+
+def launch_attempt(attempt_id: int) -> None:
+    attempt = Attempt.objects.select_related(
+        "request__team", "request__workload_class", "pool"
+    ).get(pk=attempt_id)
+    services.backend_call("launch", services.launch_spec(attempt))
+
+
+def _facts(d: st.Decision) -> dict[str, Any]:
+    out = {
+        k: v
+        for k, v in dict(d.facts).items()
+        if isinstance(v, str | int | float | bool | list | dict | type(None))
+    }
+    if d.escalated:
+        out["escalated"] = True
+    if d.borrowing:
+        out["borrowing"] = True
+    return out
+
+
+def _wait(d: st.Decision, ctx: Context, tick_no: int, changed: list[GpuRequest]) -> None:
+    req = ctx.requests[d.request_id]
+    new_message = d.message[:500]
+    estimate = d.facts.get("estimated_start_ms") if d.facts else None
+    estimated_start = (
+        datetime.fromtimestamp(int(estimate) / 1000, tz=ctx.now.tzinfo)
+        if isinstance(estimate, int)
+        else None
+    )
+    if (req.status_code, req.status_message) != (d.code, new_message):
+        # The decision log records changes of reason, not every tick's repetition.
+        Decision.objects.create(
+            tick=tick_no,
+            request=req,
+            team=req.team,
+            kind=Decision.Kind.WAIT,
+            code=d.code,
+            message=new_message,
+            facts=_facts(d),
+        )
+    fields = (d.code, new_message, d.position or None, d.escalated, estimated_start)
+    if (
+        req.status_code,
+        req.status_message,
+        req.queue_position,
+        req.escalated,
+        req.estimated_start,
+    ) != fields:
+        (
+            req.status_code,
+            req.status_message,
+            req.queue_position,
+            req.escalated,
+            req.estimated_start,
+        ) = fields
+        changed.append(req)
+
+
+def _preempt(d: st.Decision, ctx: Context, tick_no: int) -> bool:
+    attempt = ctx.attempts.get(d.attempt_id)
+    if attempt is None or attempt.state not in (Attempt.State.ADMITTED, Attempt.State.RUNNING):
+        return False
+    services.attempt_stop(attempt, reason="preempted")
+    req = attempt.request
+    Decision.objects.create(
+        tick=tick_no,
+        request=req,
+        attempt=attempt,
+        team=req.team,
+        pool=attempt.pool,
+        node=",".join(attempt.nodes),
+        kind=Decision.Kind.PREEMPT,
+        code=d.code,
+        message=d.message[:500],
+        facts=_facts(d),
+    )
+    return True
+
+
+def _reject(d: st.Decision, ctx: Context, tick_no: int) -> None:
+    req = ctx.requests[d.request_id]
+    GpuRequest.objects.filter(pk=req.pk, state=GpuRequest.State.PENDING).update(
+        state=GpuRequest.State.FAILED,
+        end_reason=d.message[:300],
+        status_code=d.code,
+        status_message=d.message[:500],
+        queue_position=None,
+    )
+    Decision.objects.create(
+        tick=tick_no,
+        request=req,
+        team=req.team,
+        kind=Decision.Kind.REJECT,
+        code=d.code,
+        message=d.message[:500],
+        facts=_facts(d),
+    )
+
+
+def decisions_apply(*, decisions: list[st.Decision], ctx: Context, tick_no: int) -> dict[str, int]:
+    counts: dict[str, int] = defaultdict(int)
+    changed: list[GpuRequest] = []
+    # Preemptions first, so their decisions precede the admissions they make room for.
+    for d in sorted(decisions, key=lambda d: d.kind != st.DecisionKind.PREEMPT):
+        if d.kind == st.DecisionKind.PREEMPT:
+            counts["preempt"] += _preempt(d, ctx, tick_no)
+        elif d.kind == st.DecisionKind.ADMIT:
+            counts["admit"] += _admit(d, ctx, tick_no)
+        elif d.kind == st.DecisionKind.WAIT:
+            _wait(d, ctx, tick_no, changed)
+            counts["wait"] += 1
+        elif d.kind == st.DecisionKind.REJECT:
+            _reject(d, ctx, tick_no)
+            counts["reject"] += 1
+    GpuRequest.objects.bulk_update(
+        changed,
+        ["status_code", "status_message", "queue_position", "escalated", "estimated_start"],
+        batch_size=500,
+    )
+    return dict(counts)
+
+
+def count(counter: str) -> None:
+    """Add one to a SchedulerState counter (skipped ticks, repairs, ...)."""
+    with transaction.atomic():
+        SchedulerState.objects.get_or_create(pk=1)
+        SchedulerState.objects.filter(pk=1).update(**{counter: F(counter) + 1})

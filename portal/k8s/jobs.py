@@ -1,0 +1,507 @@
+"""Launch and stop: an allowlisted `batch/v1` Job from a `LaunchSpec`, created (adopted on
+`409`) and deleted with a grace period."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from portal.backends.base import LaunchSpec
+from portal.k8s.names import (
+    A_GRANTS,
+    A_NODE,
+    GPU,
+    GPU_SHARED,
+    L_ATTEMPT,
+    L_ATTEMPT_ID,
+    L_CLASS,
+    L_COMPONENT,
+    L_INSTANCE,
+    L_MANAGED_BY,
+    L_NAME,
+    L_PART_OF,
+    L_POOL,
+    L_REQUEST,
+    L_TEAM,
+    LABEL_HOSTNAME,
+    MAIN_CONTAINER,
+    MANAGED_BY,
+    MANAGED_SELECTOR,
+    MIG_PREFIX,
+    READY_CONTAINER,
+    READY_EXIT_BUSY,
+    READY_EXIT_REFUSED,
+    JobConflict,
+    LaunchRefused,
+    label_value,
+)
+from portal.readiness import attempt_token
+
+log = logging.getLogger(__name__)
+
+
+# The readiness init container. It asks the portal whether the devices this pod
+# was given are free (the node agent saw no stray process and a healthy device)
+# and exits 0 when they are. It polls inside one run rather than exiting and
+# being restarted, because a Job with a podFailurePolicy must use
+# restartPolicy Never, where a failing init container fails the pod.
+# Contract (docs/kubernetes.md): GET <url>?devices=<NVIDIA_VISIBLE_DEVICES> with
+# `Authorization: Bearer <attempt token>`; 200 {"ready": true} -> start;
+# 200 {"ready": false} or 5xx or network error -> ask again; 403/404/410 -> give up.
+READY_SCRIPT = """\
+import json, os, sys, time, urllib.error, urllib.parse, urllib.request
+url = os.environ["QM_READY_URL"]
+devices = os.environ.get("NVIDIA_VISIBLE_DEVICES", "")
+if devices:
+    url += "?" + urllib.parse.urlencode({"devices": devices})
+headers = {"Authorization": "Bearer " + os.environ["QM_READY_TOKEN"], "Accept": "application/json"}
+deadline = time.monotonic() + int(os.environ.get("QM_READY_TIMEOUT", "300"))
+interval = float(os.environ.get("QM_READY_INTERVAL", "5"))
+while True:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as r:
+            body = json.load(r)
+        if body.get("ready"):
+            print("devices ready"); sys.exit(0)
+        print("waiting:", body.get("reason", "not ready"), flush=True)
+    except urllib.error.HTTPError as e:
+        if e.code in (403, 404, 410):
+            print("portal refused:", e.code, flush=True); sys.exit(%(refused)d)
+        print("portal answered", e.code, flush=True)
+    except Exception as e:
+        print("portal unreachable:", e, flush=True)
+    if time.monotonic() > deadline:
+        print("devices not free before the deadline", flush=True); sys.exit(%(busy)d)
+    time.sleep(interval)
+""" % {"refused": READY_EXIT_REFUSED, "busy": READY_EXIT_BUSY}
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """Admin configuration of generated Jobs (never taken from a user's request)."""
+
+    #: the portal's readiness URL prefix, e.g. "http://qm-web.qm.svc:8000"; "" disables the check
+    portal_url: str = ""
+    #: image of the readiness init container (the portal image: it has Python)
+    ready_image: str = ""
+    #: key for `attempt_token` (derived from SECRET_KEY by the backend)
+    ready_token_key: str = ""
+    ready_timeout_s: int = 300
+    #: exit codes of the main container that fail the Job at once (137: OOMKilled,
+    #: retrying the same spec fails the same way)
+    fail_exit_codes: tuple[int, ...] = (137,)
+    backoff_limit: int = 2
+    ttl_seconds_after_finished: int = 86400
+    #: SIGTERM -> SIGKILL grace for the pod, so training can checkpoint on preemption
+    termination_grace_s: int = 30
+    run_as_user: int = 1000
+    run_as_group: int = 1000
+    fs_group: int = 1000
+    service_account: str = ""
+    image_pull_secrets: tuple[str, ...] = ()
+    runtime_class: str = ""
+    #: allowed image prefixes ("registry.example.com/", "nvcr.io/nvidia/"); empty allows any
+    allowed_images: tuple[str, ...] = ()
+    shm_size_mib: int = 1024
+    #: resource name for time-sliced shares when the node cannot be asked
+    shared_resource: str = GPU_SHARED
+
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+_FORBIDDEN_ENV = re.compile(r"^(NVIDIA_.*|CUDA_VISIBLE_DEVICES|QUARTERMASTER_.*|QM_.*)$")
+
+
+def check_env(env: Iterable[tuple[str, str]]) -> None:
+    """Refuse env names a user may not set (RELIABILITY.md §8.7).
+
+    `NVIDIA_*` and `CUDA_VISIBLE_DEVICES` would let a container see GPUs it did
+    not request; `QUARTERMASTER_*`/`QM_*` are set by the server.
+    """
+    for name, _ in env:
+        if not _ENV_NAME.match(name):
+            raise LaunchRefused(f"invalid environment variable name {name!r}")
+        if _FORBIDDEN_ENV.match(name):
+            raise LaunchRefused(f"environment variable {name} may not be set by a request")
+
+
+def gpu_resource(
+    spec: LaunchSpec, facts: Mapping[str, Any] | None, options: JobOptions
+) -> tuple[str, int]:
+    """Return (extended resource name, count) for the spec's profile on its node."""
+    if not spec.grants:
+        return "", 0
+    resources = set((facts or {}).get("resources", ()))
+    if spec.profile_kind == "whole":
+        return GPU, len(spec.grants)
+    if spec.profile_kind == "mig":
+        profiles = {g.mig_profile for g in spec.grants}
+        if len(profiles) != 1 or not next(iter(profiles)):
+            raise LaunchRefused("a MIG launch needs exactly one MIG profile")
+        if (facts or {}).get("mig_strategy") == "single":
+            return GPU, len(spec.grants)
+        return MIG_PREFIX + profiles.pop(), len(spec.grants)
+    if spec.profile_kind == "shared":
+        # A shared unit is an access right, not more compute: one per container.
+        if len(spec.grants) != 1:
+            raise LaunchRefused("a shared-GPU launch takes exactly one shared unit")
+        if GPU_SHARED in resources or (not resources and options.shared_resource == GPU_SHARED):
+            return GPU_SHARED, 1
+        return GPU, 1
+    raise LaunchRefused(f"unknown profile kind {spec.profile_kind!r}")
+
+
+def job_labels(spec: LaunchSpec) -> dict[str, str]:
+    return {
+        L_NAME: "quartermaster-attempt",
+        L_INSTANCE: spec.name,
+        L_COMPONENT: label_value(spec.workload_class),
+        L_PART_OF: "quartermaster",
+        L_MANAGED_BY: MANAGED_BY,
+        L_REQUEST: str(spec.request_id),
+        L_ATTEMPT_ID: str(spec.attempt_id),
+        L_ATTEMPT: str(spec.attempt_number),
+        L_TEAM: label_value(spec.team),
+        L_CLASS: label_value(spec.workload_class),
+        L_POOL: label_value(spec.pool),
+    }
+
+
+def _security_context() -> client.V1SecurityContext:
+    return client.V1SecurityContext(
+        allow_privilege_escalation=False,
+        capabilities=client.V1Capabilities(drop=["ALL"]),
+        run_as_non_root=True,
+        seccomp_profile=client.V1SeccompProfile(type="RuntimeDefault"),
+    )
+
+
+def _resources(
+    cpu_milli: int, memory_mib: int, gpu: str, count: int
+) -> client.V1ResourceRequirements:
+    requests: dict[str, str] = {}
+    limits: dict[str, str] = {}
+    if cpu_milli:
+        requests["cpu"] = f"{cpu_milli}m"
+    if memory_mib:
+        # Memory limit = request: an OOM kill is then the container's own doing.
+        requests["memory"] = limits["memory"] = f"{memory_mib}Mi"
+    if gpu:
+        requests[gpu] = limits[gpu] = str(count)
+    return client.V1ResourceRequirements(requests=requests or None, limits=limits or None)
+
+
+def job_build(
+    spec: LaunchSpec,
+    options: JobOptions,
+    facts: Mapping[str, Any] | None = None,
+) -> client.V1Job:
+    """Build the attempt's Job from server-side data only.
+
+    Why a `batch/v1` Job: an attempt of a training or interactive request runs
+    to completion once, and a Job gives exactly that with the failure handling
+    this needs — `podFailurePolicy` (preemption does not count as a failure,
+    listed exit codes fail at once), a small `backoffLimit`, a deadline and
+    garbage collection after it finishes. Inference, which serves until
+    stopped and may span replicas, will use a Deployment (or a LeaderWorkerSet
+    for multi-node models) built the same way.
+    """
+    if not _DNS_LABEL.match(spec.name):
+        raise LaunchRefused(
+            f"workload name {spec.name!r} is not a DNS label of at most 63 characters"
+        )
+    if not _DNS_LABEL.match(spec.namespace):
+        raise LaunchRefused(f"namespace {spec.namespace!r} is not a DNS label")
+    if not spec.image or any(c.isspace() for c in spec.image):
+        raise LaunchRefused("an image is required")
+    if options.allowed_images and not spec.image.startswith(options.allowed_images):
+        raise LaunchRefused(f"image {spec.image} is not from an allowed registry")
+    if not spec.node:
+        raise LaunchRefused("a launch needs the node the packer chose")
+    check_env(spec.env)
+    gpu, count = gpu_resource(spec, facts, options)
+    labels = job_labels(spec)
+    hostname = (facts or {}).get("hostname") or spec.node
+
+    env = [client.V1EnvVar(name=k, value=v) for k, v in spec.env]
+    env += [
+        client.V1EnvVar(name="QUARTERMASTER_REQUEST_ID", value=str(spec.request_id)),
+        client.V1EnvVar(name="QUARTERMASTER_ATTEMPT", value=str(spec.attempt_number)),
+    ]
+    shared_cap = max((g.gpu_memory_mib for g in spec.grants), default=0)
+    if spec.profile_kind == "shared" and shared_cap:
+        # Time-slicing does not isolate memory: tell frameworks the cap they agreed to.
+        env.append(client.V1EnvVar(name="QUARTERMASTER_GPU_MEMORY_MIB", value=str(shared_cap)))
+    if not gpu:
+        # Without a GPU request the device plugin's envvar strategy would expose every GPU.
+        env.append(client.V1EnvVar(name="NVIDIA_VISIBLE_DEVICES", value="void"))
+
+    main = client.V1Container(
+        name=MAIN_CONTAINER,
+        image=spec.image,
+        command=list(spec.command) or None,
+        env=env,
+        resources=_resources(spec.cpu_milli, spec.memory_mib, gpu, count),
+        security_context=_security_context(),
+        volume_mounts=[client.V1VolumeMount(name="dshm", mount_path="/dev/shm")],
+    )
+    init = _ready_container(spec, options, gpu, count)
+    pod_spec = client.V1PodSpec(
+        containers=[main],
+        init_containers=[init] if init else None,
+        restart_policy="Never",
+        automount_service_account_token=False,
+        service_account_name=options.service_account or None,
+        enable_service_links=False,
+        priority_class_name=spec.priority_class or None,
+        runtime_class_name=options.runtime_class or None,
+        termination_grace_period_seconds=options.termination_grace_s,
+        image_pull_secrets=[
+            client.V1LocalObjectReference(name=s) for s in options.image_pull_secrets
+        ]
+        or None,
+        security_context=client.V1PodSecurityContext(
+            run_as_non_root=True,
+            run_as_user=options.run_as_user,
+            run_as_group=options.run_as_group,
+            fs_group=options.fs_group,
+            seccomp_profile=client.V1SeccompProfile(type="RuntimeDefault"),
+        ),
+        # Required node affinity, never spec.nodeName: nodeName bypasses the
+        # scheduler and the device plugin's admission (UnexpectedAdmissionError).
+        affinity=client.V1Affinity(
+            node_affinity=client.V1NodeAffinity(
+                required_during_scheduling_ignored_during_execution=client.V1NodeSelector(
+                    node_selector_terms=[
+                        client.V1NodeSelectorTerm(
+                            match_expressions=[
+                                client.V1NodeSelectorRequirement(
+                                    key=LABEL_HOSTNAME, operator="In", values=[hostname]
+                                )
+                            ]
+                        )
+                    ]
+                )
+            )
+        ),
+        tolerations=[_toleration(t) for t in spec.tolerations] or None,
+        volumes=[
+            client.V1Volume(
+                name="dshm",
+                empty_dir=client.V1EmptyDirVolumeSource(
+                    medium="Memory", size_limit=f"{options.shm_size_mib}Mi"
+                ),
+            )
+        ],
+    )
+    annotations = {
+        A_NODE: spec.node,
+        A_GRANTS: json.dumps(
+            [
+                {
+                    "device": g.device,
+                    "milli": g.milli,
+                    "gpu_memory_mib": g.gpu_memory_mib,
+                    "mig_profile": g.mig_profile,
+                    "mig_start": g.mig_start,
+                }
+                for g in spec.grants
+            ],
+            separators=(",", ":"),
+        ),
+    }
+    return client.V1Job(
+        api_version="batch/v1",
+        kind="Job",
+        metadata=client.V1ObjectMeta(
+            name=spec.name, namespace=spec.namespace, labels=labels, annotations=annotations
+        ),
+        spec=client.V1JobSpec(
+            backoff_limit=options.backoff_limit,
+            completions=1,
+            parallelism=1,
+            ttl_seconds_after_finished=options.ttl_seconds_after_finished,
+            active_deadline_seconds=spec.max_runtime_s or None,
+            # A replacement pod only once the old one is gone: never two pods on one device.
+            pod_replacement_policy="Failed",
+            pod_failure_policy=_pod_failure_policy(options, with_ready=init is not None),
+            template=client.V1PodTemplateSpec(
+                metadata=client.V1ObjectMeta(labels=labels, annotations=annotations),
+                spec=pod_spec,
+            ),
+        ),
+    )
+
+
+def _toleration(t: tuple[str, str, str]) -> client.V1Toleration:
+    key, value, effect = t
+    if value:
+        return client.V1Toleration(key=key, operator="Equal", value=value, effect=effect or None)
+    return client.V1Toleration(key=key, operator="Exists", effect=effect or None)
+
+
+def _ready_container(
+    spec: LaunchSpec, options: JobOptions, gpu: str, count: int
+) -> client.V1Container | None:
+    """The init container that waits until the node agent reports the devices free.
+
+    It asks for the same GPU resources as the main container: the kubelet hands
+    an init container's devices on to the app containers, so it sees (in
+    NVIDIA_VISIBLE_DEVICES) exactly the devices the workload will get.
+    """
+    if not gpu or not options.portal_url:
+        return None
+    if not options.ready_image:
+        raise LaunchRefused("JobOptions.ready_image is required when portal_url is set")
+    url = f"{options.portal_url.rstrip('/')}/api/v1/agent/attempts/{spec.attempt_id}/ready"
+    token = attempt_token(options.ready_token_key, spec.namespace, spec.name, spec.attempt_id)
+    return client.V1Container(
+        name=READY_CONTAINER,
+        image=options.ready_image,
+        command=["python3", "-c", READY_SCRIPT],
+        env=[
+            client.V1EnvVar(name="QM_READY_URL", value=url),
+            client.V1EnvVar(name="QM_READY_TOKEN", value=token),
+            client.V1EnvVar(name="QM_READY_TIMEOUT", value=str(options.ready_timeout_s)),
+        ],
+        resources=_resources(50, 64, gpu, count),
+        security_context=_security_context(),
+    )
+
+
+def _pod_failure_policy(options: JobOptions, *, with_ready: bool) -> client.V1PodFailurePolicy:
+    rules = [
+        # Preemption, eviction, node loss: not the workload's fault, keeps backoffLimit.
+        client.V1PodFailurePolicyRule(
+            action="Ignore",
+            on_pod_conditions=[
+                client.V1PodFailurePolicyOnPodConditionsPattern(
+                    type="DisruptionTarget", status="True"
+                )
+            ],
+        )
+    ]
+    if with_ready:
+        rules.append(
+            client.V1PodFailurePolicyRule(
+                action="FailJob",
+                on_exit_codes=client.V1PodFailurePolicyOnExitCodesRequirement(
+                    container_name=READY_CONTAINER,
+                    operator="In",
+                    values=[READY_EXIT_BUSY, READY_EXIT_REFUSED],
+                ),
+            )
+        )
+    codes = sorted({c for c in options.fail_exit_codes if 0 < c < 256})
+    if codes:
+        rules.append(
+            client.V1PodFailurePolicyRule(
+                action="FailJob",
+                on_exit_codes=client.V1PodFailurePolicyOnExitCodesRequirement(
+                    container_name=MAIN_CONTAINER, operator="In", values=codes
+                ),
+            )
+        )
+    return client.V1PodFailurePolicy(rules=rules)
+
+
+def job_to_dict(job: Any) -> dict[str, Any]:
+    """The Job as the API server would receive it (camelCase JSON)."""
+    return client.ApiClient().sanitize_for_serialization(job)  # type: ignore[no-any-return,no-untyped-call]
+
+
+def _retriable(exc: ApiException) -> bool:
+    return bool(exc.status is None or exc.status == 429 or exc.status >= 500)
+
+
+def job_create(
+    batch: Any,
+    job: Any,
+    *,
+    tries: int = 3,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Any:
+    """Create the Job; a `409` for a Job of the same attempt is success (adopted).
+
+    A create that answered 5xx or timed out may have created the Job anyway,
+    so it is retried (bounded), and a later `409` is read back and adopted when
+    its request and attempt labels match; otherwise `JobConflict`.
+    """
+    ns, name = job.metadata.namespace, job.metadata.name
+    for attempt in range(1, tries + 1):
+        try:
+            return batch.create_namespaced_job(ns, job)
+        except ApiException as exc:
+            if exc.status == 409:
+                return _adopt(batch, job)
+            if not _retriable(exc) or attempt == tries:
+                raise
+            log.warning("create Job %s/%s answered %s; retrying", ns, name, exc.status)
+            sleep(min(0.5 * 2 ** (attempt - 1), 5.0))
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _adopt(batch: Any, job: Any) -> Any:
+    ns, name = job.metadata.namespace, job.metadata.name
+    existing = batch.read_namespaced_job(name, ns)
+    have = existing.metadata.labels or {}
+    want = job.metadata.labels
+    for key in (L_MANAGED_BY, L_REQUEST, L_ATTEMPT_ID):
+        if have.get(key) != want.get(key):
+            raise JobConflict(
+                f"Job {ns}/{name} exists with {key}={have.get(key)!r}, expected {want.get(key)!r}"
+            )
+    log.info("Job %s/%s exists already; adopted", ns, name)
+    return existing
+
+
+def job_delete(
+    batch: Any,
+    name: str,
+    namespace: str,
+    *,
+    grace_seconds: int = 30,
+    propagation: str = "Foreground",
+) -> bool:
+    """Delete the Job and its pods; return False when it was already gone.
+
+    Foreground keeps the Job visible until its pods are gone, so the portal
+    holds the devices until the workload really stopped (INV-8). The pods get
+    SIGTERM and then their `terminationGracePeriodSeconds` (set from
+    `JobOptions.termination_grace_s`) to checkpoint.
+    """
+    try:
+        batch.delete_namespaced_job(
+            name,
+            namespace,
+            body=client.V1DeleteOptions(
+                grace_period_seconds=grace_seconds, propagation_policy=propagation
+            ),
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
+
+
+def job_read(batch: Any, name: str, namespace: str) -> Any | None:
+    try:
+        return batch.read_namespaced_job(name, namespace)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def pods_for_workload(core: Any, name: str, namespace: str) -> list[Any]:
+    selector = f"{L_INSTANCE}={name},{MANAGED_SELECTOR}"
+    return list(core.list_namespaced_pod(namespace, label_selector=selector).items)

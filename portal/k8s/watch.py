@@ -1,0 +1,217 @@
+"""The watch: Quartermaster's Jobs and pods kept current, relisting on `410 Gone`."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from portal.backends.base import WorkloadStatus
+from portal.k8s.names import L_INSTANCE, MANAGED_SELECTOR, TERMINAL_PHASES
+from portal.k8s.status import classify, condition
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Stream:
+    resource_version: str = ""
+    relists: int = 0
+    events: int = 0
+
+
+@dataclass
+class WorkloadWatcher:
+    """A cache of Quartermaster's Jobs and pods in some namespaces, kept by watches.
+
+    `relist()` lists and remembers the list's resourceVersion; `watch_once()`
+    streams events from there. When the server answers `410 Gone` (the
+    version was compacted away, kubernetes-client/python#728) the stream
+    relists and carries on from the new version, so no event is lost for long;
+    `resync_s` forces a full relist now and then anyway, to heal anything a
+    watch missed. `run()` drives all of it from threads.
+    """
+
+    core: Any
+    batch: Any
+    namespaces: Sequence[str]
+    watch_factory: Callable[[], Any] | None = None
+    resync_s: float = 300.0
+    timeout_s: int = 60
+    clock: Callable[[], float] = time.monotonic
+    jobs: dict[tuple[str, str], Any] = field(default_factory=dict)
+    pods: dict[tuple[str, str], Any] = field(default_factory=dict)
+    #: final state of deleted pods that ended for a telling reason (preempted,
+    #: evicted, node lost): the Job replaces such a pod, and without this the
+    #: reason would leave with it. Kept `tombstone_s` seconds.
+    gone: dict[tuple[str, str], tuple[float, Any]] = field(default_factory=dict)
+    tombstone_s: float = 3600.0
+    streams: dict[tuple[str, str], _Stream] = field(default_factory=dict)
+    last_resync: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def _watch(self) -> Any:
+        if self.watch_factory is not None:
+            return self.watch_factory()
+        from kubernetes import watch
+
+        return watch.Watch()  # type: ignore[no-untyped-call]
+
+    def _lister(self, kind: str) -> Callable[..., Any]:
+        lister: Callable[..., Any] = (
+            self.batch.list_namespaced_job if kind == "jobs" else self.core.list_namespaced_pod
+        )
+        return lister
+
+    def _store(self, kind: str) -> dict[tuple[str, str], Any]:
+        return self.jobs if kind == "jobs" else self.pods
+
+    def relist(self, namespace: str, kind: str) -> None:
+        """Replace the cache for (namespace, kind) with a fresh list."""
+        result = self._lister(kind)(namespace, label_selector=MANAGED_SELECTOR)
+        store = self._store(kind)
+        with self.lock:
+            for key in [k for k in store if k[0] == namespace]:
+                del store[key]
+            for obj in result.items:
+                store[(namespace, obj.metadata.name)] = obj
+            stream = self.streams.setdefault((namespace, kind), _Stream())
+            stream.resource_version = result.metadata.resource_version or ""
+            stream.relists += 1
+
+    def resync(self) -> None:
+        horizon = self.clock() - self.tombstone_s
+        with self.lock:
+            for key in [k for k, (at, _) in self.gone.items() if at < horizon]:
+                del self.gone[key]
+        for ns in self.namespaces:
+            for kind in ("jobs", "pods"):
+                self.relist(ns, kind)
+        self.last_resync = self.clock()
+
+    def apply(self, namespace: str, kind: str, event: Mapping[str, Any]) -> None:
+        """Apply one watch event to the cache."""
+        obj = event["object"]
+        etype = event["type"]
+        stream = self.streams.setdefault((namespace, kind), _Stream())
+        rv = getattr(obj.metadata, "resource_version", None) if hasattr(obj, "metadata") else None
+        with self.lock:
+            if etype in ("ADDED", "MODIFIED"):
+                self._store(kind)[(namespace, obj.metadata.name)] = obj
+            elif etype == "DELETED":
+                self._store(kind).pop((namespace, obj.metadata.name), None)
+                if kind == "pods" and (
+                    condition(obj, "DisruptionTarget") or obj.status.phase == "Failed"
+                ):
+                    final = obj.model_copy(deep=True)
+                    # A deleted pod is gone: it no longer holds its devices.
+                    if final.status.phase not in TERMINAL_PHASES:
+                        final.status.phase = "Failed"
+                    self.gone[(namespace, obj.metadata.name)] = (self.clock(), final)
+            if rv:
+                stream.resource_version = rv
+            stream.events += 1
+
+    def watch_once(self, namespace: str, kind: str) -> None:
+        """Stream events until the server ends the watch; relist on 410 Gone."""
+        stream = self.streams.get((namespace, kind))
+        if stream is None or not stream.resource_version:
+            self.relist(namespace, kind)
+            stream = self.streams[(namespace, kind)]
+        w = self._watch()
+        try:
+            for event in w.stream(
+                self._lister(kind),
+                namespace,
+                label_selector=MANAGED_SELECTOR,
+                resource_version=stream.resource_version,
+                timeout_seconds=self.timeout_s,
+                allow_watch_bookmarks=True,
+            ):
+                if event.get("type") == "BOOKMARK":
+                    rv = (
+                        event["object"].metadata.resource_version
+                        if hasattr(event["object"], "metadata")
+                        else event["raw_object"]["metadata"]["resourceVersion"]
+                    )
+                    stream.resource_version = rv
+                    continue
+                self.apply(namespace, kind, event)
+        except ApiException as exc:
+            if exc.status != 410:
+                raise
+            log.info(
+                "watch %s/%s: 410 Gone at %s; relisting", namespace, kind, stream.resource_version
+            )
+            self.relist(namespace, kind)
+
+    def maybe_resync(self) -> bool:
+        if self.clock() - self.last_resync >= self.resync_s:
+            self.resync()
+            return True
+        return False
+
+    def status(
+        self,
+        name: str,
+        namespace: str,
+        *,
+        now: datetime | None = None,
+        image_pull_timeout_s: int = 600,
+    ) -> WorkloadStatus:
+        with self.lock:
+            job = self.jobs.get((namespace, name))
+            candidates = list(self.pods.items()) + [
+                (k, p) for k, (_, p) in self.gone.items() if k not in self.pods
+            ]
+            pods = [
+                p
+                for (ns, _), p in candidates
+                if ns == namespace and (p.metadata.labels or {}).get(L_INSTANCE) == name
+            ]
+        return classify(
+            name, namespace, job, pods, now=now, image_pull_timeout_s=image_pull_timeout_s
+        )
+
+    def synced(self) -> bool:
+        return all((ns, k) in self.streams for ns in self.namespaces for k in ("jobs", "pods"))
+
+    def run(self, stop: threading.Event) -> list[threading.Thread]:
+        """Start one watching thread per namespace and kind, and a resync thread."""
+        self.resync()
+        threads = []
+        for ns in self.namespaces:
+            for kind in ("jobs", "pods"):
+                t = threading.Thread(
+                    target=self._loop,
+                    args=(ns, kind, stop),
+                    daemon=True,
+                    name=f"qm-watch-{ns}-{kind}",
+                )
+                t.start()
+                threads.append(t)
+        t = threading.Thread(target=self._resync_loop, args=(stop,), daemon=True, name="qm-resync")
+        t.start()
+        threads.append(t)
+        return threads
+
+    def _loop(self, ns: str, kind: str, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                self.watch_once(ns, kind)
+            except Exception:  # keep watching; the resync heals the cache
+                log.exception("watch %s/%s failed; retrying", ns, kind)
+                stop.wait(5)
+
+    def _resync_loop(self, stop: threading.Event) -> None:
+        while not stop.wait(min(self.resync_s, 30)):
+            try:
+                self.maybe_resync()
+            except Exception:
+                log.exception("resync failed")
