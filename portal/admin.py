@@ -3,7 +3,7 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 
-from portal import models
+from portal import models, services
 
 
 @admin.register(models.Team)
@@ -15,6 +15,14 @@ class TeamAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 class MembershipAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = ["user", "team", "role", "gpu_cap_milli"]
     list_filter = ["team", "role"]
+
+    # Removing a member cancels their pending requests, audited: through the service.
+    def delete_model(self, request: HttpRequest, obj: models.Membership) -> None:
+        services.membership_remove(actor=request.user, membership=obj)  # type: ignore[arg-type]
+
+    def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
+        for m in queryset:
+            services.membership_remove(actor=request.user, membership=m)  # type: ignore[arg-type]
 
 
 @admin.register(models.WorkloadClass)

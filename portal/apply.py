@@ -238,6 +238,12 @@ def decisions_apply(*, decisions: list[st.Decision], ctx: Context, tick_no: int)
         elif d.kind == st.DecisionKind.WAIT:
             _wait(d, ctx, tick_no, changed)
             counts["wait"] += 1
+        elif d.kind == st.DecisionKind.REJECT and d.code == "not-a-member":
+            # The core's member rules: the submitter left the team behind the services' back.
+            req = ctx.requests[d.request_id]
+            counts["cancel"] += services.gpu_request_cancel_not_member(
+                req, actor=None, now=ctx.now, tick=tick_no
+            )
         elif d.kind == st.DecisionKind.REJECT:
             _reject(d, ctx, tick_no)
             counts["reject"] += 1

@@ -39,6 +39,7 @@ from portal.models import (
     WorkloadClass,
 )
 from scheduling import backoff
+from scheduling.members import NOT_A_MEMBER
 
 log = logging.getLogger(__name__)
 
@@ -290,6 +291,48 @@ def gpu_request_cancel(*, user: AbstractBaseUser, gpu_request: GpuRequest) -> Gp
             after={"state": req.state},
         )
     return req
+
+
+def gpu_request_cancel_not_member(
+    gpu_request: GpuRequest,
+    *,
+    actor: AbstractBaseUser | None,
+    now: datetime,
+    tick: int = 0,
+) -> bool:
+    """Cancel a pending request whose submitter is no longer a member of its team, audited.
+
+    Only a pending request: admitted work runs on. Returns whether it was cancelled
+    (False when the tick admitted it, or someone cancelled it, first).
+    """
+    reason = NOT_A_MEMBER
+    cancelled = GpuRequest.objects.filter(pk=gpu_request.pk, state=GpuRequest.State.PENDING).update(
+        state=GpuRequest.State.CANCELLED,
+        end_reason=reason,
+        status_code="not-a-member",
+        status_message=reason,
+        queue_position=None,
+        updated_at=now,
+    )
+    if cancelled != 1:
+        return False
+    Decision.objects.create(
+        tick=tick,
+        request=gpu_request,
+        team=gpu_request.team,
+        kind=Decision.Kind.END,
+        code="not-a-member",
+        message=reason,
+    )
+    audit(
+        actor=actor,
+        action="request.cancel",
+        obj=gpu_request,
+        team=gpu_request.team,
+        before={"state": "pending"},
+        after={"state": "cancelled", "reason": reason},
+    )
+    return True
 
 
 def attempt_stop(attempt: Attempt, *, reason: str) -> None:
@@ -675,6 +718,42 @@ def membership_set(
             after=_snapshot(m, ["role", "gpu_cap_milli"]),
         )
     return m
+
+
+def membership_remove(*, actor: AbstractBaseUser | None, membership: Membership) -> int:
+    """Remove a member from a team and cancel their pending requests in it, audited.
+
+    Admitted and running work runs on (stopping it is a separate, explicit act).
+    Returns how many pending requests were cancelled. A request the tick admits
+    concurrently is left admitted; one submitted concurrently is cancelled by the
+    next tick (`scheduling.members`).
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        m = (
+            Membership.objects.select_for_update()
+            .select_related("team", "user")
+            .get(pk=membership.pk)
+        )
+        pending = GpuRequest.objects.filter(
+            team=m.team, submitted_by_id=m.user_id, state=GpuRequest.State.PENDING
+        ).select_related("team")
+        cancelled = sum(
+            gpu_request_cancel_not_member(r, actor=actor, now=now) for r in pending.order_by("id")
+        )
+        audit(
+            actor=actor,
+            action="membership.remove",
+            obj=m,
+            team=m.team,
+            before={
+                "user": m.user.get_username(),
+                **_snapshot(m, ["role", "gpu_cap_milli"]),
+            },
+            after={"cancelled_requests": cancelled},
+        )
+        m.delete()
+    return cancelled
 
 
 def node_cordon(*, actor: AbstractBaseUser, node: Node) -> Node:

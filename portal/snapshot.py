@@ -1,23 +1,23 @@
 """The tick's snapshot: the database read into frozen `scheduling.types` data.
 
 Plus a `Context` that lets the apply step find rows again from snapshot ids.
+Reads only: the preview builds it outside the tick lock, so nothing here may write
+(member rules are the core's, `scheduling.members`; the apply step writes).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db.models import Q
 
-from portal import services
 from portal.models import (
     Allocation,
     Attempt,
-    Decision,
     Device,
     GpuRequest,
     Membership,
@@ -46,8 +46,6 @@ class Context:
     active_slots: dict[int, set[str]]
     attempts: dict[str, Attempt]
     pools: dict[str, Pool]
-    #: decisions the portal makes itself, before the core sees the queue (member caps)
-    held_back: list[st.Decision] = field(default_factory=list)
 
 
 def _device(d: Device, pool: Pool, held: bool = False) -> st.Device:
@@ -121,7 +119,6 @@ def build_snapshot(now: datetime) -> tuple[st.Snapshot, Context]:
         .order_by("created_at", "id")
     )
     queued = {str(r.pk): r for r in pending_rows}
-    pending_rows, held_back = _apply_member_rules(pending_rows, now)
     pending = []
     for r in pending_rows:
         shape = request_shape(r)
@@ -139,6 +136,7 @@ def build_snapshot(now: datetime) -> tuple[st.Snapshot, Context]:
                 pool=r.pool.name if r.pool else "",
                 priority=r.priority,
                 attempts=r.requeue_count,
+                user=str(r.submitted_by_id),
             )
         )
     snapshot = st.Snapshot(
@@ -178,6 +176,7 @@ def build_snapshot(now: datetime) -> tuple[st.Snapshot, Context]:
             for c in WorkloadClass.objects.all()
         ),
         usage=tuple(_usage(now)),
+        members=_members({r.team_id for r in pending_rows}),
     )
     ctx = Context(
         now=now,
@@ -186,82 +185,17 @@ def build_snapshot(now: datetime) -> tuple[st.Snapshot, Context]:
         active_slots=active_slots,
         attempts=attempts,
         pools=pools,
-        held_back=held_back,
     )
     return snapshot, ctx
 
 
-def _apply_member_rules(
-    rows: list[GpuRequest], now: datetime
-) -> tuple[list[GpuRequest], list[st.Decision]]:
-    """Membership decides, before the core sees the queue.
-
-    1. A request whose submitter has left its team is cancelled, with an audit row.
-    2. A request that would take its submitter past their cap in the team waits
-       (oldest first; requests kept this tick count as held, so a cap is never exceeded).
-    Returns the requests the core may schedule and the WAIT decisions for the others.
-    """
-    members = {
-        (m.user_id, m.team_id): m
-        for m in Membership.objects.filter(team_id__in={r.team_id for r in rows})
-    }
-    holding: dict[tuple[int, int], int] = defaultdict(int)
-    capped = {key for key, m in members.items() if m.gpu_cap_milli is not None}
-    if capped:
-        active = Attempt.objects.filter(state__in=Attempt.ACTIVE_STATES).values_list(
-            "request__submitted_by_id", "request__team_id", "gpus_milli"
-        )
-        for user_id, team_id, milli in active:
-            holding[(user_id, team_id)] += milli
-    keep: list[GpuRequest] = []
-    waits: list[st.Decision] = []
-    for r in rows:
-        m = members.get((r.submitted_by_id, r.team_id))
-        if m is None:
-            _cancel_orphan(r, now)
-            continue
-        key = (r.submitted_by_id, r.team_id)
-        if m.gpu_cap_milli is not None and holding[key] + r.gpus_milli > m.gpu_cap_milli:
-            message = (
-                f"waiting: your cap in team {r.team.name} is {m.gpu_cap_milli / 1000:g} GPUs "
-                f"and you hold {holding[key] / 1000:g}; this request needs {r.gpus_milli / 1000:g} more"
-            )
-            waits.append(
-                st.Decision(
-                    st.DecisionKind.WAIT,
-                    str(r.pk),
-                    "member-cap",
-                    message,
-                    facts={"cap_milli": m.gpu_cap_milli, "holding_milli": holding[key]},
-                )
-            )
-            continue
-        # Counted as if admitted: the core may admit every kept request this tick.
-        holding[key] += r.gpus_milli
-        keep.append(r)
-    return keep, waits
-
-
-def _cancel_orphan(r: GpuRequest, now: datetime) -> None:
-    reason = "cancelled: the submitter is no longer a member of the team"
-    GpuRequest.objects.filter(pk=r.pk, state=GpuRequest.State.PENDING).update(
-        state=GpuRequest.State.CANCELLED,
-        end_reason=reason,
-        status_code="not-a-member",
-        status_message=reason,
-        queue_position=None,
-        updated_at=now,
-    )
-    Decision.objects.create(
-        request=r, team=r.team, kind=Decision.Kind.END, code="not-a-member", message=reason
-    )
-    services.audit(
-        actor=None,
-        action="request.cancel",
-        obj=r,
-        team=r.team,
-        before={"state": "pending"},
-        after={"state": "cancelled", "reason": reason},
+def _members(team_ids: set[int]) -> tuple[st.Member, ...]:
+    """Members of the teams with pending requests, with their caps: the core applies them."""
+    return tuple(
+        st.Member(team, str(user_id), cap)
+        for team, user_id, cap in Membership.objects.filter(team_id__in=team_ids)
+        .order_by("team__name", "user_id")
+        .values_list("team__name", "user_id", "gpu_cap_milli")
     )
 
 
@@ -321,6 +255,7 @@ def _running(
                 stopping=att.state == Attempt.State.STOPPING,
                 admitted_by_preemption=att.admitted_by_preemption,
                 expected_end_ms=expected_end_ms,
+                user=str(req.submitted_by_id),
             )
         )
     return running, attempts, active_slots

@@ -79,7 +79,7 @@ def _run_tick(now: datetime | None) -> TickResult:
             # 2. snapshot
             snapshot, ctx = build_snapshot(now)
             # 3. schedule
-            decisions = scheduling.schedule(snapshot, snapshot.now_ms) + ctx.held_back
+            decisions = scheduling.schedule(snapshot, snapshot.now_ms)
             # 4. apply
             counts = decisions_apply(decisions=decisions, ctx=ctx, tick_no=tick_no)
             # 5. record

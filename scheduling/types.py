@@ -247,6 +247,8 @@ class PendingRequest:
     #: backfill a node reserved for a large request if it is expected to end before that
     #: request is expected to start (EASY backfilling)
     expected_runtime_ms: int | None = None
+    #: the submitter, for the member rules (`scheduling.members`); "" = not subject to them
+    user: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,6 +274,17 @@ class Running:
     #: hold the nodes expected to drain soonest (`cycle._Tick._reserve`). An estimate past
     #: `now` counts as ending now.
     expected_end_ms: int | None = None
+    #: the submitter, counted against their member cap (`scheduling.members`)
+    user: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """A user's membership of a team; `cap_milli` caps the GPU milli they may hold in it."""
+
+    team: str
+    user: str
+    cap_milli: int | None = None
 
 
 @dataclass(frozen=True)
@@ -285,6 +298,8 @@ class Snapshot:
     quotas: tuple[Quota, ...] = ()
     classes: tuple[WorkloadClass, ...] = ()
     usage: tuple[TeamUsage, ...] = ()
+    #: the members of the teams with pending requests; None turns the member rules off
+    members: tuple[Member, ...] | None = None
 
 
 @dataclass(frozen=True)
