@@ -247,6 +247,9 @@ class PendingRequest:
     #: backfill a node reserved for a large request if it is expected to end before that
     #: request is expected to start (EASY backfilling)
     expected_runtime_ms: int | None = None
+    #: its last decision was `preempting`: the room its victims free is kept for it (it is
+    #: decided before every other request of the tick; see `scheduling.cycle`)
+    preempting: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ from scheduling.types import (
     Running,
     Shape,
     Snapshot,
+    Taint,
     Team,
     TeamUsage,
     WorkloadClass,
@@ -71,9 +72,24 @@ def pool(
     return Pool(name, partitioning, lifecycle, int(floor * 1000))
 
 
-def shape(gpus: int = 1, milli: int = 1000, pods: int = 1, cpu: int = 0) -> Shape:
+def shape(
+    gpus: int = 1,
+    milli: int = 1000,
+    pods: int = 1,
+    cpu: int = 0,
+    memory_gib: int = 0,
+    tolerations: tuple[Taint, ...] = (),
+) -> Shape:
     kind = ProfileKind.SHARED if milli < 1000 else ProfileKind.WHOLE
-    return Shape(kind=kind, count=gpus, milli=milli, pods=pods, cpu_milli=cpu * 1000)
+    return Shape(
+        kind=kind,
+        count=gpus,
+        milli=milli,
+        pods=pods,
+        cpu_milli=cpu * 1000,
+        memory_mib=memory_gib * 1024,
+        tolerations=tolerations,
+    )
 
 
 def req(
@@ -88,17 +104,21 @@ def req(
     priority: int = 0,
     not_before_s: int = 0,
     cpu: int = 0,
+    memory_gib: int = 0,
+    preempting: bool = False,
+    tolerations: tuple[Taint, ...] = (),
 ) -> PendingRequest:
     """A pending request created `created_s` seconds before NOW."""
     return PendingRequest(
         id=id or f"{team}-{cls}-{gpus}x{pods}-{created_s}",
         team=team,
         workload_class=cls,
-        shape=shape(gpus, milli, pods, cpu),
+        shape=shape(gpus, milli, pods, cpu, memory_gib, tolerations),
         created_at_ms=NOW - created_s * S,
         pool=pool,
         priority=priority,
         not_before_ms=NOW + not_before_s * S if not_before_s else 0,
+        preempting=preempting,
     )
 
 
