@@ -35,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from scheduling import fit
 from scheduling.explain import Code
 from scheduling.packer import ClusterState
 from scheduling.quota import PoolBook
@@ -43,7 +44,6 @@ from scheduling.types import (
     Node,
     Placement,
     PreemptionPolicy,
-    ProfileKind,
     Running,
     Shape,
     WorkloadClass,
@@ -142,31 +142,35 @@ def plan(
     book: PoolBook,
     cap: int,
     nodes: Mapping[str, Node],
-    held: Mapping[tuple[str, int], int],
+    quota_ok: Callable[[Sequence[Running]], bool],
+    anywhere: bool = False,
 ) -> Plan | None:
     """Return the smallest victim set (at most `cap`) that lets `shape` fit, or None.
 
-    `held` is the milli held per (node, device); a node where even stopping every
-    candidate would not free enough devices is skipped without asking the packer.
-    Leaves `state` as it found it.
+    A set counts only when `quota_ok` accepts it: quota must admit the request once the
+    victims have stopped (otherwise the victims would lose their work for nothing). A node
+    where even stopping every candidate would not free enough room is skipped without
+    asking the packer. With `anywhere` (quota, not devices, is what is missing), victims
+    may come from any node of the pool when no single node works. Leaves `state` as it
+    found it.
     """
     if not cands or cap <= 0:
         return None
     if shape.pods > 1:
-        return _greedy(state, shape, accept, cands, book, cap)
+        return _greedy(state, shape, accept, cands, book, cap, quota_ok)
     by_node: dict[str, list[Candidate]] = {}
     for c in cands:
         for pod in c.run.placement.pods:
             by_node.setdefault(pod.node, []).append(c)
     best: tuple[tuple[int, int, str], Plan] | None = None
     for node in sorted(by_node):
-        if node not in nodes or _hopeless(nodes[node], shape, by_node[node], held):
+        if node not in nodes or _hopeless(state, nodes[node], shape, by_node[node]):
             continue
 
         def on_node(n: Node, name: str = node) -> bool:
             return n.name == name and accept(n)
 
-        found = _greedy(state, shape, on_node, by_node[node], book, cap)
+        found = _greedy(state, shape, on_node, by_node[node], book, cap, quota_ok)
         if found is None:
             continue
         score = (sum(v.lost for v in found.victims), len(found.victims), node)
@@ -174,30 +178,28 @@ def plan(
             best = (score, found)
             if score[0] == 0:
                 break
+    if best is None and anywhere:
+        return _greedy(state, shape, accept, cands, book, cap, quota_ok)
     return None if best is None else best[1]
 
 
-def _hopeless(
-    node: Node, shape: Shape, cands: list[Candidate], held: Mapping[tuple[str, int], int]
-) -> bool:
+def _hopeless(state: ClusterState, node: Node, shape: Shape, cands: list[Candidate]) -> bool:
     """Return True if the shape cannot fit on the node even with every candidate stopped."""
-    if shape.count == 0 or shape.kind is ProfileKind.MIG:
-        return False
-    freed: dict[int, int] = {}
+    flags = fit.eligible_devices(node, shape)
+    if flags is None:
+        return True
+    cpu_free, mem_free, idle = state.free_capacity(node.name)
+    held = {d.index: WHOLE_GPU_MILLI - idle[pos] for pos, d in enumerate(node.devices)}
+    cpu_held = node.cpu_milli - cpu_free
+    mem_held = node.memory_mib - mem_free
     for c in cands:
         for pod in c.run.placement.pods:
             if pod.node == node.name:
+                cpu_held -= pod.cpu_milli
+                mem_held -= pod.memory_mib
                 for g in pod.grants:
-                    freed[g.device] = freed.get(g.device, 0) + max(g.milli, 1)
-    need = WHOLE_GPU_MILLI if shape.kind is ProfileKind.WHOLE else shape.milli
-    room = 0
-    for d in node.devices:
-        if not d.healthy or (shape.gpu_models and d.model not in shape.gpu_models):
-            continue
-        left = held.get((node.name, d.index), 0) - freed.get(d.index, 0)
-        if WHOLE_GPU_MILLI - left >= need:
-            room += 1
-    return room < shape.count
+                    held[g.device] = held.get(g.device, 0) - max(g.milli, 1)
+    return not fit.fits_free(node, shape, flags, held, cpu_held, mem_held)
 
 
 def _greedy(
@@ -207,8 +209,10 @@ def _greedy(
     cands: list[Candidate],
     book: PoolBook,
     cap: int,
+    quota_ok: Callable[[Sequence[Running]], bool],
 ) -> Plan | None:
-    """Add candidates in order until `shape` fits, then drop the ones not needed."""
+    """Add candidates in order until `shape` fits and quota admits it, then drop the ones
+    not needed."""
     chosen: list[Candidate] = []
     freed: dict[str, int] = {}
     placement = None
@@ -216,6 +220,7 @@ def _greedy(
         if len(chosen) >= cap:
             break
         if c.tier == 1:
+            # Kueue: a borrower's workloads are candidates only while it still borrows.
             left = book.borrowed(c.run.team) - freed.get(c.run.team, 0)
             if left <= 0:
                 continue
@@ -223,8 +228,9 @@ def _greedy(
         chosen.append(c)
         freed[c.run.team] = freed.get(c.run.team, 0) + c.run.shape.gpus_milli
         placement = state.find(shape, accept)
-        if placement is not None:
+        if placement is not None and quota_ok([v.run for v in chosen]):
             break
+        placement = None
     if placement is None:
         for c in reversed(chosen):
             state.take(c.run.placement)
@@ -233,7 +239,7 @@ def _greedy(
     for c in list(reversed(chosen)):
         state.take(c.run.placement)
         again = state.find(shape, accept)
-        if again is None:
+        if again is None or not quota_ok([v.run for v in chosen if v is not c]):
             state.give(c.run.placement)
         else:
             chosen.remove(c)

@@ -322,8 +322,6 @@ class Policy:
     max_preemptions_per_tick: int = 8
     #: escalate a request after this fraction of its class's maximum queue time
     escalate_after: float = 0.8
-    tie_break: str = "name"
-    seed: int = 0
     #: at most this many blocked requests hold nodes back (a reservation) per tick
     max_reservations: int = 4
     #: a blocked request asking for fewer than `reserve_min_devices` devices gets a

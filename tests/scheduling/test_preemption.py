@@ -182,7 +182,7 @@ CASES: dict[str, Case] = {
             quotas=[quota("a", 4), quota("b", 2), quota("c", 2)],
         ),
         {"big": "wait:cohort-exhausted", "in": "wait:preempting"},
-        {"b3#1", "b2#1"},
+        {"b0#1", "b1#1"},
     ),
     # -- a preemption is never wasted against the inference floor ---------------------------
     "no preemption the floor would refuse afterwards": Case(
@@ -223,7 +223,7 @@ class RoomKeptTest(unittest.TestCase):
             [node("n1", gpus=4)],
             pending=[
                 req("pre", team="a", gpus=2, created_s=60, preempting=True),
-                req("hi", team="b", cls="interactive", gpus=2),
+                req("hi", team="c", cls="interactive", gpus=2),
             ],
             running=[run("b0", team="b", devices=(0, 1))],
             quotas=[quota("a", 2), quota("b", 2)],
