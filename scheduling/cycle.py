@@ -361,6 +361,8 @@ class _Tick:
             stopping = {"stopping": sorted(r.attempt_id for r in self.stopping)}
             return [self._wait(req, position, Code.AWAITING_STOP, msg, stopping)]
         done = self._preempt(req, cls, allowed, verdicts, position)
+        if done is None and self._starving(req, cls):
+            done = self._preempt(req, cls, allowed, verdicts, position, starving=True)
         if done is not None:
             return done
         facts: dict[str, object] = {"pools": list(allowed), "shape": describe(req.shape)}
@@ -399,13 +401,16 @@ class _Tick:
         verdicts: dict[str, Verdict],
         position: int,
         own: bool = False,
+        starving: bool = False,
     ) -> list[Decision] | None:
         """Step 3d: preempt for the request in the first pool where a victim set works.
 
         `own`: quota holds the request back (`borrowing-limit`, `cohort-exhausted`), so only
         its own team's lower band may make room (Kueue's `withinClusterQueue:
-        LowerPriority`). Any plan must leave quota admitting the request once its victims
-        have stopped (`QuotaBook.check_without`), so no victim loses work for nothing.
+        LowerPriority`). `starving`: the request has waited past its class's maximum
+        queue time and may also take the same or a lower band of any team (tier 4). Any
+        plan must leave quota admitting the request once its victims have stopped
+        (`QuotaBook.check_without`), so no victim loses work for nothing.
         """
         cap = self.policy.max_preemptions_per_tick - self.preemptions
         if cap <= 0 or self.now - req.created_at_ms < self.policy.preempt_after_s * 1000:
@@ -416,7 +421,7 @@ class _Tick:
                 continue
             reclaim = not own and book.managed and not verdicts[pool].borrowing
             # Within a tick, victims only get fewer: remember who found none (by shape size).
-            who = (pool, req.team, cls.name, str(reclaim), str(own))
+            who = (pool, req.team, cls.name, str(reclaim), str(own), str(starving))
             if self.no_victims.known(req.shape, who):
                 continue
             if who not in self.candidates:
@@ -430,6 +435,7 @@ class _Tick:
                     reclaim,
                     self.now,
                     self.policy.max_victim_loss_gpu_s,
+                    starving,
                 )
                 if own:
                     found_cands = [
@@ -465,6 +471,14 @@ class _Tick:
             quota_ok([v.run for v in found.victims])
             return self._apply_plan(req, cls, pool, found, after["verdict"], position)
         return None
+
+    def _starving(self, req: PendingRequest, cls: WorkloadClass) -> bool:
+        """Whether the request has waited `Policy.starvation_after` of its class's maximum
+        queue time (the starvation bound)."""
+        after = self.policy.starvation_after
+        if after <= 0 or cls.max_queue_s <= 0:
+            return False
+        return self.now - req.created_at_ms >= after * cls.max_queue_s * 1000
 
     def _apply_plan(
         self,

@@ -4,12 +4,16 @@ A request may preempt only when quota already allows it and only capacity is
 missing. Candidates, by tier (lower tier is taken first):
 
 1. **reclaim** — attempts of other teams that run on borrowed capacity in the pool,
-   and only while their team still borrows there (a team is never pushed below its
-   nominal quota); only a request that itself borrows nothing may reclaim;
+   taken only while their team still borrows there (as in Kueue, the last victim may
+   take the team below its nominal quota by less than its own size); only a request
+   that itself borrows nothing may reclaim;
 2. **floor** — preemptible non-inference attempts in the pool, when an inference
    request needs the pool's inference floor back;
 3. **priority** — attempts of a lower class band of the same team, or of any team
-   in a pool without quotas.
+   in a pool without quotas;
+4. **starvation** — only for a request that quota admits and that has waited
+   `Policy.starvation_after` of its class's `max_queue_s`: attempts of the same or a
+   lower band of any team (the starvation bound in docs/scheduling.md).
 
 Never a candidate: attempts already stopping; classes that are never preempted;
 `when-borrowing` classes whose team does not borrow in the pool; attempts younger
@@ -18,8 +22,8 @@ pool's inference usage below its floor; attempts that would lose more work than
 `Policy.max_victim_loss_gpu_s`; and, against preemption cycles, an attempt
 that was itself admitted by preempting (`Running.admitted_by_preemption`) unless the
 preemptor is of a strictly higher band. Together with rule 1 (only a non-borrowing
-request reclaims, only from a borrowing team, never below nominal) no two requests
-can take the same capacity back and forth tick after tick.
+request reclaims, only from a borrowing team) no two requests can take the same
+capacity back and forth tick after tick.
 
 Victim order inside the candidates (`victim_key`): 1. tier; 2. lower band first;
 3. fewest GPU-milliseconds lost since the last checkpoint (or start); 4. most recently
@@ -83,6 +87,7 @@ def candidates(
     reclaim: bool,
     now_ms: int,
     max_loss_gpu_s: int = 0,
+    starving: bool = False,
 ) -> list[Candidate]:
     """Return the attempts in `book`'s pool this request may preempt, in victim order."""
     out: list[Candidate] = []
@@ -103,6 +108,8 @@ def candidates(
         if cls.inference and book.inference_used - run.shape.gpus_milli < book.floor:
             continue
         tier = _tier(run, cls, book, team, band, inference, reclaim, borrowing, floor_room)
+        if tier is None and starving and cls.band <= band:
+            tier = 4, Code.STARVATION
         if tier is None:
             continue
         since = run.last_checkpoint_ms if run.last_checkpoint_ms is not None else run.started_at_ms

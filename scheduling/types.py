@@ -330,7 +330,11 @@ class Policy:
     #: a blocked request of at least this many devices (all pods) gets a reservation at once
     reserve_min_devices: int = 2
     #: an entitled request preempts only after waiting this long (0 = at once)
-    preempt_after_s: int = 0
+    preempt_after_s: int = 300
     #: an attempt that would lose more than this many GPU-seconds of work since its last
     #: checkpoint (or start) is no preemption candidate; 0 = no limit
-    max_victim_loss_gpu_s: int = 0
+    max_victim_loss_gpu_s: int = 7200
+    #: the starvation bound: a request within its quota that has waited this fraction of
+    #: its class's `max_queue_s` may preempt attempts of the same or a lower band of any
+    #: team (tier 4 in `scheduling.preemption`); 0 = never
+    starvation_after: float = 1.0

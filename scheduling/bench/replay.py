@@ -391,6 +391,15 @@ class _Light:
         self.seq = 0
         self.attempts: dict[str, int] = {}
         self.waiting_since: dict[str, int] = {}
+        #: per shape, the nodes that could hold it empty (`fit.can_ever_host`)
+        self._hosts: dict[Shape, tuple[list[int], set[int]]] = {}
+
+    def hosts(self, shape: Shape) -> tuple[list[int], set[int]]:
+        found = self._hosts.get(shape)
+        if found is None:
+            ks = [k for k, ln in enumerate(self.nodes) if can_ever_host(ln.node, shape)]
+            found = self._hosts[shape] = (ks, set(ks))
+        return found
 
     # -- queue ----------------------------------------------------------------------------
 
@@ -439,12 +448,12 @@ class _Light:
         count, milli = self._units(shape)
         if count == 0:
             return ()
-        devs = ln.node.devices
-        ok = [
-            p
-            for p, d in enumerate(devs)
-            if ln.free[p] >= milli and (not shape.gpu_models or d.model in shape.gpu_models)
-        ]
+        free = ln.free
+        if shape.gpu_models:
+            models, devs = shape.gpu_models, ln.node.devices
+            ok = [p for p, f in enumerate(free) if f >= milli and devs[p].model in models]
+        else:
+            ok = [p for p, f in enumerate(free) if f >= milli]
         if len(ok) < count:
             return None
         if milli < WHOLE_GPU_MILLI:
@@ -463,10 +472,13 @@ class _Light:
         return (gpu_left, ln.cpu - shape.cpu_milli, k)
 
     def _place(
-        self, shape: Shape, candidates: Sequence[int]
+        self, shape: Shape, candidates: Sequence[int] | None = None
     ) -> tuple[int, tuple[tuple[int, int], ...]] | None:
+        """The best node among the candidates (None: every node) that could hold the shape."""
+        every, able = self.hosts(shape)
+        nodes = every if candidates is None else [k for k in candidates if k in able]
         best: tuple[tuple[int, ...], int, tuple[tuple[int, int], ...]] | None = None
-        for k in candidates:
+        for k in nodes:
             grants = self._fit_on(k, shape)
             if grants is None:
                 continue
@@ -543,10 +555,11 @@ class _Light:
     def _pending_heads(self) -> list[Job]:
         return [self.groups[g][0][1] for g in self._ordered()]
 
-    def try_preempt(self, job: Job, now: int) -> bool:
-        """Preempt for `job` as the mode's peer would; start it if that works."""
+    def try_preempt(self, job: Job, now: int, nodes: Sequence[int] | None = None) -> bool:
+        """Preempt for `job` as the mode's peer would (kube-scheduler: on `nodes`, None =
+        every node); start it if that works."""
         if self.mode.preempt == "priority":
-            return self._preempt_priority(job, now)
+            return self._preempt_priority(job, now, nodes)
         if self.mode.preempt == "kueue":
             return self._preempt_kueue(job, now)
         return False
@@ -558,10 +571,12 @@ class _Light:
         if not items:
             del self.groups[g]
 
-    def _preempt_priority(self, job: Job, now: int) -> bool:
+    def _preempt_priority(self, job: Job, now: int, nodes: Sequence[int] | None) -> bool:
         band = BAND[job.cls]
         best: tuple[tuple[int, int, int], int, list[_Att]] | None = None
-        for k, ln in enumerate(self.nodes):
+        every, able = self.hosts(job.shape)
+        for k in every if nodes is None else [k for k in nodes if k in able]:
+            ln = self.nodes[k]
             lower = [self.running[a] for a in ln.running if BAND[self.running[a].job.cls] < band]
             if not lower:
                 continue
@@ -655,7 +670,7 @@ class _Light:
                 used_total -= a.quota
         for a in chosen:
             self.stop(a.id, now, preempted=True)
-        found = self._place(job.shape, range(len(self.nodes)))
+        found = self._place(job.shape)
         if found is None or not self._quota_ok(job):
             return True  # the victims are gone; the job waits for its turn
         self._remove_pending(job)
@@ -675,14 +690,13 @@ class _Light:
             ln.mem += a.job.shape.memory_mib
             for p, m in a.grants:
                 ln.free[p] += m
-        found = self._place(shape, range(len(self.nodes)))
+        found = self._place(shape)
         for k, (c, m, f) in saved.items():
             self.nodes[k].cpu, self.nodes[k].mem, self.nodes[k].free = c, m, f
         return found
 
     def run(self) -> Outcome:
         jobs = self.jobs
-        every = range(len(self.nodes))
         i = 0
         while i < len(jobs) or self.ends:
             t_arr = jobs[i].arrival_ms if i < len(jobs) else math.inf
@@ -696,13 +710,13 @@ class _Light:
                     freed.add(self.stop(att, now, preempted=False))
             if freed:
                 self.place_pass(sorted(freed), now)
-                self._retry_preemption(now)
+                self._retry_preemption(now, sorted(freed))
             while i < len(jobs) and jobs[i].arrival_ms <= now:
                 job = jobs[i]
                 i += 1
                 self.enqueue(job, now)
                 self.out.decisions += 1
-                found = self._place(job.shape, every) if self._quota_ok(job) else None
+                found = self._place(job.shape) if self._quota_ok(job) else None
                 if found is not None and self._is_head(job):
                     self._remove_pending(job)
                     self.start(job, found[0], found[1], now)
@@ -720,9 +734,10 @@ class _Light:
         """Whether nothing ahead of the job in its group waits (same shape: FIFO inside)."""
         return self.groups[self._group(job)][0][1] is job
 
-    def _retry_preemption(self, now: int) -> None:
+    def _retry_preemption(self, now: int, freed: Sequence[int]) -> None:
         """After a pod ends, the first waiting pod in order that may preempt tries once more
-        (kube-scheduler's PostFilter on a retry; Kueue's requeue of inadmissible heads)."""
+        (kube-scheduler's PostFilter on a retry, on the nodes that freed room; Kueue's
+        requeue of inadmissible ClusterQueue heads)."""
         if self.mode.preempt == "none" or not self.groups:
             return
         teams: set[str] = set()
@@ -731,7 +746,7 @@ class _Light:
                 if BAND[job.cls] <= min(BAND.values()):
                     continue
                 self.out.decisions += 1
-                self.try_preempt(job, now)
+                self.try_preempt(job, now, freed)
                 return
             # Kueue: each ClusterQueue's head, when quota is what holds it back
             if job.team in teams:

@@ -19,6 +19,7 @@ from scheduling.types import (
     PendingRequest,
     Placement,
     PodPlacement,
+    Policy,
     Pool,
     PreemptionPolicy,
     ProfileKind,
@@ -44,6 +45,13 @@ CLASSES = (
     ),
     WorkloadClass("training", band=100, preemption=PreemptionPolicy.ALWAYS, max_queue_s=86400),
 )
+
+
+def rules(**knobs: object) -> Policy:
+    """`Policy()` without the production's patience (`preempt_after_s`) and victim-loss cap,
+    so that each rule shows on its own; `knobs` override."""
+    base: dict[str, object] = {"preempt_after_s": 0, "max_victim_loss_gpu_s": 0}
+    return Policy(**{**base, **knobs})  # type: ignore[arg-type]
 
 
 def node(

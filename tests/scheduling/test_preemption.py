@@ -23,6 +23,7 @@ from tests.scheduling.builders import (
     pool,
     quota,
     req,
+    rules,
     run,
     snapshot,
 )
@@ -41,7 +42,7 @@ class Case:
     want: dict[str, str]
     #: attempt ids preempted, as a set (Kueue's wantPreempted)
     preempted: set[str] = field(default_factory=set)
-    policy: Policy = field(default_factory=Policy)
+    policy: Policy = field(default_factory=rules)
 
 
 def standalone(*running: tuple[str, str, int], gpus: int = 6) -> tuple[object, ...]:
@@ -200,7 +201,35 @@ CASES: dict[str, Case] = {
         ),
         {"in": "wait:no-capacity"},
         set(),
-        Policy(max_reservations=0),
+        rules(max_reservations=0),
+    ),
+    # -- the starvation bound: past its class's maximum queue time, the same band too -------
+    "starving request preempts the same band": Case(
+        snapshot(
+            [node("n1", gpus=2)],
+            pending=[req("in", team="a", gpus=2, created_s=86400)],
+            running=[run("b0", team="b", devices=(0, 1))],
+        ),
+        {"in": "wait:preempting"},
+        {"b0#1"},
+    ),
+    "before its maximum queue time it does not": Case(
+        snapshot(
+            [node("n1", gpus=2)],
+            pending=[req("in", team="a", gpus=2, created_s=86000)],
+            running=[run("b0", team="b", devices=(0, 1))],
+        ),
+        {"in": "wait:no-capacity"},
+        set(),
+    ),
+    "a starving request never takes a higher band": Case(
+        snapshot(
+            [node("n1", gpus=2)],
+            pending=[req("in", team="a", gpus=2, created_s=86400)],
+            running=[run("b0", team="b", cls="interactive", devices=(0, 1))],
+        ),
+        {"in": "wait:no-capacity"},
+        set(),
     ),
 }
 
