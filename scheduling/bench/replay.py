@@ -89,7 +89,8 @@ replay keeps its request shapes and runtimes and draws the arrivals. Procedure:
    - `jain`: Jain's index over teams of received ÷ entitled GPU-time in the window
      (entitled = nominal share × capacity × window);
    - `share_error`: per 1-hour window, the teams with demand are those with a request
-     waiting at some time in it; what the other teams received is theirs, the rest of
+     waiting at least 5 minutes inside it (`DEMAND_WAIT_MS`; waiting for the next tick is
+     no unmet demand); what the other teams received is theirs, the rest of
      the capacity is each demanding team's entitlement in equal parts (equal weights);
      the mean over demanding teams of |received − entitlement| ÷ window capacity,
      averaged over the windows (a fraction of capacity: 0.05 = 5 points);
@@ -143,6 +144,9 @@ POLICIES = ("fifo-strict", "kube-scheduler", "kueue", "binpack", "quartermaster"
 #: requests of at least this many GPUs count as large (`wait_p95_large_s`)
 LARGE_MILLI = 8 * WHOLE_GPU_MILLI
 SHARE_WINDOW_MS = 3600 * 1000
+#: a team has demand in a window when one of its requests waited this long inside it (a
+#: wait for the next tick is no unmet demand)
+DEMAND_WAIT_MS = 300 * 1000
 
 REPLAY_CLASSES = (
     WorkloadClass(
@@ -978,7 +982,8 @@ def measure(out: Outcome, jobs: Sequence[Job], capacity: int, teams: int) -> dic
 
 def share_error(out: Outcome, capacity: int, teams: int, w0: int, w1: int) -> float:
     """Mean over 1-hour windows of |received − entitlement| ÷ window capacity over the teams
-    with demand (a request waiting in the window); see the module docstring."""
+    with demand (a request waiting 5 minutes or more in the window); see the module
+    docstring."""
     n = max(1, (w1 - w0) // SHARE_WINDOW_MS)
     got = [[0.0] * teams for _ in range(n)]
     demand = [[False] * teams for _ in range(n)]
@@ -994,11 +999,13 @@ def share_error(out: Outcome, capacity: int, teams: int, w0: int, w1: int) -> fl
             lo = w0 + w * SHARE_WINDOW_MS
             got[w][t] += milli * max(0, min(end, lo + SHARE_WINDOW_MS) - max(start, lo))
     for team, start, end in out.waiting:
-        if end <= start:
+        if end - start < DEMAND_WAIT_MS:
             continue
         t = int(team.rsplit("-", 1)[1])
         for w in windows(max(start, w0), min(end, w0 + n * SHARE_WINDOW_MS)):
-            demand[w][t] = True
+            lo = w0 + w * SHARE_WINDOW_MS
+            if min(end, lo + SHARE_WINDOW_MS) - max(start, lo) >= DEMAND_WAIT_MS:
+                demand[w][t] = True
     cap = capacity * SHARE_WINDOW_MS
     errors: list[float] = []
     for w in range(n):
