@@ -90,8 +90,8 @@ replay keeps its request shapes and runtimes and draws the arrivals. Procedure:
      (entitled = nominal share × capacity × window);
    - `share_error`: per 1-hour window, the teams with demand are those with a request
      waiting at least 5 minutes inside it (`DEMAND_WAIT_MS`; waiting for the next tick is
-     no unmet demand); what the other teams received is theirs, the rest of
-     the capacity is each demanding team's entitlement in equal parts (equal weights);
+     no unmet demand); entitlements are max-min fair (equal weights): a team without
+     demand is entitled to what it used up to the level every demanding team gets;
      the mean over demanding teams of |received − entitlement| ÷ window capacity,
      averaged over the windows (a fraction of capacity: 0.05 = 5 points);
    - `preemptions` and `gpu_hours_lost` count the stopped attempts and their lost work;
@@ -532,12 +532,11 @@ class _Light:
     # -- passes ------------------------------------------------------------------------------
 
     def _quota_ok(self, job: Job) -> bool:
+        """Kueue: the cohort has the request's quota left (unlimited borrowing; nominal
+        quota others borrowed comes back only by preemption)."""
         if not self.mode.quotas:
             return True
-        need = whole_milli(job.shape)
-        if self.used[job.team] + need <= self.nominal[job.team]:
-            return True
-        return self.total_used + need <= self.capacity
+        return self.total_used + whole_milli(job.shape) <= self.capacity
 
     def place_pass(self, candidates: Sequence[int], now: int) -> None:
         """Try every pending group in order on the candidate nodes (no head-of-line blocking)."""
@@ -645,10 +644,7 @@ class _Light:
         used_total = self.total_used
 
         def fits_now() -> bool:
-            quota = (
-                self.used[team] - freed.get(team, 0) + need <= self.nominal[team]
-                or used_total + need <= self.capacity
-            )
+            quota = used_total + need <= self.capacity
             return quota and self._place_without(job.shape, chosen) is not None
 
         ok = False
@@ -1012,10 +1008,24 @@ def share_error(out: Outcome, capacity: int, teams: int, w0: int, w1: int) -> fl
         needy = [t for t in range(teams) if demand[w][t]]
         if not needy:
             continue
-        rest = cap - sum(got[w][t] for t in range(teams) if not demand[w][t])
-        entitlement = rest / len(needy)
-        errors.append(sum(abs(got[w][t] - entitlement) for t in needy) / len(needy) / cap)
+        # max-min fair: a team without demand is entitled to what it used, up to the level
+        # every demanding team is entitled to (equal weights)
+        level = _water_level(cap, [got[w][t] for t in range(teams) if not demand[w][t]], len(needy))
+        errors.append(sum(abs(got[w][t] - level) for t in needy) / len(needy) / cap)
     return sum(errors) / len(errors) if errors else 0.0
+
+
+def _water_level(cap: float, satisfied: list[float], demanding: int) -> float:
+    """The max-min fair level: teams in `satisfied` take min(their use, level), the
+    `demanding` ones the level, and together they fill `cap`."""
+    left, k = cap, demanding + len(satisfied)
+    for used in sorted(satisfied):
+        if used * k <= left:
+            left -= used
+            k -= 1
+        else:
+            break
+    return left / k
 
 
 def _pct(sorted_values: Sequence[float], pct: int) -> float:

@@ -421,7 +421,9 @@ class ExplainTest(unittest.TestCase):
         )
 
     def test_reclaim_names_the_borrower(self) -> None:
-        decisions = schedule(CASES["reclaim borrowed capacity, each victim once"].snap, policy=rules())
+        decisions = schedule(
+            CASES["reclaim borrowed capacity, each victim once"].snap, policy=rules()
+        )
         wait = next(d for d in decisions if d.kind is DecisionKind.WAIT)
         self.assertEqual(
             wait.message,
