@@ -435,7 +435,7 @@ class _Tick:
                     reclaim,
                     self.now,
                     self.policy.max_victim_loss_gpu_s,
-                    starving,
+                    req.created_at_ms if starving else None,
                 )
                 if own:
                     found_cands = [

@@ -12,8 +12,11 @@ missing. Candidates, by tier (lower tier is taken first):
 3. **priority** — attempts of a lower class band of the same team, or of any team
    in a pool without quotas;
 4. **starvation** — only for a request that quota admits and that has waited
-   `Policy.starvation_after` of its class's `max_queue_s`: attempts of the same or a
-   lower band of any team (the starvation bound in docs/scheduling.md).
+   `Policy.starvation_after` of its class's `max_queue_s`: attempts of any team of a
+   lower band, or of the same band that started after the request arrived (they
+   overtook it; older work of its band is left alone, so a starving request only takes
+   back its place in line and does not swap one long wait for another) — the
+   starvation bound in docs/scheduling.md.
 
 Never a candidate: attempts already stopping; classes that are never preempted;
 `when-borrowing` classes whose team does not borrow in the pool; attempts younger
@@ -87,7 +90,7 @@ def candidates(
     reclaim: bool,
     now_ms: int,
     max_loss_gpu_s: int = 0,
-    starving: bool = False,
+    starving_since_ms: int | None = None,
 ) -> list[Candidate]:
     """Return the attempts in `book`'s pool this request may preempt, in victim order."""
     out: list[Candidate] = []
@@ -108,7 +111,11 @@ def candidates(
         if cls.inference and book.inference_used - run.shape.gpus_milli < book.floor:
             continue
         tier = _tier(run, cls, book, team, band, inference, reclaim, borrowing, floor_room)
-        if tier is None and starving and cls.band <= band:
+        if (
+            tier is None
+            and starving_since_ms is not None
+            and _overtook(run, cls, band, starving_since_ms)
+        ):
             tier = 4, Code.STARVATION
         if tier is None:
             continue
@@ -119,6 +126,11 @@ def candidates(
         out.append(Candidate(run, tier[0], tier[1], cls.band, lost))
     out.sort(key=victim_key)
     return out
+
+
+def _overtook(run: Running, cls: WorkloadClass, band: int, since_ms: int) -> bool:
+    """Tier 4: a lower band, or the same band started after the starving request arrived."""
+    return cls.band < band or (cls.band == band and run.started_at_ms > since_ms)
 
 
 def _tier(

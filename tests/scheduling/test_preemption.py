@@ -222,6 +222,15 @@ CASES: dict[str, Case] = {
         {"in": "wait:no-capacity"},
         set(),
     ),
+    "a starving request spares its band's older work": Case(
+        snapshot(
+            [node("n1", gpus=2)],
+            pending=[req("in", team="a", gpus=2, created_s=86400)],
+            running=[run("b0", team="b", devices=(0, 1), age_s=90000)],
+        ),
+        {"in": "wait:no-capacity"},
+        set(),
+    ),
     "a starving request never takes a higher band": Case(
         snapshot(
             [node("n1", gpus=2)],
