@@ -302,5 +302,19 @@ class ReservationFitTest(unittest.TestCase):
         self.assertEqual(self.reserved(snap), ["n2"])
 
 
-if __name__ == "__main__":
-    unittest.main()
+class ShippedPolicyTest(unittest.TestCase):
+    """`Policy()` is what the portal and the replay run: it waits before preempting."""
+
+    def decide(self, created_s: int) -> str:
+        snap = snapshot(
+            [node("n1", gpus=8)],
+            pending=[req("a1", team="a", gpus=4, created_s=created_s)],
+            running=[run(f"b{i}", team="b", devices=(i,), age_s=1800) for i in range(8)],
+            quotas=[quota("a", 4), quota("b", 4)],
+        )
+        return outcome(schedule(snap, policy=Policy()))["a1"]
+
+    def test_it_waits_preempt_after_s_first(self) -> None:
+        self.assertEqual(Policy().preempt_after_s, 300)
+        self.assertEqual(self.decide(created_s=299), "wait:no-capacity")
+        self.assertEqual(self.decide(created_s=300), "wait:preempting")
