@@ -4,7 +4,8 @@
 
 1. **Index** the snapshot: pools, classes, free capacity (`ClusterState` with every
    running attempt taken), quota books (`scheduling.quota`) and fair-share state.
-2. **Order** the pending requests (`scheduling.queue.FairQueue`): band, escalation,
+2. **Order** the pending requests (`scheduling.queue.FairQueue`): preemptors of an
+   earlier tick first (the room their victims free is theirs), band, escalation,
    priority, weighted dominant share with decayed usage, age, id — re-ranked after
    every admission.
 3. For each request in that order:
@@ -13,19 +14,23 @@
       maintenance;
    b. **pools**: the named pool (a canary pool only this way), or every production
       pool; quota (`QuotaBook.check`) keeps those it may use, and pools where it
-      borrows nothing come before pools where it borrows;
+      borrows nothing come before pools where it borrows; when quota allows none, its
+      own lower band may be preempted to make quota room (Kueue's
+      `withinClusterQueue: LowerPriority`);
    c. **place** with the packer on those pools, skipping nodes held by a
-      reservation; gangs are placed all or nothing by the packer;
+      reservation (a request that borrows nothing ignores the reservations of
+      borrowers) or claimed by a preemptor; gangs are placed all or nothing;
    d. if it does not fit: when attempts preempted earlier will free enough room, wait
       for them; else, when it is entitled and has waited `Policy.preempt_after_s`,
-      **preempt** (`scheduling.preemption`) within `Policy.max_preemptions_per_tick`;
-      the room is claimed for it at once and it starts next tick, once the victims
-      are gone;
+      **preempt** (`scheduling.preemption`) within `Policy.max_preemptions_per_tick`
+      — only a victim set after which quota still admits it; past its class's maximum
+      queue time also the starvation tier; the room is claimed for it at once and it
+      starts next tick, first in order, once the victims are gone;
    e. else **reserve**: the first `Policy.max_reservations` blocked requests that are
       large (`Policy.reserve_min_devices`), escalated or have waited
-      `Policy.reserve_after_s` (the oldest first) hold nodes (`_reserve`: those
-      expected to drain soonest by `Running.expected_end_ms`, else those untouched
-      longest); no later request of the tick may use those nodes, so small jobs cannot
+      `Policy.reserve_after_s` (the oldest first) hold nodes that could host them
+      (`scheduling.fit`; `_reserve`: those expected to drain soonest by
+      `Running.expected_end_ms`, else those untouched longest); no later request of the tick may use those nodes, so small jobs cannot
       keep a large one out forever — except work expected to end
       (`PendingRequest.expected_runtime_ms`) before the holder's expected start there
       (`_backfill`, EASY backfilling);
