@@ -28,8 +28,8 @@ from portal.models import (
     UsageRecord,
     WorkloadClass,
 )
-from scheduling import backoff
 from scheduling import types as st
+from scheduling import usage_decay
 
 
 def _ms(dt: datetime) -> int:
@@ -136,6 +136,8 @@ def build_snapshot(now: datetime) -> tuple[st.Snapshot, Context]:
                 pool=r.pool.name if r.pool else "",
                 priority=r.priority,
                 attempts=r.requeue_count,
+                # the room its victims free is kept for it (scheduling.queue.request_key)
+                preempting=r.status_code in ("preempting", "awaiting-stop"),
                 user=str(r.submitted_by_id),
             )
         )
@@ -272,7 +274,7 @@ def _usage(now: datetime) -> list[st.TeamUsage]:
     )
     for u in records.select_related("team"):
         end_ms = _ms(u.ended_at) if u.ended_at else now_ms
-        totals[u.team.name] += backoff.interval_usage(
+        totals[u.team.name] += usage_decay.interval_usage(
             u.gpus_milli, _ms(u.started_at), end_ms, now_ms, half_life
         )
     return [st.TeamUsage(team, v) for team, v in sorted(totals.items())]

@@ -1,15 +1,11 @@
-"""Pure helpers the portal uses around a tick: requeue delays and usage decay.
+"""Requeue delays for preempted and node-lost requests, a pure helper for the portal.
 
-Both are plain arithmetic on numbers the caller passes in; nothing here reads a clock
-or draws a random number, so the same arguments always give the same answer.
+Plain arithmetic on numbers the caller passes in; nothing here reads a clock or draws a
+random number, so the same arguments always give the same answer. Usage decay lives in
+`scheduling.usage_decay`.
 """
 
 from __future__ import annotations
-
-import math
-
-#: ln 2, the area under a half-life curve is `half_life / ln 2`
-LN2 = math.log(2)
 
 
 def requeue_delay_s(attempt: int, base_s: int, cap_s: int, jitter: float) -> float:
@@ -29,31 +25,3 @@ def requeue_delay_s(attempt: int, base_s: int, cap_s: int, jitter: float) -> flo
     # 2^63 s is far past any cap: stop doubling before floats overflow.
     exponent = min(n - 1, 63)
     return float(min(base_s * 2.0**exponent + jitter, float(cap_s)))
-
-
-def decay_usage(usage_milli_s: int, elapsed_ms: int, half_life_s: int) -> int:
-    """Return usage recorded `elapsed_ms` ago as it counts now: halved every `half_life_s`.
-
-    A half-life of 0 forgets everything at once; negative elapsed time counts as 0.
-    """
-    if half_life_s <= 0:
-        return 0 if elapsed_ms > 0 else usage_milli_s
-    if elapsed_ms <= 0:
-        return usage_milli_s
-    return int(usage_milli_s * 0.5 ** (elapsed_ms / (half_life_s * 1000)))
-
-
-def interval_usage(milli: int, start_ms: int, end_ms: int, now_ms: int, half_life_s: int) -> int:
-    """Return the decayed usage (milli-GPU-seconds) of holding `milli` from start to end, seen at now.
-
-    This is the exact integral of `milli · 2^(-(now - t) / half_life)` over the interval,
-    so an attempt's accounting row can be folded into a team's decayed usage in one step
-    however long it ran: `decay_usage(old, now - as_of, h) + interval_usage(...)`.
-    """
-    end_ms = min(end_ms, now_ms)
-    if end_ms <= start_ms or milli <= 0 or half_life_s <= 0:
-        return 0
-    h_ms = half_life_s * 1000
-    late = 0.5 ** (max(now_ms - end_ms, 0) / h_ms)
-    early = 0.5 ** (max(now_ms - start_ms, 0) / h_ms)
-    return int(milli * (half_life_s / LN2) * (late - early))

@@ -4,7 +4,8 @@
 
 1. **Index** the snapshot: pools, classes, free capacity (`ClusterState` with every
    running attempt taken), quota books (`scheduling.quota`) and fair-share state.
-2. **Order** the pending requests (`scheduling.queue.FairQueue`): band, escalation,
+2. **Order** the pending requests (`scheduling.queue.FairQueue`): preemptors of an
+   earlier tick first (the room their victims free is theirs), band, escalation,
    priority, weighted dominant share with decayed usage, age, id — re-ranked after
    every admission.
 3. For each request in that order:
@@ -13,19 +14,23 @@
       maintenance;
    b. **pools**: the named pool (a canary pool only this way), or every production
       pool; quota (`QuotaBook.check`) keeps those it may use, and pools where it
-      borrows nothing come before pools where it borrows;
+      borrows nothing come before pools where it borrows; when quota allows none, its
+      own lower band may be preempted to make quota room (Kueue's
+      `withinClusterQueue: LowerPriority`);
    c. **place** with the packer on those pools, skipping nodes held by a
-      reservation; gangs are placed all or nothing by the packer;
+      reservation (a request that borrows nothing ignores the reservations of
+      borrowers) or claimed by a preemptor; gangs are placed all or nothing;
    d. if it does not fit: when attempts preempted earlier will free enough room, wait
       for them; else, when it is entitled and has waited `Policy.preempt_after_s`,
-      **preempt** (`scheduling.preemption`) within `Policy.max_preemptions_per_tick`;
-      the room is claimed for it at once and it starts next tick, once the victims
-      are gone;
+      **preempt** (`scheduling.preemption`) within `Policy.max_preemptions_per_tick`
+      — only a victim set after which quota still admits it; past its class's maximum
+      queue time also the starvation tier; the room is claimed for it at once and it
+      starts next tick, first in order, once the victims are gone;
    e. else **reserve**: the first `Policy.max_reservations` blocked requests that are
       large (`Policy.reserve_min_devices`), escalated or have waited
-      `Policy.reserve_after_s` (the oldest first) hold nodes (`_reserve`: those
-      expected to drain soonest by `Running.expected_end_ms`, else those untouched
-      longest); no later request of the tick may use those nodes, so small jobs cannot
+      `Policy.reserve_after_s` (the oldest first) hold nodes that could host them
+      (`scheduling.fit`; `_reserve`: those expected to drain soonest by
+      `Running.expected_end_ms`, else those untouched longest); no later request of the tick may use those nodes, so small jobs cannot
       keep a large one out forever — except work expected to end
       (`PendingRequest.expected_runtime_ms`) before the holder's expected start there
       (`_backfill`, EASY backfilling);
@@ -40,7 +45,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from scheduling import preemption
+from scheduling import fit, preemption
 from scheduling.explain import (
     Code,
     describe,
@@ -54,18 +59,15 @@ from scheduling.packer import ClusterState
 from scheduling.queue import FairQueue, cluster_capacity
 from scheduling.quota import QuotaBook, Verdict
 from scheduling.types import (
-    WHOLE_GPU_MILLI,
     Decision,
     DecisionKind,
-    Device,
     Lifecycle,
     Node,
-    Partitioning,
     PendingRequest,
     Placement,
     Policy,
     Pool,
-    ProfileKind,
+    Running,
     Shape,
     Snapshot,
     WorkloadClass,
@@ -89,7 +91,7 @@ def schedule(
 @dataclass(slots=True)
 class _Failures:
     """Shapes that did not fit this tick, per (shape family, pools); capacity only shrinks
-    between `clear()` calls, so anything at least as large as a failure fails too."""
+    during a tick, so anything at least as large as a failure fails too."""
 
     seen: dict[ShapeKey, list[tuple[int, ...]]] = field(default_factory=dict)
 
@@ -115,9 +117,6 @@ class _Failures:
     def add(self, shape: Shape, pools: tuple[str, ...]) -> None:
         family, size = self.split(shape, pools)
         self.seen.setdefault(family, []).append(size)
-
-    def clear(self) -> None:
-        self.seen.clear()
 
 
 class _Tick:
@@ -163,11 +162,16 @@ class _Tick:
         self.no_victims = _Failures()
         self.candidates: dict[tuple[str, ...], list[preemption.Candidate]] = {}
         self.reserved: dict[str, str] = {}
+        #: reserved nodes whose holder would borrow: a request within its nominal quota may
+        #: still use them (guaranteed quota comes before a borrower, as in Kueue)
+        self.reserved_borrowing: set[str] = set()
         #: reserved node -> when its holder is expected to start there (None = unknown)
         self.reserve_start: dict[str, int | None] = {}
         #: nodes where a preemptor will start once its victims have stopped
         self.claimed: dict[str, str] = {}
         self.preemptions = 0
+        #: preemptors of an earlier tick: the room their victims free is theirs
+        self.claimants = {r.id for r in snapshot.pending if r.preempting}
         self.never: dict[tuple[Shape, tuple[str, ...]], bool] = {}
         self.may_reserve = self._reservation_holders()
 
@@ -202,11 +206,16 @@ class _Tick:
         if not allowed:
             if self._never_fits(req.shape, pools):
                 return [self._reject_never(req, pools)]
+            # Kueue's withinClusterQueue: LowerPriority: a team at its limit makes quota room
+            # by preempting its own lower band.
+            done = self._preempt(req, cls, list(pools), verdicts, position, own=True)
+            if done is not None:
+                return done
             first = verdicts[pools[0]]
             msg = "waiting: " + quota_sentence(first.code, first.facts)
             quota: dict[str, object] = {"pools": {p: v.facts for p, v in verdicts.items()}}
             lendable = tuple(p for p in pools if verdicts[p].code == Code.COHORT_EXHAUSTED)
-            if lendable and self._reserve(req, lendable):
+            if lendable and self._reserve(req, lendable, borrowing=True):
                 # Quota is as scarce as devices here: hold what is lent back for it too, so
                 # small borrowers cannot keep a large one out forever.
                 for p in lendable:
@@ -214,11 +223,11 @@ class _Tick:
                 quota["reserved_nodes"] = sorted(n for n, o in self.reserved.items() if o == req.id)
                 msg += "; capacity coming free is held for it"
             return [self._wait(req, position, Code(first.code), msg, quota)]
-        for tier in (
-            tuple(p for p in allowed if not verdicts[p].borrowing),
-            tuple(p for p in allowed if verdicts[p].borrowing),
+        for tier, entitled in (
+            (tuple(p for p in allowed if not verdicts[p].borrowing), True),
+            (tuple(p for p in allowed if verdicts[p].borrowing), False),
         ):
-            placement = self._find(req.shape, tier) if tier else None
+            placement = self._find(req, tier, entitled) if tier else None
             if placement is None and tier:
                 placement = self._backfill(req, tier)
             if placement is not None:
@@ -244,12 +253,18 @@ class _Tick:
             )
         return (req.pool,)
 
-    def _find(self, shape: Shape, pools: tuple[str, ...]) -> Placement | None:
-        if self.failures.known(shape, pools):
+    def _find(
+        self, req: PendingRequest, pools: tuple[str, ...], entitled: bool
+    ) -> Placement | None:
+        shape = req.shape
+        # Claims of a preemptor are its own: its answer is not another request's.
+        key = (*pools, "entitled" if entitled else "")
+        cached = req.id not in self.claimants
+        if cached and self.failures.known(shape, key):
             return None
-        placement = self.state.find(shape, self._accept(pools))
-        if placement is None:
-            self.failures.add(shape, pools)
+        placement = self.state.find(shape, self._accept(pools, entitled, req.id))
+        if placement is None and cached:
+            self.failures.add(shape, key)
         return placement
 
     def _backfill(self, req: PendingRequest, pools: tuple[str, ...]) -> Placement | None:
@@ -267,12 +282,22 @@ class _Tick:
             return None
         return self.state.find(req.shape, lambda n: n.pool in pools and n.name in ok)
 
-    def _accept(self, pools: tuple[str, ...], reserved: bool = True) -> Callable[[Node], bool]:
-        held = self.reserved if reserved else {}
+    def _accept(
+        self, pools: tuple[str, ...], entitled: bool = False, owner: str = ""
+    ) -> Callable[[Node], bool]:
+        """Nodes of the pools not held for another request: not reserved (a request within
+        its nominal quota, `entitled`, ignores the reservations of borrowers) and not
+        claimed by another preemptor."""
+        reserved = self.reserved
+        borrowing = self.reserved_borrowing
         claimed = self.claimed
 
         def accept(node: Node) -> bool:
-            return node.pool in pools and node.name not in held and node.name not in claimed
+            name = node.name
+            if node.pool not in pools or claimed.get(name, owner) != owner:
+                return False
+            holder = reserved.get(name)
+            return holder is None or holder == owner or (entitled and name in borrowing)
 
         return accept
 
@@ -334,20 +359,20 @@ class _Tick:
         position: int,
     ) -> list[Decision]:
         """Step 3d–e: wait for stopping attempts, preempt, or reserve."""
-        if self.stopping and self._fits_after_stops(req.shape, tuple(allowed)):
+        if self.stopping and self._fits_after_stops(req, tuple(allowed)):
             msg = (
                 f"waiting: preempted attempts are stopping in {where(allowed)} to make room for it"
             )
             stopping = {"stopping": sorted(r.attempt_id for r in self.stopping)}
             return [self._wait(req, position, Code.AWAITING_STOP, msg, stopping)]
-        waited_ms = self.now - req.created_at_ms
-        if waited_ms >= self.policy.preempt_after_s * 1000:
-            done = self._preempt(req, cls, allowed, verdicts, position)
-            if done is not None:
-                return done
+        done = self._preempt(req, cls, allowed, verdicts, position)
+        if done is None and self._starving(req, cls):
+            done = self._preempt(req, cls, allowed, verdicts, position, starving=True)
+        if done is not None:
+            return done
         facts: dict[str, object] = {"pools": list(allowed), "shape": describe(req.shape)}
         msg = f"waiting: no node in {where(allowed)} has {describe(req.shape)} free right now"
-        if self._reserve(req, tuple(allowed)):
+        if self._reserve(req, tuple(allowed), all(verdicts[p].borrowing for p in allowed)):
             held = sorted(n for n, owner in self.reserved.items() if owner == req.id)
             facts["reserved_nodes"] = held
             start = self.reserve_start.get(held[0]) if held else None
@@ -360,34 +385,52 @@ class _Tick:
             msg += f"; {len(self.reserved)} nodes are held for earlier large requests"
         return [self._wait(req, position, Code.NO_CAPACITY, msg, facts)]
 
-    def _fits_after_stops(self, shape: Shape, pools: tuple[str, ...]) -> bool:
+    def _fits_after_stops(self, req: PendingRequest, pools: tuple[str, ...]) -> bool:
+        """Return whether the request fits once the stopping attempts are gone; a preemptor
+        claims that room so that nothing later in the tick takes it."""
         for run in self.stopping:
             self.state.give(run.placement)
-        fits = self.state.find(shape, self._accept(pools)) is not None
+        found = self.state.find(req.shape, self._accept(pools, owner=req.id))
         for run in self.stopping:
             self.state.take(run.placement)
-        return fits
+        if found is not None and req.preempting:
+            for name in found.nodes:
+                self.claimed[name] = req.id
+        return found is not None
 
     def _preempt(
         self,
         req: PendingRequest,
         cls: WorkloadClass,
-        allowed: list[str],
+        pools: list[str],
         verdicts: dict[str, Verdict],
         position: int,
+        own: bool = False,
+        starving: bool = False,
     ) -> list[Decision] | None:
+        """Step 3d: preempt for the request in the first pool where a victim set works.
+
+        `own`: quota holds the request back (`borrowing-limit`, `cohort-exhausted`), so only
+        its own team's lower band may make room (Kueue's `withinClusterQueue:
+        LowerPriority`). `starving`: the request has waited past its class's maximum
+        queue time and may also take the same or a lower band of any team (tier 4). Any
+        plan must leave quota admitting the request once its victims have stopped
+        (`QuotaBook.check_without`), so no victim loses work for nothing.
+        """
         cap = self.policy.max_preemptions_per_tick - self.preemptions
-        if cap <= 0:
+        if cap <= 0 or self.now - req.created_at_ms < self.policy.preempt_after_s * 1000:
             return None
-        for pool in allowed:
+        for pool in pools:
             book = self.book.pools[pool]
-            reclaim = book.managed and not verdicts[pool].borrowing
+            if own and verdicts[pool].code not in (Code.BORROWING_LIMIT, Code.COHORT_EXHAUSTED):
+                continue
+            reclaim = not own and book.managed and not verdicts[pool].borrowing
             # Within a tick, victims only get fewer: remember who found none (by shape size).
-            who = (pool, req.team, cls.name, str(reclaim))
+            who = (pool, req.team, cls.name, str(reclaim), str(own), str(starving))
             if self.no_victims.known(req.shape, who):
                 continue
             if who not in self.candidates:
-                self.candidates[who] = preemption.candidates(
+                found_cands = preemption.candidates(
                     self.running,
                     self.classes,
                     book,
@@ -397,23 +440,50 @@ class _Tick:
                     reclaim,
                     self.now,
                     self.policy.max_victim_loss_gpu_s,
+                    req.created_at_ms if starving else None,
                 )
-            cands = self.candidates[who]
+                if own:
+                    found_cands = [
+                        c for c in found_cands if c.run.team == req.team and c.band < cls.band
+                    ]
+                self.candidates[who] = found_cands
+            after: dict[str, Verdict] = {}
+
+            def quota_ok(
+                victims: Sequence[Running], pool: str = pool, after: dict[str, Verdict] = after
+            ) -> bool:
+                v = self.book.check_without(
+                    req.team, pool, req.shape.gpus_milli, req.workload_class, victims
+                )
+                after["verdict"] = v
+                return v.ok
+
+            entitled = book.managed and not verdicts[pool].borrowing
             found = preemption.plan(
                 self.state,
                 req.shape,
-                self._accept((pool,)),
-                cands,
+                self._accept((pool,), entitled, req.id),
+                self.candidates[who],
                 book,
                 cap,
                 self.node_by_name,
-                self.held(),
+                quota_ok,
+                anywhere=own,
             )
             if found is None:
                 self.no_victims.add(req.shape, who)
-            if found is not None:
-                return self._apply_plan(req, cls, pool, found, verdicts[pool], position)
+                continue
+            quota_ok([v.run for v in found.victims])
+            return self._apply_plan(req, cls, pool, found, after["verdict"], position)
         return None
+
+    def _starving(self, req: PendingRequest, cls: WorkloadClass) -> bool:
+        """Whether the request has waited `Policy.starvation_after` of its class's maximum
+        queue time (the starvation bound)."""
+        after = self.policy.starvation_after
+        if after <= 0 or cls.max_queue_s <= 0:
+            return False
+        return self.now - req.created_at_ms >= after * cls.max_queue_s * 1000
 
     def _apply_plan(
         self,
@@ -500,7 +570,7 @@ class _Tick:
             qualifying.append((req.created_at_ms, req.id))
         return {rid for _, rid in sorted(qualifying)[: policy.max_reservations]}
 
-    def _reserve(self, req: PendingRequest, pools: tuple[str, ...]) -> bool:
+    def _reserve(self, req: PendingRequest, pools: tuple[str, ...], borrowing: bool) -> bool:
         """Step 3e: hold nodes for this request, if it is a reservation holder.
 
         Which nodes, in order: 1. the node expected to drain soonest — the earliest time
@@ -524,13 +594,16 @@ class _Tick:
         for node in self.snap.nodes:
             if node.pool not in pools or node.name in self.reserved or node.name in self.claimed:
                 continue
-            if not (node.ready and not node.cordoned) or node.cpu_milli < shape.cpu_milli:
+            # The one fit rule: readiness, taints, CPU, memory, devices.
+            flags = fit.eligible_devices(node, shape)
+            if flags is None:
                 continue
-            fit = [d for d in node.devices if _device_can_host(d, shape)]
-            if len(fit) < shape.count:
-                continue
-            free = sum(1 for d in fit if held.get((node.name, d.index), 0) == 0)
-            drain = self._drain_ms(node, shape, fit, holders.get(node.name, ()))
+            free = sum(
+                1
+                for d, ok in zip(node.devices, flags, strict=False)
+                if ok and held.get((node.name, d.index), 0) == 0
+            )
+            drain = self._drain_ms(node, shape, flags, holders.get(node.name, ()))
             scored.append(
                 (_NEVER if drain is None else drain, last.get(node.name, 0), -free, node.name)
             )
@@ -542,13 +615,16 @@ class _Tick:
         for *_, name in chosen:
             self.reserved[name] = req.id
             self.reserve_start[name] = start
+            if borrowing:
+                self.reserved_borrowing.add(name)
         return True
 
     def _drain_ms(
-        self, node: Node, shape: Shape, fit: list[Device], holds: Sequence[_Hold]
+        self, node: Node, shape: Shape, flags: tuple[bool, ...], holds: Sequence[_Hold]
     ) -> int | None:
         """Return when one pod of the shape is expected to fit on the node (devices, CPU,
-        memory), from the expected ends of what holds it; None when one has no estimate."""
+        memory; `fit.fits_free`), from the expected ends of what holds it; None when one
+        has no estimate."""
         ends: list[tuple[int, int]] = []
         used: dict[int, int] = {}
         cpu = mem = 0
@@ -560,20 +636,7 @@ class _Tick:
                 used[dev] = used.get(dev, 0) + milli
             cpu += c
             mem += m
-        # A rough test (the packer decides): whole devices must be empty, a shared slice
-        # needs its share free, a MIG instance only a device not wholly taken.
-        if shape.kind is ProfileKind.WHOLE:
-            need = WHOLE_GPU_MILLI
-        else:
-            need = shape.milli if shape.kind is ProfileKind.SHARED else 1
-
-        def fits() -> bool:
-            if node.cpu_milli - cpu < shape.cpu_milli or node.memory_mib - mem < shape.memory_mib:
-                return False
-            room = sum(1 for d in fit if WHOLE_GPU_MILLI - used.get(d.index, 0) >= need)
-            return room >= shape.count
-
-        if fits():
+        if fit.fits_free(node, shape, flags, used, cpu, mem):
             return self.now
         for end, k in sorted(ends):
             _, grants, c, m = holds[k]
@@ -581,7 +644,7 @@ class _Tick:
                 used[dev] -= milli
             cpu -= c
             mem -= m
-            if fits():
+            if fit.fits_free(node, shape, flags, used, cpu, mem):
                 return end
         return None
 
@@ -600,7 +663,7 @@ class _Tick:
         if key not in self.never:
             hosts = 0
             for node in self.snap.nodes:
-                if node.pool in pools and _node_can_host(node, shape):
+                if node.pool in pools and fit.can_ever_host(node, shape):
                     hosts += 1
             self.never[key] = hosts < shape.pods
         return self.never[key]
@@ -675,24 +738,3 @@ class _Tick:
             escalated=self.queue.escalated.get(req.id, False),
             facts=facts or {},
         )
-
-
-def _device_can_host(device: Device, shape: Shape) -> bool:
-    if shape.gpu_models and device.model not in shape.gpu_models:
-        return False
-    if shape.kind is ProfileKind.MIG:
-        return device.partitioning is Partitioning.MIG
-    if device.partitioning is Partitioning.MIG:
-        return False
-    return shape.kind is not ProfileKind.SHARED or device.memory_mib >= shape.gpu_memory_mib
-
-
-def _node_can_host(node: Node, shape: Shape) -> bool:
-    if node.cpu_milli < shape.cpu_milli or node.memory_mib < shape.memory_mib:
-        return False
-    for taint in node.taints:
-        if taint.effect not in ("NoSchedule", "NoExecute"):
-            continue
-        if not any(t.key == taint.key and t.value in ("", taint.value) for t in shape.tolerations):
-            return False
-    return sum(1 for d in node.devices if _device_can_host(d, shape)) >= shape.count

@@ -43,6 +43,9 @@ class Code(StrEnum):
     PRIORITY = "priority"
     #: PREEMPT: the victim is training on the pool's inference floor and inference needs it
     FLOOR_RECLAIM = "floor-reclaim"
+    #: PREEMPT: the preemptor has waited its class's maximum queue time (the starvation
+    #: bound, `Policy.starvation_after`); the victim is of the same or a lower band
+    STARVATION = "starvation"
 
 
 def gpus(milli: int) -> str:
@@ -108,4 +111,6 @@ def reclaim_sentence(victims: dict[str, int], reason: str) -> str:
         return ", ".join(lent) + " will be reclaimed"
     if reason == Code.FLOOR_RECLAIM:
         return ", ".join(parts) + " on the inference floor will be preempted"
+    if reason == Code.STARVATION:
+        return ", ".join(parts) + " will be preempted: it has waited its class's maximum queue time"
     return ", ".join(parts) + " of a lower class will be preempted"

@@ -93,7 +93,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from scheduling import mig
+from scheduling import fit, mig
 from scheduling.types import (
     WHOLE_GPU_MILLI,
     Device,
@@ -167,15 +167,6 @@ def target_workload(
         out.append((shape, n))
         covered += n
     return out
-
-
-def _tolerates(node: Node, shape: Shape) -> bool:
-    for taint in node.taints:
-        if taint.effect not in ("NoSchedule", "NoExecute"):
-            continue
-        if not any(t.key == taint.key and t.value in ("", taint.value) for t in shape.tolerations):
-            return False
-    return True
 
 
 def _fresh(spec: Device) -> DevState:
@@ -284,7 +275,7 @@ class ClusterState:
         return [n.node for n in self._nodes.values()]
 
     def schedulable(self, node: Node) -> bool:
-        return node.ready and not node.cordoned
+        return fit.schedulable(node)
 
     def set_shape_weights(self, weights: Mapping[Shape, int] | Iterable[tuple[Shape, int]]) -> None:
         """Set the target workload: shapes and integer popularity weights (fragmentation policies)."""
@@ -343,15 +334,6 @@ class ClusterState:
         """(free CPU milli, free memory MiB, idle milli per device) of one node."""
         free = self._nodes[name]
         return free.cpu_milli, free.memory_mib, tuple(d[0] for d in free.devs)
-
-    def fragmentation(self, name: str | None = None) -> int:
-        """Weighted fragmentation `F` of one node, or of the cluster (summed over nodes)."""
-        frees = [self._nodes[name]] if name is not None else list(self._nodes.values())
-        total = 0
-        for free in frees:
-            canon = tuple(sorted(free.devs)) if free.cls.uniform else tuple(free.devs)
-            total += self._frag(free.cls, free.cpu_milli, free.memory_mib, canon)
-        return total
 
     # ------------------------------------------------------------------ bookkeeping
 
@@ -536,36 +518,9 @@ class ClusterState:
     def _eligible(self, cls: _Class, shape: Shape, sid: int) -> tuple[bool, ...] | None:
         if sid in cls.eligible:
             return cls.eligible[sid]
-        out: tuple[bool, ...] | None
-        if not cls.schedulable or not _tolerates(cls.proto, shape):
-            out = None
-        elif shape.count <= 0:
-            out = ()
-        else:
-            flags = []
-            for spec, family in zip(cls.specs, cls.families, strict=True):
-                ok = spec.healthy and (not shape.gpu_models or spec.model in shape.gpu_models)
-                if shape.kind is ProfileKind.WHOLE:
-                    ok = ok and spec.partitioning is not Partitioning.MIG
-                elif shape.kind is ProfileKind.SHARED:
-                    ok = (
-                        ok
-                        and spec.partitioning is Partitioning.TIME_SLICING
-                        and shape.milli <= WHOLE_GPU_MILLI
-                    )
-                    ok = ok and shape.gpu_memory_mib <= spec.memory_mib
-                else:
-                    ok = (
-                        ok
-                        and spec.partitioning is Partitioning.MIG
-                        and _mig_profile(spec, family, shape.mig_profile) is not None
-                    )
-                flags.append(ok)
-            out = (
-                tuple(flags)
-                if sum(flags) >= (1 if shape.kind is ProfileKind.MIG else shape.count)
-                else None
-            )
+        # `scheduling.fit` is the one fit rule; the class's schedulability stands in for
+        # the node's (the prototype carries the same ready and cordoned flags).
+        out = fit.eligible_devices(cls.proto, shape, cls.families) if cls.schedulable else None
         cls.eligible[sid] = out
         return out
 
@@ -774,9 +729,7 @@ def _dev_left(g: _Group, picks: Choice) -> int:
 
 
 def _mig_profile(spec: Device, family: mig.MigFamily | None, name: str) -> mig.MigProfile | None:
-    if family is not None:
-        return family.profile(name)
-    return mig.generic_profile(name)
+    return fit.mig_profile(family, name)
 
 
 def _mig_pick(pos: int, prof: mig.MigProfile, inst: MigInstance) -> Pick:

@@ -4,12 +4,19 @@ A request may preempt only when quota already allows it and only capacity is
 missing. Candidates, by tier (lower tier is taken first):
 
 1. **reclaim** — attempts of other teams that run on borrowed capacity in the pool,
-   and only while their team still borrows there (a team is never pushed below its
-   nominal quota); only a request that itself borrows nothing may reclaim;
+   taken only while their team still borrows there (as in Kueue, the last victim may
+   take the team below its nominal quota by less than its own size); only a request
+   that itself borrows nothing may reclaim;
 2. **floor** — preemptible non-inference attempts in the pool, when an inference
    request needs the pool's inference floor back;
 3. **priority** — attempts of a lower class band of the same team, or of any team
-   in a pool without quotas.
+   in a pool without quotas;
+4. **starvation** — only for a request that quota admits and that has waited
+   `Policy.starvation_after` of its class's `max_queue_s`: attempts of any team of a
+   lower band, or of the same band that started after the request arrived (they
+   overtook it; older work of its band is left alone, so a starving request only takes
+   back its place in line and does not swap one long wait for another) — the
+   starvation bound in docs/scheduling.md.
 
 Never a candidate: attempts already stopping; classes that are never preempted;
 `when-borrowing` classes whose team does not borrow in the pool; attempts younger
@@ -18,8 +25,8 @@ pool's inference usage below its floor; attempts that would lose more work than
 `Policy.max_victim_loss_gpu_s`; and, against preemption cycles, an attempt
 that was itself admitted by preempting (`Running.admitted_by_preemption`) unless the
 preemptor is of a strictly higher band. Together with rule 1 (only a non-borrowing
-request reclaims, only from a borrowing team, never below nominal) no two requests
-can take the same capacity back and forth tick after tick.
+request reclaims, only from a borrowing team) no two requests can take the same
+capacity back and forth tick after tick.
 
 Victim order inside the candidates (`victim_key`): 1. tier; 2. lower band first;
 3. fewest GPU-milliseconds lost since the last checkpoint (or start); 4. most recently
@@ -35,6 +42,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from scheduling import fit
 from scheduling.explain import Code
 from scheduling.packer import ClusterState
 from scheduling.quota import PoolBook
@@ -43,7 +51,6 @@ from scheduling.types import (
     Node,
     Placement,
     PreemptionPolicy,
-    ProfileKind,
     Running,
     Shape,
     WorkloadClass,
@@ -83,6 +90,7 @@ def candidates(
     reclaim: bool,
     now_ms: int,
     max_loss_gpu_s: int = 0,
+    starving_since_ms: int | None = None,
 ) -> list[Candidate]:
     """Return the attempts in `book`'s pool this request may preempt, in victim order."""
     out: list[Candidate] = []
@@ -103,6 +111,12 @@ def candidates(
         if cls.inference and book.inference_used - run.shape.gpus_milli < book.floor:
             continue
         tier = _tier(run, cls, book, team, band, inference, reclaim, borrowing, floor_room)
+        if (
+            tier is None
+            and starving_since_ms is not None
+            and _overtook(run, cls, band, starving_since_ms)
+        ):
+            tier = 4, Code.STARVATION
         if tier is None:
             continue
         since = run.last_checkpoint_ms if run.last_checkpoint_ms is not None else run.started_at_ms
@@ -112,6 +126,11 @@ def candidates(
         out.append(Candidate(run, tier[0], tier[1], cls.band, lost))
     out.sort(key=victim_key)
     return out
+
+
+def _overtook(run: Running, cls: WorkloadClass, band: int, since_ms: int) -> bool:
+    """Tier 4: a lower band, or the same band started after the starving request arrived."""
+    return cls.band < band or (cls.band == band and run.started_at_ms > since_ms)
 
 
 def _tier(
@@ -142,31 +161,35 @@ def plan(
     book: PoolBook,
     cap: int,
     nodes: Mapping[str, Node],
-    held: Mapping[tuple[str, int], int],
+    quota_ok: Callable[[Sequence[Running]], bool],
+    anywhere: bool = False,
 ) -> Plan | None:
     """Return the smallest victim set (at most `cap`) that lets `shape` fit, or None.
 
-    `held` is the milli held per (node, device); a node where even stopping every
-    candidate would not free enough devices is skipped without asking the packer.
-    Leaves `state` as it found it.
+    A set counts only when `quota_ok` accepts it: quota must admit the request once the
+    victims have stopped (otherwise the victims would lose their work for nothing). A node
+    where even stopping every candidate would not free enough room is skipped without
+    asking the packer. With `anywhere` (quota, not devices, is what is missing), victims
+    may come from any node of the pool when no single node works. Leaves `state` as it
+    found it.
     """
     if not cands or cap <= 0:
         return None
     if shape.pods > 1:
-        return _greedy(state, shape, accept, cands, book, cap)
+        return _greedy(state, shape, accept, cands, book, cap, quota_ok)
     by_node: dict[str, list[Candidate]] = {}
     for c in cands:
         for pod in c.run.placement.pods:
             by_node.setdefault(pod.node, []).append(c)
     best: tuple[tuple[int, int, str], Plan] | None = None
     for node in sorted(by_node):
-        if node not in nodes or _hopeless(nodes[node], shape, by_node[node], held):
+        if node not in nodes or _hopeless(state, nodes[node], shape, by_node[node]):
             continue
 
         def on_node(n: Node, name: str = node) -> bool:
             return n.name == name and accept(n)
 
-        found = _greedy(state, shape, on_node, by_node[node], book, cap)
+        found = _greedy(state, shape, on_node, by_node[node], book, cap, quota_ok)
         if found is None:
             continue
         score = (sum(v.lost for v in found.victims), len(found.victims), node)
@@ -174,30 +197,28 @@ def plan(
             best = (score, found)
             if score[0] == 0:
                 break
+    if best is None and anywhere:
+        return _greedy(state, shape, accept, cands, book, cap, quota_ok)
     return None if best is None else best[1]
 
 
-def _hopeless(
-    node: Node, shape: Shape, cands: list[Candidate], held: Mapping[tuple[str, int], int]
-) -> bool:
+def _hopeless(state: ClusterState, node: Node, shape: Shape, cands: list[Candidate]) -> bool:
     """Return True if the shape cannot fit on the node even with every candidate stopped."""
-    if shape.count == 0 or shape.kind is ProfileKind.MIG:
-        return False
-    freed: dict[int, int] = {}
+    flags = fit.eligible_devices(node, shape)
+    if flags is None:
+        return True
+    cpu_free, mem_free, idle = state.free_capacity(node.name)
+    held = {d.index: WHOLE_GPU_MILLI - idle[pos] for pos, d in enumerate(node.devices)}
+    cpu_held = node.cpu_milli - cpu_free
+    mem_held = node.memory_mib - mem_free
     for c in cands:
         for pod in c.run.placement.pods:
             if pod.node == node.name:
+                cpu_held -= pod.cpu_milli
+                mem_held -= pod.memory_mib
                 for g in pod.grants:
-                    freed[g.device] = freed.get(g.device, 0) + max(g.milli, 1)
-    need = WHOLE_GPU_MILLI if shape.kind is ProfileKind.WHOLE else shape.milli
-    room = 0
-    for d in node.devices:
-        if not d.healthy or (shape.gpu_models and d.model not in shape.gpu_models):
-            continue
-        left = held.get((node.name, d.index), 0) - freed.get(d.index, 0)
-        if WHOLE_GPU_MILLI - left >= need:
-            room += 1
-    return room < shape.count
+                    held[g.device] = held.get(g.device, 0) - max(g.milli, 1)
+    return not fit.fits_free(node, shape, flags, held, cpu_held, mem_held)
 
 
 def _greedy(
@@ -207,8 +228,10 @@ def _greedy(
     cands: list[Candidate],
     book: PoolBook,
     cap: int,
+    quota_ok: Callable[[Sequence[Running]], bool],
 ) -> Plan | None:
-    """Add candidates in order until `shape` fits, then drop the ones not needed."""
+    """Add candidates in order until `shape` fits and quota admits it, then drop the ones
+    not needed."""
     chosen: list[Candidate] = []
     freed: dict[str, int] = {}
     placement = None
@@ -216,6 +239,7 @@ def _greedy(
         if len(chosen) >= cap:
             break
         if c.tier == 1:
+            # Kueue: a borrower's workloads are candidates only while it still borrows.
             left = book.borrowed(c.run.team) - freed.get(c.run.team, 0)
             if left <= 0:
                 continue
@@ -223,8 +247,9 @@ def _greedy(
         chosen.append(c)
         freed[c.run.team] = freed.get(c.run.team, 0) + c.run.shape.gpus_milli
         placement = state.find(shape, accept)
-        if placement is not None:
+        if placement is not None and quota_ok([v.run for v in chosen]):
             break
+        placement = None
     if placement is None:
         for c in reversed(chosen):
             state.take(c.run.placement)
@@ -233,7 +258,7 @@ def _greedy(
     for c in list(reversed(chosen)):
         state.take(c.run.placement)
         again = state.find(shape, accept)
-        if again is None:
+        if again is None or not quota_ok([v.run for v in chosen if v is not c]):
             state.give(c.run.placement)
         else:
             chosen.remove(c)

@@ -11,8 +11,8 @@ import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from scheduling.backoff import LN2, decay_usage
 from scheduling.types import Node, PendingRequest, Running, Shape, Team, TeamUsage, WorkloadClass
+from scheduling.usage_decay import LN2, decay_usage
 
 #: shares are integers in parts per million of the cluster
 PPM = 1_000_000
@@ -29,11 +29,11 @@ class Resources:
     cpu_milli: int = 0
     memory_mib: int = 0
 
-    def plus(self, shape: Shape, sign: int = 1) -> Resources:
+    def plus(self, shape: Shape) -> Resources:
         return Resources(
-            self.gpu_milli + sign * shape.gpus_milli,
-            self.cpu_milli + sign * shape.cpu_milli * shape.pods,
-            self.memory_mib + sign * shape.memory_mib * shape.pods,
+            self.gpu_milli + shape.gpus_milli,
+            self.cpu_milli + shape.cpu_milli * shape.pods,
+            self.memory_mib + shape.memory_mib * shape.pods,
         )
 
 
@@ -78,9 +78,11 @@ def escalated(req: PendingRequest, cls: WorkloadClass | None, now_ms: int, after
 
 def request_key(
     req: PendingRequest, band: int, is_escalated: bool
-) -> tuple[int, int, int, int, str]:
+) -> tuple[int, int, int, int, int, str]:
     """Sort key inside one team, smallest first:
 
+    0. a preemptor of an earlier tick (`PendingRequest.preempting`) first: the room its
+       victims freed is kept for it;
     1. higher class band first;
     2. escalated requests (near their class's maximum queue time) first;
     3. higher priority first — it never lifts a request past another band, since
@@ -88,13 +90,20 @@ def request_key(
     4. older request first;
     5. request id, for deterministic ties.
     """
-    return (-band, -int(is_escalated), -req.priority, req.created_at_ms, req.id)
+    return (
+        -int(req.preempting),
+        -band,
+        -int(is_escalated),
+        -req.priority,
+        req.created_at_ms,
+        req.id,
+    )
 
 
 class FairQueue:
     """Pending requests in scheduling order; `charge` after an admission re-ranks its team.
 
-    The global order compares, smallest first: 1–3 of `request_key`, then the team's
+    The global order compares, smallest first: 0–3 of `request_key`, then the team's
     weighted dominant share (current allocation plus decayed history, divided by the
     team's weight), then 4–5 of `request_key`.
     """
@@ -127,7 +136,7 @@ class FairQueue:
             decayed = decay_usage(u.decayed_milli_s, elapsed, half_life_s)
             self.history[u.team] = history_share_ppm(decayed, capacity.gpu_milli, half_life_s)
         self.escalated: dict[str, bool] = {}
-        by_team: dict[str, list[tuple[tuple[int, int, int, int, str], PendingRequest]]] = {}
+        by_team: dict[str, list[tuple[tuple[int, int, int, int, int, str], PendingRequest]]] = {}
         for req in pending:
             cls = classes.get(req.workload_class)
             esc = escalated(req, cls, now_ms, escalate_after)
@@ -136,11 +145,11 @@ class FairQueue:
             by_team.setdefault(req.team, []).append((request_key(req, band, esc), req))
         self._lists = {team: sorted(items) for team, items in by_team.items()}
         self._next = dict.fromkeys(self._lists, 0)
-        self._heap: list[tuple[tuple[int, int, int, int, int, str], str]] = []
+        self._heap: list[tuple[tuple[int, int, int, int, int, int, str], str]] = []
         for team in self._lists:
             self._push(team)
         self._last: str | None = None
-        #: another team's share changed (a preemption): rebuild the heap before popping
+        #: another team's share changed (a preemptor charged for a plan): rebuild the heap
         self._stale = False
 
     def share(self, team: str) -> int:
@@ -148,9 +157,9 @@ class FairQueue:
         now = dominant_share_ppm(self.held.get(team, Resources()), self.capacity)
         return (now + self.history.get(team, 0)) * 1000 // self.weights.get(team, 1)
 
-    def charge(self, team: str, shape: Shape, sign: int = 1) -> None:
-        """Count an admission (or, with sign -1, a preemption) in the team's share."""
-        self.held[team] = self.held.get(team, Resources()).plus(shape, sign)
+    def charge(self, team: str, shape: Shape) -> None:
+        """Count an admission in the team's share (a victim keeps its share until it stops)."""
+        self.held[team] = self.held.get(team, Resources()).plus(shape)
         if team != self._last:
             self._stale = True
 
@@ -180,4 +189,4 @@ class FairQueue:
         if i >= len(items):
             return
         k = items[i][0]
-        heapq.heappush(self._heap, ((k[0], k[1], k[2], self.share(team), k[3], k[4]), team))
+        heapq.heappush(self._heap, ((k[0], k[1], k[2], k[3], self.share(team), k[4], k[5]), team))

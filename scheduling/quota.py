@@ -26,7 +26,7 @@ may borrow without limit.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from scheduling.types import (
@@ -91,7 +91,7 @@ class PoolBook:
 
 
 class QuotaBook:
-    """Quota state of every pool; `check` answers, `add` and `remove` keep it current."""
+    """Quota state of every pool; `check` answers, `add` keeps it current."""
 
     def __init__(
         self,
@@ -158,9 +158,20 @@ class QuotaBook:
         """Count `milli` more for `team` in `pool` (an admission, or a running attempt)."""
         self._change(team, pool, milli, class_name, borrowing)
 
-    def remove(self, team: str, pool: str, milli: int, class_name: str, borrowing: bool) -> None:
-        """Count `milli` less (a preempted attempt)."""
-        self._change(team, pool, -milli, class_name, borrowing)
+    def check_without(
+        self, team: str, pool: str, milli: int, class_name: str, victims: Sequence[Running]
+    ) -> Verdict:
+        """Return `check` as it will answer once `victims` have stopped (a preemption plan).
+
+        The victims stay counted until they have stopped; this only asks what if.
+        """
+        for run in victims:
+            self._change(run.team, run.pool, -run.shape.gpus_milli, run.workload_class, False)
+        try:
+            return self.check(team, pool, milli, class_name)
+        finally:
+            for run in victims:
+                self._change(run.team, run.pool, run.shape.gpus_milli, run.workload_class, False)
 
     def _change(self, team: str, pool: str, delta: int, class_name: str, borrowing: bool) -> None:
         book = self.pools.get(pool)

@@ -249,6 +249,9 @@ class PendingRequest:
     expected_runtime_ms: int | None = None
     #: the submitter, for the member rules (`scheduling.members`); "" = not subject to them
     user: str = ""
+    #: its last decision was `preempting`: the room its victims free is kept for it (it is
+    #: decided before every other request of the tick; see `scheduling.cycle`)
+    preempting: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,8 +337,6 @@ class Policy:
     max_preemptions_per_tick: int = 8
     #: escalate a request after this fraction of its class's maximum queue time
     escalate_after: float = 0.8
-    tie_break: str = "name"
-    seed: int = 0
     #: at most this many blocked requests hold nodes back (a reservation) per tick
     max_reservations: int = 4
     #: a blocked request asking for fewer than `reserve_min_devices` devices gets a
@@ -344,7 +345,11 @@ class Policy:
     #: a blocked request of at least this many devices (all pods) gets a reservation at once
     reserve_min_devices: int = 2
     #: an entitled request preempts only after waiting this long (0 = at once)
-    preempt_after_s: int = 0
+    preempt_after_s: int = 300
     #: an attempt that would lose more than this many GPU-seconds of work since its last
     #: checkpoint (or start) is no preemption candidate; 0 = no limit
-    max_victim_loss_gpu_s: int = 0
+    max_victim_loss_gpu_s: int = 7200
+    #: the starvation bound: a request within its quota that has waited this fraction of
+    #: its class's `max_queue_s` may preempt attempts of the same or a lower band of any
+    #: team (tier 4 in `scheduling.preemption`); 0 = never
+    starvation_after: float = 1.0

@@ -1,56 +1,108 @@
-"""Replay benchmark: the openb trace's request shapes under drawn arrivals, through `schedule()`.
+"""Replay benchmark: the openb trace's request shapes under drawn arrivals, one set of jobs
+for every policy, so Quartermaster is measured against what a user would pick instead.
 
-`python -m scheduling.bench replay --json [--nodes CSV] [--pods CSV] [--every K] [--jobs N]
-[--load L] [--teams T] [--seed S] [--tick-s D] [--estimates exact|over3|none]`
+`python -m scheduling.bench replay --json [--policies a,b,...] [--load L] [--seed S]
+[--estimates over3|exact|none] [--nodes CSV] [--pods CSV] [--every K] [--jobs N]
+[--teams T] [--tick-s D]`
 
 The openb pod list is a snapshot made for packing studies, not a load trace, so the
 replay keeps its request shapes and runtimes and draws the arrivals. Procedure:
 
 1. **Cluster**: every K-th node of `openb_node_list_gpu_node.csv` (default K = 8: 152
-   nodes, 770 GPUs), loaded with `scheduling.trace.load_nodes` (one pool, `openb`).
+   nodes, 770 GPUs), loaded with `scheduling.trace.load_nodes` (one pool, `openb`, every
+   GPU time-sliced).
 2. **Jobs**: N (default 30,000) rows drawn with replacement (seeded) from the rows of
    `openb_pod_list_default.csv` that have both `scheduled_time` and `deletion_time` and
-   whose shape fits at least one node of the cluster when it is empty (so that no
-   policy is stuck on an impossible request). Each keeps its CPU, memory, GPU count,
-   milli share, `gpu_spec` and `qos` (`TracePod.to_shape`); its runtime is
-   `deletion_time - scheduled_time`, capped at 6 hours.
+   whose shape fits at least one node of the cluster when it is empty
+   (`scheduling.fit.can_ever_host`, so no policy is stuck on an impossible request).
+   Each keeps its CPU, memory, GPU count, milli share, `gpu_spec` and `qos`
+   (`TracePod.to_shape`); its runtime is `deletion_time - scheduled_time`, capped at 6 h.
 3. **Arrivals**: a Poisson process whose rate makes the offered load — arrival rate ×
    mean requested GPU-time per job ÷ GPU capacity — equal L % (default 90).
+   `offered_load_whole_gpus` is the same load counted as whole-device schedulers see it
+   (a shared slice holds a whole GPU).
 4. **Teams**: T (default 5), assigned by CRC-32 of the pod name, equal weights, nominal
    quotas summing to the capacity, borrowing allowed without limit. Classes come from
-   `qos`: LS → inference, BE → training, the rest interactive (`REPLAY_CLASSES`).
-5. **Policies**, side by side on the same jobs and arrivals:
-   - `k8s-default`: strict FIFO, whole devices only (a shared request takes a whole
-     GPU), first fit in node order, no quotas, no preemption; it places on every event;
+   `qos`: LS → inference (band 300, never preempted), BE → training (band 100), the rest
+   interactive (band 200, preemptible while its team borrows) (`REPLAY_CLASSES`); the
+   baselines use the bands as pod priorities.
+5. **Runtime estimates** (`--estimates`, default `over3`): `over3` tells the scheduler
+   the true runtime × U(1, 3) (users over-estimate); `exact` the true runtime (a perfect
+   estimate no user gives); `none` nothing. Only `quartermaster` reads them.
+6. **Policies** (`--policies`, default all five), on the same jobs and arrivals. A
+   preempted attempt loses all its work (the trace has no checkpoints) and is requeued.
+   - `fifo-strict`: strict FIFO with head-of-line blocking, whole devices only (a shared
+     request takes a whole GPU), first fit in node order, no quotas, no preemption. No
+     real scheduler behaves like this; it is the floor.
+   - `kube-scheduler`: the default kube-scheduler with NVIDIA's device plugin
+     (kubernetes.io/docs/concepts/scheduling-eviction/: "Pod Priority and Preemption",
+     "Scheduling Framework", "Resource Bin Packing"; NVIDIA k8s-device-plugin). The
+     active queue is ordered by priority (the band), then arrival. A pod that does not
+     fit goes to the unschedulable queue and is retried when a pod ends (no
+     head-of-line blocking; a retry can only succeed on the node that freed room, so it
+     is tried there). Whole devices only: `nvidia.com/gpu` is an integer extended
+     resource, so a fractional request takes a whole GPU (the device plugin offers no
+     MIG in this trace). Node choice: NodeResourcesFit `LeastAllocated` with the
+     default CPU and memory weights 1:1, ties to the first node. No quotas. Preemption
+     by priority only (PostFilter, DefaultPreemption): on the node where stopping pods
+     of lower priority makes it fit, the fewest and lowest-priority victims (victims
+     put back highest priority first while it still fits), the node with the lowest
+     highest victim priority, then fewest victims. PostFilter runs for a pod's first
+     attempt and, after each pod end, for the highest-priority pod still waiting.
+   - `kueue`: Kueue's defaults on kube-scheduler (kueue.sigs.k8s.io/docs/concepts/:
+     "Cluster Queue", "Preemption", "Fair Sharing"). One ClusterQueue per team, all in
+     one cohort, each with the team's nominal quota in whole GPUs (the same nominal
+     quotas Quartermaster gets), unlimited borrowing. `BestEffortFIFO`: inside a
+     ClusterQueue by priority then creation; an inadmissible workload does not block
+     the next. Fair sharing on: ClusterQueue heads go lowest dominant resource share
+     (usage above nominal ÷ the cohort's lendable quota) first. Preemption
+     `withinClusterQueue: LowerPriority`, `reclaimWithinCohort: Any`: a workload that
+     does not fit the quota may preempt, in Kueue's candidate order (other
+     ClusterQueues' workloads first — only while their ClusterQueue borrows, and only
+     if the preemptor stays within its nominal —, lower priority first, most recently
+     admitted first), the minimal set that makes quota fit (and, so that the victims
+     do not lose their work for nothing, the pods fit on a node). Admission here also
+     requires the pods to fit a node now (kube-scheduler binds them at once; Kueue
+     itself does not look at nodes). Whole devices; `LeastAllocated` as kube-scheduler.
+   - `binpack`: HAMi / Volcano-style GPU sharing (github.com/Project-HAMi/HAMi:
+     `nvidia.com/gpucores`, node and GPU scheduler policy `binpack`; volcano.sh "binpack
+     plugin"). Fractional requests share a device by compute share (and GPU memory when
+     a cap is given), MostAllocated: the node with the least GPU left after placement
+     (then CPU), the fullest device that fits. FIFO by arrival without head-of-line
+     blocking, no quotas, no preemption.
    - `quartermaster`: `schedule()` called the way the portal's tick calls it — only
      pending requests in the snapshot, running ones as `Running`, the decayed team
-     usage as `TeamUsage` — on a clock of D seconds (default 10) whenever something
-     happened since the last tick (an arrival, a departure, a requeue coming due).
-     The policy is `Policy()` except `preempt_after_s = 300` and
-     `max_victim_loss_gpu_s = 7200` (`REPLAY_*`). ADMIT starts the job at the tick; PREEMPT stops it at once (all work since its
-     start is lost: the trace has no checkpoints) and requeues it with
-     `requeue_delay_s(attempt, 60, 3600, jitter)`. Like the portal, it admits a request
-     whose last decision was `preempting` with `Running.admitted_by_preemption`.
-     **Runtime estimates** (`--estimates`): by default (`exact`) every request carries
-     its true runtime as `PendingRequest.expected_runtime_ms` and every attempt
-     `Running.expected_end_ms = start + runtime` — a *perfect* estimate, which no real
-     user gives, so this is the best case for the reservation rule (nodes expected to
-     drain soonest) and for EASY backfill onto reserved nodes; `over3` multiplies each
-     runtime by U(1, 3) (users over-estimate), `none` gives no estimates (the rule
-     without them: nodes untouched longest, no backfill on reserved nodes).
-6. **Measurement**: the window runs from the arrival of job N/5 (after warm-up) to the
-   last arrival. Utilization is the requested GPU-time (milli share × time) running in
-   the window over capacity × window. A job's wait runs from its arrival to its first
-   start; the replay goes on until every job has started. `jain` is Jain's index over
-   teams of received ÷ entitled GPU-time in the window (entitled = the team's nominal
-   share of capacity × window). `preemptions` and `gpu_hours_lost` count the stopped
-   attempts and their lost work; `decisions_per_s` is decisions (k8s-default:
-   placement attempts) per second spent inside the policy's scheduling function.
+     usage as `TeamUsage` — with the portal's settings, `Policy()`, on a clock of D
+     seconds (default 10) whenever something happened since the last tick. ADMIT starts
+     the job at the tick; PREEMPT stops it at once and requeues it with
+     `requeue_delay_s(attempt, 60, 3600, jitter)`. Like the portal, a request whose last
+     decision was `preempting` is passed with `PendingRequest.preempting` and admitted
+     with `Running.admitted_by_preemption`.
+   The baselines place at every event (no tick), which favours them slightly.
+7. **Measurement**: the window runs from the arrival of job N/5 (after warm-up) to the
+   last arrival; the replay goes on until every job has started.
+   - `utilization`: requested GPU-time (milli share × time) running in the window ÷
+     capacity × window; `useful_utilization` the same for attempts whose work was not
+     thrown away (a preempted attempt counts up to its last checkpoint: nothing here);
+   - waits run from arrival to first start: `wait_mean_s`, `wait_p95_s`, `wait_p99_s`,
+     `wait_max_s`, and `wait_p95_large_s` over requests of 8 or more GPUs;
+   - `jain`: Jain's index over teams of received ÷ entitled GPU-time in the window
+     (entitled = nominal share × capacity × window);
+   - `share_error`: per 1-hour window, the teams with demand are those with a request
+     waiting at least 5 minutes inside it (`DEMAND_WAIT_MS`; waiting for the next tick is
+     no unmet demand); entitlements are max-min fair (equal weights): a team without
+     demand is entitled to what it used up to the level every demanding team gets;
+     the mean over demanding teams of |received − entitlement| ÷ window capacity,
+     averaged over the windows (a fraction of capacity: 0.05 = 5 points);
+   - `preemptions` and `gpu_hours_lost` count the stopped attempts and their lost work;
+     `decisions_per_s` is decisions (baselines: placement attempts) per second spent
+     inside the policy's scheduling code.
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import heapq
 import json
 import math
@@ -61,10 +113,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from scheduling.backoff import decay_usage, interval_usage, requeue_delay_s
+from scheduling.backoff import requeue_delay_s
 from scheduling.cycle import schedule
+from scheduling.fit import can_ever_host
 from scheduling.trace import TRACE_POOL, TracePod, load_nodes, load_pods
 from scheduling.types import (
+    WHOLE_GPU_MILLI,
     DecisionKind,
     Node,
     Partitioning,
@@ -73,6 +127,7 @@ from scheduling.types import (
     Policy,
     Pool,
     PreemptionPolicy,
+    ProfileKind,
     Quota,
     Running,
     Shape,
@@ -81,9 +136,17 @@ from scheduling.types import (
     TeamUsage,
     WorkloadClass,
 )
+from scheduling.usage_decay import decay_usage, interval_usage
 
 TRACE_DIR = Path(__file__).resolve().parents[2] / ".." / "shared" / "traces" / "alibaba-gpu-v2023"
 RUNTIME_CAP_S = 6 * 3600
+POLICIES = ("fifo-strict", "kube-scheduler", "kueue", "binpack", "quartermaster")
+#: requests of at least this many GPUs count as large (`wait_p95_large_s`)
+LARGE_MILLI = 8 * WHOLE_GPU_MILLI
+SHARE_WINDOW_MS = 3600 * 1000
+#: a team has demand in a window when one of its requests waited this long inside it (a
+#: wait for the next tick is no unmet demand)
+DEMAND_WAIT_MS = 300 * 1000
 
 REPLAY_CLASSES = (
     WorkloadClass(
@@ -109,12 +172,7 @@ REPLAY_CLASSES = (
     ),
 )
 QOS_CLASS = {"LS": "inference", "BE": "training"}
-#: the replay's tuned knobs (everything else is `Policy()`): an entitled request first
-#: waits this long for natural departures (one every few seconds at this size) before it
-#: preempts anybody, and no victim may lose more than 2 GPU-hours (the trace has no
-#: checkpoints, so every preemption loses all work since the start)
-REPLAY_PREEMPT_AFTER_S = 300
-REPLAY_MAX_VICTIM_LOSS_GPU_S = 2 * 3600
+BAND = {c.name: c.band for c in REPLAY_CLASSES}
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,8 +192,10 @@ class Outcome:
     """What one policy did to the jobs."""
 
     first_start_ms: dict[str, int] = field(default_factory=dict)
-    #: (team, milli, start_ms, end_ms) of every attempt
-    intervals: list[tuple[str, int, int, int]] = field(default_factory=list)
+    #: (team, milli, start_ms, end_ms, useful) of every attempt
+    intervals: list[tuple[str, int, int, int, bool]] = field(default_factory=list)
+    #: (team, from_ms, to_ms): a request of the team waited (arrival or requeue to start)
+    waiting: list[tuple[str, int, int]] = field(default_factory=list)
     preemptions: int = 0
     lost_milli_ms: int = 0
     decisions: int = 0
@@ -147,7 +207,7 @@ def draw_jobs(
 ) -> tuple[list[Job], int]:
     """Return N jobs with Poisson arrivals for the offered load, and the GPU capacity (milli)."""
     usable = [p for p in pods if p.scheduled_time is not None and p.deletion_time is not None]
-    usable = [p for p in usable if any(_could_host(node, p.to_shape()) for node in nodes)]
+    usable = [p for p in usable if any(can_ever_host(node, p.to_shape()) for node in nodes)]
     rng = random.Random(seed)
     drawn = [rng.choice(usable) for _ in range(n)]
     capacity = sum(1000 * len(node.devices) for node in nodes)
@@ -162,6 +222,11 @@ def draw_jobs(
         cls = QOS_CLASS.get(pod.qos, "interactive")
         jobs.append(Job(f"job-{i:06d}", team, cls, pod.to_shape(), runtime, int(t)))
     return jobs, capacity
+
+
+def whole_milli(shape: Shape) -> int:
+    """GPU milli a whole-device scheduler holds for the shape (a slice takes a whole GPU)."""
+    return shape.count * shape.pods * WHOLE_GPU_MILLI
 
 
 def with_estimates(jobs: Sequence[Job], mode: str, seed: int) -> list[Job]:
@@ -186,17 +251,10 @@ def _runtime_ms(pod: TracePod) -> int:
     return max(1, min(pod.deletion_time - pod.scheduled_time, RUNTIME_CAP_S)) * 1000
 
 
-def _could_host(node: Node, shape: Shape) -> bool:
-    if node.cpu_milli < shape.cpu_milli or node.memory_mib < shape.memory_mib:
-        return False
-    fit = [d for d in node.devices if not shape.gpu_models or d.model in shape.gpu_models]
-    return len(fit) >= shape.count
+# -- fifo-strict --------------------------------------------------------------------------
 
 
-# -- k8s-default --------------------------------------------------------------------------
-
-
-def run_baseline(nodes: Sequence[Node], jobs: Sequence[Job]) -> Outcome:
+def run_fifo_strict(nodes: Sequence[Node], jobs: Sequence[Job]) -> Outcome:
     """Strict FIFO, whole devices, first fit in node order, no quotas, no preemption."""
     out = Outcome()
     free_gpu = [[d.model for d in n.devices] for n in nodes]
@@ -234,7 +292,8 @@ def run_baseline(nodes: Sequence[Node], jobs: Sequence[Job]) -> Outcome:
             heapq.heappush(ends, (now + job.runtime_ms, seq, k, [index, *picked]))
             seq += 1
             out.first_start_ms[job.id] = now
-            out.intervals.append((job.team, job.shape.gpus_milli, now, now + job.runtime_ms))
+            out.waiting.append((job.team, job.arrival_ms, now))
+            out.intervals.append((job.team, job.shape.gpus_milli, now, now + job.runtime_ms, True))
         out.seconds += time.perf_counter() - started
     return out
 
@@ -264,6 +323,448 @@ def _first_fit(
     return -1, []
 
 
+# -- kube-scheduler, kueue, binpack ---------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Att:
+    """A running attempt in the light simulator."""
+
+    id: str
+    job: Job
+    node: int
+    grants: tuple[tuple[int, int], ...]
+    start: int
+    #: GPU milli the quota counts (kueue): whole devices
+    quota: int
+
+
+@dataclass(slots=True)
+class _LNode:
+    node: Node
+    cpu: int
+    mem: int
+    #: free milli per device position
+    free: list[int]
+    running: set[str] = field(default_factory=set)
+
+
+@dataclass(frozen=True, slots=True)
+class Mode:
+    """How a baseline behaves (see the module docstring)."""
+
+    #: "priority" (band, then arrival) or "fifo" (arrival)
+    order: str
+    #: whole devices only (a slice takes a whole GPU)
+    whole: bool
+    #: node score: "least" (LeastAllocated CPU+memory) or "most" (least GPU left, then CPU)
+    score: str
+    #: "none", "priority" (kube-scheduler) or "kueue"
+    preempt: str
+    quotas: bool
+
+
+MODES = {
+    "kube-scheduler": Mode("priority", True, "least", "priority", False),
+    "kueue": Mode("priority", True, "least", "kueue", True),
+    "binpack": Mode("fifo", False, "most", "none", False),
+}
+
+
+class _Light:
+    """Event-driven simulator for the Kubernetes-style baselines: every event places at once."""
+
+    def __init__(
+        self, nodes: Sequence[Node], jobs: Sequence[Job], capacity: int, teams: int, mode: Mode
+    ) -> None:
+        self.mode = mode
+        self.nodes = [_LNode(n, n.cpu_milli, n.memory_mib, [1000] * len(n.devices)) for n in nodes]
+        self.jobs = jobs
+        self.out = Outcome()
+        self.running: dict[str, _Att] = {}
+        self.capacity = capacity
+        names = [f"team-{i}" for i in range(teams)]
+        share, rest = divmod(capacity, teams)
+        self.nominal = {t: share + (rest if i == 0 else 0) for i, t in enumerate(names)}
+        self.used = dict.fromkeys(names, 0)
+        self.total_used = 0
+        #: pending: group key -> sorted list of (order key, job); a group is one shape of one
+        #: queue (team and band for kueue), so a failure skips the whole group in a pass
+        self.groups: dict[tuple[object, ...], list[tuple[tuple[int, ...], Job]]] = {}
+        self.ends: list[tuple[int, int, str]] = []
+        self.seq = 0
+        self.attempts: dict[str, int] = {}
+        self.waiting_since: dict[str, int] = {}
+        #: per shape, the nodes that could hold it empty (`fit.can_ever_host`)
+        self._hosts: dict[Shape, tuple[list[int], set[int]]] = {}
+
+    def hosts(self, shape: Shape) -> tuple[list[int], set[int]]:
+        found = self._hosts.get(shape)
+        if found is None:
+            ks = [k for k, ln in enumerate(self.nodes) if can_ever_host(ln.node, shape)]
+            found = self._hosts[shape] = (ks, set(ks))
+        return found
+
+    # -- queue ----------------------------------------------------------------------------
+
+    def _key(self, job: Job) -> tuple[int, ...]:
+        if self.mode.order == "priority":
+            return (-BAND[job.cls], job.arrival_ms, int(job.id[4:]))
+        return (job.arrival_ms, int(job.id[4:]))
+
+    def _group(self, job: Job) -> tuple[object, ...]:
+        team = job.team if self.mode.quotas else ""
+        band = BAND[job.cls] if self.mode.order == "priority" else 0
+        return (team, band, job.shape)
+
+    def enqueue(self, job: Job, now: int) -> None:
+        bisect.insort(self.groups.setdefault(self._group(job), []), (self._key(job), job))
+        self.waiting_since[job.id] = now
+
+    def _ordered(self) -> list[tuple[object, ...]]:
+        if not self.mode.quotas:
+            return sorted(self.groups, key=lambda g: self.groups[g][0][0])
+        # Kueue's fair sharing: ClusterQueue heads by dominant resource share, then priority
+        # and creation.
+        lendable = max(self.capacity, 1)
+
+        def key(g: tuple[object, ...]) -> tuple[object, ...]:
+            team = str(g[0])
+            drs = max(0, self.used[team] - self.nominal[team]) * 1000 // lendable
+            return (drs, self.groups[g][0][0])
+
+        return sorted(self.groups, key=key)
+
+    # -- fit --------------------------------------------------------------------------------
+
+    def _units(self, shape: Shape) -> tuple[int, int]:
+        """(devices, milli per device) one pod takes."""
+        if shape.count <= 0:
+            return 0, 0
+        if self.mode.whole or shape.kind is not ProfileKind.SHARED:
+            return shape.count, WHOLE_GPU_MILLI
+        return shape.count, shape.milli
+
+    def _fit_on(self, k: int, shape: Shape) -> tuple[tuple[int, int], ...] | None:
+        ln = self.nodes[k]
+        if ln.cpu < shape.cpu_milli or ln.mem < shape.memory_mib:
+            return None
+        count, milli = self._units(shape)
+        if count == 0:
+            return ()
+        free = ln.free
+        if shape.gpu_models:
+            models, devs = shape.gpu_models, ln.node.devices
+            ok = [p for p, f in enumerate(free) if f >= milli and devs[p].model in models]
+        else:
+            ok = [p for p, f in enumerate(free) if f >= milli]
+        if len(ok) < count:
+            return None
+        if milli < WHOLE_GPU_MILLI:
+            ok.sort(key=lambda p: (ln.free[p], p))  # the fullest device that fits (binpack)
+        return tuple((p, milli) for p in ok[:count])
+
+    def _score(self, k: int, shape: Shape, grants: tuple[tuple[int, int], ...]) -> tuple[int, ...]:
+        ln = self.nodes[k]
+        if self.mode.score == "least":
+            # LeastAllocated: (free CPU ÷ capacity + free memory ÷ capacity) ÷ 2, higher first
+            n = ln.node
+            cpu = (ln.cpu - shape.cpu_milli) * 1000 // max(n.cpu_milli, 1)
+            mem = (ln.mem - shape.memory_mib) * 1000 // max(n.memory_mib, 1)
+            return (-(cpu + mem), k)
+        gpu_left = sum(ln.free) - sum(m for _, m in grants)
+        return (gpu_left, ln.cpu - shape.cpu_milli, k)
+
+    def _place(
+        self, shape: Shape, candidates: Sequence[int] | None = None
+    ) -> tuple[int, tuple[tuple[int, int], ...]] | None:
+        """The best node among the candidates (None: every node) that could hold the shape."""
+        every, able = self.hosts(shape)
+        nodes = every if candidates is None else [k for k in candidates if k in able]
+        best: tuple[tuple[int, ...], int, tuple[tuple[int, int], ...]] | None = None
+        for k in nodes:
+            grants = self._fit_on(k, shape)
+            if grants is None:
+                continue
+            score = self._score(k, shape, grants)
+            if best is None or score < best[0]:
+                best = (score, k, grants)
+        return None if best is None else (best[1], best[2])
+
+    # -- start and stop ---------------------------------------------------------------------
+
+    def start(self, job: Job, k: int, grants: tuple[tuple[int, int], ...], now: int) -> None:
+        n = self.attempts.get(job.id, 0) + 1
+        self.attempts[job.id] = n
+        att = _Att(f"{job.id}#{n}", job, k, grants, now, whole_milli(job.shape))
+        ln = self.nodes[k]
+        ln.cpu -= job.shape.cpu_milli
+        ln.mem -= job.shape.memory_mib
+        for p, m in grants:
+            ln.free[p] -= m
+        ln.running.add(att.id)
+        self.running[att.id] = att
+        self.used[job.team] += att.quota
+        self.total_used += att.quota
+        self.out.first_start_ms.setdefault(job.id, now)
+        self.out.waiting.append((job.team, self.waiting_since.pop(job.id), now))
+        heapq.heappush(self.ends, (now + job.runtime_ms, self.seq, att.id))
+        self.seq += 1
+
+    def stop(self, att_id: str, now: int, preempted: bool) -> int:
+        att = self.running.pop(att_id)
+        ln = self.nodes[att.node]
+        ln.cpu += att.job.shape.cpu_milli
+        ln.mem += att.job.shape.memory_mib
+        for p, m in att.grants:
+            ln.free[p] += m
+        ln.running.discard(att_id)
+        self.used[att.job.team] -= att.quota
+        self.total_used -= att.quota
+        milli = att.job.shape.gpus_milli
+        self.out.intervals.append((att.job.team, milli, att.start, now, not preempted))
+        if preempted:
+            self.out.preemptions += 1
+            self.out.lost_milli_ms += milli * (now - att.start)
+            self.enqueue(att.job, now)
+        return att.node
+
+    # -- passes ------------------------------------------------------------------------------
+
+    def _quota_ok(self, job: Job) -> bool:
+        """Kueue: the cohort has the request's quota left (unlimited borrowing; nominal
+        quota others borrowed comes back only by preemption)."""
+        if not self.mode.quotas:
+            return True
+        return self.total_used + whole_milli(job.shape) <= self.capacity
+
+    def place_pass(self, candidates: Sequence[int], now: int) -> None:
+        """Try every pending group in order on the candidate nodes (no head-of-line blocking)."""
+        for g in self._ordered():
+            items = self.groups.get(g)
+            while items:
+                job = items[0][1]
+                self.out.decisions += 1
+                if not self._quota_ok(job):
+                    break
+                found = self._place(job.shape, candidates)
+                if found is None:
+                    break
+                items.pop(0)
+                self.start(job, found[0], found[1], now)
+            if not items:
+                self.groups.pop(g, None)
+
+    def _pending_heads(self) -> list[Job]:
+        return [self.groups[g][0][1] for g in self._ordered()]
+
+    def try_preempt(self, job: Job, now: int, nodes: Sequence[int] | None = None) -> bool:
+        """Preempt for `job` as the mode's peer would (kube-scheduler: on `nodes`, None =
+        every node); start it if that works."""
+        if self.mode.preempt == "priority":
+            return self._preempt_priority(job, now, nodes)
+        if self.mode.preempt == "kueue":
+            return self._preempt_kueue(job, now)
+        return False
+
+    def _remove_pending(self, job: Job) -> None:
+        g = self._group(job)
+        items = self.groups[g]
+        items.remove((self._key(job), job))
+        if not items:
+            del self.groups[g]
+
+    def _preempt_priority(self, job: Job, now: int, nodes: Sequence[int] | None) -> bool:
+        band = BAND[job.cls]
+        best: tuple[tuple[int, int, int], int, list[_Att]] | None = None
+        every, able = self.hosts(job.shape)
+        for k in every if nodes is None else [k for k in nodes if k in able]:
+            ln = self.nodes[k]
+            lower = [self.running[a] for a in ln.running if BAND[self.running[a].job.cls] < band]
+            if not lower:
+                continue
+            victims = self._minimal(k, job.shape, lower)
+            if victims is None:
+                continue
+            score = (max(BAND[v.job.cls] for v in victims), len(victims), k)
+            if best is None or score < best[0]:
+                best = (score, k, victims)
+        if best is None:
+            return False
+        for v in best[2]:
+            self.stop(v.id, now, preempted=True)
+        grants = self._fit_on(best[1], job.shape)
+        assert grants is not None
+        self._remove_pending(job)
+        self.start(job, best[1], grants, now)
+        return True
+
+    def _minimal(self, k: int, shape: Shape, cands: list[_Att]) -> list[_Att] | None:
+        """Stop every candidate on node k; if the shape fits, put back (highest priority, then
+        longest running first) every victim it fits without (kube-scheduler's reprieve)."""
+        ln = self.nodes[k]
+        saved = (ln.cpu, ln.mem, list(ln.free))
+
+        def apply(att: _Att, sign: int) -> None:
+            ln.cpu += sign * att.job.shape.cpu_milli
+            ln.mem += sign * att.job.shape.memory_mib
+            for p, m in att.grants:
+                ln.free[p] += sign * m
+
+        for a in cands:
+            apply(a, +1)
+        if self._fit_on(k, shape) is None:
+            ln.cpu, ln.mem, ln.free = saved
+            return None
+        victims = []
+        for a in sorted(cands, key=lambda a: (-BAND[a.job.cls], a.start)):
+            apply(a, -1)
+            if self._fit_on(k, shape) is None:
+                apply(a, +1)
+                victims.append(a)
+        ln.cpu, ln.mem, ln.free = saved
+        return victims
+
+    def _preempt_kueue(self, job: Job, now: int) -> bool:
+        """Kueue: quota does not fit; minimal victims in Kueue's candidate order."""
+        need = whole_milli(job.shape)
+        team = job.team
+        band = BAND[job.cls]
+        within = self.used[team] + need <= self.nominal[team]
+        cands = [
+            a
+            for a in self.running.values()
+            if (a.job.team == team and BAND[a.job.cls] < band)
+            or (within and a.job.team != team and self.used[a.job.team] > self.nominal[a.job.team])
+        ]
+        # other ClusterQueues first, lower priority first, most recently admitted first
+        cands.sort(key=lambda a: (a.job.team == team, BAND[a.job.cls], -a.start, a.id))
+        chosen: list[_Att] = []
+        freed: dict[str, int] = {}
+        used_total = self.total_used
+
+        def fits_now() -> bool:
+            quota = used_total + need <= self.capacity
+            return quota and self._place_without(job.shape, chosen) is not None
+
+        ok = False
+        for a in cands:
+            t = a.job.team
+            if t != team and self.used[t] - freed.get(t, 0) <= self.nominal[t]:
+                continue  # no longer borrowing
+            chosen.append(a)
+            freed[t] = freed.get(t, 0) + a.quota
+            used_total -= a.quota
+            if fits_now():
+                ok = True
+                break
+        if not ok:
+            return False
+        for a in list(reversed(chosen)):
+            chosen.remove(a)
+            freed[a.job.team] -= a.quota
+            used_total += a.quota
+            if not fits_now():
+                chosen.append(a)
+                freed[a.job.team] += a.quota
+                used_total -= a.quota
+        for a in chosen:
+            self.stop(a.id, now, preempted=True)
+        found = self._place(job.shape)
+        if found is None or not self._quota_ok(job):
+            return True  # the victims are gone; the job waits for its turn
+        self._remove_pending(job)
+        self.start(job, found[0], found[1], now)
+        return True
+
+    def _place_without(
+        self, shape: Shape, victims: list[_Att]
+    ) -> tuple[int, tuple[tuple[int, int], ...]] | None:
+        touched = {a.node for a in victims}
+        saved = {
+            k: (self.nodes[k].cpu, self.nodes[k].mem, list(self.nodes[k].free)) for k in touched
+        }
+        for a in victims:
+            ln = self.nodes[a.node]
+            ln.cpu += a.job.shape.cpu_milli
+            ln.mem += a.job.shape.memory_mib
+            for p, m in a.grants:
+                ln.free[p] += m
+        found = self._place(shape)
+        for k, (c, m, f) in saved.items():
+            self.nodes[k].cpu, self.nodes[k].mem, self.nodes[k].free = c, m, f
+        return found
+
+    def run(self) -> Outcome:
+        jobs = self.jobs
+        i = 0
+        while i < len(jobs) or self.ends:
+            t_arr = jobs[i].arrival_ms if i < len(jobs) else math.inf
+            t_end = self.ends[0][0] if self.ends else math.inf
+            now = int(min(t_arr, t_end))
+            started = time.perf_counter()
+            freed: set[int] = set()
+            while self.ends and self.ends[0][0] <= now:
+                _, _, att = heapq.heappop(self.ends)
+                if att in self.running:
+                    freed.add(self.stop(att, now, preempted=False))
+            if freed:
+                self.place_pass(sorted(freed), now)
+                self._retry_preemption(now, sorted(freed))
+            while i < len(jobs) and jobs[i].arrival_ms <= now:
+                job = jobs[i]
+                i += 1
+                self.enqueue(job, now)
+                self.out.decisions += 1
+                found = self._place(job.shape) if self._quota_ok(job) else None
+                if found is not None and self._is_head(job):
+                    self._remove_pending(job)
+                    self.start(job, found[0], found[1], now)
+                elif self.mode.preempt == "priority" or (
+                    self.mode.preempt == "kueue" and not self._quota_ok(job)
+                ):
+                    # Kueue preempts only for quota; kube-scheduler for any pod that does not fit
+                    self.try_preempt(job, now)
+            self.out.seconds += time.perf_counter() - started
+        if self.groups:
+            raise RuntimeError(f"{sum(map(len, self.groups.values()))} jobs never started")
+        return self.out
+
+    def _is_head(self, job: Job) -> bool:
+        """Whether nothing ahead of the job in its group waits (same shape: FIFO inside)."""
+        return self.groups[self._group(job)][0][1] is job
+
+    def _retry_preemption(self, now: int, freed: Sequence[int]) -> None:
+        """After a pod ends, the first waiting pod in order that may preempt tries once more
+        (kube-scheduler's PostFilter on a retry, on the nodes that freed room; Kueue's
+        requeue of inadmissible ClusterQueue heads)."""
+        if self.mode.preempt == "none" or not self.groups:
+            return
+        teams: set[str] = set()
+        for job in self._pending_heads():
+            if self.mode.preempt == "priority":
+                if BAND[job.cls] <= min(BAND.values()):
+                    continue
+                self.out.decisions += 1
+                self.try_preempt(job, now, freed)
+                return
+            # Kueue: each ClusterQueue's head, when quota is what holds it back
+            if job.team in teams:
+                continue
+            teams.add(job.team)
+            if self._quota_ok(job):
+                continue
+            self.out.decisions += 1
+            if self.try_preempt(job, now):
+                return
+
+
+def run_light(
+    name: str, nodes: Sequence[Node], jobs: Sequence[Job], capacity: int, teams: int
+) -> Outcome:
+    return _Light(nodes, jobs, capacity, teams, MODES[name]).run()
+
+
 # -- quartermaster --------------------------------------------------------------------------
 
 
@@ -283,8 +784,8 @@ class _Sim:
     #: (time, seq, kind, id): kind 0 = departure, 1 = requeue due, 2 = wake
     events: list[tuple[int, int, int, str]] = field(default_factory=list)
     seq: int = 0
-    #: requests whose last decision was "preempting": admitted with admitted_by_preemption
-    preemptors: set[str] = field(default_factory=set)
+    #: when each pending request started waiting (arrival, or the preemption that requeued it)
+    waiting_since: dict[str, int] = field(default_factory=dict)
 
     def push(self, t: int, kind: int, ident: str) -> None:
         heapq.heappush(self.events, (t, self.seq, kind, ident))
@@ -293,7 +794,7 @@ class _Sim:
     def end(self, attempt: str, now: int, preempted: bool) -> None:
         run = self.running.pop(attempt)
         milli = run.shape.gpus_milli
-        self.out.intervals.append((run.team, milli, run.started_at_ms, now))
+        self.out.intervals.append((run.team, milli, run.started_at_ms, now, not preempted))
         value, as_of = self.usage.get(run.team, (0, now))
         h = self.policy.usage_half_life_s
         value = decay_usage(value, now - as_of, h) + interval_usage(
@@ -328,10 +829,10 @@ class _Sim:
                 self.preempt(d.attempt_id, now)
                 woke = True
             elif d.kind is DecisionKind.WAIT:
-                if d.code == "preempting":
-                    self.preemptors.add(d.request_id)
-                else:
-                    self.preemptors.discard(d.request_id)
+                req = self.pending[d.request_id]
+                flag = d.code in ("preempting", "awaiting-stop")
+                if req.preempting != flag:
+                    self.pending[d.request_id] = replace(req, preempting=flag)
             elif d.kind is DecisionKind.REJECT:
                 raise RuntimeError(f"replay job {d.request_id} rejected: {d.message}")
         if woke:
@@ -353,11 +854,11 @@ class _Sim:
             req.shape,
             placement,
             now,
-            admitted_by_preemption=request_id in self.preemptors,
+            admitted_by_preemption=req.preempting,
             expected_end_ms=None if job.estimate_ms is None else now + job.estimate_ms,
         )
-        self.preemptors.discard(request_id)
         self.out.first_start_ms.setdefault(request_id, now)
+        self.out.waiting.append((job.team, self.waiting_since.pop(request_id), now))
         self.push(now + job.runtime_ms, 0, attempt)
 
     def preempt(self, attempt: str, now: int) -> None:
@@ -377,12 +878,20 @@ class _Sim:
             not_before_ms=due,
             expected_runtime_ms=job.estimate_ms,
         )
+        self.waiting_since[run.request_id] = now
         self.push(due, 1, run.request_id)
 
 
 def run_quartermaster(
-    nodes: Sequence[Node], jobs: Sequence[Job], capacity: int, teams: int, tick_ms: int, seed: int
+    nodes: Sequence[Node],
+    jobs: Sequence[Job],
+    capacity: int,
+    teams: int,
+    tick_ms: int,
+    seed: int,
+    policy: Policy | None = None,
 ) -> Outcome:
+    """Replay the jobs through `schedule()` with the portal's settings (`Policy()`)."""
     names = tuple(f"team-{i}" for i in range(teams))
     share, rest = divmod(capacity, teams)
     quotas = tuple(
@@ -393,11 +902,8 @@ def run_quartermaster(
         jobs={j.id: j for j in jobs},
         teams=tuple(Team(t) for t in names),
         quotas=quotas,
-        policy=Policy(
-            seed=seed,
-            preempt_after_s=REPLAY_PREEMPT_AFTER_S,
-            max_victim_loss_gpu_s=REPLAY_MAX_VICTIM_LOSS_GPU_S,
-        ),
+        policy=policy or Policy(),
+        # the requeue jitter: the one random draw inside the simulation
         rng=random.Random(seed + 1),
     )
     i = 0
@@ -423,6 +929,7 @@ def run_quartermaster(
                 job.arrival_ms,
                 expected_runtime_ms=job.estimate_ms,
             )
+            sim.waiting_since[job.id] = job.arrival_ms
             i += 1
         if sim.pending:
             sim.tick(now)
@@ -437,31 +944,112 @@ def measure(out: Outcome, jobs: Sequence[Job], capacity: int, teams: int) -> dic
     w1 = jobs[-1].arrival_ms
     span = max(w1 - w0, 1)
     received: dict[str, float] = {f"team-{i}": 0.0 for i in range(teams)}
-    total = 0.0
-    for team, milli, start, end in out.intervals:
+    total = useful = 0.0
+    for team, milli, start, end, kept in out.intervals:
         overlap = max(0, min(end, w1) - max(start, w0))
         total += milli * overlap
+        if kept:
+            useful += milli * overlap
         received[team] = received.get(team, 0.0) + milli * overlap
     entitled = capacity * span / teams
     ratios = [r / entitled for r in received.values()]
     jain = sum(ratios) ** 2 / (len(ratios) * sum(x * x for x in ratios)) if any(ratios) else 0.0
     waits = sorted((out.first_start_ms[j.id] - j.arrival_ms) / 1000 for j in jobs)
+    large = sorted(
+        (out.first_start_ms[j.id] - j.arrival_ms) / 1000
+        for j in jobs
+        if j.shape.gpus_milli >= LARGE_MILLI
+    )
     return {
         "utilization": round(100 * total / (capacity * span), 2),
+        "useful_utilization": round(100 * useful / (capacity * span), 2),
         "wait_mean_s": round(sum(waits) / len(waits), 1),
         "wait_p95_s": round(_pct(waits, 95), 1),
         "wait_p99_s": round(_pct(waits, 99), 1),
         "wait_max_s": round(waits[-1], 1),
+        "wait_p95_large_s": round(_pct(large, 95), 1) if large else 0.0,
         "jain": round(jain, 4),
+        "share_error": round(share_error(out, capacity, teams, w0, w1), 4),
         "preemptions": out.preemptions,
         "gpu_hours_lost": round(out.lost_milli_ms / 1000 / 3_600_000, 2),
         "decisions_per_s": round(out.decisions / out.seconds, 1) if out.seconds else 0.0,
     }
 
 
+def share_error(out: Outcome, capacity: int, teams: int, w0: int, w1: int) -> float:
+    """Mean over 1-hour windows of |received − entitlement| ÷ window capacity over the teams
+    with demand (a request waiting 5 minutes or more in the window); see the module
+    docstring."""
+    n = max(1, (w1 - w0) // SHARE_WINDOW_MS)
+    got = [[0.0] * teams for _ in range(n)]
+    demand = [[False] * teams for _ in range(n)]
+
+    def windows(start: int, end: int) -> range:
+        a = max(0, (start - w0) // SHARE_WINDOW_MS)
+        b = min(n - 1, (end - 1 - w0) // SHARE_WINDOW_MS)
+        return range(a, b + 1)
+
+    for team, milli, start, end, _ in out.intervals:
+        t = int(team.rsplit("-", 1)[1])
+        for w in windows(max(start, w0), min(end, w0 + n * SHARE_WINDOW_MS)):
+            lo = w0 + w * SHARE_WINDOW_MS
+            got[w][t] += milli * max(0, min(end, lo + SHARE_WINDOW_MS) - max(start, lo))
+    for team, start, end in out.waiting:
+        if end - start < DEMAND_WAIT_MS:
+            continue
+        t = int(team.rsplit("-", 1)[1])
+        for w in windows(max(start, w0), min(end, w0 + n * SHARE_WINDOW_MS)):
+            lo = w0 + w * SHARE_WINDOW_MS
+            if min(end, lo + SHARE_WINDOW_MS) - max(start, lo) >= DEMAND_WAIT_MS:
+                demand[w][t] = True
+    cap = capacity * SHARE_WINDOW_MS
+    errors: list[float] = []
+    for w in range(n):
+        needy = [t for t in range(teams) if demand[w][t]]
+        if not needy:
+            continue
+        # max-min fair: a team without demand is entitled to what it used, up to the level
+        # every demanding team is entitled to (equal weights)
+        level = _water_level(cap, [got[w][t] for t in range(teams) if not demand[w][t]], len(needy))
+        errors.append(sum(abs(got[w][t] - level) for t in needy) / len(needy) / cap)
+    return sum(errors) / len(errors) if errors else 0.0
+
+
+def _water_level(cap: float, satisfied: list[float], demanding: int) -> float:
+    """The max-min fair level: teams in `satisfied` take min(their use, level), the
+    `demanding` ones the level, and together they fill `cap`."""
+    left, k = cap, demanding + len(satisfied)
+    for used in sorted(satisfied):
+        if used * k <= left:
+            left -= used
+            k -= 1
+        else:
+            break
+    return left / k
+
+
 def _pct(sorted_values: Sequence[float], pct: int) -> float:
     k = max(0, math.ceil(pct / 100 * len(sorted_values)) - 1)
     return sorted_values[k]
+
+
+def run_policy(
+    name: str,
+    nodes: Sequence[Node],
+    jobs: Sequence[Job],
+    capacity: int,
+    teams: int,
+    tick_ms: int,
+    seed: int,
+) -> Outcome:
+    """Run one policy of `POLICIES` on the jobs."""
+    if name == "quartermaster":
+        return run_quartermaster(nodes, jobs, capacity, teams, tick_ms, seed)
+    if name == "fifo-strict":
+        return run_fifo_strict(nodes, jobs)
+    if name in MODES:
+        return run_light(name, nodes, jobs, capacity, teams)
+    raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
 
 
 def main(argv: Sequence[str]) -> int:
@@ -473,37 +1061,41 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--jobs", type=int, default=30_000)
     parser.add_argument("--load", type=float, default=90.0, help="offered load, %% of GPU capacity")
     parser.add_argument("--teams", type=int, default=5)
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=1, help="draws the jobs, arrivals, estimates")
     parser.add_argument("--tick-s", type=float, default=10.0, help="tick period; 0 = every event")
-    parser.add_argument("--policies", default="quartermaster,k8s-default")
+    parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument(
         "--estimates",
-        default="exact",
-        choices=("exact", "over3", "none"),
-        help="runtime estimates given to quartermaster: exact (perfect), over3 (x U(1,3)), none",
+        default="over3",
+        choices=("over3", "exact", "none"),
+        help="runtime estimates given to quartermaster: over3 (x U(1,3)), exact, none",
     )
     args = parser.parse_args(list(argv))
-    nodes = load_nodes(args.nodes)[:: args.every]
-    jobs, capacity = draw_jobs(
-        load_pods(args.pods), nodes, args.jobs, args.load, args.teams, args.seed
-    )
+    names = [p.strip() for p in args.policies.split(",") if p.strip()]
+    unknown = [p for p in names if p not in POLICIES]
+    if unknown:
+        parser.error(f"unknown policy {unknown[0]!r}; choose from {', '.join(POLICIES)}")
+    try:
+        nodes = load_nodes(args.nodes)[:: args.every]
+        pods = load_pods(args.pods)
+    except OSError as exc:
+        parser.error(f"cannot read the trace: {exc}")
+    jobs, capacity = draw_jobs(pods, nodes, args.jobs, args.load, args.teams, args.seed)
     jobs = with_estimates(jobs, args.estimates, args.seed)
+    asked = sum(j.shape.gpus_milli * j.runtime_ms for j in jobs)
+    whole = sum(whole_milli(j.shape) * j.runtime_ms for j in jobs)
     result: dict[str, object] = {
         "offered_load": args.load,
+        "offered_load_whole_gpus": round(args.load * whole / asked, 1) if asked else 0.0,
         "estimates": args.estimates,
+        "seed": args.seed,
         "gpus": capacity // 1000,
         "jobs": len(jobs),
     }
     policies: dict[str, dict[str, float]] = {}
-    for name in args.policies.split(","):
-        if name == "quartermaster":
-            out = run_quartermaster(
-                nodes, jobs, capacity, args.teams, int(args.tick_s * 1000), args.seed
-            )
-        elif name == "k8s-default":
-            out = run_baseline(nodes, jobs)
-        else:
-            parser.error(f"unknown policy {name!r}")
+    tick_ms = int(args.tick_s * 1000)
+    for name in names:
+        out = run_policy(name, nodes, jobs, capacity, args.teams, tick_ms, args.seed)
         policies[name] = measure(out, jobs, capacity, args.teams)
     result["policies"] = policies
     if args.json:

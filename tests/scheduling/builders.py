@@ -19,6 +19,7 @@ from scheduling.types import (
     PendingRequest,
     Placement,
     PodPlacement,
+    Policy,
     Pool,
     PreemptionPolicy,
     ProfileKind,
@@ -26,6 +27,7 @@ from scheduling.types import (
     Running,
     Shape,
     Snapshot,
+    Taint,
     Team,
     TeamUsage,
     WorkloadClass,
@@ -43,6 +45,13 @@ CLASSES = (
     ),
     WorkloadClass("training", band=100, preemption=PreemptionPolicy.ALWAYS, max_queue_s=86400),
 )
+
+
+def rules(**knobs: object) -> Policy:
+    """`Policy()` without the production's patience (`preempt_after_s`) and victim-loss cap,
+    so that each rule shows on its own; `knobs` override."""
+    base: dict[str, object] = {"preempt_after_s": 0, "max_victim_loss_gpu_s": 0}
+    return Policy(**{**base, **knobs})  # type: ignore[arg-type]
 
 
 def node(
@@ -71,9 +80,24 @@ def pool(
     return Pool(name, partitioning, lifecycle, int(floor * 1000))
 
 
-def shape(gpus: int = 1, milli: int = 1000, pods: int = 1, cpu: int = 0) -> Shape:
+def shape(
+    gpus: int = 1,
+    milli: int = 1000,
+    pods: int = 1,
+    cpu: int = 0,
+    memory_gib: int = 0,
+    tolerations: tuple[Taint, ...] = (),
+) -> Shape:
     kind = ProfileKind.SHARED if milli < 1000 else ProfileKind.WHOLE
-    return Shape(kind=kind, count=gpus, milli=milli, pods=pods, cpu_milli=cpu * 1000)
+    return Shape(
+        kind=kind,
+        count=gpus,
+        milli=milli,
+        pods=pods,
+        cpu_milli=cpu * 1000,
+        memory_mib=memory_gib * 1024,
+        tolerations=tolerations,
+    )
 
 
 def req(
@@ -88,17 +112,21 @@ def req(
     priority: int = 0,
     not_before_s: int = 0,
     cpu: int = 0,
+    memory_gib: int = 0,
+    preempting: bool = False,
+    tolerations: tuple[Taint, ...] = (),
 ) -> PendingRequest:
     """A pending request created `created_s` seconds before NOW."""
     return PendingRequest(
         id=id or f"{team}-{cls}-{gpus}x{pods}-{created_s}",
         team=team,
         workload_class=cls,
-        shape=shape(gpus, milli, pods, cpu),
+        shape=shape(gpus, milli, pods, cpu, memory_gib, tolerations),
         created_at_ms=NOW - created_s * S,
         pool=pool,
         priority=priority,
         not_before_ms=NOW + not_before_s * S if not_before_s else 0,
+        preempting=preempting,
     )
 
 

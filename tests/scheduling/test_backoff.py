@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import unittest
 
-from scheduling.backoff import decay_usage, interval_usage, requeue_delay_s
+from scheduling.backoff import requeue_delay_s
+from scheduling.usage_decay import decay_usage, interval_usage
 
 
 class RequeueDelayTest(unittest.TestCase):

@@ -15,6 +15,7 @@ from tests.scheduling.builders import (
     pool,
     quota,
     req,
+    rules,
     run,
     snapshot,
 )
@@ -27,7 +28,7 @@ class Case:
     want: dict[str, str]
     #: attempt ids preempted, in order (None = do not check)
     preempted: list[str] | None = None
-    policy: Policy = field(default_factory=Policy)
+    policy: Policy = field(default_factory=rules)
 
 
 TWO_NODES = (node("n1", gpus=4), node("n2", gpus=4))
@@ -153,7 +154,7 @@ CASES: dict[str, Case] = {
             running=[run("x", node="n2", devices=(0,))],
         ),
         {"g": "wait:no-capacity", "s": "admit:fits"},
-        policy=Policy(max_reservations=0),
+        policy=rules(max_reservations=0),
     ),
     "gang spans nodes": Case(
         snapshot(TWO_NODES, pending=[req("g", gpus=4, pods=2)]), {"g": "admit:fits"}
@@ -181,7 +182,7 @@ CASES: dict[str, Case] = {
         ),
         {"a1": "wait:no-capacity"},
         preempted=[],
-        policy=Policy(max_reservations=0),
+        policy=rules(max_reservations=0),
     ),
     "borrowing requests do not preempt": Case(
         snapshot(
@@ -229,7 +230,7 @@ CASES: dict[str, Case] = {
         ),
         {"a1": "wait:no-capacity"},
         preempted=[],
-        policy=Policy(max_victim_loss_gpu_s=3600),
+        policy=rules(max_victim_loss_gpu_s=3600),
     ),
     "preemption cap per tick": Case(
         snapshot(
@@ -240,7 +241,7 @@ CASES: dict[str, Case] = {
         ),
         {"a1": "wait:no-capacity"},
         preempted=[],
-        policy=Policy(max_preemptions_per_tick=3),
+        policy=rules(max_preemptions_per_tick=3),
     ),
     "lower band of the same team": Case(
         snapshot(
@@ -295,7 +296,7 @@ CASES: dict[str, Case] = {
             running=[run("x", node="n1", devices=(0,)), run("y", node="n2", devices=(0, 1, 2))],
         ),
         {"big": "wait:no-capacity", "s1": "admit:fits", "s2": "admit:fits"},
-        policy=Policy(max_reservations=0),
+        policy=rules(max_reservations=0),
     ),
 }
 
@@ -377,7 +378,7 @@ class ReservationTest(unittest.TestCase):
                 run("y", team="a", node="n2", devices=(0, 1)),
             ],
         )
-        decisions = {d.request_id: d for d in schedule(snap, policy=Policy(max_reservations=1))}
+        decisions = {d.request_id: d for d in schedule(snap, policy=rules(max_reservations=1))}
         self.assertLess(decisions["young"].position, decisions["old"].position)
         self.assertEqual(decisions["old"].facts["reserved_nodes"], ["n1"])
         self.assertNotIn("reserved_nodes", decisions["young"].facts)
@@ -393,7 +394,7 @@ class ReservationTest(unittest.TestCase):
             quotas=[quota("a", 2), quota("b", 2), quota("c", 4)],
         )
         self.assertEqual(
-            outcome(schedule(snap, policy=Policy(max_reservations=0)))["small"], "admit:borrows"
+            outcome(schedule(snap, policy=rules(max_reservations=0)))["small"], "admit:borrows"
         )
         decisions = {d.request_id: d for d in schedule(snap)}
         self.assertEqual(decisions["small"].code, "cohort-exhausted")
@@ -420,7 +421,9 @@ class ExplainTest(unittest.TestCase):
         )
 
     def test_reclaim_names_the_borrower(self) -> None:
-        decisions = schedule(CASES["reclaim borrowed capacity, each victim once"].snap)
+        decisions = schedule(
+            CASES["reclaim borrowed capacity, each victim once"].snap, policy=rules()
+        )
         wait = next(d for d in decisions if d.kind is DecisionKind.WAIT)
         self.assertEqual(
             wait.message,

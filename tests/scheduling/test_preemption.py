@@ -1,0 +1,320 @@
+"""Preemption, table-driven in Kueue's terms: ClusterQueue ↔ team, flavor ↔ pool,
+priority ↔ class band, cohort ↔ the teams with a quota row in one pool.
+
+Cases named "Kueue: …" port a case of Kueue's `TestPreemption`
+(pkg/scheduler/preemption/preemption_test.go) or `TestSchedule`
+(pkg/scheduler/scheduler_test.go) with the same quantities (Kueue's CPUs become GPUs).
+The ClusterQueues there use `withinClusterQueue: LowerPriority` and
+`reclaimWithinCohort: Any`, as Quartermaster does. Differences from Kueue are in
+docs/scheduling.md ("Differences from Kueue").
+"""
+
+from __future__ import annotations
+
+import unittest
+from dataclasses import dataclass, field
+
+from scheduling import schedule
+from scheduling.types import DecisionKind, Policy, PreemptionPolicy, Snapshot, Taint, WorkloadClass
+from tests.scheduling.builders import (
+    by_kind,
+    node,
+    outcome,
+    pool,
+    quota,
+    req,
+    rules,
+    run,
+    snapshot,
+)
+
+#: Kueue's priorities -1, 0, 1 as class bands; every class may be preempted
+PRIO = (
+    WorkloadClass("low", band=10, preemption=PreemptionPolicy.ALWAYS),
+    WorkloadClass("mid", band=20, preemption=PreemptionPolicy.ALWAYS),
+    WorkloadClass("high", band=30, preemption=PreemptionPolicy.ALWAYS),
+)
+
+
+@dataclass
+class Case:
+    snap: Snapshot
+    want: dict[str, str]
+    #: attempt ids preempted, as a set (Kueue's wantPreempted)
+    preempted: set[str] = field(default_factory=set)
+    policy: Policy = field(default_factory=rules)
+
+
+def standalone(*running: tuple[str, str, int], gpus: int = 6) -> tuple[object, ...]:
+    """Kueue's "standalone" ClusterQueue: team a, nominal 6, no cohort to borrow from."""
+    runs = []
+    at = 0
+    for name, cls, n in running:
+        runs.append(run(name, team="a", cls=cls, devices=range(at, at + n)))
+        at += n
+    return ([node("n1", gpus=gpus)], runs, [quota("a", 6)])
+
+
+def _standalone_case(
+    running: list[tuple[str, str, int]], incoming: tuple[str, int], want: str, victims: set[str]
+) -> Case:
+    nodes, runs, quotas = standalone(*running)
+    cls, n = incoming
+    return Case(
+        snapshot(
+            nodes,  # type: ignore[arg-type]
+            pending=[req("in", team="a", cls=cls, gpus=n)],
+            running=runs,  # type: ignore[arg-type]
+            quotas=quotas,  # type: ignore[arg-type]
+            classes=PRIO,
+        ),
+        {"in": want},
+        victims,
+    )
+
+
+CASES: dict[str, Case] = {
+    # -- Kueue TestPreemption, withinClusterQueue: LowerPriority ----------------------------
+    "Kueue: preempt lowest priority": _standalone_case(
+        [("low", "low", 2), ("mid", "mid", 2), ("high", "high", 2)],
+        ("high", 2),
+        "wait:preempting",
+        {"low#1"},
+    ),
+    "Kueue: preempt multiple": _standalone_case(
+        [("low", "low", 2), ("mid", "mid", 2), ("high", "high", 2)],
+        ("high", 3),
+        "wait:preempting",
+        {"low#1", "mid#1"},
+    ),
+    "Kueue: no preemption for low priority": _standalone_case(
+        [("low", "low", 3), ("mid", "mid", 3)], ("low", 1), "wait:cohort-exhausted", set()
+    ),
+    "Kueue: not enough low priority workloads": _standalone_case(
+        [("low", "low", 3), ("mid", "mid", 3)], ("mid", 4), "wait:cohort-exhausted", set()
+    ),
+    "Kueue: some free quota, preempt low priority": _standalone_case(
+        [("low", "low", 1), ("mid", "mid", 1), ("high", "high", 3)],
+        ("high", 2),
+        "wait:preempting",
+        {"low#1"},
+    ),
+    "Kueue: minimal set excludes low priority": _standalone_case(
+        [("low", "low", 1), ("mid", "mid", 2), ("high", "high", 3)],
+        ("high", 2),
+        "wait:preempting",
+        {"mid#1"},
+    ),
+    # -- Kueue TestPreemption, reclaimWithinCohort: Any --------------------------------------
+    # c1 (a) nominal 6 runs c1-low 3; c2 (b) nominal 6 runs c2-mid 3 and c2-high 6 (borrows 3)
+    "Kueue: reclaim quota from borrower": Case(
+        snapshot(
+            [node("n1", gpus=12)],
+            pending=[req("in", team="a", cls="high", gpus=3)],
+            running=[
+                run("c1-low", team="a", cls="low", devices=range(3)),
+                run("c2-mid", team="b", cls="mid", devices=range(3, 6)),
+                run("c2-high", team="b", cls="high", devices=range(6, 12)),
+            ],
+            quotas=[quota("a", 6, borrow=6), quota("b", 6, borrow=6)],
+            classes=PRIO,
+        ),
+        {"in": "wait:preempting"},
+        {"c2-mid#1"},
+    ),
+    # Kueue takes a borrower's workloads only while its ClusterQueue still borrows.
+    "Kueue: reclaim only what is borrowed": Case(
+        snapshot(
+            [node("n1", gpus=4)],
+            pending=[req("in", team="a", gpus=2)],
+            running=[run(f"b{i}", team="b", devices=(i,)) for i in range(3)],
+            quotas=[quota("a", 2), quota("b", 2)],
+        ),
+        {"in": "wait:preempting"},
+        {"b0#1"},
+    ),
+    # ... but the last victim may take the borrower below nominal (documented, as Kueue).
+    "reclaim may end below nominal by one attempt": Case(
+        snapshot(
+            [node("n1", gpus=4)],
+            pending=[req("in", team="a", gpus=2)],
+            running=[run("b3", team="b", devices=(0, 1, 2))],
+            quotas=[quota("a", 2), quota("b", 2)],
+        ),
+        {"in": "wait:preempting"},
+        {"b3#1"},
+    ),
+    # -- issue defect a: own lower band while at or over nominal ----------------------------
+    "own lower band at nominal (withinClusterQueue: LowerPriority)": Case(
+        snapshot(
+            [node("n1", gpus=8)],
+            pending=[req("in", team="a", cls="interactive", gpus=2)],
+            running=[
+                *[run(f"a{i}", team="a", devices=(i,), age_s=3600 - i) for i in range(4)],
+                *[run(f"b{i}", team="b", devices=(4 + i,)) for i in range(4)],
+            ],
+            quotas=[quota("a", 4), quota("b", 4)],
+        ),
+        {"in": "wait:preempting"},
+        {"a3#1", "a2#1"},
+    ),
+    "own lower band frees quota, not devices": Case(
+        snapshot(
+            [node("n1", gpus=8)],
+            pending=[req("in", team="a", cls="interactive", gpus=2)],
+            running=[run(f"a{i}", team="a", devices=(i,), age_s=3600 - i) for i in range(4)],
+            quotas=[quota("a", 4), quota("b", 4, lend=0)],
+        ),
+        {"in": "wait:preempting"},
+        {"a3#1", "a2#1"},
+    ),
+    # -- issue defect b: a quota-blocked borrower's reservation does not block reclaim -------
+    "reservation of a quota-blocked borrower does not stop a reclaim": Case(
+        snapshot(
+            [node("n1", gpus=4), node("n2", gpus=4)],
+            pending=[
+                req("big", team="b", gpus=4, priority=10, created_s=600),
+                req("in", team="c", gpus=2),
+            ],
+            running=[
+                *[run(f"b{i}", team="b", node="n1", devices=(i,), age_s=7200) for i in range(4)],
+                *[run(f"a{i}", team="a", node="n2", devices=(i,), age_s=600) for i in range(4)],
+            ],
+            quotas=[quota("a", 4), quota("b", 2), quota("c", 2)],
+        ),
+        {"big": "wait:cohort-exhausted", "in": "wait:preempting"},
+        {"b0#1", "b1#1"},
+    ),
+    # -- a preemption is never wasted against the inference floor ---------------------------
+    "no preemption the floor would refuse afterwards": Case(
+        snapshot(
+            # n2's two devices count for quota but the request does not tolerate its taint
+            [node("n1", gpus=8), node("n2", gpus=2, taints=(Taint("gpu", "reserved"),))],
+            pools=[pool(floor=4)],
+            pending=[req("in", team="a", cls="interactive", gpus=2)],
+            running=[
+                run("b0", team="b", cls="interactive", devices=(0, 1)),
+                run("a0", team="a", devices=(2, 3)),
+                run("c0", team="c", cls="interactive", devices=(4, 5, 6, 7)),
+            ],
+            quotas=[quota("a", 3), quota("b", 2)],
+        ),
+        {"in": "wait:no-capacity"},
+        set(),
+        rules(max_reservations=0),
+    ),
+    # -- the starvation bound: past its class's maximum queue time, the same band too -------
+    "starving request preempts the same band": Case(
+        snapshot(
+            [node("n1", gpus=2)],
+            pending=[req("in", team="a", gpus=2, created_s=86400)],
+            running=[run("b0", team="b", devices=(0, 1))],
+        ),
+        {"in": "wait:preempting"},
+        {"b0#1"},
+    ),
+    "before its maximum queue time it does not": Case(
+        snapshot(
+            [node("n1", gpus=2)],
+            pending=[req("in", team="a", gpus=2, created_s=86000)],
+            running=[run("b0", team="b", devices=(0, 1))],
+        ),
+        {"in": "wait:no-capacity"},
+        set(),
+    ),
+    "a starving request spares its band's older work": Case(
+        snapshot(
+            [node("n1", gpus=2)],
+            pending=[req("in", team="a", gpus=2, created_s=86400)],
+            running=[run("b0", team="b", devices=(0, 1), age_s=90000)],
+        ),
+        {"in": "wait:no-capacity"},
+        set(),
+    ),
+    "a starving request never takes a higher band": Case(
+        snapshot(
+            [node("n1", gpus=2)],
+            pending=[req("in", team="a", gpus=2, created_s=86400)],
+            running=[run("b0", team="b", cls="interactive", devices=(0, 1))],
+        ),
+        {"in": "wait:no-capacity"},
+        set(),
+    ),
+}
+
+
+class PreemptionTableTest(unittest.TestCase):
+    def test_cases(self) -> None:
+        for name, case in CASES.items():
+            with self.subTest(name):
+                decisions = schedule(case.snap, policy=case.policy)
+                got = outcome(decisions)
+                self.assertEqual({k: got.get(k) for k in case.want}, case.want)
+                self.assertEqual(set(by_kind(decisions, DecisionKind.PREEMPT)), case.preempted)
+
+
+class RoomKeptTest(unittest.TestCase):
+    def test_the_preemptor_gets_the_room_its_victims_freed(self) -> None:
+        # Tick after a reclaim: the victims are gone, two devices are free. A request of a
+        # higher band arrives; the preemptor still gets the room (no second preemption).
+        snap = snapshot(
+            [node("n1", gpus=4)],
+            pending=[
+                req("pre", team="a", gpus=2, created_s=60, preempting=True),
+                req("hi", team="c", cls="interactive", gpus=2),
+            ],
+            running=[run("b0", team="b", devices=(0, 1))],
+            quotas=[quota("a", 2), quota("b", 2)],
+        )
+        decisions = schedule(snap)
+        self.assertEqual(outcome(decisions)["pre"], "admit:fits")
+        self.assertEqual(by_kind(decisions, DecisionKind.PREEMPT), [])
+
+
+class ReservationFitTest(unittest.TestCase):
+    """Reservations hold only nodes that could host one pod: memory and taints too."""
+
+    def reserved(self, snap: Snapshot) -> list[str]:
+        d = {x.request_id: x for x in schedule(snap)}["big"]
+        return list(d.facts.get("reserved_nodes", []))  # type: ignore[call-overload]
+
+    def test_memory(self) -> None:
+        snap = snapshot(
+            [node("n1", gpus=4, memory_gib=64), node("n2", gpus=4, memory_gib=1024)],
+            pending=[req("big", gpus=4, memory_gib=512)],
+            running=[
+                run("x", node="n1", devices=(0,), age_s=9000),
+                run("y", node="n2", devices=(0,), age_s=60),
+            ],
+        )
+        self.assertEqual(self.reserved(snap), ["n2"])
+
+    def test_taints(self) -> None:
+        taint = Taint("dedicated", "inference")
+        snap = snapshot(
+            [node("n1", gpus=4, taints=(taint,)), node("n2", gpus=4)],
+            pending=[req("big", gpus=4)],
+            running=[
+                run("x", node="n1", devices=(0,), age_s=9000),
+                run("y", node="n2", devices=(0,), age_s=60),
+            ],
+        )
+        self.assertEqual(self.reserved(snap), ["n2"])
+
+
+class ShippedPolicyTest(unittest.TestCase):
+    """`Policy()` is what the portal and the replay run: it waits before preempting."""
+
+    def decide(self, created_s: int) -> str:
+        snap = snapshot(
+            [node("n1", gpus=8)],
+            pending=[req("a1", team="a", gpus=4, created_s=created_s)],
+            running=[run(f"b{i}", team="b", devices=(i,), age_s=1800) for i in range(8)],
+            quotas=[quota("a", 4), quota("b", 4)],
+        )
+        return outcome(schedule(snap, policy=Policy()))["a1"]
+
+    def test_it_waits_preempt_after_s_first(self) -> None:
+        self.assertEqual(Policy().preempt_after_s, 300)
+        self.assertEqual(self.decide(created_s=299), "wait:no-capacity")
+        self.assertEqual(self.decide(created_s=300), "wait:preempting")

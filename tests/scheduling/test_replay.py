@@ -1,0 +1,111 @@
+"""The replay's baselines and measures on small hand-made clusters (the trace is not needed)."""
+
+from __future__ import annotations
+
+import unittest
+
+from scheduling.bench.replay import (
+    Job,
+    Outcome,
+    measure,
+    run_fifo_strict,
+    run_light,
+    run_quartermaster,
+    share_error,
+    with_estimates,
+)
+from scheduling.types import Device, Node, Partitioning, ProfileKind, Shape
+
+H = 3600 * 1000
+
+
+def gpu_node(name: str, gpus: int = 2) -> Node:
+    devices = tuple(Device(i, "G2", 16 * 1024, Partitioning.TIME_SLICING) for i in range(gpus))
+    return Node(name, "openb", 64_000, 256 * 1024, devices)
+
+
+def job(
+    i: int, gpus: int = 1, milli: int = 1000, at_s: int = 0, run_h: float = 1.0, **kw: str
+) -> Job:
+    kind = ProfileKind.SHARED if milli < 1000 else ProfileKind.WHOLE
+    return Job(
+        f"job-{i:06d}",
+        kw.get("team", "team-0"),
+        kw.get("cls", "training"),
+        Shape(kind=kind, count=gpus, milli=milli, cpu_milli=1000),
+        int(run_h * H),
+        at_s * 1000,
+    )
+
+
+class BaselineTest(unittest.TestCase):
+    def test_fifo_strict_blocks_the_head_of_the_line(self) -> None:
+        jobs = [job(0, gpus=1), job(1, gpus=2, at_s=1), job(2, gpus=1, at_s=2)]
+        out = run_fifo_strict([gpu_node("n1")], jobs)
+        # job 1 waits for job 0, and job 2 waits behind job 1
+        self.assertEqual(out.first_start_ms["job-000002"], out.first_start_ms["job-000001"] + H)
+
+    def test_kube_scheduler_sets_aside_what_does_not_fit(self) -> None:
+        jobs = [job(0, gpus=1), job(1, gpus=2, at_s=1), job(2, gpus=1, at_s=2)]
+        out = run_light("kube-scheduler", [gpu_node("n1")], jobs, 2000, 1)
+        self.assertEqual(out.first_start_ms["job-000002"], 2000)
+
+    def test_whole_devices_only_except_binpack(self) -> None:
+        jobs = [job(0, milli=500), job(1, milli=500, at_s=1), job(2, milli=500, at_s=2)]
+        whole = run_light("kube-scheduler", [gpu_node("n1")], jobs, 2000, 1)
+        shared = run_light("binpack", [gpu_node("n1")], jobs, 2000, 1)
+        self.assertEqual(whole.first_start_ms["job-000002"], H)  # two slices, two GPUs
+        self.assertEqual(shared.first_start_ms["job-000002"], 2000)
+
+    def test_kube_scheduler_preempts_a_lower_priority(self) -> None:
+        jobs = [job(0, gpus=2, run_h=5), job(1, gpus=1, at_s=60, cls="inference")]
+        out = run_light("kube-scheduler", [gpu_node("n1")], jobs, 2000, 1)
+        self.assertEqual(out.preemptions, 1)
+        self.assertEqual(out.first_start_ms["job-000001"], 60_000)
+
+    def test_kueue_reclaims_from_a_borrower(self) -> None:
+        # two teams, nominal one GPU each; team-1 borrows the second GPU, team-0 takes it back
+        jobs = [
+            job(0, gpus=1, run_h=5, team="team-1"),
+            job(1, gpus=1, at_s=1, run_h=5, team="team-1"),
+            job(2, gpus=1, at_s=60, team="team-0"),
+        ]
+        out = run_light("kueue", [gpu_node("n1")], jobs, 2000, 2)
+        self.assertEqual(out.preemptions, 1)
+        self.assertEqual(out.first_start_ms["job-000002"], 60_000)
+
+    def test_quartermaster_runs_the_portal_policy(self) -> None:
+        jobs = [job(0, gpus=1), job(1, gpus=2, at_s=1), job(2, gpus=1, at_s=2)]
+        out = run_quartermaster([gpu_node("n1")], jobs, 2000, 1, 10_000, 1)
+        self.assertEqual(set(out.first_start_ms), {j.id for j in jobs})
+
+
+class MeasureTest(unittest.TestCase):
+    def test_useful_work_leaves_out_preempted_attempts(self) -> None:
+        jobs = [job(i, at_s=i * 3600) for i in range(10)]
+        out = Outcome(first_start_ms={j.id: j.arrival_ms for j in jobs})
+        out.intervals = [("team-0", 1000, 0, 10 * H, True), ("team-0", 1000, 0, 10 * H, False)]
+        m = measure(out, jobs, 2000, 1)
+        self.assertEqual(m["utilization"], 100.0)
+        self.assertEqual(m["useful_utilization"], 50.0)
+
+    def test_share_error_counts_only_teams_with_demand(self) -> None:
+        out = Outcome()
+        # team-0 holds everything for 4 hours while team-1 waits: error 0.5 per window
+        out.intervals = [("team-0", 2000, 0, 4 * H, True)]
+        out.waiting = [("team-1", 0, 4 * H)]
+        self.assertAlmostEqual(share_error(out, 2000, 2, 0, 4 * H), 0.5)
+        # a team that got its entitlement has no error; a short wait is no demand
+        out.intervals = [("team-0", 1000, 0, 4 * H, True), ("team-1", 1000, 0, 4 * H, True)]
+        out.waiting = [("team-1", 0, 4 * H), ("team-0", 0, 10_000)]
+        self.assertAlmostEqual(share_error(out, 2000, 2, 0, 4 * H), 0.0)
+
+    def test_estimates_over3_never_under_estimate(self) -> None:
+        jobs = [job(i) for i in range(50)]
+        for j in with_estimates(jobs, "over3", 1):
+            assert j.estimate_ms is not None
+            self.assertTrue(j.runtime_ms <= j.estimate_ms <= 3 * j.runtime_ms)
+
+
+if __name__ == "__main__":
+    unittest.main()
