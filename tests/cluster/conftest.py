@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from portal import k8s
 from portal.backends.kubernetes import KubernetesBackend
+from portal.k8s.jobs import JobOptions
 from tests.cluster import nodes as gpu_nodes_mod
-from tests.cluster.kube import SCRIPT, Cluster, apply_one, token_client, wait_for
+from tests.cluster.kube import SCRIPT, Cluster, apply_one, node_ready, token_client, wait_for
 from tests.k8s.chart import NAMESPACE, RELEASE, render
 
 HERE = Path(__file__).resolve().parent
@@ -119,7 +119,7 @@ def gpu_nodes(cluster: Cluster) -> list[dict[str, Any]]:
         core.create_node(doc)
     for doc in docs:
         name = doc["metadata"]["name"]
-        wait_for(f"node {name} Ready", lambda n=name: k8s._node_ready(core.read_node(n)), 60)
+        wait_for(f"node {name} Ready", lambda n=name: node_ready(core.read_node(n)), 60)
     return docs
 
 
@@ -172,7 +172,7 @@ def qm_api(cluster: Cluster, chart: list[dict[str, Any]]) -> client.ApiClient:
 
 
 #: Job options of the tests: short grace so a stopped pod goes within seconds
-JOB_OPTIONS = k8s.JobOptions(termination_grace_s=2, ttl_seconds_after_finished=600, backoff_limit=0)
+JOB_OPTIONS = JobOptions(termination_grace_s=2, ttl_seconds_after_finished=600, backoff_limit=0)
 
 
 @pytest.fixture(scope="session")

@@ -186,3 +186,7 @@ def can_i(
 def merge_patch_node(core: client.CoreV1Api, name: str, body: dict[str, Any]) -> Any:
     """A JSON merge patch (the client would otherwise send a dict as a JSON patch)."""
     return core.patch_node(name, body, _content_type="application/merge-patch+json")
+
+
+def node_ready(node: Any) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or ()))

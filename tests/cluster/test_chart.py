@@ -13,7 +13,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic.exceptions import DynamicApiError
 
-from portal import k8s
+from portal.k8s.jobs import job_build
 from tests.cluster.conftest import CHART_VALUES, JOB_OPTIONS, WORKLOAD_KINDS
 from tests.cluster.kube import Cluster, apply_one, wait_for
 from tests.cluster.specs import launch_spec
@@ -141,7 +141,7 @@ def test_the_admission_policy_rejects_a_job_that_breaks_it(
 def test_a_job_quartermaster_builds_passes_every_admission_check(
     cluster: Cluster, chart: list[dict[str, Any]]
 ) -> None:
-    job = k8s.job_build(launch_spec(namespace="team-a", node="a100-0"), JOB_OPTIONS)
+    job = job_build(launch_spec(namespace="team-a", node="a100-0"), JOB_OPTIONS)
     created = cluster.batch().create_namespaced_job("team-a", job, dry_run="All")
     assert created.metadata.name == job.metadata.name
 
@@ -160,7 +160,7 @@ def test_the_resource_quota_counts_gpu_requests(
         ),
     )
     spec = launch_spec(namespace="team-b", node="a100-0", grants=2)
-    job = k8s.job_build(spec, JOB_OPTIONS)
+    job = job_build(spec, JOB_OPTIONS)
     pod = client.V1Pod(metadata=client.V1ObjectMeta(name="two-gpus"), spec=job.spec.template.spec)
     with pytest.raises(ApiException) as exc:
         cluster.core().create_namespaced_pod("team-b", pod, dry_run="All")

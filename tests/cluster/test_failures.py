@@ -10,10 +10,11 @@ import time
 
 from kubernetes import client
 
-from portal import k8s
 from portal.backends.base import Outcome
 from portal.backends.kubernetes import KubernetesBackend
-from tests.cluster.kube import Cluster, merge_patch_node, wait_for
+from portal.k8s.status import condition
+from portal.k8s.watch import WorkloadWatcher
+from tests.cluster.kube import Cluster, merge_patch_node, node_ready, wait_for
 from tests.cluster.specs import launch_spec
 from tests.cluster.test_workloads import outcomes, pod_of
 
@@ -39,7 +40,7 @@ def test_an_oom_kill_is_oom_and_fails_the_job_at_once(
     wait_for("OOM", lambda: watching.status(spec.name, spec.namespace).outcome == Outcome.OOM)
     job = wait_for(
         "the Job to fail by its pod failure policy",
-        lambda: k8s._cond(cluster.batch().read_namespaced_job(spec.name, spec.namespace), "Failed"),
+        lambda: condition(cluster.batch().read_namespaced_job(spec.name, spec.namespace), "Failed"),
     )
     assert job.reason == "PodFailurePolicy"
 
@@ -128,7 +129,7 @@ def test_a_node_turned_not_ready_is_tainted_and_its_attempt_is_node_lost(
     finally:
         watching.stop(spec.name, spec.namespace, grace_seconds=0)
         merge_patch_node(core, "a100-1", {"metadata": {"labels": {NOT_READY: None}}})
-        wait_for("a100-1 Ready again", lambda: k8s._node_ready(core.read_node("a100-1")), 60)
+        wait_for("a100-1 Ready again", lambda: node_ready(core.read_node("a100-1")), 60)
         wait_for(
             "the not-ready taint to go",
             lambda: (
@@ -144,7 +145,7 @@ def test_a_node_turned_not_ready_is_tainted_and_its_attempt_is_node_lost(
 def test_a_watch_behind_a_compaction_gets_410_and_relists_without_losing_anything(
     qm_api: client.ApiClient, cluster: Cluster, backend: KubernetesBackend
 ) -> None:
-    watcher = k8s.WorkloadWatcher(
+    watcher = WorkloadWatcher(
         client.CoreV1Api(qm_api), client.BatchV1Api(qm_api), ["team-b"], timeout_s=2
     )
     watcher.relist("team-b", "jobs")

@@ -16,8 +16,9 @@ import portal.backends
 from portal import services
 from portal.backends.kubernetes import KubernetesBackend
 from portal.models import DeviceProfile, GpuRequest, Membership, Pool, Quota, WorkloadClass
-from portal.tick import reconcile, run_tick
-from tests.cluster.kube import Cluster
+from portal.reconcile import reconcile
+from portal.tick import run_tick
+from tests.cluster.kube import Cluster, node_ready
 from tests.cluster.nodes import POOL_SELECTORS
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -160,6 +161,4 @@ def test_a_request_on_a_node_that_goes_not_ready_is_requeued(
 
 
 def k8s_ready(core: Any, node: str) -> bool:
-    from portal import k8s
-
-    return k8s._node_ready(core.read_node(node))
+    return node_ready(core.read_node(node))

@@ -9,7 +9,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from portal import k8s
+from portal.k8s.jobs import job_build
 from tests.cluster.conftest import JOB_OPTIONS, TEAM_NS
 from tests.cluster.kube import Cluster, can_i
 from tests.cluster.specs import launch_spec
@@ -45,12 +45,12 @@ def test_it_cannot_create_jobs_outside_team_namespaces(
 ) -> None:
     batch = client.BatchV1Api(qm_api)
     for ns in ("default", NAMESPACE, "kube-system"):
-        job = k8s.job_build(launch_spec(namespace=ns, node="a100-0"), JOB_OPTIONS)
+        job = job_build(launch_spec(namespace=ns, node="a100-0"), JOB_OPTIONS)
         with pytest.raises(ApiException) as exc:
             batch.create_namespaced_job(ns, job)
         assert exc.value.status == 403, ns
     # and in a team namespace it can (dry run: nothing is left behind)
-    job = k8s.job_build(launch_spec(namespace="team-a", node="a100-0"), JOB_OPTIONS)
+    job = job_build(launch_spec(namespace="team-a", node="a100-0"), JOB_OPTIONS)
     assert batch.create_namespaced_job("team-a", job, dry_run="All").metadata.name
 
 

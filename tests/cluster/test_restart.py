@@ -10,9 +10,10 @@ from dataclasses import replace
 
 import pytest
 
-from portal import k8s
 from portal.backends.base import Outcome
 from portal.backends.kubernetes import KubernetesBackend
+from portal.k8s.jobs import job_build, job_create
+from portal.k8s.names import JobConflict
 from tests.cluster.conftest import JOB_OPTIONS
 from tests.cluster.kube import Cluster, wait_for
 from tests.cluster.specs import launch_spec
@@ -22,7 +23,7 @@ def test_a_launch_lost_to_an_apiserver_restart_is_adopted_on_409(
     backend: KubernetesBackend, cluster: Cluster
 ) -> None:
     spec = launch_spec(node="a100-0", image="qm.test/ok")
-    job = k8s.job_build(spec, JOB_OPTIONS, backend._node_facts(spec.node))
+    job = job_build(spec, JOB_OPTIONS, backend._node_facts(spec.node))
     batch = backend.batch
     created: list[object] = []
 
@@ -39,7 +40,7 @@ def test_a_launch_lost_to_an_apiserver_restart_is_adopted_on_409(
     batch.create_namespaced_job = create_then_lose_the_answer  # type: ignore[method-assign]
     try:
         with pytest.raises(ConnectionResetError):
-            k8s.job_create(batch, job)
+            job_create(batch, job)
     finally:
         del batch.create_namespaced_job
     assert len(created) == 1
@@ -66,5 +67,5 @@ def test_a_409_for_another_attempt_is_a_conflict_not_an_adoption(
     spec = launch_spec(node="a100-0", image="qm.test/ok")
     backend.launch(spec)
     other = replace(spec, attempt_id=spec.attempt_id + 100000)
-    with pytest.raises(k8s.JobConflict, match="quartermaster.io/attempt-id"):
+    with pytest.raises(JobConflict, match="quartermaster.io/attempt-id"):
         backend.launch(other)
