@@ -53,7 +53,7 @@ CHART_VALUES: dict[str, Any] = {
 }
 #: kinds that would start pods: applied with dryRun=All (validated and admitted, not run), so
 #: the portal's own pods do not take CPU on the simulated GPU nodes the inventory tests count
-WORKLOAD_KINDS = {"Deployment", "StatefulSet", "DaemonSet", "Job"}
+WORKLOAD_KINDS = {"Deployment", "StatefulSet", "DaemonSet", "Job", "Pod"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
