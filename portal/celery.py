@@ -1,7 +1,6 @@
 import os
 
 from celery import Celery
-from celery.signals import worker_ready
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 
@@ -26,15 +25,6 @@ def _schedule_tick(sender: Celery, **kwargs: object) -> None:
         )
 
 
-@worker_ready.connect
-def _start_watching(sender: object, **kwargs: object) -> None:
-    """On a real cluster, watch Jobs and Pods so endings are classified even after pods are gone."""
-    from django.conf import settings
-
-    if settings.CLUSTER_BACKEND == "kubernetes":
-        import threading
-
-        from portal.backends import get_backend
-
-        # Daemon threads: they end with the worker process.
-        get_backend().start_watching(threading.Event())
+# The Kubernetes backend watches Jobs and pods from the process that asks for a status: each
+# prefork child starts its own watch on its first reconcile (KubernetesBackend.auto_watch),
+# since threads started before the fork do not run in the children.

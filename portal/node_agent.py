@@ -349,8 +349,13 @@ def run(
     out: Any = None,
     post: Callable[..., int] = post_report,
     max_reports: int | None = None,
+    heartbeat: str = "",
 ) -> int:
-    """Report every `interval_s` seconds (at once after a critical Xid). Returns an exit code."""
+    """Report every `interval_s` seconds (at once after a critical Xid). Returns an exit code.
+
+    With `heartbeat`, the file's mtime is set after every round, reported or not: the chart's
+    liveness probe restarts an agent whose loop stopped, not one whose portal is down.
+    """
     out = out or sys.stdout
     if not print_only and not token:
         log.error("NODE_AGENT_TOKEN (or NODE_AGENT_TOKEN_FILE) is required to report")
@@ -376,6 +381,8 @@ def run(
                 else:
                     failures += 1
             sent += 1
+            if heartbeat:
+                _touch(heartbeat)
             if once:
                 return 0 if print_only or failures == 0 else 1
             if max_reports is not None and sent >= max_reports:
@@ -387,6 +394,15 @@ def run(
             nvml.nvmlShutdown()
         except Exception:  # noqa: BLE001
             pass
+
+
+def _touch(path: str) -> None:
+    try:
+        with open(path, "a"):
+            pass
+        os.utime(path)
+    except OSError:
+        log.warning("cannot touch the heartbeat file %s", path, exc_info=True)
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -408,6 +424,11 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         type=float,
         default=float(os.environ.get("AGENT_INTERVAL_SECONDS", "30")),
         help="seconds between reports",
+    )
+    parser.add_argument(
+        "--heartbeat",
+        default=os.environ.get("NODE_AGENT_HEARTBEAT_FILE", ""),
+        help="touch this file after every round (liveness; env NODE_AGENT_HEARTBEAT_FILE)",
     )
     parser.add_argument("--once", action="store_true", help="send one report and exit")
     parser.add_argument(
@@ -433,6 +454,7 @@ def main(argv: list[str] | None = None) -> int:
         interval_s=args.interval,
         once=args.once,
         print_only=args.print_only,
+        heartbeat=args.heartbeat,
     )
 
 

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 
+from django.db import connection
 from django.utils import timezone
 
 from portal import services
@@ -14,9 +18,48 @@ from portal.models import Attempt
 
 log = logging.getLogger(__name__)
 
+RECONCILE_LOCK_KEY = 0x51_4D_52_45_43  # "QMREC"
+#: where there are no advisory locks (SQLite: one process in development), a process lock
+_reconcile_local = threading.Lock()
+
+
+@contextmanager
+def reconcile_lock() -> Iterator[bool]:
+    """Hold the reconcile lock while inside; yields False when another reconcile holds it.
+
+    Two reconciles at once (beat's, and one woken after a tick) would observe the same
+    attempt twice and could launch a lost Job twice. On PostgreSQL a session advisory lock
+    (the reconcile spans many transactions), elsewhere a process-local lock.
+    """
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_try_advisory_lock(%s)", [RECONCILE_LOCK_KEY])
+            got = bool(cur.fetchone()[0])
+        try:
+            yield got
+        finally:
+            if got:
+                with connection.cursor() as cur:
+                    cur.execute("SELECT pg_advisory_unlock(%s)", [RECONCILE_LOCK_KEY])
+        return
+    got = _reconcile_local.acquire(blocking=False)
+    try:
+        yield got
+    finally:
+        if got:
+            _reconcile_local.release()
+
 
 def reconcile(now: datetime | None = None) -> dict[str, int]:
-    """Re-drive everything in flight: inventory, then each active attempt's status."""
+    """Re-drive everything in flight (inventory, then each active attempt's status), unless
+    another reconcile is at it: then nothing, `{"skipped": 1}`."""
+    with reconcile_lock() as got:
+        if not got:
+            return {"skipped": 1}
+        return _reconcile(now)
+
+
+def _reconcile(now: datetime | None) -> dict[str, int]:
     from portal.backends import get_backend
 
     backend = get_backend()

@@ -388,6 +388,7 @@ def launch_spec(attempt: Attempt) -> LaunchSpec:
         priority_class=req.workload_class.priority_class_name,
         pool=attempt.pool.name,
         node=attempt.nodes[0] if attempt.nodes else "",
+        nodes=tuple(attempt.nodes),
         image=req.image,
         command=tuple(words),
         env=tuple(sorted(req.env.items())),

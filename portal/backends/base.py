@@ -81,6 +81,8 @@ class LaunchSpec:
     cpu_milli: int
     memory_mib: int
     tolerations: tuple[tuple[str, str, str], ...] = ()
+    #: every node of a gang (`node` is the first); empty or one node: a single pod
+    nodes: tuple[str, ...] = ()
     max_runtime_s: int = 0
     #: simulated backend: how long the workload runs, and whether it fails
     simulated_duration_s: int = 0

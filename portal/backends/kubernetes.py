@@ -9,6 +9,7 @@ the in-memory fake's CoreV1Api/BatchV1Api to the constructor.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -38,6 +39,10 @@ class KubernetesBackend:
       these namespaces (a cluster whose GPU nodes run nothing else).
     - `watch_namespaces`: namespaces whose Jobs and pods `start_watching()`
       keeps in a cache; `status()` answers from it once synced.
+    - `auto_watch`: start that watch on the first `status()` of each process. A watch
+      belongs to the process that started it: a Celery prefork child inherits the parent's
+      watcher object through fork but not its threads, so it starts its own (one watcher
+      per worker process, list then watch).
     """
 
     name = "kubernetes"
@@ -56,6 +61,7 @@ class KubernetesBackend:
         context: str | None = None,
         image_pull_timeout_s: int = 600,
         require_mig_state: bool = True,
+        auto_watch: bool = False,
         now: Callable[[], datetime] | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
@@ -75,6 +81,11 @@ class KubernetesBackend:
         self._facts: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
         self.watcher: WorkloadWatcher | None = None
+        self.auto_watch = auto_watch
+        #: the process whose threads keep `watcher` current
+        self.watch_pid: int | None = None
+        #: the process that loaded the clients from kubeconfig (None: passed in)
+        self._load_pid: int | None = None
 
     # -- configuration -------------------------------------------------------------
 
@@ -119,9 +130,19 @@ class KubernetesBackend:
             in_cluster=bool(setting("K8S_IN_CLUSTER", False)),
             kubeconfig=setting("KUBECONFIG", None) or None,
             image_pull_timeout_s=int(setting("IMAGE_PULL_TIMEOUT_SECONDS", 600)),
+            require_mig_state=bool(setting("K8S_REQUIRE_MIG_CONFIG_STATE", True)),
+            auto_watch=True,
         )
 
+    def _forget_if_forked(self) -> None:
+        if self._load_pid is not None and self._load_pid != os.getpid():
+            # Connections pooled before a fork are shared with the parent: load anew.
+            with self._lock:
+                self._core = self._batch = None
+                self._load_pid = None
+
     def _load(self) -> None:
+        self._forget_if_forked()
         if self._core is not None and self._batch is not None:
             return
         from kubernetes import client, config
@@ -134,6 +155,7 @@ class KubernetesBackend:
                     config.load_kube_config(config_file=self.kubeconfig, context=self.context)  # type: ignore[no-untyped-call]
                 self._core = self._core or client.CoreV1Api()
                 self._batch = self._batch or client.BatchV1Api()
+                self._load_pid = os.getpid()
 
     @property
     def core(self) -> Any:
@@ -177,7 +199,12 @@ class KubernetesBackend:
         return facts
 
     def launch(self, spec: LaunchSpec) -> None:
-        job = job_build(spec, self.job_options, self._node_facts(spec.node))
+        facts = dict(self._node_facts(spec.node) or {})
+        if len(spec.nodes) > 1:
+            facts["hostnames"] = [
+                (self._node_facts(n) or {}).get("hostname", n) for n in spec.nodes
+            ]
+        job = job_build(spec, self.job_options, facts or None)
         job_create(self.batch, job, sleep=self._sleep)
 
     def stop(self, name: str, namespace: str, grace_seconds: int = 30) -> None:
@@ -185,7 +212,7 @@ class KubernetesBackend:
 
     def status(self, name: str, namespace: str) -> WorkloadStatus:
         now = self._now() if self._now else None
-        watcher = self.watcher
+        watcher = self.current_watcher()
         if watcher is not None and namespace in watcher.namespaces and watcher.synced():
             return watcher.status(
                 name, namespace, now=now, image_pull_timeout_s=self.image_pull_timeout_s
@@ -201,6 +228,22 @@ class KubernetesBackend:
 
     # -- watching ------------------------------------------------------------------------
 
+    def current_watcher(self) -> WorkloadWatcher | None:
+        """This process's watcher: one inherited through fork is dropped (its threads stayed
+        in the parent), and with `auto_watch` a new one is started here."""
+        self._forget_if_forked()
+        with self._lock:
+            if self.watcher is not None and self.watch_pid != os.getpid():
+                self.watcher = None
+            start = self.watcher is None and self.auto_watch and bool(self.watch_namespaces)
+        if start:
+            try:
+                self.start_watching(threading.Event())
+            except Exception:  # noqa: BLE001 - reads fall back to GETs; next call retries
+                log.exception("could not start watching %s", self.watch_namespaces)
+                self.watcher = None
+        return self.watcher
+
     def start_watching(
         self,
         stop: threading.Event,
@@ -209,14 +252,17 @@ class KubernetesBackend:
         watch_factory: Callable[[], Any] | None = None,
     ) -> list[threading.Thread]:
         """Keep Jobs and pods of `watch_namespaces` cached; `status()` then reads the cache."""
-        self.watcher = WorkloadWatcher(
+        watcher = WorkloadWatcher(
             self.core,
             self.batch,
             self.watch_namespaces,
             watch_factory=watch_factory,
             resync_s=resync_s,
         )
-        return self.watcher.run(stop)
+        threads = watcher.run(stop)
+        with self._lock:
+            self.watcher, self.watch_pid = watcher, os.getpid()
+        return threads
 
 
 def _items(value: Any) -> list[str]:

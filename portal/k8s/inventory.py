@@ -33,6 +33,7 @@ from portal.k8s.names import (
     MANAGED_BY,
     MIG_PREFIX,
     TERMINAL_PHASES,
+    mig_profile_of,
     quantity,
     to_int,
 )
@@ -176,6 +177,12 @@ def node_inventory(
     )
 
 
+def _time_shared_mig(labels: Mapping[str, str], resource: str) -> bool:
+    """A MIG resource whose instances are time-sliced or MPS-shared: GFD labels its
+    `<resource>.sharing-strategy` (and its allocatable counts replicas, not instances)."""
+    return labels.get(f"{resource}.sharing-strategy", "none") not in ("none", "")
+
+
 def _devices(
     labels: Mapping[str, str],
     alloc: Mapping[str, Decimal],
@@ -186,12 +193,33 @@ def _devices(
     model = _model(labels)
     memory = to_int(labels.get(LABEL_MEMORY))
     strategy = labels.get(LABEL_MIG_STRATEGY, "none")
-    mig_resources = sorted(
-        k for k in alloc if k.startswith(MIG_PREFIX) and not k.endswith(".shared")
-    )
+    mig_all = sorted(k for k in alloc if k.startswith(MIG_PREFIX))
+    mig_resources = [
+        k for k in mig_all if mig_profile_of(k) is not None and not _time_shared_mig(labels, k)
+    ]
+    refused = [k for k in mig_all if k not in mig_resources]
+    if refused:
+        # Time-shared MIG is not packed: a share is not an instance, and the packer would
+        # count replicas as instances (docs/kubernetes.md).
+        log.warning(
+            "node %s: time-shared MIG resources %s are not offered (not supported)",
+            labels.get(LABEL_HOSTNAME, "?"),
+            ", ".join(refused),
+        )
     if strategy in ("single", "mixed") and (mig_resources or strategy == "single"):
         mig_ok = labels.get(LABEL_MIG_STATE) == "success" or not require_mig_state
-        return _mig_devices(labels, strategy, mig_resources, free, model, mig_ok)
+        whole: tuple[InventoryDevice, ...] = ()
+        if strategy == "mixed":
+            # GPUs left out of MIG mode are advertised as nvidia.com/gpu beside the instances.
+            n_whole = int(cap.get(GPU, alloc.get(GPU, Decimal(0))))
+            whole = tuple(
+                InventoryDevice(index=i, model=model, memory_mib=memory, healthy=u > 0)
+                for i, u in enumerate(_spread_units(n_whole, 1, free(GPU)))
+            )
+        migs = _mig_devices(
+            labels, strategy, mig_resources, free, model, mig_ok, first_index=len(whole)
+        )
+        return whole + migs
     sharing = labels.get(LABEL_SHARING, "none")
     count = max(to_int(labels.get(LABEL_COUNT)), int(cap.get(GPU, Decimal(0))))
     if GPU_SHARED in alloc or sharing in ("time-slicing", "mps"):
@@ -231,6 +259,7 @@ def _mig_devices(
     free: Callable[[str], int],
     model: str,
     mig_ok: bool,
+    first_index: int = 0,
 ) -> tuple[InventoryDevice, ...]:
     """MIG devices with a layout synthesised from per-profile counts.
 
@@ -245,9 +274,10 @@ def _mig_devices(
         wanted = {profile: free(GPU)} if profile else {}
         device_memory = _device_memory_from_product(product) or to_int(labels.get(LABEL_MEMORY)) * 8
     else:
-        wanted = {r.removeprefix(MIG_PREFIX): free(r) for r in mig_resources}
+        wanted = {str(mig_profile_of(r)): free(r) for r in mig_resources}
         device_memory = to_int(labels.get(LABEL_MEMORY)) or _device_memory_from_product(product)
-    count = to_int(labels.get(LABEL_COUNT)) if strategy == "mixed" else 0
+    # Under `mixed`, GPUs not in MIG mode are offered as whole devices (first_index of them).
+    count = max(0, to_int(labels.get(LABEL_COUNT)) - first_index) if strategy == "mixed" else 0
     layouts: list[list[InventoryMig]] = [[] for _ in range(count)]
     order = sorted(wanted, key=lambda p: (-_compute(p), p))
     for profile in order:
@@ -261,7 +291,7 @@ def _mig_devices(
         layouts = [[] for _ in layouts]
     return tuple(
         InventoryDevice(
-            index=i,
+            index=first_index + i,
             model=model,
             memory_mib=device_memory,
             partitioning="mig",

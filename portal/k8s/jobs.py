@@ -35,13 +35,13 @@ from portal.k8s.names import (
     MAIN_CONTAINER,
     MANAGED_BY,
     MANAGED_SELECTOR,
-    MIG_PREFIX,
     READY_CONTAINER,
     READY_EXIT_BUSY,
     READY_EXIT_REFUSED,
     JobConflict,
     LaunchRefused,
     label_value,
+    mig_resource,
 )
 from portal.readiness import attempt_token
 
@@ -148,7 +148,7 @@ def gpu_resource(
             raise LaunchRefused("a MIG launch needs exactly one MIG profile")
         if (facts or {}).get("mig_strategy") == "single":
             return GPU, len(spec.grants)
-        return MIG_PREFIX + profiles.pop(), len(spec.grants)
+        return mig_resource(profiles.pop()), len(spec.grants)
     if spec.profile_kind == "shared":
         # A shared unit is an access right, not more compute: one per container.
         if len(spec.grants) != 1:
@@ -230,6 +230,8 @@ def job_build(
     gpu, count = gpu_resource(spec, facts, options)
     labels = job_labels(spec)
     hostname = (facts or {}).get("hostname") or spec.node
+    gang = len(spec.nodes) > 1
+    hostnames = list((facts or {}).get("hostnames") or spec.nodes) if gang else [hostname]
 
     env = [client.V1EnvVar(name=k, value=v) for k, v in spec.env]
     env += [
@@ -284,13 +286,24 @@ def job_build(
                         client.V1NodeSelectorTerm(
                             match_expressions=[
                                 client.V1NodeSelectorRequirement(
-                                    key=LABEL_HOSTNAME, operator="In", values=[hostname]
+                                    key=LABEL_HOSTNAME, operator="In", values=hostnames
                                 )
                             ]
                         )
                     ]
                 )
+            ),
+            # A gang: one pod on each of its nodes (the packer granted `count` devices on each).
+            pod_anti_affinity=client.V1PodAntiAffinity(
+                required_during_scheduling_ignored_during_execution=[
+                    client.V1PodAffinityTerm(
+                        label_selector=client.V1LabelSelector(match_labels={L_INSTANCE: spec.name}),
+                        topology_key=LABEL_HOSTNAME,
+                    )
+                ]
             )
+            if gang
+            else None,
         ),
         tolerations=[_toleration(t) for t in spec.tolerations] or None,
         volumes=[
@@ -303,7 +316,7 @@ def job_build(
         ],
     )
     annotations = {
-        A_NODE: spec.node,
+        A_NODE: ",".join(spec.nodes) if gang else spec.node,
         A_GRANTS: json.dumps(
             [
                 {
@@ -326,8 +339,10 @@ def job_build(
         ),
         spec=client.V1JobSpec(
             backoff_limit=options.backoff_limit,
-            completions=1,
-            parallelism=1,
+            # A gang is an Indexed Job: pod i learns its rank from JOB_COMPLETION_INDEX.
+            completions=len(hostnames),
+            parallelism=len(hostnames),
+            completion_mode="Indexed" if gang else None,
             ttl_seconds_after_finished=options.ttl_seconds_after_finished,
             active_deadline_seconds=spec.max_runtime_s or None,
             # A replacement pod only once the old one is gone: never two pods on one device.

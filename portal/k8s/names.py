@@ -100,3 +100,28 @@ def age_s(ts: datetime | None, now: datetime) -> float:
     if ts.tzinfo is None:
         ts = ts.replace(tzinfo=UTC)
     return (now - ts).total_seconds()
+
+
+def mig_resource(profile: str) -> str:
+    """The extended resource of a MIG profile under the `mixed` strategy.
+
+    The device plugin replaces `+` with `.`, since a resource name cannot hold a `+`:
+    profile `1g.10gb+me` is advertised as `nvidia.com/mig-1g.10gb.me` (ECOSYSTEM.md §2).
+    """
+    return MIG_PREFIX + profile.replace("+", ".")
+
+
+_MIG_NAME = re.compile(r"^(\d+g\.\d+gb)(?:\.(.+))?$")
+
+
+def mig_profile_of(resource: str) -> str | None:
+    """The MIG profile of a `mixed` resource name, or None when it is not one Quartermaster
+    packs: `nvidia.com/mig-1g.10gb.me` -> `1g.10gb+me`; a time-shared instance
+    (`nvidia.com/mig-1g.10gb.shared`, renameByDefault) -> None."""
+    if not resource.startswith(MIG_PREFIX) or resource.endswith(".shared"):
+        return None
+    match = _MIG_NAME.match(resource.removeprefix(MIG_PREFIX))
+    if match is None:
+        return None
+    core, extra = match.groups()
+    return f"{core}+{extra}" if extra else core

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from portal.k8s import names
 from portal.k8s.inventory import pool_for_labels
 from tests.fakes.fake_k8s import FakeCluster, foreign_pod, gpu_node
 from tests.k8s.builders import a100_node, backend, cluster_with_nodes, mig_node, spec
@@ -178,3 +179,54 @@ def test_it_marks_a_not_ready_node() -> None:
     node = inv(cluster)["gpu-a"]
     assert not node.ready
     assert ("node.kubernetes.io/unreachable", "", "NoExecute") in node.taints
+
+
+def _from_cluster_nodes(doc: dict) -> object:  # type: ignore[type-arg]
+    return gpu_node(
+        doc["metadata"]["name"],
+        labels=doc["metadata"]["labels"],
+        allocatable=doc["status"]["allocatable"],
+        capacity=doc["status"]["capacity"],
+    )
+
+
+def test_it_offers_me_profiles_and_the_whole_gpus_of_a_mixed_node() -> None:
+    """`+me` instances are advertised as `mig-1g.10gb.me`; a GPU not in MIG mode is
+    `nvidia.com/gpu` beside them. Real-cluster twin: tests/cluster/test_inventory.py."""
+    from collections import Counter
+
+    from tests.cluster.nodes import h100_mixed
+
+    cluster = FakeCluster()
+    cluster.add_node(_from_cluster_nodes(h100_mixed("h100-mig-0")))
+    node = inv(cluster)["h100-mig-0"]
+    assert [d.partitioning for d in node.devices] == ["exclusive", "mig", "mig", "mig"]
+    assert [d.index for d in node.devices] == [0, 1, 2, 3]
+    assert all(d.healthy for d in node.devices)
+    profiles = Counter(m.profile for d in node.devices for m in d.mig_instances)
+    assert profiles == {"1g.10gb": 15, "1g.10gb+me": 1, "2g.20gb": 1, "3g.40gb": 1}
+
+
+def test_it_refuses_time_shared_mig_instances() -> None:
+    """Renamed (`.shared`) or labelled time-sliced MIG resources are not packed: a share is
+    not an instance."""
+    cluster = FakeCluster()
+    cluster.add_node(
+        mig_node(
+            labels={"nvidia.com/mig-1g.10gb.sharing-strategy": "time-slicing"},
+            allocatable={"nvidia.com/mig-1g.10gb": "16", "nvidia.com/mig-2g.20gb.shared": "8"},
+        )
+    )
+    node = inv(cluster)["gpu-mig"]
+    profiles = {m.profile for d in node.devices for m in d.mig_instances}
+    assert profiles == {"3g.40gb", "2g.20gb"}
+
+
+def test_it_maps_mig_profiles_and_resource_names_both_ways() -> None:
+    assert names.mig_resource("1g.10gb+me") == "nvidia.com/mig-1g.10gb.me"
+    assert names.mig_resource("3g.40gb") == "nvidia.com/mig-3g.40gb"
+    assert names.mig_profile_of("nvidia.com/mig-1g.10gb.me") == "1g.10gb+me"
+    assert names.mig_profile_of("nvidia.com/mig-3g.40gb") == "3g.40gb"
+    assert names.mig_profile_of("nvidia.com/mig-1g.10gb.shared") is None
+    assert names.mig_profile_of("nvidia.com/mig-1g.10gb.me.shared") is None
+    assert names.mig_profile_of("nvidia.com/gpu") is None

@@ -273,3 +273,35 @@ def test_the_ready_script_waits_until_the_portal_says_ready() -> None:
 def test_the_ready_script_gives_up_when_refused_or_late() -> None:
     assert run_ready_script([(410, {})])[0] == READY_EXIT_REFUSED
     assert run_ready_script([(200, {"ready": False})], timeout="0")[0] == READY_EXIT_BUSY
+
+
+def test_a_me_profile_asks_for_the_renamed_resource() -> None:
+    """`1g.10gb+me` is `nvidia.com/mig-1g.10gb.me`: a `+` is invalid in a resource name.
+    Real-cluster twin: tests/cluster/test_workloads.py (the apiserver rejects the `+`)."""
+    facts = {
+        "hostname": "gpu-mig",
+        "resources": ["nvidia.com/mig-1g.10gb.me"],
+        "mig_strategy": "mixed",
+    }
+    c = container(job(mig_spec(profile="1g.10gb+me", start=6), facts))
+    assert c["resources"]["requests"]["nvidia.com/mig-1g.10gb.me"] == "1"
+    assert c["resources"]["limits"] == {"memory": "65536Mi", "nvidia.com/mig-1g.10gb.me": "1"}
+
+
+def test_a_gang_is_an_indexed_job_with_one_pod_on_each_node() -> None:
+    """Real-cluster twin: tests/cluster/test_portal_flow.py (the scheduler spreads the pods)."""
+    s = spec(nodes=("gpu-a", "gpu-b"))
+    j = job(s, {"hostname": "gpu-a", "hostnames": ["gpu-a", "gpu-b"], "resources": []})
+    assert (j["spec"]["completions"], j["spec"]["parallelism"]) == (2, 2)
+    assert j["spec"]["completionMode"] == "Indexed"
+    aff = pod(j)["affinity"]
+    [term] = aff["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert term["matchExpressions"][0]["values"] == ["gpu-a", "gpu-b"]
+    [anti] = aff["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert anti["topologyKey"] == "kubernetes.io/hostname"
+    assert anti["labelSelector"]["matchLabels"] == {"app.kubernetes.io/instance": s.name}
+    single = job(spec(), {"hostname": "gpu-a", "resources": []})
+    assert "podAntiAffinity" not in pod(single)["affinity"]
+    assert single["spec"]["completions"] == 1 and "completionMode" not in single["spec"]

@@ -236,3 +236,31 @@ def test_only_the_agent_imports_pynvml() -> None:
             if any(n.split(".")[0] == "pynvml" for n in names):
                 offenders.append(str(path.relative_to(ROOT)))
     assert offenders == []
+
+
+def test_it_touches_its_heartbeat_after_every_round_even_when_the_portal_is_down(
+    nvml: FakeNvml, tmp_path: Any
+) -> None:
+    """The chart's liveness probe reads the heartbeat's age."""
+    import os
+
+    beat = tmp_path / "heartbeat"
+    stamps: list[float] = []
+
+    def post(portal: str, token: str, rep: dict[str, Any]) -> int:
+        if beat.exists():
+            stamps.append(beat.stat().st_mtime_ns)
+            os.utime(beat, ns=(0, 0))
+        return 503
+
+    node_agent.run(
+        portal="http://x",
+        node="n",
+        token="t",
+        interval_s=0,
+        post=post,
+        max_reports=3,
+        heartbeat=str(beat),
+    )
+    assert stamps and all(s > 0 for s in stamps)  # touched again after each failed round
+    assert beat.stat().st_mtime_ns > 0

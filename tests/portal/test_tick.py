@@ -178,3 +178,31 @@ def test_it_skips_a_tick_while_another_holds_the_lock() -> None:
     if connection.vendor != "postgresql":
         SchedulerState.objects.filter(pk=1).update(lease_until=None)
     assert run_tick().ran is True
+
+
+def test_a_reconcile_is_skipped_while_another_one_holds_the_lock() -> None:
+    import threading
+
+    from portal.reconcile import reconcile_lock
+
+    make_world()
+    held, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        try:
+            with reconcile_lock() as got:
+                assert got
+                held.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    t = threading.Thread(target=holder)
+    t.start()
+    assert held.wait(10)
+    try:
+        assert reconcile() == {"skipped": 1}
+    finally:
+        release.set()
+        t.join(10)
+    assert "skipped" not in reconcile()
