@@ -172,8 +172,8 @@ if not DEBUG and envbool("SECURE_COOKIES", "false"):
     SECURE_HSTS_PRELOAD = True
     SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]
 
-# The cache holds login-failure counts (django-axes) and API throttles, so it is shared by every
-# process: Redis when REDIS_URL is set, else files under var/ (one machine).
+# The cache holds the API throttles' counts, shared by every process: Redis when REDIS_URL is
+# set, else files under var/ (one machine).
 REDIS_URL = env("REDIS_URL")
 if REDIS_URL:
     CACHES = {
@@ -192,8 +192,9 @@ else:
     }
 
 # Password logins: after AXES_FAILURE_LIMIT failures for one username from one address, that
-# pair is refused (429) for AXES_COOLOFF_MINUTES, whatever the password.
-AXES_HANDLER = "axes.handlers.cache.AxesCacheHandler"
+# pair is refused (429) for AXES_COOLOFF_MINUTES, whatever the password. Failures are counted in
+# the database, which every replica shares (django-axes refuses a file or memory cache).
+AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"
 AXES_FAILURE_LIMIT = envint("AXES_FAILURE_LIMIT", "10")
 AXES_COOLOFF_TIME = envint("AXES_COOLOFF_MINUTES", "15") / 60  # hours
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]

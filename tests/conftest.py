@@ -29,7 +29,7 @@ def _test_settings() -> object:
     with override_settings(
         PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher"],
         SIMULATED_CLUSTER=WORLD_CLUSTER,
-        # Login failures and API throttles count in the cache: one per process, emptied per test.
+        # API throttles count in the cache: one per process, emptied per test.
         CACHES={"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}},
     ):
         yield

@@ -11,7 +11,6 @@ The assertions are those of ECOSYSTEM.md §7 and RELIABILITY.md §8.4-8.5.
 from __future__ import annotations
 
 import base64
-
 import json
 
 import helm_python as helm
