@@ -469,7 +469,16 @@ class NodeActionApi(ApiView):
         cordoned = serializers.BooleanField()
         draining = serializers.BooleanField()
 
-    @extend_schema(operation_id="nodes_action", request=None, responses=OutputSerializer)
+    @extend_schema(
+        operation_id="nodes_action",
+        request=None,
+        responses=OutputSerializer,
+        parameters=[
+            OpenApiParameter(
+                "action", str, OpenApiParameter.PATH, enum=["cordon", "drain", "return"]
+            )
+        ],
+    )
     def post(self, request: Request, node_id: int, action: str) -> Response:
         node = access.get_node_for_admin(request.user, node_id)
         service = {

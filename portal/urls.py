@@ -91,3 +91,5 @@ urlpatterns = [
     path("readyz", views.readyz, name="readyz"),
     path("metrics", metrics.metrics_view, name="metrics"),
 ]
+
+handler404 = "portal.views.not_found"

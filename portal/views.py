@@ -78,6 +78,15 @@ def _check_broker() -> str:
     return "ok"
 
 
+def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """404 for a URL nothing serves: JSON under /api/ (as the API's own 404s), a page elsewhere."""
+    if request.path.startswith("/api/"):
+        return JsonResponse({"detail": "Not found."}, status=404)
+    from django.views.defaults import page_not_found
+
+    return page_not_found(request, exception or Exception())
+
+
 @require_GET
 def readyz(request: HttpRequest) -> HttpResponse:
     """Served by ProbeMiddleware; a view so the URL resolves and reverses."""
