@@ -24,9 +24,13 @@ os.environ.setdefault("SIMULATED_CLUSTER", WORLD_CLUSTER)
 @pytest.fixture(autouse=True, scope="session")
 def _test_settings() -> object:
     """Settings every test shares; override_settings so that cached hashers are reset."""
+    from django.conf import settings
     from django.test.utils import override_settings
 
+    # The throttles run in every test, at rates no test reaches unless it sets its own.
+    rates = {"anon": "100000/min", "user": "100000/min", "token": "100000/min"}
     with override_settings(
+        REST_FRAMEWORK={**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": rates},
         PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher"],
         SIMULATED_CLUSTER=WORLD_CLUSTER,
         # API throttles count in the cache: one per process, emptied per test.
