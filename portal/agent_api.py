@@ -19,6 +19,7 @@ from django.views.decorators.http import require_GET, require_POST
 from portal import services
 from portal.models import Attempt, Node
 from portal.readiness import attempt_token, devices_free, ready_token_key
+from portal.validation import validate_agent_report
 
 MAX_REPORT_BYTES = 1_000_000
 
@@ -44,9 +45,11 @@ def agent_report(request: HttpRequest) -> JsonResponse:
         report = json.loads(request.body)
     except ValueError:
         return JsonResponse({"error": "the body must be JSON"}, status=400)
-    if not isinstance(report, dict):
-        return JsonResponse({"error": "the body must be a JSON object"}, status=400)
+    except RecursionError:
+        return JsonResponse({"error": "the body is JSON nested too deeply"}, status=400)
     try:
+        # Every field's shape, before anything is stored or read back by the tick or readiness.
+        validate_agent_report(report)
         node = services.node_agent_report(report=report)
     except ValidationError as exc:
         return JsonResponse({"errors": exc.message_dict}, status=400)
@@ -60,12 +63,15 @@ def attempt_ready(request: HttpRequest, attempt_id: int) -> JsonResponse:
         .filter(pk=attempt_id)
         .first()
     )
+    # The same answer, in the same time, whether or not the attempt exists: without its
+    # token nobody learns which attempt ids there are.
     if attempt is None:
-        return JsonResponse({"error": "no such attempt"}, status=404)
-    expected = attempt_token(
-        ready_token_key(), attempt.namespace, attempt.workload_name, attempt.pk
-    )
-    if not hmac.compare_digest(_bearer(request).encode(), expected.encode()):
+        expected = attempt_token(ready_token_key(), "", "", attempt_id)
+    else:
+        expected = attempt_token(
+            ready_token_key(), attempt.namespace, attempt.workload_name, attempt.pk
+        )
+    if not hmac.compare_digest(_bearer(request).encode(), expected.encode()) or attempt is None:
         return JsonResponse({"error": "bad or missing bearer token"}, status=403)
     if attempt.state not in (Attempt.State.ADMITTED, Attempt.State.RUNNING):
         return JsonResponse({"error": f"attempt is {attempt.state}"}, status=410)

@@ -12,7 +12,7 @@ from typing import Any
 from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_serializer
 from rest_framework import serializers, status
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import AuthenticationFailed, ValidationError
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -58,12 +58,41 @@ def _detail(exc: DjangoValidationError) -> dict[str, Any]:
 
 
 class ApiView(APIView):
-    """Turns a service's Django ValidationError into a 400 naming the field."""
+    """Turns a service's Django ValidationError into a 400 naming the field.
+
+    Throttles count before credentials are refused: a wrong token or an
+    anonymous call counts against the client's address (DRF would answer 401
+    or 403 first and never count them, leaving token guessing unthrottled).
+    """
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        try:
+            user = request.user
+        except AuthenticationFailed:
+            self.check_throttles(request)
+            raise
+        if not user.is_authenticated:
+            self.check_throttles(request)
+            request._throttled = True  # type: ignore[attr-defined]
+        super().initial(request, *args, **kwargs)
+
+    def check_throttles(self, request: Request) -> None:
+        if not getattr(request, "_throttled", False):
+            super().check_throttles(request)
 
     def handle_exception(self, exc: Exception) -> Response:
         if isinstance(exc, DjangoValidationError):
             exc = ValidationError(detail=_detail(exc))
         return super().handle_exception(exc)
+
+
+class ListApiView(ApiView):
+    """A list answered a page at a time: `{"count", "next", "previous", "results": [...]}`.
+
+    `pagination_class` is what tells the schema the response is a page, not an array.
+    """
+
+    pagination_class = PageNumberPagination
 
 
 def _paginate(
@@ -198,7 +227,7 @@ class SubmitFields(StrictSerializer):
         return d
 
 
-class GpuRequestListSubmitApi(ApiView):
+class GpuRequestListSubmitApi(ListApiView):
     """GET: list the requests you may see. POST: submit a request."""
 
     class SubmitInputSerializer(SubmitFields):
@@ -297,7 +326,7 @@ class GpuRequestCancelApi(ApiView):
         return Response(self.OutputSerializer(req).data)
 
 
-class QueueApi(ApiView):
+class QueueApi(ListApiView):
     """Pending requests in scheduling order (your teams'; all for admins)."""
 
     class OutputSerializer(serializers.Serializer):
@@ -325,10 +354,16 @@ class QueueApi(ApiView):
     )
     def get(self, request: Request) -> Response:
         filters: dict[str, Any] = {}
-        for key, model in (("workload_class", WorkloadClass), ("team", Team), ("pool", Pool)):
+        # Teams among the user's only: another team's name answers as a name that does not exist.
+        teams = access.teams_for(request.user)
+        for key, qs in (
+            ("workload_class", WorkloadClass.objects.all()),
+            ("team", teams),
+            ("pool", Pool.objects.all()),
+        ):
             name = request.query_params.get(key)
             if name:
-                obj = model.objects.filter(name=name).first()  # type: ignore[attr-defined]
+                obj = qs.filter(name=name).first()
                 if obj is None:
                     raise ValidationError({key: [f"No such {key.replace('_', ' ')}."]})
                 filters[key] = obj
@@ -373,7 +408,7 @@ class PoolListApi(ApiView):
         return Response(self.OutputSerializer(rows, many=True).data)
 
 
-class CapacityApi(ApiView):
+class CapacityApi(ListApiView):
     """Admins: node → device → slot, paginated by node."""
 
     class CellSerializer(serializers.Serializer):
@@ -434,7 +469,16 @@ class NodeActionApi(ApiView):
         cordoned = serializers.BooleanField()
         draining = serializers.BooleanField()
 
-    @extend_schema(operation_id="nodes_action", request=None, responses=OutputSerializer)
+    @extend_schema(
+        operation_id="nodes_action",
+        request=None,
+        responses=OutputSerializer,
+        parameters=[
+            OpenApiParameter(
+                "action", str, OpenApiParameter.PATH, enum=["cordon", "drain", "return"]
+            )
+        ],
+    )
     def post(self, request: Request, node_id: int, action: str) -> Response:
         node = access.get_node_for_admin(request.user, node_id)
         service = {
@@ -449,7 +493,7 @@ class NodeActionApi(ApiView):
 # Decisions and audit
 
 
-class DecisionListApi(ApiView):
+class DecisionListApi(ListApiView):
     class OutputSerializer(serializers.Serializer):
         id = serializers.IntegerField()
         tick = serializers.IntegerField()
@@ -495,7 +539,7 @@ class DecisionListApi(ApiView):
         )
 
 
-class AuditListApi(ApiView):
+class AuditListApi(ListApiView):
     class OutputSerializer(serializers.Serializer):
         id = serializers.IntegerField()
         actor = serializers.CharField(source="actor_name")
@@ -530,7 +574,7 @@ class QuotaOutputSerializer(serializers.Serializer):
     granted_milli = serializers.IntegerField()
 
 
-class TeamListApi(ApiView):
+class TeamListApi(ListApiView):
     class OutputSerializer(serializers.Serializer):
         id = serializers.IntegerField()
         name = serializers.CharField()

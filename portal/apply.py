@@ -147,6 +147,16 @@ def _facts(d: st.Decision) -> dict[str, Any]:
     return out
 
 
+def reason_key(code: str, message: str) -> tuple[str, str]:
+    """What the decision log compares between ticks: the code and the reason's main clause.
+
+    What follows "; " is detail that moves from tick to tick while the reason stays
+    ("3 nodes are held for earlier large requests", "may start again in 41 s"); logging
+    each change of it wrote a row per waiting request per tick.
+    """
+    return code, message.split("; ", 1)[0]
+
+
 def _wait(d: st.Decision, ctx: Context, tick_no: int, changed: list[GpuRequest]) -> None:
     req = ctx.requests[d.request_id]
     new_message = d.message[:500]
@@ -156,7 +166,7 @@ def _wait(d: st.Decision, ctx: Context, tick_no: int, changed: list[GpuRequest])
         if isinstance(estimate, int)
         else None
     )
-    if (req.status_code, req.status_message) != (d.code, new_message):
+    if reason_key(req.status_code, req.status_message) != reason_key(d.code, new_message):
         # The decision log records changes of reason, not every tick's repetition.
         Decision.objects.create(
             tick=tick_no,

@@ -19,6 +19,9 @@ def _schedule_tick(sender: Celery, **kwargs: object) -> None:
     sender.add_periodic_task(
         float(settings.TICK_SECONDS), sender.signature("portal.tasks.reconcile"), name="reconcile"
     )
+    sender.add_periodic_task(
+        3600.0, sender.signature("portal.tasks.decisions_prune"), name="decisions-prune"
+    )
     if settings.DEMO_TRICKLE:
         sender.add_periodic_task(
             4.0, sender.signature("portal.tasks.demo_trickle"), name="demo-trickle"

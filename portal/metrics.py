@@ -1,17 +1,28 @@
 """`/metrics` in Prometheus text format, read from the database at scrape time.
 
-Every web replica answers the same numbers because they come from the
-database, not from process memory. Names follow ECOSYSTEM.md §6 and the
-chart's PrometheusRule and dashboard (charts/quartermaster).
+The numbers come from the database, not from process memory, so every web
+replica could answer them. To keep `sum()` honest across replicas, only the
+replica holding the metrics lease (`MetricsLease`, renewed at each scrape)
+exports them; the others export `quartermaster_metrics_exporter` with
+`replica_role="follower"` and nothing else. A scrape reads aggregates
+(GROUP BY in the database), never row by row, and the decision counts it
+adds up are bounded by the decision log's retention (pruned rows are folded
+into `DecisionTally`). Names and labels match the chart's PrometheusRule and
+dashboard (charts/quartermaster), which tests/k8s/test_alerts.py checks
+against series this module produced.
 """
 
 from __future__ import annotations
 
+import os
+import socket
 from collections import defaultdict
 from collections.abc import Iterator
+from datetime import timedelta
 
-from django.db.models import Count, F, Min, Q, Sum
-from django.http import HttpResponse
+from django.conf import settings
+from django.db.models import Count, DurationField, ExpressionWrapper, F, Min, Q, Sum
+from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -26,8 +37,10 @@ from portal.models import (
     Allocation,
     Attempt,
     Decision,
+    DecisionTally,
     Device,
     GpuRequest,
+    MetricsLease,
     Node,
     Quota,
     SchedulerState,
@@ -55,8 +68,28 @@ def _cumulative(counts: dict[str, int], bounds: tuple[float, ...]) -> list[tuple
     return out
 
 
+def replica_name() -> str:
+    """This web replica: the pod name in Kubernetes (all workers of a pod are one target)."""
+    return settings.METRICS_REPLICA or os.environ.get("POD_NAME") or socket.gethostname()
+
+
+def replica_role(name: str | None = None) -> str:
+    """ "leader" if this replica holds (or just took) the metrics lease, else "follower"."""
+    name = name or replica_name()
+    now = timezone.now()
+    until = now + timedelta(seconds=settings.METRICS_LEASE_SECONDS)
+    MetricsLease.objects.get_or_create(pk=1)
+    taken = (
+        MetricsLease.objects.filter(pk=1)
+        .filter(Q(holder=name) | Q(holder="") | Q(until__isnull=True) | Q(until__lt=now))
+        .update(holder=name, until=until)
+    )
+    return "leader" if taken else "follower"
+
+
 class PortalCollector(Collector):
     def collect(self) -> Iterator[Metric]:
+        yield _exporter_gauge("leader")
         yield from self._queue()
         yield from self._scheduler()
         yield from self._capacity()
@@ -91,26 +124,43 @@ class PortalCollector(Collector):
 
         wait = HistogramMetricFamily(
             "quartermaster_admission_wait_time_seconds",
-            "Seconds from submit to first admission, by class band",
-            labels=["class", "priority"],
+            "Seconds from submit to first admission, by team, class and class band",
+            labels=["team", "class", "priority"],
         )
-        first = Attempt.objects.filter(number=1).values(
-            "request__workload_class__name",
-            "request__workload_class__band",
-            "admitted_at",
-            "request__created_at",
+        # One GROUP BY with a conditional count per bucket: the scrape never walks attempts.
+        waited = ExpressionWrapper(
+            F("admitted_at") - F("request__created_at"), output_field=DurationField()
         )
-        buckets: dict[tuple[str, str], dict[str, int]] = defaultdict(lambda: defaultdict(int))
-        sums: dict[tuple[str, str], float] = defaultdict(float)
-        for a in first.iterator():
-            key = (a["request__workload_class__name"], str(a["request__workload_class__band"]))
-            seconds = max(0.0, (a["admitted_at"] - a["request__created_at"]).total_seconds())
-            bound = next((str(b) for b in WAIT_BUCKETS if seconds <= b), "+Inf")
-            buckets[key][bound] += 1
-            sums[key] += seconds
-        for key, counts in sorted(buckets.items()):
+        per_bound = {
+            f"le{i}": Count("id", filter=Q(waited__lte=timedelta(seconds=b)))
+            for i, b in enumerate(WAIT_BUCKETS)
+        }
+        rows = (
+            Attempt.objects.filter(number=1)
+            .annotate(waited=waited)
+            .values(
+                "request__team__name",
+                "request__workload_class__name",
+                "request__workload_class__band",
+            )
+            .annotate(total=Count("id"), seconds=Sum("waited"), **per_bound)
+            .order_by()
+        )
+        for r in sorted(
+            rows, key=lambda r: (r["request__team__name"], r["request__workload_class__name"])
+        ):
+            buckets = [(str(float(b)), float(r[f"le{i}"])) for i, b in enumerate(WAIT_BUCKETS)]
+            buckets.append(("+Inf", float(r["total"])))
+            total = r["seconds"]
+            seconds = total.total_seconds() if isinstance(total, timedelta) else 0.0
             wait.add_metric(
-                list(key), _cumulative(counts, tuple(float(b) for b in WAIT_BUCKETS)), sums[key]
+                [
+                    r["request__team__name"],
+                    r["request__workload_class__name"],
+                    str(r["request__workload_class__band"]),
+                ],
+                buckets,
+                max(0.0, seconds),
             )
         yield wait
         # Filled by inference serving; declared so that dashboards and alerts resolve.
@@ -207,52 +257,88 @@ class PortalCollector(Collector):
         yield usage
 
     def _outcomes(self) -> Iterator[Metric]:
-        admitted = CounterMetricFamily(
-            "quartermaster_admitted_requests", "Admissions", labels=["pool"]
-        )
+        # Decisions still in the log plus those pruned from it (DecisionTally): counters never drop.
+        counts: dict[tuple[str, str, str, str], int] = defaultdict(int)
         for r in (
-            Decision.objects.filter(kind=Decision.Kind.ADMIT)
-            .values("pool__name")
+            Decision.objects.values("kind", "code", "team__name", "pool__name")
             .annotate(n=Count("id"))
+            .order_by()
         ):
-            admitted.add_metric([r["pool__name"] or ""], r["n"])
+            counts[(r["kind"], r["code"], r["team__name"] or "", r["pool__name"] or "")] += r["n"]
+        for t in DecisionTally.objects.values_list("kind", "code", "team_name", "pool_name", "n"):
+            counts[t[:4]] += t[4]
+
+        def by(kind: str | None, *fields: int) -> dict[tuple[str, ...], int]:
+            out: dict[tuple[str, ...], int] = defaultdict(int)
+            for key, n in counts.items():
+                if kind is None or key[0] == kind:
+                    out[tuple(key[f] for f in fields)] += n
+            return out
+
+        admitted = CounterMetricFamily(
+            "quartermaster_admitted_requests", "Admissions", labels=["team", "pool"]
+        )
+        for labels, n in sorted(by(Decision.Kind.ADMIT, 2, 3).items()):
+            admitted.add_metric(list(labels), n)
         yield admitted
         preempted = CounterMetricFamily(
-            "quartermaster_preempted_requests", "Preemptions by the scheduler", labels=["reason"]
+            "quartermaster_preempted_requests",
+            "Preemptions by the scheduler, by the team whose attempt was stopped",
+            labels=["team", "reason"],
         )
-        for r in (
-            Decision.objects.filter(kind=Decision.Kind.PREEMPT)
-            .values("code")
-            .annotate(n=Count("id"))
-        ):
-            preempted.add_metric([r["code"]], r["n"])
+        for labels, n in sorted(by(Decision.Kind.PREEMPT, 2, 1).items()):
+            preempted.add_metric(list(labels), n)
         yield preempted
         evicted = CounterMetricFamily(
-            "quartermaster_evicted_requests", "Attempts ended by the cluster", labels=["reason"]
+            "quartermaster_evicted_requests",
+            "Attempts ended by the cluster or preempted, by team",
+            labels=["team", "reason"],
         )
         for r in (
             Attempt.objects.filter(state__in=[Attempt.State.NODE_LOST, Attempt.State.PREEMPTED])
-            .values("state")
+            .values("request__team__name", "state")
             .annotate(n=Count("id"))
+            .order_by()
         ):
-            evicted.add_metric([r["state"]], r["n"])
+            evicted.add_metric([r["request__team__name"], r["state"]], r["n"])
         yield evicted
         decisions = CounterMetricFamily(
             "quartermaster_decisions", "Decisions by kind and reason", labels=["kind", "code"]
         )
-        for r in Decision.objects.values("kind", "code").annotate(n=Count("id")):
-            decisions.add_metric([r["kind"], r["code"]], r["n"])
+        for labels, n in sorted(by(None, 0, 1).items()):
+            decisions.add_metric(list(labels), n)
         yield decisions
 
 
-def metrics_response() -> HttpResponse:
-    registry = CollectorRegistry()
-    registry.register(PortalCollector())
-    return HttpResponse(
-        generate_latest(registry), content_type="text/plain; version=0.0.4; charset=utf-8"
+class FollowerCollector(Collector):
+    def collect(self) -> Iterator[Metric]:
+        yield _exporter_gauge("follower")
+
+
+def _exporter_gauge(role: str) -> Metric:
+    g = GaugeMetricFamily(
+        "quartermaster_metrics_exporter",
+        "1 on the web replica that exports the database-derived metrics (the lease holder)",
+        labels=["replica_role"],
     )
+    g.add_metric([role], 1.0 if role == "leader" else 0.0)
+    return g
 
 
-def metrics_view(request: object) -> HttpResponse:
-    """Served by ProbeMiddleware; kept as a view so the URL resolves and reverses."""
-    return metrics_response()
+def metrics_text(role: str | None = None) -> bytes:
+    role = role or replica_role()
+    registry = CollectorRegistry()
+    registry.register(PortalCollector() if role == "leader" else FollowerCollector())
+    return generate_latest(registry)
+
+
+def metrics_response() -> HttpResponse:
+    return HttpResponse(metrics_text(), content_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    """Served by ProbeMiddleware; kept as a view (checking the token the same way, for every
+    method) so the URL resolves and reverses, and so that nothing reaches the numbers unchecked."""
+    from portal.middleware import metrics_guarded
+
+    return metrics_guarded(request)

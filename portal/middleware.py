@@ -2,8 +2,9 @@
 
 Kubelet probes and Prometheus reach pods by IP; Django's host check would
 answer 400 before the view runs. This sits first in MIDDLEWARE and serves
-/healthz and /metrics itself; /metrics asks for a bearer token when
-METRICS_TOKEN is set.
+/healthz, /readyz and /metrics itself. /metrics asks for a bearer token when
+METRICS_TOKEN is set, whatever the method: the token is checked before the
+method, so OPTIONS or TRACE learn nothing either.
 """
 
 from __future__ import annotations
@@ -15,23 +16,96 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 
+def metrics_token_ok(request: HttpRequest) -> bool:
+    token = settings.METRICS_TOKEN
+    if not token:
+        return True
+    auth = request.headers.get("Authorization", "")
+    return hmac.compare_digest(auth.encode(), f"Bearer {token}".encode())
+
+
+def metrics_guarded(request: HttpRequest) -> HttpResponse:
+    """/metrics for any method: 401 without the token, 405 but for GET and HEAD."""
+    if not metrics_token_ok(request):
+        return HttpResponse(
+            "metrics need a bearer token\n",
+            status=401,
+            content_type="text/plain",
+            headers={"WWW-Authenticate": 'Bearer realm="metrics"'},
+        )
+    if request.method not in ("GET", "HEAD"):
+        return HttpResponse(
+            "metrics answer GET only\n",
+            status=405,
+            content_type="text/plain",
+            headers={"Allow": "GET, HEAD"},
+        )
+    from portal.metrics import metrics_response
+
+    return metrics_response()
+
+
 class ProbeMiddleware:
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
+        if request.path == "/metrics":
+            return metrics_guarded(request)
         if request.method not in ("GET", "HEAD"):
             return self.get_response(request)
         if request.path == "/healthz":
             return JsonResponse({"ok": True})
-        if request.path == "/metrics":
-            token = settings.METRICS_TOKEN
-            auth = request.headers.get("Authorization", "")
-            if token and not hmac.compare_digest(auth.encode(), f"Bearer {token}".encode()):
-                return HttpResponse(
-                    "metrics need a bearer token\n", status=401, content_type="text/plain"
-                )
-            from portal.metrics import metrics_response
+        if request.path == "/readyz":
+            from portal.views import readiness
 
-            return metrics_response()
+            return readiness()
         return self.get_response(request)
+
+
+class BadInputMiddleware:
+    """400 for a NUL byte in the query string or a form field, before any view or query sees it.
+
+    A database that cannot be reached answers 503 with Retry-After, pages and API alike.
+    """
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        bad = _nul_field(request.GET)
+        if not bad and request.method == "POST" and _is_form(request):
+            bad = _nul_field(request.POST)
+        if bad:
+            return _bad_request(request, bad, "NUL bytes are not accepted")
+        return self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exc: Exception) -> HttpResponse | None:
+        from django.db import InterfaceError, OperationalError
+
+        if isinstance(exc, OperationalError | InterfaceError):
+            from portal.api_policy import DATABASE_RETRY_AFTER_S
+
+            return JsonResponse(
+                {"detail": "The database cannot be reached; try again shortly."},
+                status=503,
+                headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)},
+            )
+        return None
+
+
+def _is_form(request: HttpRequest) -> bool:
+    return request.content_type in ("application/x-www-form-urlencoded", "multipart/form-data")
+
+
+def _nul_field(data: object) -> str:
+    for key, values in data.lists():  # type: ignore[attr-defined]
+        if "\x00" in key or any("\x00" in v for v in values if isinstance(v, str)):
+            return key.replace("\x00", "\\0") or "query"
+    return ""
+
+
+def _bad_request(request: HttpRequest, field: str, message: str) -> HttpResponse:
+    if request.path.startswith("/api/"):
+        return JsonResponse({field: [message]}, status=400)
+    return HttpResponse(f"{field}: {message}\n", status=400, content_type="text/plain")

@@ -10,6 +10,8 @@ from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import Q
 
+from portal import validation
+
 slug_validator = RegexValidator(
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
     "Use lower-case letters, digits and dashes (a Kubernetes name).",
@@ -119,6 +121,13 @@ class WorkloadClass(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    #: bands run from 0 (lowest) up; the chart's PriorityClass values are derived from them
+    MAX_BAND = 1_000_000
+
+    def clean(self) -> None:
+        if not 0 <= self.band <= self.MAX_BAND:
+            raise ValidationError({"band": f"A band is a whole number from 0 to {self.MAX_BAND}."})
+
 
 class Pool(models.Model):
     class Partitioning(models.TextChoices):
@@ -157,6 +166,24 @@ class Pool(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self) -> None:
+        # The tick, the preview and the Kubernetes backend read these; one bad entry broke them all.
+        errors: dict[str, list[str]] = {}
+        for field, check in (
+            ("taints", validation.validate_taints),
+            ("node_selector", validation.validate_node_selector),
+            ("mig_layout", validation.validate_mig_layout),
+        ):
+            try:
+                check(getattr(self, field), field)
+            except ValidationError as exc:
+                # One key per form field; the message says where inside it.
+                for key, messages in exc.message_dict.items():
+                    where = "" if key == field else f"{key}: "
+                    errors.setdefault(field, []).extend(where + m for m in messages)
+        if errors:
+            raise ValidationError(errors)
 
     def offers(self, kind: str, mig_profile: str = "") -> bool:
         """Whether devices of this pool can serve a device profile."""
@@ -550,3 +577,38 @@ class SimulatedWorkload(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["namespace", "name"], name="simworkload_unique")
         ]
+
+
+class DecisionTally(models.Model):
+    """Counts of decisions pruned from the log, so that metrics counters never go down.
+
+    `decisions_prune` folds rows older than DECISION_RETENTION_DAYS in here before
+    deleting them; /metrics adds these to the counts of the rows still kept.
+    """
+
+    kind = models.CharField(max_length=10)
+    code = models.CharField(max_length=50)
+    team_name = models.CharField(max_length=63, blank=True)
+    pool_name = models.CharField(max_length=63, blank=True)
+    n = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["kind", "code", "team_name", "pool_name"], name="decision_tally_unique"
+            )
+        ]
+
+
+class MetricsLease(models.Model):
+    """One row: which web replica exports the database-derived metrics.
+
+    Every replica reads the same database, so each would export the same
+    numbers and `sum()` would count them once per replica. The replica that
+    holds this lease exports them; the others export only
+    `quartermaster_metrics_exporter{replica_role="follower"}`.
+    """
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    holder = models.CharField(max_length=253, blank=True)
+    until = models.DateTimeField(null=True, blank=True)

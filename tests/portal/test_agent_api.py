@@ -138,12 +138,13 @@ def test_the_readiness_check_needs_the_attempts_token_and_a_free_device(agent: C
         "ready": True,
         "reason": "",
     }
-    assert (
-        agent.get(
-            "/api/v1/agent/attempts/999999/ready", HTTP_AUTHORIZATION=f"Bearer {token}"
-        ).status_code
-        == 404
-    )
+    # Another attempt's token, a made-up id, no token at all: one answer, which tells nothing.
+    missing = Client().get("/api/v1/agent/attempts/999999/ready")
+    assert missing.status_code == 403
+    assert Client().get(url).status_code == 403
+    assert Client().get(url).json() == missing.json()
+    other = agent.get("/api/v1/agent/attempts/999999/ready", HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert other.status_code == 403 and other.json() == missing.json()
 
 
 def test_probes_answer_whatever_the_host(client: Client) -> None:

@@ -109,6 +109,13 @@ env:
     value: /run/secrets/quartermaster/REDIS_URL
   - name: NODE_AGENT_TOKEN_FILE
     value: /run/secrets/quartermaster/NODE_AGENT_TOKEN
+  - name: METRICS_TOKEN_FILE
+    value: /run/secrets/quartermaster/METRICS_TOKEN
+  # names this replica for the metrics lease (portal/metrics.py)
+  - name: POD_NAME
+    valueFrom:
+      fieldRef:
+        fieldPath: metadata.name
   {{- range $k, $v := .Values.config.extraEnv }}
   - name: {{ $k }}
     value: {{ $v | quote }}
@@ -134,6 +141,7 @@ env:
       - {key: DATABASE_URL, path: DATABASE_URL}
       - {key: REDIS_URL, path: REDIS_URL}
       - {key: NODE_AGENT_TOKEN, path: NODE_AGENT_TOKEN}
+      - {key: METRICS_TOKEN, path: METRICS_TOKEN}
 - name: var
   emptyDir: {}
 - name: tmp

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
 from django.conf import settings
 from django.core.management import call_command
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from portal.demo import DEMO_PASSWORD, DEMO_USERS
 
@@ -22,12 +25,18 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("--bind", default="127.0.0.1:8000")
+        parser.add_argument(
+            "--bind",
+            default="127.0.0.1:8000",
+            help="HOST:PORT to serve on (default 127.0.0.1:8000); 0.0.0.0:PORT for every interface",
+        )
         parser.add_argument(
             "--no-demo", action="store_true", help="do not seed demo data or trickle requests"
         )
 
     def handle(self, *args: Any, bind: str, no_demo: bool, **options: Any) -> None:
+        # Bind first: a taken port is said at once, before anything starts or is printed.
+        listener = bind_listener(bind)
         call_command("migrate", interactive=False, verbosity=0)
         call_command("collectstatic", interactive=False, verbosity=0)
         env = dict(os.environ)
@@ -41,10 +50,12 @@ class Command(BaseCommand):
                 "-m",
                 "gunicorn",
                 "portal.wsgi",
+                # the socket bound above, inherited as file descriptor N
                 "--bind",
-                bind,
+                f"fd://{listener.fileno()}",
                 "--workers",
                 "2",
+                *control_socket_args(listener),
                 "--access-logfile",
                 "-",
             ],
@@ -74,9 +85,15 @@ class Command(BaseCommand):
             ],
         }
         children = {
-            name: subprocess.Popen(cmd, env=env, cwd=settings.BASE_DIR)
+            name: subprocess.Popen(
+                cmd,
+                env=env,
+                cwd=settings.BASE_DIR,
+                pass_fds=(listener.fileno(),) if name == "web" else (),
+            )
             for name, cmd in procs.items()
         }
+        listener.close()  # gunicorn holds it now
         self.stdout.write(f"Quartermaster is serving on http://{bind}/")
         if not no_demo:
             logins = ", ".join(u[0] for u in DEMO_USERS)
@@ -110,3 +127,48 @@ class Command(BaseCommand):
         self.stdout.write("stopped")
         if code:
             sys.exit(code)
+
+
+def bind_listener(bind: str) -> socket.socket:
+    """A listening socket on HOST:PORT, or a CommandError that says what to do."""
+    host, sep, port_text = bind.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port_text.isdigit() or not 0 <= int(port_text) < 65536:
+        raise CommandError(f"--bind {bind}: give HOST:PORT, e.g. --bind 127.0.0.1:8000")
+    port = int(port_text)
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise CommandError(f"--bind {bind}: cannot resolve {host}: {exc.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise CommandError(
+                f"cannot serve on http://{bind}/: port {port} is in use (another Quartermaster "
+                f"or another server). Stop it, or choose another port: "
+                f"./scripts/run --bind {host}:{port + 1}"
+            ) from None
+        raise CommandError(f"cannot serve on http://{bind}/: {exc.strerror}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def control_socket_args(listener: socket.socket) -> list[str]:
+    """Gunicorn's control socket for this instance alone (its default, ~/.gunicorn/gunicorn.ctl,
+    is shared by every instance on the machine, so two of them clobbered each other's)."""
+    from gunicorn.config import KNOWN_SETTINGS
+
+    if not any(s.name == "control_socket" for s in KNOWN_SETTINGS):
+        return []  # a gunicorn without a control socket
+    port = listener.getsockname()[1]
+    name = f"gunicorn-{port}-{os.getpid()}.ctl"
+    path = str(settings.VAR_DIR / name)
+    if len(path) > 100:  # a Unix socket path has at most 107 bytes
+        path = os.path.join(tempfile.gettempdir(), name)
+    return ["--control-socket", path]
