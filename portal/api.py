@@ -18,7 +18,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from portal import access, selectors, services
+from portal import access, selectors, services, shapes
 from portal.models import (
     Decision,
     DeviceProfile,
@@ -209,20 +209,9 @@ class SubmitFields(StrictSerializer):
                 raise ValidationError(
                     {"profile": ["No pool you chose offers this device profile."]}
                 )
-            d.update(
-                profile_kind=profile.kind,
-                mig_profile=profile.mig_profile,
-                milli=profile.milli,
-                gpu_memory_mib=profile.gpu_memory_mib,
-            )
+            d.update(shapes.profile_fields(profile))
         elif "profile_kind" not in d and wc.default_profile is not None:
-            p = wc.default_profile
-            d.update(
-                profile_kind=p.kind,
-                mig_profile=p.mig_profile,
-                milli=p.milli,
-                gpu_memory_mib=p.gpu_memory_mib,
-            )
+            d.update(shapes.profile_fields(wc.default_profile))
         d.setdefault("profile_kind", DeviceProfile.Kind.WHOLE)
         return d
 

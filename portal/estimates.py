@@ -13,10 +13,10 @@ from django.conf import settings
 from django.db.models import Sum
 from django.utils import timezone
 
+from portal import shapes
 from portal.models import (
     Attempt,
     Device,
-    DeviceProfile,
     GpuRequest,
     Pool,
     Team,
@@ -109,13 +109,22 @@ def request_estimates(requests: Sequence[GpuRequest]) -> dict[int, datetime | No
     ends = running_ends()
     free_cache: dict[tuple[int, ...], int] = {}
     # Demand queued ahead of each request, per pool, from one narrow query.
-    ahead_rows = list(
-        GpuRequest.objects.filter(state=GpuRequest.State.PENDING, queue_position__isnull=False)
+    ahead_rows = [
+        (
+            pool_id,
+            pos,
+            shapes.shape_build(
+                profile_kind=kind, mig_profile=mig, milli=milli, count=count, pods=pods
+            ).gpus_milli,
+        )
+        for pool_id, pos, kind, mig, milli, count, pods in GpuRequest.objects.filter(
+            state=GpuRequest.State.PENDING, queue_position__isnull=False
+        )
         .order_by("queue_position")
         .values_list(
             "pool_id", "queue_position", "profile_kind", "mig_profile", "milli", "count", "pods"
         )[:5000]
-    )
+    ]
     out: dict[int, datetime | None] = {}
     for r in pending:
         if r.estimated_start:
@@ -126,23 +135,14 @@ def request_estimates(requests: Sequence[GpuRequest]) -> dict[int, datetime | No
             free_cache[pools] = pool_free_milli(pools)
         ahead = 0
         if r.queue_position:
-            for pool_id, pos, kind, mig, milli, count, pods in ahead_rows:
+            for pool_id, pos, milli in ahead_rows:
                 if pos >= r.queue_position:
                     break
                 if pool_id is None or pool_id in pools:
-                    ahead += _milli(kind, mig, milli) * count * pods
+                    ahead += milli
         out[r.pk] = estimate_start(
             need_milli=r.gpus_milli + ahead,
             free_milli=free_cache[pools],
             ends=[e for e in ends if e[1] in pools],
         )
     return out
-
-
-def _milli(kind: str, mig_profile: str, milli: int) -> int:
-    if kind == DeviceProfile.Kind.MIG:
-        head = mig_profile.split("g.", 1)[0]
-        return (int(head) if head.isdigit() else 7) * 1000 // 7
-    if kind == DeviceProfile.Kind.SHARED:
-        return milli
-    return 1000

@@ -9,7 +9,7 @@ from typing import Any
 from django import forms
 from django.core.exceptions import ValidationError
 
-from portal import selectors, services
+from portal import selectors, services, shapes
 from portal.models import Decision, DeviceProfile, Pool, Team, WorkloadClass
 
 
@@ -119,10 +119,7 @@ class SubmitForm(forms.Form):
             "name": d["name"],
             "workload_class": d["workload_class"],
             "pool": d["pool"],
-            "profile_kind": profile.kind,
-            "mig_profile": profile.mig_profile,
-            "milli": profile.milli,
-            "gpu_memory_mib": profile.gpu_memory_mib,
+            **shapes.profile_fields(profile),
             "count": d["count"],
             "image": d["image"],
             "command": (d["command"] or "").split(),

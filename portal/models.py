@@ -11,6 +11,7 @@ from django.db import models
 from django.db.models import Q
 
 from portal import validation
+from portal.shapes import request_shape
 
 slug_validator = RegexValidator(
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
@@ -360,8 +361,6 @@ class GpuRequest(models.Model):
     @property
     def gpus_milli(self) -> int:
         """GPU milli held in total, counted as the scheduling core's quotas count it."""
-        from portal.snapshot import request_shape
-
         return request_shape(self).gpus_milli
 
     @property

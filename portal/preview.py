@@ -14,13 +14,16 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
+import scheduling
+from portal import shapes
 from portal.estimates import estimate_start, pool_free_milli, running_ends
 from portal.models import (
-    DeviceProfile,
     Pool,
     Team,
     WorkloadClass,
 )
+from portal.snapshot import build_snapshot
+from scheduling import types as st
 
 
 @dataclass
@@ -52,30 +55,19 @@ def gpu_request_preview(
     now: datetime | None = None,
 ) -> Preview:
     """What the scheduler would do with this request if it were submitted now. Writes nothing."""
-    import scheduling
-    from portal.snapshot import build_snapshot
-    from scheduling import types as st
-
     now = now or timezone.now()
     snapshot, ctx = build_snapshot(now)
     candidate_pools = [pool] if pool is not None else list(ctx.pools.values())
-    tolerations = tuple(
-        {
-            st.Taint(t["key"], t.get("value", ""), t.get("effect", "NoSchedule"))
-            for p in candidate_pools
-            for t in p.taints
-        }
-    )
-    shape = st.Shape(
-        kind=st.ProfileKind(profile_kind),
+    shape = shapes.shape_build(
+        profile_kind=profile_kind,
+        mig_profile=mig_profile,
+        milli=milli,
+        gpu_memory_mib=gpu_memory_mib,
         count=count,
-        milli=1000 if profile_kind != DeviceProfile.Kind.SHARED else milli,
-        gpu_memory_mib=gpu_memory_mib if profile_kind == DeviceProfile.Kind.SHARED else 0,
-        mig_profile=mig_profile if profile_kind == DeviceProfile.Kind.MIG else "",
+        pods=pods,
         cpu_milli=cpu_milli,
         memory_mib=memory_mib,
-        tolerations=tolerations,
-        pods=pods,
+        tolerations=shapes.tolerations(candidate_pools),
     )
     candidate_id = "preview"
     candidate = st.PendingRequest(

@@ -20,6 +20,7 @@ from django.db.models import Count, Model, Q
 from django.forms.models import model_to_dict
 from django.utils import timezone
 
+from portal import shapes, wake
 from portal.backends import get_backend
 from portal.backends.base import GrantSpec, LaunchSpec, Outcome, WorkloadStatus
 from portal.models import (
@@ -48,7 +49,7 @@ User = AbstractBaseUser | AnonymousUser | None
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 IMAGE = re.compile(r"^[a-z0-9]+([._/:@-][A-Za-z0-9_.-]+)*$")
 FORBIDDEN_ENV = re.compile(r"^(NVIDIA_.*|CUDA_VISIBLE_DEVICES)$", re.IGNORECASE)
-MAX_GPUS_PER_NODE = 16
+MAX_GPUS_PER_NODE = shapes.MAX_GPUS_PER_NODE
 STOP_GRACE_SECONDS = 30
 
 
@@ -148,26 +149,13 @@ def gpu_request_submit(
     """Queue a request for `team`; the tick picks it up on commit."""
     if not Membership.objects.filter(user=user, team=team).exists():
         raise ValidationError({"team": "You are not a member of this team."})
-    if profile_kind not in DeviceProfile.Kind.values:
-        raise ValidationError(
-            {"profile_kind": f"Choose one of {', '.join(DeviceProfile.Kind.values)}."}
+    try:
+        profile_kind, mig_profile, milli, gpu_memory_mib = shapes.normalize(
+            profile_kind, mig_profile, milli, gpu_memory_mib
         )
-    if profile_kind == DeviceProfile.Kind.WHOLE:
-        milli, gpu_memory_mib, mig_profile = 1000, 0, ""
-    elif profile_kind == DeviceProfile.Kind.SHARED:
-        if not 1 <= milli <= 999:
-            raise ValidationError({"milli": "A shared slice takes between 1 and 999 milli-GPU."})
-        mig_profile = ""
-    else:
-        milli, gpu_memory_mib = 1000, 0
-        if not mig_profile:
-            raise ValidationError({"mig_profile": "Choose a MIG profile."})
-    if not 1 <= count <= MAX_GPUS_PER_NODE:
-        raise ValidationError(
-            {"count": f"Ask for between 1 and {MAX_GPUS_PER_NODE} devices per node."}
-        )
-    if not 1 <= pods <= 64:
-        raise ValidationError({"pods": "A gang spans between 1 and 64 nodes."})
+        shapes.check_counts(count, pods)
+    except shapes.ShapeError as exc:
+        raise ValidationError({exc.field: exc.message}) from None
     if pool is not None and pool.lifecycle == Pool.Lifecycle.MAINTENANCE:
         raise ValidationError({"pool": f"Pool {pool.name} is in maintenance."})
     if not any(p.offers(profile_kind, mig_profile) for p in Pool.offering(pool)):
@@ -254,10 +242,8 @@ def _check_pending_caps(*, user: AbstractBaseUser, team: Team) -> None:
 
 
 def _wake_scheduler() -> None:
-    # Coalesced: at most one tick enqueued per second per process (see tasks.wake_tick).
-    from portal.tasks import wake_tick
-
-    transaction.on_commit(wake_tick)
+    # Coalesced: at most one tick enqueued per second per process (see wake.wake_tick).
+    transaction.on_commit(wake.wake_tick)
 
 
 def gpu_request_cancel(*, user: AbstractBaseUser, gpu_request: GpuRequest) -> GpuRequest:

@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
 from django.conf import settings
 from django.db.models import Q
 
+from portal import shapes
 from portal.models import (
     Allocation,
     Attempt,
@@ -64,25 +64,6 @@ def _device(d: Device, pool: Pool, held: bool = False) -> st.Device:
     )
 
 
-def _taints(raw: list[dict[str, str]]) -> tuple[st.Taint, ...]:
-    return tuple(st.Taint(t["key"], t.get("value", ""), t.get("effect", "NoSchedule")) for t in raw)
-
-
-def request_shape(r: GpuRequest) -> st.Shape:
-    return st.Shape(
-        kind=st.ProfileKind(r.profile_kind),
-        count=r.count,
-        milli=r.milli,
-        gpu_memory_mib=r.gpu_memory_mib,
-        mig_profile=r.mig_profile,
-        cpu_milli=r.cpu_milli,
-        memory_mib=r.memory_mib,
-        # A request tolerates the taints of the pool it names, or of any pool that offers its profile.
-        tolerations=(),
-        pods=r.pods,
-    )
-
-
 def build_snapshot(now: datetime) -> tuple[st.Snapshot, Context]:
     pools = {p.name: p for p in Pool.objects.all()}
     stale_before = now - timedelta(seconds=settings.HEARTBEAT_STALE_SECONDS)
@@ -104,7 +85,7 @@ def build_snapshot(now: datetime) -> tuple[st.Snapshot, Context]:
                 memory_mib=n.memory_mib,
                 devices=tuple(_device(d, n.pool, d.pk in held) for d in devices_by_node[n.id]),
                 labels=tuple(sorted((k, str(v)) for k, v in n.labels.items())),
-                taints=_taints(n.taints),
+                taints=shapes.taints(n.taints),
                 ready=n.ready and not stale,
                 cordoned=n.cordoned,
                 interconnect=n.interconnect,
@@ -121,17 +102,13 @@ def build_snapshot(now: datetime) -> tuple[st.Snapshot, Context]:
     queued = {str(r.pk): r for r in pending_rows}
     pending = []
     for r in pending_rows:
-        shape = request_shape(r)
-        # Requests tolerate the taints of the pools that may serve them: taints keep
-        # other workloads off a pool, they are not a barrier for the pool's own users.
         candidate = [pools[r.pool.name]] if r.pool else list(pools.values())
-        tolerations = tuple({t for p in candidate for t in _taints(p.taints)})
         pending.append(
             st.PendingRequest(
                 id=str(r.pk),
                 team=r.team.name,
                 workload_class=r.workload_class.name,
-                shape=st.Shape(**{**_shape_kwargs(shape), "tolerations": tolerations}),
+                shape=shapes.request_shape(r, shapes.tolerations(candidate)),
                 created_at_ms=_ms(r.created_at),
                 pool=r.pool.name if r.pool else "",
                 priority=r.priority,
@@ -201,10 +178,6 @@ def _members(team_ids: set[int]) -> tuple[st.Member, ...]:
     )
 
 
-def _shape_kwargs(shape: st.Shape) -> dict[str, Any]:
-    return {f: getattr(shape, f) for f in shape.__dataclass_fields__}
-
-
 def _running(
     devices: dict[tuple[str, int], Device],
 ) -> tuple[list[st.Running], dict[str, Attempt], dict[int, set[str]]]:
@@ -249,7 +222,7 @@ def _running(
                 team=req.team.name,
                 workload_class=req.workload_class.name,
                 pool=att.pool.name,
-                shape=request_shape(req),
+                shape=shapes.request_shape(req),
                 placement=placement,
                 started_at_ms=_ms(att.started_at or att.admitted_at),
                 last_checkpoint_ms=_ms(att.last_checkpoint_at) if att.last_checkpoint_at else None,

@@ -1,4 +1,4 @@
-"""tasks.wake_tick: submits wake the tick through the broker, coalesced to one enqueue per window per process."""
+"""wake.wake_tick: submits wake the tick through the broker, coalesced to one enqueue per window per process."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from portal import tasks
+from portal import tasks, wake
 
 
 class _Broker:
@@ -31,8 +31,8 @@ def broker(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[_Broker, list[floa
     b, clock = _Broker(), [1000.0]
     monkeypatch.setattr(tasks.tick, "delay", b.delay)
     monkeypatch.setattr(tasks.tick, "apply_async", b.apply_async)
-    monkeypatch.setattr(tasks.time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr(tasks, "_wake_due", 0.0)
+    monkeypatch.setattr(wake.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(wake, "_wake_due", 0.0)
     tasks.tick.app.conf.task_always_eager = False  # as with a real broker
     yield b, clock
     tasks.tick.app.conf.task_always_eager = True  # as tests/conftest.py sets it
@@ -42,20 +42,20 @@ def test_a_burst_of_wakes_enqueues_one_tick_now_and_one_at_the_end_of_the_window
     broker: tuple[_Broker, list[float]],
 ) -> None:
     b, clock = broker
-    tasks.wake_tick()
+    wake.wake_tick()
     assert b.sent == [0.0]  # the first wake: a tick right away
     clock[0] += 0.1
-    tasks.wake_tick()
+    wake.wake_tick()
     assert b.sent == [0.0, 0.9]  # that tick may already have run: one more, due at the window's end
     for _ in range(50):
         clock[0] += 0.01
-        tasks.wake_tick()
+        wake.wake_tick()
     assert b.sent == [0.0, 0.9]  # a tick is still due after each of these commits: nothing more
     clock[0] = 1001.2  # the tick due at 1001.0 may have run before this commit
-    tasks.wake_tick()
+    wake.wake_tick()
     assert b.sent == [0.0, 0.9, 0.8]
     clock[0] = 1010.0
-    tasks.wake_tick()
+    wake.wake_tick()
     assert b.sent == [0.0, 0.9, 0.8, 0.0]  # quiet for a while: right away again
 
 
@@ -65,13 +65,13 @@ def test_every_wake_is_followed_by_a_tick_due_after_it(broker: tuple[_Broker, li
     sent = 0
     for step in range(400):
         clock[0] = 1000.0 + step * 0.037
-        tasks.wake_tick()
+        wake.wake_tick()
         if len(b.sent) > sent:
             due.append(clock[0] + b.sent[-1])
             sent = len(b.sent)
         assert any(d >= clock[0] for d in due)
-        assert max(due) - clock[0] <= tasks.WAKE_COALESCE_SECONDS + 1e-9
-    assert len(b.sent) <= 400 * 0.037 / tasks.WAKE_COALESCE_SECONDS + 2
+        assert max(due) - clock[0] <= wake.WAKE_COALESCE_SECONDS + 1e-9
+    assert len(b.sent) <= 400 * 0.037 / wake.WAKE_COALESCE_SECONDS + 2
 
 
 def test_a_broker_outage_records_nothing_so_the_next_wake_tries_again(
@@ -79,10 +79,10 @@ def test_a_broker_outage_records_nothing_so_the_next_wake_tries_again(
 ) -> None:
     b, clock = broker
     b.down = True
-    tasks.wake_tick()  # logged, not raised: beat's next tick does the work
+    wake.wake_tick()  # logged, not raised: beat's next tick does the work
     b.down = False
     clock[0] += 0.1
-    tasks.wake_tick()
+    wake.wake_tick()
     assert b.sent == [0.0]
 
 
@@ -90,5 +90,5 @@ def test_eager_mode_ticks_on_every_wake(broker: tuple[_Broker, list[float]]) -> 
     b, _ = broker
     tasks.tick.app.conf.task_always_eager = True
     for _ in range(3):
-        tasks.wake_tick()
+        wake.wake_tick()
     assert b.sent == [0.0, 0.0, 0.0]

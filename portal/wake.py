@@ -1,0 +1,73 @@
+"""Wake the scheduler after a commit that needs a tick, coalescing bursts.
+
+The tick task is enqueued by its name through the Celery app (registered by
+portal/tasks.py), so that services can wake the tick without importing the task
+layer above them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from portal.celery import app
+
+log = logging.getLogger(__name__)
+
+TICK_TASK = "portal.tasks.tick"
+
+
+def _tick() -> Any:
+    return app.tasks[TICK_TASK]
+
+
+#: At most one tick is enqueued per this many seconds per web process; beat ticks every TICK_SECONDS anyway.
+WAKE_COALESCE_SECONDS = 1.0
+_wake_lock = threading.Lock()
+_wake_due = 0.0  # time.monotonic() at which the latest tick this process enqueued becomes due
+
+
+def wake_tick() -> None:
+    """Ask for a tick soon after now, coalescing bursts (call it after the commit that needs scheduling).
+
+    A broker round trip per submit costs more than the submit's own queries, so each
+    process enqueues at most one tick per WAKE_COALESCE_SECONDS. It stays correct:
+    a wake is skipped only while a tick this process enqueued is still due in the
+    future, so that tick starts after the caller's commit. Otherwise the tick is
+    enqueued now, or, within the window of the previous one, with a countdown to
+    the window's end; every wake is followed by a tick within about a second. Eager
+    mode (tests) ticks on every call. If the broker is down, nothing is recorded and
+    beat's next tick does the work.
+    """
+    global _wake_due
+    tick = _tick()
+    if app.conf.task_always_eager:
+        _safe_enqueue(tick.delay)
+        return
+    with _wake_lock:
+        now = time.monotonic()
+        if _wake_due > now:
+            return
+        due = max(now, _wake_due + WAKE_COALESCE_SECONDS)
+        delay = due - now
+        if delay <= 0.001:
+            sent = _safe_enqueue(tick.delay)
+        else:
+            sent = _safe_enqueue(lambda: tick.apply_async(countdown=delay))
+        if sent:
+            _wake_due = due
+
+
+def _safe_enqueue(send: Any) -> bool:
+    # The broker only wakes things up: if it is down, beat's next tick does the work.
+    try:
+        send()
+    except Exception:  # noqa: BLE001
+        log.warning(
+            "could not enqueue portal.tasks.tick; the periodic tick will pick the work up",
+            exc_info=True,
+        )
+        return False
+    return True
