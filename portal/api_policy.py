@@ -20,7 +20,6 @@ from rest_framework import exceptions, parsers, throttling
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
-from rest_framework.views import exception_handler as drf_exception_handler
 
 from portal.validation import json_problem
 
@@ -78,6 +77,11 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
             status=503,
             headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)},
         )
+    # Imported here: rest_framework.views reads DEFAULT_PARSER_CLASSES (this module) when
+    # it is first imported, so importing it above fails whenever this module is imported
+    # first (axes calls client_address on a fresh process's first login).
+    from rest_framework.views import exception_handler as drf_exception_handler
+
     return drf_exception_handler(exc, context)
 
 

@@ -14,6 +14,7 @@ against series this module produced.
 
 from __future__ import annotations
 
+import hmac
 import os
 import socket
 from collections import defaultdict
@@ -339,6 +340,31 @@ def metrics_response() -> HttpResponse:
 def metrics_view(request: HttpRequest) -> HttpResponse:
     """Served by ProbeMiddleware; kept as a view (checking the token the same way, for every
     method) so the URL resolves and reverses, and so that nothing reaches the numbers unchecked."""
-    from portal.middleware import metrics_guarded
-
     return metrics_guarded(request)
+
+
+def metrics_token_ok(request: HttpRequest) -> bool:
+    token = settings.METRICS_TOKEN
+    if not token:
+        return True
+    auth = request.headers.get("Authorization", "")
+    return hmac.compare_digest(auth.encode(), f"Bearer {token}".encode())
+
+
+def metrics_guarded(request: HttpRequest) -> HttpResponse:
+    """/metrics for any method: 401 without the token, 405 but for GET and HEAD."""
+    if not metrics_token_ok(request):
+        return HttpResponse(
+            "metrics need a bearer token\n",
+            status=401,
+            content_type="text/plain",
+            headers={"WWW-Authenticate": 'Bearer realm="metrics"'},
+        )
+    if request.method not in ("GET", "HEAD"):
+        return HttpResponse(
+            "metrics answer GET only\n",
+            status=405,
+            content_type="text/plain",
+            headers={"Allow": "GET, HEAD"},
+        )
+    return metrics_response()

@@ -9,40 +9,11 @@ method, so OPTIONS or TRACE learn nothing either.
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Callable
 
-from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-
-def metrics_token_ok(request: HttpRequest) -> bool:
-    token = settings.METRICS_TOKEN
-    if not token:
-        return True
-    auth = request.headers.get("Authorization", "")
-    return hmac.compare_digest(auth.encode(), f"Bearer {token}".encode())
-
-
-def metrics_guarded(request: HttpRequest) -> HttpResponse:
-    """/metrics for any method: 401 without the token, 405 but for GET and HEAD."""
-    if not metrics_token_ok(request):
-        return HttpResponse(
-            "metrics need a bearer token\n",
-            status=401,
-            content_type="text/plain",
-            headers={"WWW-Authenticate": 'Bearer realm="metrics"'},
-        )
-    if request.method not in ("GET", "HEAD"):
-        return HttpResponse(
-            "metrics answer GET only\n",
-            status=405,
-            content_type="text/plain",
-            headers={"Allow": "GET, HEAD"},
-        )
-    from portal.metrics import metrics_response
-
-    return metrics_response()
+from portal.metrics import metrics_guarded
 
 
 class ProbeMiddleware:

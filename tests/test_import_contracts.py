@@ -7,6 +7,9 @@ acyclic-siblings contract checks packages as a whole; this checks every module).
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import grimp
@@ -81,3 +84,22 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
     graph.add_import(importer="p.b", imported="p.c")
     graph.add_import(importer="p.c", imported="p.a")
     assert _cycles(graph, "p") == [["p.a", "p.b", "p.c"]]
+
+
+def test_the_api_policy_imports_first_in_a_fresh_process() -> None:
+    """axes imports portal.api_policy (client_address) on a process's first login, before DRF."""
+    code = (
+        "import django; django.setup(); import portal.api_policy;"
+        "from rest_framework.settings import api_settings;"
+        "print(api_settings.DEFAULT_PARSER_CLASSES[0].__name__)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "portal.settings"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "SafeJSONParser"
