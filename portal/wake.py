@@ -12,6 +12,8 @@ import threading
 import time
 from typing import Any
 
+from celery.exceptions import NotRegistered
+
 from portal.celery import app
 
 log = logging.getLogger(__name__)
@@ -20,7 +22,13 @@ TICK_TASK = "portal.tasks.tick"
 
 
 def _tick() -> Any:
-    return app.tasks[TICK_TASK]
+    try:
+        return app.tasks[TICK_TASK]
+    except NotRegistered:
+        # Celery discovers tasks lazily (a worker imports them when it starts); a web or
+        # management process has not yet: discover them now, once.
+        app.loader.import_default_modules()
+        return app.tasks[TICK_TASK]
 
 
 #: At most one tick is enqueued per this many seconds per web process; beat ticks every TICK_SECONDS anyway.

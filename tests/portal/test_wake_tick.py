@@ -92,3 +92,26 @@ def test_eager_mode_ticks_on_every_wake(broker: tuple[_Broker, list[float]]) -> 
     for _ in range(3):
         wake.wake_tick()
     assert b.sent == [0.0, 0.0, 0.0]
+
+
+def test_a_fresh_process_finds_the_tick_task_by_name() -> None:
+    """Services wake the tick by name: a web or management process has not imported the tasks."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import django; django.setup(); import sys; from portal import wake;"
+        "assert 'portal.tasks' not in sys.modules; print(wake._tick().name)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=Path(__file__).resolve().parents[2],
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "portal.settings"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "portal.tasks.tick"
