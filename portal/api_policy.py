@@ -20,7 +20,6 @@ from rest_framework import exceptions, parsers, throttling
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
-from rest_framework.views import exception_handler as drf_exception_handler
 
 from portal.validation import json_problem
 
@@ -72,6 +71,9 @@ class TokenThrottle(_LiveRates, throttling.SimpleRateThrottle):
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    # Imported here: rest_framework.views reads REST_FRAMEWORK, which names this module.
+    from rest_framework.views import exception_handler as drf_exception_handler
+
     if isinstance(exc, OperationalError | InterfaceError):
         return Response(
             {"detail": "The database cannot be reached; try again shortly."},
