@@ -71,6 +71,9 @@ class TokenThrottle(_LiveRates, throttling.SimpleRateThrottle):
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    # Imported here: rest_framework.views reads REST_FRAMEWORK, which names this module.
+    from rest_framework.views import exception_handler as drf_exception_handler
+
     if isinstance(exc, OperationalError | InterfaceError):
         return Response(
             {"detail": "The database cannot be reached; try again shortly."},

@@ -227,11 +227,12 @@ def test_readyz_checks_the_database_and_the_broker(client: Client) -> None:
     # /healthz is liveness only: a database outage must not get every pod restarted.
     with connection.execute_wrapper(_refuse):
         assert client.get("/healthz").status_code == 200
-    old = celery_app.conf.broker_url
-    celery_app.conf.broker_url = "redis://127.0.0.1:1/0"
+    # A broker nothing listens on (celery 5.4 resolves the write URL at configuration).
+    old = celery_app.conf.broker_url, celery_app.conf.broker_write_url
+    celery_app.conf.broker_url = celery_app.conf.broker_write_url = "redis://127.0.0.1:1/0"
     try:
         r = client.get("/readyz")
     finally:
-        celery_app.conf.broker_url = old
+        celery_app.conf.broker_url, celery_app.conf.broker_write_url = old
     assert r.status_code == 503
     assert r.json()["broker"].startswith("unreachable") and r.json()["database"] == "ok"
