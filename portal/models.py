@@ -411,6 +411,10 @@ class Attempt(models.Model):
     end_reason = models.CharField(max_length=300, blank=True)
     #: set exactly once, when the attempt's devices and quota go back
     released_at = models.DateTimeField(null=True, blank=True)
+    #: launches tried so far; the reconciler relaunches a lost one up to LAUNCH_RETRY_LIMIT
+    launch_tries = models.PositiveIntegerField(default=0)
+    #: no relaunch before this (exponential backoff between tries)
+    next_launch_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["request_id", "number"]

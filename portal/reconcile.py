@@ -9,11 +9,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
 
+from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
 from portal import services
-from portal.apply import count, launch_attempt
+from portal.apply import count
 from portal.models import Attempt
 
 log = logging.getLogger(__name__)
@@ -72,8 +73,22 @@ def _reconcile(now: datetime | None) -> dict[str, int]:
     for attempt in Attempt.objects.filter(state__in=Attempt.ACTIVE_STATES).order_by("id"):
         status = backend.status(attempt.workload_name, attempt.namespace)
         if status.outcome.value == "missing" and attempt.state == Attempt.State.ADMITTED:
-            # Admitted but never created (a launch lost after commit): create it now.
-            launch_attempt(attempt.pk)
+            # Admitted but never created (a launch lost after commit, or one the backend
+            # failed): create it again, with backoff, a bounded number of times.
+            if attempt.launch_tries >= settings.LAUNCH_RETRY_LIMIT:
+                services.attempt_end_unlaunched(
+                    attempt.pk,
+                    code="launch-failed",
+                    reason=f"its workload could not be created after {attempt.launch_tries} tries",
+                    requeue=True,
+                    now=now,
+                )
+                counts["launch_gave_up"] += 1
+                continue
+            if attempt.next_launch_at is not None and attempt.next_launch_at > now:
+                counts["launch_backoff"] += 1
+                continue
+            services.attempt_launch(attempt.pk, now=now)
             counts["relaunched"] += 1
             count("reconciler_repairs")
             continue

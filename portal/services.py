@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import random
-import re
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -20,8 +19,15 @@ from django.db.models import Count, Model, Q
 from django.forms.models import model_to_dict
 from django.utils import timezone
 
+from portal import contract
 from portal.backends import get_backend
-from portal.backends.base import GrantSpec, LaunchSpec, Outcome, WorkloadStatus
+from portal.backends.base import (
+    GrantSpec,
+    LaunchRefused,
+    LaunchSpec,
+    Outcome,
+    WorkloadStatus,
+)
 from portal.models import (
     Allocation,
     Attempt,
@@ -45,9 +51,6 @@ log = logging.getLogger(__name__)
 
 User = AbstractBaseUser | AnonymousUser | None
 
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-IMAGE = re.compile(r"^[a-z0-9]+([._/:@-][A-Za-z0-9_.-]+)*$")
-FORBIDDEN_ENV = re.compile(r"^(NVIDIA_.*|CUDA_VISIBLE_DEVICES)$", re.IGNORECASE)
 MAX_GPUS_PER_NODE = 16
 STOP_GRACE_SECONDS = 30
 
@@ -94,22 +97,22 @@ def _snapshot(obj: Model, fields: list[str]) -> dict[str, Any]:
 
 
 def validate_env(env: Any) -> dict[str, str]:
+    """The launch contract's env rules (portal.contract), as a ValidationError naming `env`."""
     if not isinstance(env, dict):
         raise ValidationError({"env": "Environment variables must be a mapping of NAME to value."})
-    clean: dict[str, str] = {}
-    for key, value in env.items():
-        if not isinstance(key, str) or not ENV_NAME.match(key):
-            raise ValidationError({"env": f"{key!r} is not a valid environment variable name."})
-        if FORBIDDEN_ENV.match(key):
-            raise ValidationError(
-                {"env": f"{key} is set by the platform and cannot be overridden."}
-            )
-        if not isinstance(value, str | int | float) or len(str(value)) > 4096:
-            raise ValidationError({"env": f"{key} must be a string of at most 4096 characters."})
-        clean[key] = str(value)
-    if len(clean) > 100:
-        raise ValidationError({"env": "At most 100 environment variables."})
-    return clean
+    try:
+        return contract.check_env(env)
+    except contract.ContractError as exc:
+        raise ValidationError({exc.field: exc.message}) from None
+
+
+def validate_image(image: Any) -> str:
+    """The launch contract's image rules: a parsed reference the allowlist admits."""
+    try:
+        contract.check_image(image, settings.K8S_ALLOWED_IMAGES)
+    except contract.ContractError as exc:
+        raise ValidationError({"image": exc.message}) from None
+    return str(image)
 
 
 def _validate_command(command: Any) -> list[str]:
@@ -174,10 +177,7 @@ def gpu_request_submit(
         where = f"pool {pool.name}" if pool else "any production pool"
         field = "mig_profile" if profile_kind == DeviceProfile.Kind.MIG else "profile_kind"
         raise ValidationError({field: f"No {where} offers this device profile."})
-    if not image or len(image) > 500 or not IMAGE.match(image):
-        raise ValidationError(
-            {"image": "Give a container image such as registry.example.com/team/train:1.2."}
-        )
+    image = validate_image(image)
     command = _validate_command(list(command) if isinstance(command, tuple) else command)
     env = validate_env(env or {})
     for field_name, value in (
@@ -404,6 +404,94 @@ def launch_spec(attempt: Attempt) -> LaunchSpec:
         simulated_duration_s=max(2, duration),
         simulated_exit_code=exit_code,
     )
+
+
+def attempt_launch(attempt_id: int, *, now: datetime | None = None) -> str:
+    """Create an admitted attempt's workload. Runs after commit; returns what happened.
+
+    Every try is counted and pushes the next allowed relaunch out (exponential
+    backoff), so the reconciler's relaunches are bounded. A backend that refuses
+    the spec (`LaunchRefused`) will refuse it again: the attempt ends with the
+    reason and its devices go back at once.
+    """
+    now = now or timezone.now()
+    attempt = Attempt.objects.select_related(
+        "request__team", "request__workload_class", "pool"
+    ).get(pk=attempt_id)
+    if attempt.state != Attempt.State.ADMITTED:
+        return "skipped"
+    tries = attempt.launch_tries + 1
+    delay = backoff.requeue_delay_s(
+        tries, settings.LAUNCH_RETRY_BASE_SECONDS, settings.LAUNCH_RETRY_MAX_SECONDS, 0.0
+    )
+    Attempt.objects.filter(pk=attempt.pk).update(
+        launch_tries=tries, next_launch_at=now + timedelta(seconds=delay)
+    )
+    try:
+        spec = launch_spec(attempt)
+        get_backend().launch(spec)
+    except LaunchRefused as exc:
+        attempt_end_unlaunched(
+            attempt_id,
+            code="launch-refused",
+            reason=f"the cluster refused to launch it: {exc}",
+            requeue=False,
+            now=now,
+        )
+        return "refused"
+    except Exception:  # noqa: BLE001
+        log.exception(
+            "launch of attempt %s failed (try %s); the reconciler will retry", attempt_id, tries
+        )
+        return "error"
+    return "launched"
+
+
+def attempt_end_unlaunched(
+    attempt_id: int, *, code: str, reason: str, requeue: bool, now: datetime | None = None
+) -> bool:
+    """End an admitted attempt whose workload never ran: devices back, not charged.
+
+    `requeue`: the request goes back to the queue (bounded by REQUEUE_LIMIT), as
+    after a launch that kept failing; otherwise it fails with the reason, as when
+    the backend refuses the spec itself. True if this call ended the attempt.
+    """
+    now = now or timezone.now()
+    with transaction.atomic():
+        attempt = Attempt.objects.select_for_update().filter(pk=attempt_id).first()
+        if attempt is None or attempt.state != Attempt.State.ADMITTED:
+            return False
+        req = (
+            GpuRequest.objects.select_for_update().select_related("team").get(pk=attempt.request_id)
+        )
+        attempt.state, attempt.ended_at, attempt.end_reason = (
+            Attempt.State.FAILED,
+            now,
+            reason[:300],
+        )
+        attempt.save(update_fields=["state", "ended_at", "end_reason"])
+        release_attempt(attempt, now=now, charged=False)
+        Decision.objects.create(
+            request=req,
+            attempt=attempt,
+            team=req.team,
+            pool_id=attempt.pool_id,
+            node=",".join(attempt.nodes),
+            kind=Decision.Kind.END,
+            code=code,
+            message=f"attempt {attempt.number}: {reason}"[:500],
+            facts={"launch_tries": attempt.launch_tries},
+        )
+        if req.state in GpuRequest.TERMINAL_STATES:
+            return True
+        if requeue:
+            _requeue(req, now=now, why=reason)
+        else:
+            req.state, req.end_reason = GpuRequest.State.FAILED, reason[:300]
+            req.status_code, req.status_message = code, reason[:500]
+            req.queue_position = None
+            req.save()
+    return True
 
 
 def release_attempt(attempt: Attempt, *, now: datetime, charged: bool) -> bool:

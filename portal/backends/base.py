@@ -12,6 +12,10 @@ from enum import StrEnum
 from typing import Protocol
 
 
+class LaunchRefused(ValueError):
+    """The backend will never run this spec as it is: the attempt ends, its devices go back."""
+
+
 @dataclass(frozen=True)
 class InventoryMig:
     profile: str

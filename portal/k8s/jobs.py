@@ -14,6 +14,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from portal import contract
 from portal.backends.base import LaunchSpec
 from portal.k8s.names import (
     A_GRANTS,
@@ -108,7 +109,8 @@ class JobOptions:
     service_account: str = ""
     image_pull_secrets: tuple[str, ...] = ()
     runtime_class: str = ""
-    #: allowed image prefixes ("registry.example.com/", "nvcr.io/nvidia/"); empty allows any
+    #: allowed registries, optionally with a repository prefix ("registry.example.com",
+    #: "nvcr.io/nvidia/"), matched on parsed references (portal.contract); empty allows any
     allowed_images: tuple[str, ...] = ()
     shm_size_mib: int = 1024
     #: resource name for time-sliced shares when the node cannot be asked
@@ -116,21 +118,26 @@ class JobOptions:
 
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
-_FORBIDDEN_ENV = re.compile(r"^(NVIDIA_.*|CUDA_VISIBLE_DEVICES|QUARTERMASTER_.*|QM_.*)$")
 
 
 def check_env(env: Iterable[tuple[str, str]]) -> None:
-    """Refuse env names a user may not set (RELIABILITY.md §8.7).
+    """Refuse env names a user may not set (RELIABILITY.md §8.7): the submit contract again.
 
     `NVIDIA_*` and `CUDA_VISIBLE_DEVICES` would let a container see GPUs it did
-    not request; `QUARTERMASTER_*`/`QM_*` are set by the server.
+    not request; `QUARTERMASTER_*`/`QM_*` and the rendezvous names are set by the server.
     """
-    for name, _ in env:
-        if not _ENV_NAME.match(name):
-            raise LaunchRefused(f"invalid environment variable name {name!r}")
-        if _FORBIDDEN_ENV.match(name):
-            raise LaunchRefused(f"environment variable {name} may not be set by a request")
+    try:
+        contract.check_env(env)
+    except contract.ContractError as exc:
+        raise LaunchRefused(exc.message) from None
+
+
+def check_image(image: str, options: JobOptions) -> None:
+    """The image parses as a reference and an allowlist entry admits it (the submit contract)."""
+    try:
+        contract.check_image(image, options.allowed_images)
+    except contract.ContractError as exc:
+        raise LaunchRefused(exc.message) from None
 
 
 def gpu_resource(
@@ -220,10 +227,7 @@ def job_build(
         )
     if not _DNS_LABEL.match(spec.namespace):
         raise LaunchRefused(f"namespace {spec.namespace!r} is not a DNS label")
-    if not spec.image or any(c.isspace() for c in spec.image):
-        raise LaunchRefused("an image is required")
-    if options.allowed_images and not spec.image.startswith(options.allowed_images):
-        raise LaunchRefused(f"image {spec.image} is not from an allowed registry")
+    check_image(spec.image, options)
     if not spec.node:
         raise LaunchRefused("a launch needs the node the packer chose")
     check_env(spec.env)

@@ -9,6 +9,8 @@ from typing import Any
 
 from kubernetes.utils import parse_quantity
 
+from portal.backends.base import LaunchRefused as _LaunchRefused
+
 GPU = "nvidia.com/gpu"
 GPU_SHARED = "nvidia.com/gpu.shared"
 MIG_PREFIX = "nvidia.com/mig-"
@@ -55,8 +57,8 @@ TERMINAL_PHASES = ("Succeeded", "Failed")
 # --- Errors ------------------------------------------------------------------------
 
 
-class LaunchRefused(ValueError):
-    """The LaunchSpec asks for something a generated Job may never carry."""
+# The backend-neutral refusal; re-exported here because the adapter raises it.
+LaunchRefused = _LaunchRefused
 
 
 class JobConflict(RuntimeError):
