@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -228,6 +229,53 @@ class Node(models.Model):
         return self.name
 
 
+class DeviceCondition(models.TextChoices):
+    """Why a device can or cannot take work now, worst first. The one usable-device rule."""
+
+    QUARANTINED = "quarantined"  # a critical Xid; only an admin clears it
+    UNHEALTHY = "unhealthy"  # the device plugin or the node agent says so
+    STALE = "stale"  # the node agent stopped reporting
+    NOT_READY = "not_ready"  # the node is not Ready
+    CORDONED = "cordoned"  # an admin took the node out
+    USABLE = "usable"
+
+
+#: conditions of the device itself; the others belong to its node
+DEVICE_FAULTS = (DeviceCondition.QUARANTINED, DeviceCondition.UNHEALTHY)
+
+
+def heartbeat_stale_before(now: datetime) -> datetime:
+    """A node whose agent last reported before this is stale (nodes with no agent never are)."""
+    return now - timedelta(seconds=settings.HEARTBEAT_STALE_SECONDS)
+
+
+class DeviceQuerySet(models.QuerySet["Device"]):
+    """The usable-device rule in SQL; `Device.condition` is the same rule row by row."""
+
+    def usable(self, now: datetime) -> DeviceQuerySet:
+        return self.filter(usable_q(now))
+
+    def unusable(self, now: datetime) -> DeviceQuerySet:
+        return self.exclude(usable_q(now))
+
+
+def usable_q(now: datetime, prefix: str = "") -> Q:
+    """Devices that may take work now (`prefix` = "device__" from a related model)."""
+    p = prefix
+    return Q(
+        **{
+            f"{p}healthy": True,
+            f"{p}agent_healthy": True,
+            f"{p}quarantined": False,
+            f"{p}node__ready": True,
+            f"{p}node__cordoned": False,
+        }
+    ) & (
+        Q(**{f"{p}node__last_heartbeat__isnull": True})
+        | Q(**{f"{p}node__last_heartbeat__gte": heartbeat_stale_before(now)})
+    )
+
+
 class Device(models.Model):
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="devices")
     index = models.PositiveIntegerField()
@@ -254,6 +302,8 @@ class Device(models.Model):
     xids = models.JSONField(default=list, blank=True)
     reported_at = models.DateTimeField(null=True, blank=True)
 
+    objects = DeviceQuerySet.as_manager()
+
     class Meta:
         ordering = ["node__name", "index"]
         constraints = [
@@ -263,9 +313,20 @@ class Device(models.Model):
     def __str__(self) -> str:
         return f"{self.node.name}/gpu{self.index}"
 
-    @property
-    def usable(self) -> bool:
-        return self.healthy and self.agent_healthy and not self.quarantined
+    def condition(self, now: datetime) -> DeviceCondition:
+        """The usable-device rule for this row (with its node); agrees with `usable_q`."""
+        if self.quarantined:
+            return DeviceCondition.QUARANTINED
+        if not (self.healthy and self.agent_healthy):
+            return DeviceCondition.UNHEALTHY
+        node = self.node
+        if node.last_heartbeat is not None and node.last_heartbeat < heartbeat_stale_before(now):
+            return DeviceCondition.STALE
+        if not node.ready:
+            return DeviceCondition.NOT_READY
+        if node.cordoned:
+            return DeviceCondition.CORDONED
+        return DeviceCondition.USABLE
 
 
 class Quota(models.Model):

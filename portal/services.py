@@ -1000,14 +1000,17 @@ def _device_report(device: Device, raw: dict[str, Any], now: datetime) -> None:
 
 
 def device_clear_quarantine(*, actor: AbstractBaseUser, device: Device) -> Device:
+    """An admin returns a quarantined device to service (a healthy report never does)."""
     with transaction.atomic():
-        device = Device.objects.select_for_update().get(pk=device.pk)
+        device = Device.objects.select_for_update().select_related("node").get(pk=device.pk)
+        if not device.quarantined:
+            raise ValidationError({"device": f"{device} is not quarantined."})
         before = _snapshot(device, ["quarantined", "health_reason"])
         device.quarantined, device.health_reason = False, ""
         device.save(update_fields=["quarantined", "health_reason"])
         audit(
             actor=actor,
-            action="device.clear",
+            action="device.clear-quarantine",
             obj=device,
             before=before,
             after=_snapshot(device, ["quarantined", "health_reason"]),

@@ -40,6 +40,11 @@ portal_patterns = [
     path("ops/classes/<int:class_id>/", views.workload_class_edit, name="class-edit"),
     path("ops/pools/<int:pool_id>/", views.pool_edit, name="pool-edit"),
     path("ops/nodes/<int:node_id>/<node_action:action>/", views.node_action, name="node-action"),
+    path(
+        "ops/devices/<int:device_id>/clear-quarantine/",
+        views.device_clear_quarantine,
+        name="device-clear-quarantine",
+    ),
 ]
 
 api_patterns = [
@@ -56,6 +61,11 @@ api_patterns = [
     path("capacity/", api.CapacityApi.as_view(), name="capacity"),
     path(
         "nodes/<int:node_id>/<node_action:action>/", api.NodeActionApi.as_view(), name="node-action"
+    ),
+    path(
+        "devices/<int:device_id>/clear-quarantine/",
+        api.DeviceClearQuarantineApi.as_view(),
+        name="device-clear-quarantine",
     ),
     path("decisions/", api.DecisionListApi.as_view(), name="decisions"),
     path("audit/", api.AuditListApi.as_view(), name="audit"),

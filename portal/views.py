@@ -395,6 +395,18 @@ def node_action(request: HttpRequest, node_id: int, action: str) -> HttpResponse
 
 
 @login_required
+@require_POST
+def device_clear_quarantine(request: HttpRequest, device_id: int) -> HttpResponse:
+    """Admins return a quarantined device to service; audited."""
+    device = access.get_device_for_admin(request.user, device_id)
+    try:
+        services.device_clear_quarantine(actor=request.user, device=device)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        return HttpResponse(" ".join(exc.messages), status=400, content_type="text/plain")
+    return redirect(_next_url(request, reverse("portal:capacity")))
+
+
+@login_required
 @require_GET
 def audit_log(request: HttpRequest) -> HttpResponse:
     access.require_admin(request.user)
