@@ -42,7 +42,20 @@ class SubmitForm(forms.Form):
         empty_label="any pool",
     )
     profile = forms.ModelChoiceField(queryset=DeviceProfile.objects.none(), label="Device profile")
-    count = forms.IntegerField(min_value=1, max_value=16, initial=1, label="Devices")
+    count = forms.IntegerField(min_value=1, max_value=16, initial=1, label="Devices per pod")
+    pods = forms.IntegerField(
+        min_value=1,
+        max_value=64,
+        initial=1,
+        label="Pods",
+        help_text="more than 1: a gang, one pod per node, started and stopped together",
+    )
+    cpu_milli = forms.IntegerField(
+        min_value=0, max_value=10**9, initial=1000, label="CPU per pod (millicores)"
+    )
+    memory_mib = forms.IntegerField(
+        min_value=0, max_value=10**9, initial=4096, label="Host memory per pod (MiB)"
+    )
     image = forms.CharField(max_length=500, initial="registry.example.com/team/train:1.0")
     command = forms.CharField(max_length=2000, required=False, help_text="space-separated")
     env = forms.CharField(
@@ -67,6 +80,13 @@ class SubmitForm(forms.Form):
     )
     estimated_runtime_s = forms.IntegerField(
         min_value=1, max_value=10**9, initial=3600, label="Estimated runtime (s)"
+    )
+    priority = forms.IntegerField(
+        min_value=-100,
+        max_value=100,
+        initial=0,
+        required=False,
+        help_text="within the class band; members may lower it, leads raise it within limits",
     )
 
     def __init__(self, *args: Any, teams: Any = None, **kwargs: Any) -> None:
@@ -124,12 +144,16 @@ class SubmitForm(forms.Form):
             "milli": profile.milli,
             "gpu_memory_mib": profile.gpu_memory_mib,
             "count": d["count"],
+            "pods": d["pods"],
+            "cpu_milli": d["cpu_milli"],
+            "memory_mib": d["memory_mib"],
             "image": d["image"],
             "command": (d["command"] or "").split(),
             "env": d["env"],
             "checkpoint_interval_s": d["checkpoint_interval_s"],
             "max_runtime_s": d["max_runtime_s"],
             "estimated_runtime_s": d["estimated_runtime_s"],
+            "priority": d.get("priority") or 0,
         }
 
     def preview_kwargs(self) -> dict[str, Any]:
@@ -210,7 +234,26 @@ class MemberCapForm(forms.Form):
 class WorkloadClassForm(forms.ModelForm):  # type: ignore[type-arg]
     class Meta:
         model = WorkloadClass
-        fields = services.CLASS_FIELDS
+        fields = [*services.CLASS_FIELDS, "teams"]
+        widgets = {"teams": forms.CheckboxSelectMultiple}
+
+
+class TeamCreateForm(forms.Form):
+    name = forms.SlugField(max_length=63, help_text="lower-case letters, digits and dashes")
+    display_name = forms.CharField(max_length=200, required=False)
+    namespace = forms.SlugField(
+        max_length=63, required=False, help_text="Kubernetes namespace; empty = qm-<name>"
+    )
+
+
+class MemberAddForm(forms.Form):
+    username = forms.CharField(max_length=150)
+    role = forms.ChoiceField(choices=[("member", "member"), ("lead", "lead")], required=False)
+
+    def __init__(self, *args: Any, admin: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not admin:
+            del self.fields["role"]
 
 
 class PoolForm(forms.ModelForm):  # type: ignore[type-arg]

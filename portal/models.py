@@ -114,6 +114,16 @@ class WorkloadClass(models.Model):
     #: counts against a pool's production-inference floor
     inference = models.BooleanField(default=False)
     priority_class_name = models.CharField(max_length=63, blank=True)
+    #: only the listed teams may submit to a restricted class (e.g. production inference)
+    restricted = models.BooleanField(
+        default=False, help_text="Only the teams listed may use this class."
+    )
+    teams = models.ManyToManyField(
+        "Team",
+        blank=True,
+        related_name="allowed_classes",
+        help_text="Teams that may use a restricted class.",
+    )
 
     class Meta:
         ordering = ["-band", "name"]
@@ -128,6 +138,9 @@ class WorkloadClass(models.Model):
     def clean(self) -> None:
         if not 0 <= self.band <= self.MAX_BAND:
             raise ValidationError({"band": f"A band is a whole number from 0 to {self.MAX_BAND}."})
+
+    def open_to(self, team: Team) -> bool:
+        return not self.restricted or self.teams.filter(pk=team.pk).exists()
 
 
 class Pool(models.Model):

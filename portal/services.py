@@ -125,6 +125,41 @@ def _validate_command(command: Any) -> list[str]:
     return command
 
 
+def priority_bounds(user: Any, team: Team) -> tuple[int, int]:
+    """The priority range `user` may choose in `team`: bounded by role (settings.PRIORITY_*)."""
+    if getattr(user, "is_staff", False) and getattr(user, "is_active", False):
+        high = settings.PRIORITY_MAX_ADMIN
+    else:
+        role = (
+            Membership.objects.filter(user=user, team=team).values_list("role", flat=True).first()
+        )
+        high = (
+            settings.PRIORITY_MAX_LEAD
+            if role == Membership.Role.LEAD
+            else settings.PRIORITY_MAX_MEMBER
+        )
+    return settings.PRIORITY_MIN, high
+
+
+def check_priority(user: Any, team: Team, priority: Any) -> int:
+    low, high = priority_bounds(user, team)
+    if isinstance(priority, bool) or not isinstance(priority, int) or not low <= priority <= high:
+        raise ValidationError(
+            {"priority": f"Choose a priority between {low} and {high} in team {team.name}."}
+        )
+    return priority
+
+
+def check_class(team: Team, workload_class: WorkloadClass) -> None:
+    if not workload_class.open_to(team):
+        raise ValidationError(
+            {
+                "workload_class": f"Team {team.name} may not use the {workload_class.name} class; "
+                "a platform admin grants it."
+            }
+        )
+
+
 def gpu_request_submit(
     *,
     user: AbstractBaseUser,
@@ -151,6 +186,8 @@ def gpu_request_submit(
     """Queue a request for `team`; the tick picks it up on commit."""
     if not Membership.objects.filter(user=user, team=team).exists():
         raise ValidationError({"team": "You are not a member of this team."})
+    check_class(team, workload_class)
+    priority = check_priority(user, team, priority)
     if profile_kind not in DeviceProfile.Kind.values:
         raise ValidationError(
             {"profile_kind": f"Choose one of {', '.join(DeviceProfile.Kind.values)}."}
@@ -214,7 +251,7 @@ def gpu_request_submit(
             checkpoint_interval_s=checkpoint_interval_s,
             max_runtime_s=max_runtime_s,
             estimated_runtime_s=estimated_runtime_s,
-            priority=max(-100, min(100, priority)),
+            priority=priority,
             status_code="queued",
             status_message="queued: waiting for the next scheduling pass",
         )
@@ -710,15 +747,39 @@ CLASS_FIELDS = [
     "inference",
     "priority_class_name",
     "description",
+    "restricted",
 ]
 
 
 def workload_class_update(
-    *, actor: AbstractBaseUser, workload_class: WorkloadClass, **changes: Any
+    *,
+    actor: AbstractBaseUser,
+    workload_class: WorkloadClass,
+    teams: Any = None,
+    **changes: Any,
 ) -> WorkloadClass:
-    return _update(
-        actor=actor, obj=workload_class, fields=CLASS_FIELDS, action="class.update", changes=changes
-    )
+    """Change a class; `teams` (the teams a restricted class is open to) is audited apart."""
+    with transaction.atomic():
+        wc = _update(
+            actor=actor,
+            obj=workload_class,
+            fields=CLASS_FIELDS,
+            action="class.update",
+            changes=changes,
+        )
+        if teams is not None:
+            before = sorted(wc.teams.values_list("name", flat=True))
+            wc.teams.set(list(teams))
+            after = sorted(wc.teams.values_list("name", flat=True))
+            if before != after:
+                audit(
+                    actor=actor,
+                    action="class.teams",
+                    obj=wc,
+                    before={"teams": before},
+                    after={"teams": after},
+                )
+    return wc
 
 
 POOL_FIELDS = [
@@ -807,6 +868,20 @@ def membership_set(
             after=_snapshot(m, ["role", "gpu_cap_milli"]),
         )
     return m
+
+
+def membership_add(
+    *, actor: AbstractBaseUser, team: Team, username: str, role: str = Membership.Role.MEMBER
+) -> Membership:
+    """Add an existing user to a team (leads add members; admins choose the role)."""
+    from django.contrib.auth import get_user_model
+
+    user = get_user_model().objects.filter(username=username, is_active=True).first()
+    if user is None:
+        raise ValidationError({"username": f"No active user is called {username!r}."})
+    if Membership.objects.filter(user=user, team=team).exists():
+        raise ValidationError({"username": f"{username} is already in team {team.name}."})
+    return membership_set(actor=actor, team=team, user=user, role=role)
 
 
 def membership_remove(*, actor: AbstractBaseUser | None, membership: Membership) -> int:

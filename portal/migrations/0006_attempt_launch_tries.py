@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('portal', '0004_attempt_admitted_by_preemption'),
+        ('portal', '0005_metrics_lease_decision_tally'),
     ]
 
     operations = [
