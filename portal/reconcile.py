@@ -71,7 +71,8 @@ def _reconcile(now: datetime | None) -> dict[str, int]:
         log.exception("inventory sync failed")
     now = now or timezone.now()
     for attempt in Attempt.objects.filter(state__in=Attempt.ACTIVE_STATES).order_by("id"):
-        status = backend.status(attempt.workload_name, attempt.namespace)
+        pods = max(1, len(attempt.nodes))
+        status = backend.status(attempt.workload_name, attempt.namespace, pods)
         if status.outcome.value == "missing" and attempt.state == Attempt.State.ADMITTED:
             # Admitted but never created (a launch lost after commit, or one the backend
             # failed): create it again, with backoff, a bounded number of times.
@@ -98,7 +99,11 @@ def _reconcile(now: datetime | None) -> dict[str, int]:
         ):
             # Ask again: a stop lost after commit must not hold devices forever.
             services.backend_call(
-                "stop", attempt.workload_name, attempt.namespace, services.STOP_GRACE_SECONDS
+                "stop",
+                attempt.workload_name,
+                attempt.namespace,
+                services.STOP_GRACE_SECONDS,
+                pods,
             )
             count("reconciler_repairs")
         new_state = services.attempt_observe(attempt_id=attempt.pk, status=status, now=now)

@@ -26,6 +26,7 @@ from portal.backends.base import (
     LaunchRefused,
     LaunchSpec,
     Outcome,
+    PodLaunch,
     WorkloadStatus,
 )
 from portal.models import (
@@ -53,6 +54,8 @@ User = AbstractBaseUser | AnonymousUser | None
 
 MAX_GPUS_PER_NODE = 16
 STOP_GRACE_SECONDS = 30
+#: stop_reason prefix of a gang stopped because one of its pods ended ("gang:failed")
+GANG_STOP = "gang:"
 
 
 # ---------------------------------------------------------------------------
@@ -379,8 +382,8 @@ def attempt_stop(attempt: Attempt, *, reason: str) -> None:
     attempt.state = Attempt.State.STOPPING
     attempt.stop_reason = reason
     attempt.save(update_fields=["state", "stop_reason"])
-    name, namespace = attempt.workload_name, attempt.namespace
-    transaction.on_commit(lambda: backend_call("stop", name, namespace, STOP_GRACE_SECONDS))
+    name, namespace, pods = attempt.workload_name, attempt.namespace, max(1, len(attempt.nodes))
+    transaction.on_commit(lambda: backend_call("stop", name, namespace, STOP_GRACE_SECONDS, pods))
 
 
 def backend_call(method: str, *args: Any) -> None:
@@ -403,12 +406,20 @@ def launch_spec(attempt: Attempt) -> LaunchSpec:
             "device__node__name", "device__index", "slot"
         )
     )
-    grants: dict[tuple[int, int], GrantSpec] = {}
+    # Grants per node: a gang's pods each hold devices on their own node.
+    per_node: dict[str, dict[tuple[int, int], GrantSpec]] = {}
     for a in allocations:
-        key = (a.device.index, a.mig_start)
+        grants = per_node.setdefault(a.device.node.name, {})
         grants.setdefault(
-            key, GrantSpec(a.device.index, a.milli, a.gpu_memory_mib, a.mig_profile, a.mig_start)
+            (a.device.index, a.mig_start),
+            GrantSpec(a.device.index, a.milli, a.gpu_memory_mib, a.mig_profile, a.mig_start),
         )
+    # Rank order is the packer's order of nodes (rank 0 hosts the rendezvous).
+    nodes = list(attempt.nodes) or sorted(per_node)
+    pods = tuple(
+        PodLaunch(rank, node, tuple(per_node.get(node, {}).values()))
+        for rank, node in enumerate(nodes)
+    )
     exit_code = 0
     words = [str(c) for c in req.command]
     if len(words) >= 2 and words[-2] == "exit" and words[-1].isdigit():
@@ -424,13 +435,12 @@ def launch_spec(attempt: Attempt) -> LaunchSpec:
         workload_class=req.workload_class.name,
         priority_class=req.workload_class.priority_class_name,
         pool=attempt.pool.name,
-        node=attempt.nodes[0] if attempt.nodes else "",
-        nodes=tuple(attempt.nodes),
+        node=pods[0].node if pods else "",
         image=req.image,
         command=tuple(words),
         env=tuple(sorted(req.env.items())),
         profile_kind=req.profile_kind,
-        grants=tuple(grants.values()),
+        grants=pods[0].grants if pods else (),
         cpu_milli=req.cpu_milli,
         memory_mib=req.memory_mib,
         tolerations=tuple(
@@ -440,6 +450,7 @@ def launch_spec(attempt: Attempt) -> LaunchSpec:
         max_runtime_s=req.max_runtime_s,
         simulated_duration_s=max(2, duration),
         simulated_exit_code=exit_code,
+        pods=pods if len(pods) > 1 else (),
     )
 
 
@@ -612,6 +623,19 @@ def attempt_observe(*, attempt_id: int, status: WorkloadStatus, now: datetime | 
             Outcome.PREEMPTED,
         ):
             return _end_stopped(attempt, req, now=now)
+        if (
+            len(attempt.nodes) > 1
+            and attempt.state != Attempt.State.STOPPING
+            and outcome in _ENDINGS
+            and outcome != Outcome.SUCCEEDED
+        ):
+            # One pod of a gang ended: stop the others, and end the attempt with this
+            # pod's outcome once all are gone (a gang runs whole or not at all).
+            attempt.end_reason = (status.message or status.reason)[:300]
+            attempt.exit_code = status.exit_code
+            attempt.save(update_fields=["end_reason", "exit_code"])
+            attempt_stop(attempt, reason=f"{GANG_STOP}{outcome.value}")
+            return str(attempt.state)
         if outcome == Outcome.RUNNING and attempt.state == Attempt.State.ADMITTED:
             attempt.state, attempt.started_at = Attempt.State.RUNNING, now
             attempt.save(update_fields=["state", "started_at"])
@@ -636,7 +660,7 @@ def _end_attempt(
     attempt_state, request_state, charged = _ENDINGS[outcome]
     reason = _REASONS[outcome] + (f" ({status.message})" if status.message else "")
     attempt.state, attempt.ended_at, attempt.exit_code = attempt_state, now, status.exit_code
-    attempt.end_reason = reason
+    attempt.end_reason = reason[:300]
     attempt.save(update_fields=["state", "ended_at", "exit_code", "end_reason"])
     release_attempt(attempt, now=now, charged=charged)
     Decision.objects.create(
@@ -647,7 +671,7 @@ def _end_attempt(
         node=",".join(attempt.nodes),
         kind=Decision.Kind.END,
         code=outcome.value,
-        message=f"attempt {attempt.number}: {reason}",
+        message=f"attempt {attempt.number}: {reason}"[:500],
         facts={"exit_code": status.exit_code, "reason": status.reason},
     )
     if req.state in GpuRequest.TERMINAL_STATES:
@@ -655,14 +679,25 @@ def _end_attempt(
     if request_state is None:
         _requeue(req, now=now, why=reason)
     else:
-        req.state, req.end_reason = request_state, reason
-        req.status_code, req.status_message = outcome.value, reason
+        req.state, req.end_reason = request_state, reason[:300]
+        req.status_code, req.status_message = outcome.value, reason[:500]
         req.save()
     return str(attempt.state)
 
 
 def _end_stopped(attempt: Attempt, req: GpuRequest, *, now: datetime) -> str:
     reason = attempt.stop_reason or "stopped"
+    if reason.startswith(GANG_STOP):
+        # Every pod of the gang is gone now: end it as its first ended pod ended.
+        outcome = Outcome(reason.removeprefix(GANG_STOP))
+        status = WorkloadStatus(
+            attempt.workload_name,
+            attempt.namespace,
+            outcome,
+            message=attempt.end_reason,
+            exit_code=attempt.exit_code,
+        )
+        return _end_attempt(attempt, req, outcome=outcome, status=status, now=now)
     cancelled = reason == "cancelled"
     attempt.state = Attempt.State.CANCELLED if cancelled else Attempt.State.PREEMPTED
     attempt.ended_at, attempt.end_reason = now, reason
