@@ -618,17 +618,21 @@ def attempt_observe(*, attempt_id: int, status: WorkloadStatus, now: datetime | 
             return str(attempt.state)
         req = GpuRequest.objects.select_for_update().get(pk=attempt.request_id)
         outcome = status.outcome
+        gang = len(attempt.nodes) > 1
+        if gang and attempt.state == Attempt.State.STOPPING:
+            # A gang being stopped ends once none of its pods runs any more, whatever
+            # each one's ending: until then its devices stay held.
+            if status.active_pods == 0:
+                return _end_stopped(attempt, req, now=now)
+            return str(attempt.state)
         if attempt.state == Attempt.State.STOPPING and outcome in (
             Outcome.MISSING,
             Outcome.PREEMPTED,
         ):
             return _end_stopped(attempt, req, now=now)
-        if (
-            len(attempt.nodes) > 1
-            and attempt.state != Attempt.State.STOPPING
-            and outcome in _ENDINGS
-            and outcome != Outcome.SUCCEEDED
-        ):
+        if outcome == Outcome.MISSING and attempt.state == Attempt.State.RUNNING:
+            outcome = Outcome.NODE_LOST
+        if gang and outcome in _ENDINGS and outcome != Outcome.SUCCEEDED:
             # One pod of a gang ended: stop the others, and end the attempt with this
             # pod's outcome once all are gone (a gang runs whole or not at all).
             attempt.end_reason = (status.message or status.reason)[:300]
@@ -647,8 +651,6 @@ def attempt_observe(*, attempt_id: int, status: WorkloadStatus, now: datetime | 
                 )
                 req.save()
             return str(attempt.state)
-        if outcome == Outcome.MISSING and attempt.state == Attempt.State.RUNNING:
-            outcome = Outcome.NODE_LOST
         if outcome not in _ENDINGS:
             return str(attempt.state)
         return _end_attempt(attempt, req, outcome=outcome, status=status, now=now)

@@ -188,6 +188,8 @@ class WorkloadStatus:
     reason: str = ""
     message: str = ""
     exit_code: int | None = None
+    #: a gang: how many of its pods still run or wait to (their devices are held)
+    active_pods: int = 0
 
 
 class ClusterBackend(Protocol):
@@ -231,7 +233,15 @@ def gang_status(name: str, namespace: str, members: list[WorkloadStatus]) -> Wor
     3. every pod succeeded -> SUCCEEDED;
     4. every pod running or done -> RUNNING: started all or nothing;
     5. otherwise PENDING (some pods are not running yet).
+
+    `active_pods` counts the pods still running or waiting: a gang being stopped
+    has ended only when none is left.
     """
+    active = sum(1 for st in members if st.outcome in (Outcome.RUNNING, Outcome.PENDING))
+    return replace(_gang_outcome(name, namespace, members), active_pods=active)
+
+
+def _gang_outcome(name: str, namespace: str, members: list[WorkloadStatus]) -> WorkloadStatus:
     for rank, st in enumerate(members):
         if st.outcome in GANG_ENDINGS:
             return replace(

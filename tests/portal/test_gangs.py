@@ -11,7 +11,7 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from portal import services
-from portal.backends.base import GrantSpec, LaunchRefused, Outcome, PodLaunch
+from portal.backends.base import GrantSpec, LaunchRefused, Outcome, PodLaunch, WorkloadStatus
 from portal.k8s.jobs import job_to_dict
 from portal.models import (
     Allocation,
@@ -103,6 +103,10 @@ def test_one_failed_pod_stops_the_whole_gang_then_fails_it() -> None:
     attempt.refresh_from_db()
     assert attempt.state == Attempt.State.STOPPING and attempt.stop_reason == "gang:failed"
     assert SimulatedWorkload.objects.get(name=names[0]).stopped_at is not None
+    assert Allocation.objects.filter(attempt=attempt, active=True).count() == 8
+    # While a pod still runs (say, Terminating on Kubernetes) the gang holds its devices.
+    still = WorkloadStatus(attempt.workload_name, attempt.namespace, Outcome.FAILED, active_pods=1)
+    assert services.attempt_observe(attempt_id=attempt.pk, status=still) == "stopping"
     assert Allocation.objects.filter(attempt=attempt, active=True).count() == 8
     reconcile()
     attempt.refresh_from_db()
@@ -220,6 +224,7 @@ def test_kubernetes_launches_a_gang_as_one_job_per_pod_owned_by_a_headless_servi
     cluster.fail_pod(p1, "Evicted", "node pressure")
     st = b.status("qm-42-1", "team-a", 2)
     assert st.outcome == Outcome.PREEMPTED and st.message.startswith("pod 1")
+    assert st.active_pods == 1  # pod 0 still runs: the portal stops it before ending the gang
     # Stopped all or nothing.
     b.stop("qm-42-1", "team-a", 30, 2)
     assert not cluster.jobs and not cluster.services

@@ -123,7 +123,9 @@ def test_a_restricted_class_is_open_only_to_the_teams_admins_list() -> None:
     speech = Team.objects.get(name="speech")
     Membership.objects.create(user=sam, team=speech)
     inference = WorkloadClass.objects.get(name="inference")
-    assert inference.restricted
+    inference.restricted = True
+    inference.save()
+    inference.teams.set([w.vision, w.nlp])
     with pytest.raises(ValidationError) as exc:
         submit(
             sam,
@@ -134,6 +136,14 @@ def test_a_restricted_class_is_open_only_to_the_teams_admins_list() -> None:
             mig_profile="1g.10gb",
         )
     assert "workload_class" in exc.value.message_dict
+    api = APIClient()
+    api.force_authenticate(sam)
+    preview = api.post(
+        "/api/v1/requests/preview/",
+        {"team": "speech", "workload_class": "inference", "pool": "h100-mig"},
+        format="json",
+    )
+    assert preview.status_code == 200 and preview.json()["outcome"] == "rejected"
     submit(
         w.bob,
         w.vision,
