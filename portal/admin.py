@@ -4,7 +4,8 @@ Every change to teams, memberships, quotas, pools, classes, nodes, devices and
 requests goes through `portal.services`, which writes the audit event; the
 portal's pages (settings, capacity, team pages) are where admins make them.
 Decisions and audit events are append-only records: nobody edits or deletes
-them, admin included. Device profiles carry no audit and stay editable here.
+them, admin included. Removing a membership is allowed here because it goes
+through `services.membership_remove`. Device profiles carry no audit and stay editable here.
 """
 
 from typing import Any
@@ -48,10 +49,14 @@ class TeamAdmin(ReadOnlyAdmin):
 
 @admin.register(models.Membership)
 class MembershipAdmin(ReadOnlyAdmin):
+    """Read-only, except removal, which goes through the service (pending requests cancelled, audited)."""
+
     list_display = ["user", "team", "role", "gpu_cap_milli"]
     list_filter = ["team", "role"]
 
-    # Removing a member cancels their pending requests, audited: through the service.
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return bool(request.user.is_active and request.user.is_staff)
+
     def delete_model(self, request: HttpRequest, obj: models.Membership) -> None:
         services.membership_remove(actor=request.user, membership=obj)  # type: ignore[arg-type]
 

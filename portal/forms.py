@@ -47,14 +47,23 @@ class SubmitForm(forms.Form):
         min_value=1,
         max_value=64,
         initial=1,
+        required=False,
         label="Pods",
         help_text="more than 1: a gang, one pod per node, started and stopped together",
     )
     cpu_milli = forms.IntegerField(
-        min_value=0, max_value=10**9, initial=1000, label="CPU per pod (millicores)"
+        min_value=0,
+        max_value=10**9,
+        initial=1000,
+        required=False,
+        label="CPU per pod (millicores)",
     )
     memory_mib = forms.IntegerField(
-        min_value=0, max_value=10**9, initial=4096, label="Host memory per pod (MiB)"
+        min_value=0,
+        max_value=10**9,
+        initial=4096,
+        required=False,
+        label="Host memory per pod (MiB)",
     )
     image = forms.CharField(max_length=500, initial="registry.example.com/team/train:1.0")
     command = forms.CharField(max_length=2000, required=False, help_text="space-separated")
@@ -144,9 +153,10 @@ class SubmitForm(forms.Form):
             "milli": profile.milli,
             "gpu_memory_mib": profile.gpu_memory_mib,
             "count": d["count"],
-            "pods": d["pods"],
-            "cpu_milli": d["cpu_milli"],
-            "memory_mib": d["memory_mib"],
+            # Empty means the defaults the API uses too.
+            "pods": d.get("pods") or 1,
+            "cpu_milli": 1000 if d.get("cpu_milli") is None else d["cpu_milli"],
+            "memory_mib": 4096 if d.get("memory_mib") is None else d["memory_mib"],
             "image": d["image"],
             "command": (d["command"] or "").split(),
             "env": d["env"],
@@ -170,6 +180,10 @@ class SubmitForm(forms.Form):
                 "milli",
                 "gpu_memory_mib",
                 "count",
+                "pods",
+                "cpu_milli",
+                "memory_mib",
+                "priority",
             )
         }
 
