@@ -20,7 +20,6 @@ from rest_framework import exceptions, parsers, throttling
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
-from rest_framework.views import exception_handler as drf_exception_handler
 
 from portal.validation import json_problem
 
@@ -78,6 +77,10 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
             status=503,
             headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)},
         )
+    # Imported here: rest_framework.views reads the API settings, which name this module's
+    # parser; importing it at the top is a cycle when this module is imported first (axes).
+    from rest_framework.views import exception_handler as drf_exception_handler
+
     return drf_exception_handler(exc, context)
 
 
