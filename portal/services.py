@@ -128,14 +128,17 @@ def _validate_command(command: Any) -> list[str]:
     return command
 
 
-def priority_bounds(user: Any, team: Team) -> tuple[int, int]:
+def priority_bounds(user: Any, team: Team, role: str | None = None) -> tuple[int, int]:
     """The priority range `user` may choose in `team`: bounded by role (settings.PRIORITY_*)."""
     if getattr(user, "is_staff", False) and getattr(user, "is_active", False):
         high = settings.PRIORITY_MAX_ADMIN
     else:
-        role = (
-            Membership.objects.filter(user=user, team=team).values_list("role", flat=True).first()
-        )
+        if role is None:
+            role = (
+                Membership.objects.filter(user=user, team=team)
+                .values_list("role", flat=True)
+                .first()
+            )
         high = (
             settings.PRIORITY_MAX_LEAD
             if role == Membership.Role.LEAD
@@ -144,8 +147,8 @@ def priority_bounds(user: Any, team: Team) -> tuple[int, int]:
     return settings.PRIORITY_MIN, high
 
 
-def check_priority(user: Any, team: Team, priority: Any) -> int:
-    low, high = priority_bounds(user, team)
+def check_priority(user: Any, team: Team, priority: Any, role: str | None = None) -> int:
+    low, high = priority_bounds(user, team, role)
     if isinstance(priority, bool) or not isinstance(priority, int) or not low <= priority <= high:
         raise ValidationError(
             {"priority": f"Choose a priority between {low} and {high} in team {team.name}."}
@@ -187,10 +190,11 @@ def gpu_request_submit(
     priority: int = 0,
 ) -> GpuRequest:
     """Queue a request for `team`; the tick picks it up on commit."""
-    if not Membership.objects.filter(user=user, team=team).exists():
+    role = Membership.objects.filter(user=user, team=team).values_list("role", flat=True).first()
+    if role is None:
         raise ValidationError({"team": "You are not a member of this team."})
     check_class(team, workload_class)
-    priority = check_priority(user, team, priority)
+    priority = check_priority(user, team, priority, role)
     if profile_kind not in DeviceProfile.Kind.values:
         raise ValidationError(
             {"profile_kind": f"Choose one of {', '.join(DeviceProfile.Kind.values)}."}
