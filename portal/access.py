@@ -17,7 +17,7 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import Http404
 
-from portal.models import GpuRequest, Membership, Node, Pool, Team, WorkloadClass
+from portal.models import Device, GpuRequest, Membership, Node, Pool, Team, WorkloadClass
 
 AnyUser = AbstractBaseUser | AnonymousUser
 
@@ -130,6 +130,14 @@ def get_node_for_admin(user: AnyUser, pk: int | str) -> Node:
         return Node.objects.select_related("pool").get(pk=int(pk))
     except (Node.DoesNotExist, ValueError, TypeError):
         raise Http404("No such node.") from None
+
+
+def get_device_for_admin(user: AnyUser, pk: int | str) -> Device:
+    require_admin(user)
+    try:
+        return Device.objects.select_related("node").get(pk=int(pk))
+    except (Device.DoesNotExist, ValueError, TypeError):
+        raise Http404("No such device.") from None
 
 
 def get_workload_class_for_admin(user: AnyUser, pk: int | str) -> WorkloadClass:

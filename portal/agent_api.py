@@ -75,7 +75,13 @@ def attempt_ready(request: HttpRequest, attempt_id: int) -> JsonResponse:
         return JsonResponse({"error": "bad or missing bearer token"}, status=403)
     if attempt.state not in (Attempt.State.ADMITTED, Attempt.State.RUNNING):
         return JsonResponse({"error": f"attempt is {attempt.state}"}, status=410)
-    node = Node.objects.filter(name=attempt.nodes[0] if attempt.nodes else "").first()
+    # A gang's pods each ask about their own node (?rank=N, set by the Job builder).
+    members = services.launch_spec(attempt).members()
+    try:
+        member = members[int(request.GET.get("rank", "0"))]
+    except (ValueError, IndexError):
+        return JsonResponse({"error": "no such pod in this attempt"}, status=404)
+    node = Node.objects.filter(name=member.node).first()
     uuids = [
         u
         for u in request.GET.get("devices", "").split(",")
@@ -83,7 +89,7 @@ def attempt_ready(request: HttpRequest, attempt_id: int) -> JsonResponse:
     ]
     ready, reason = devices_free(
         node.agent_report if node else None,
-        services.launch_spec(attempt).grants,
+        member.grants,
         uuids=uuids,
         stale_after_s=settings.HEARTBEAT_STALE_SECONDS,
     )

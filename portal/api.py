@@ -382,6 +382,9 @@ class PoolListApi(ApiView):
         cordoned = serializers.IntegerField()
         devices = serializers.IntegerField()
         unhealthy = serializers.IntegerField()
+        quarantined = serializers.IntegerField()
+        stale = serializers.IntegerField()
+        usable = serializers.IntegerField()
         total_milli = serializers.IntegerField()
         allocated_milli = serializers.IntegerField()
         free_milli = serializers.IntegerField()
@@ -408,10 +411,13 @@ class CapacityApi(ListApiView):
         width = serializers.IntegerField()
 
     class DeviceSerializer(serializers.Serializer):
+        id = serializers.IntegerField(source="pk")
         index = serializers.IntegerField()
         model = serializers.CharField()
         partitioning = serializers.CharField()
         healthy = serializers.BooleanField()
+        condition = serializers.CharField()
+        quarantined = serializers.BooleanField()
         health_reason = serializers.CharField()
         utilization_pct = serializers.IntegerField()
         memory_used_mib = serializers.IntegerField()
@@ -476,6 +482,25 @@ class NodeActionApi(ApiView):
             "return": services.node_return,
         }[action]
         return Response(self.OutputSerializer(service(actor=request.user, node=node)).data)
+
+
+class DeviceClearQuarantineApi(ApiView):
+    """Admins: return a quarantined device to service (audited). 400 if it is not quarantined."""
+
+    class OutputSerializer(serializers.Serializer):
+        id = serializers.IntegerField()
+        node = serializers.CharField(source="node.name")
+        index = serializers.IntegerField()
+        quarantined = serializers.BooleanField()
+        health_reason = serializers.CharField()
+
+    @extend_schema(
+        operation_id="devices_clear_quarantine", request=None, responses=OutputSerializer
+    )
+    def post(self, request: Request, device_id: int) -> Response:
+        device = access.get_device_for_admin(request.user, device_id)
+        device = services.device_clear_quarantine(actor=request.user, device=device)
+        return Response(self.OutputSerializer(device).data)
 
 
 # ---------------------------------------------------------------------------

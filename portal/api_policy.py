@@ -83,7 +83,6 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     # Imported here: rest_framework.views reads DEFAULT_PARSER_CLASSES (this module) when
     # it is first imported, so importing it above fails whenever this module is imported
     # first (axes calls client_address on a fresh process's first login).
-    from rest_framework.views import exception_handler as drf_exception_handler
 
     return drf_exception_handler(exc, context)
 

@@ -128,10 +128,7 @@ def _admit(d: st.Decision, ctx: Context, tick_no: int) -> bool:
 
 
 def launch_attempt(attempt_id: int) -> None:
-    attempt = Attempt.objects.select_related(
-        "request__team", "request__workload_class", "pool"
-    ).get(pk=attempt_id)
-    services.backend_call("launch", services.launch_spec(attempt))
+    services.attempt_launch(attempt_id)
 
 
 def _facts(d: st.Decision) -> dict[str, Any]:

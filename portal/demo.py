@@ -55,6 +55,9 @@ QUOTAS = {
     "speech": {"a100-train": 4, "h100-mig": 4, "l4-shared": 4},
 }
 
+#: teams allowed the restricted inference class
+INFERENCE_TEAMS = ("vision", "nlp")
+
 PROFILES = [
     ("whole", "whole", "", 1000, 0),
     ("mig-1g.10gb", "mig", "1g.10gb", 1000, 0),
@@ -117,6 +120,12 @@ def seed(*, path: str | None = None) -> dict[str, Any]:
         teams[name] = Team.objects.filter(name=name).first() or services.team_create(
             actor=None, name=name
         )
+    # Production inference is not for everyone: only these teams serve models.
+    inference = WorkloadClass.objects.get(name="inference")
+    if not inference.restricted:
+        inference.restricted = True
+        inference.save(update_fields=["restricted"])
+        inference.teams.set([teams[t] for t in INFERENCE_TEAMS])
     for team_name, per_pool in QUOTAS.items():
         for pool_name, gpus in per_pool.items():
             Quota.objects.update_or_create(
@@ -165,7 +174,10 @@ def submit_synthetic(*, rng: random.Random, limit_pending: int = 25) -> int:
     if not members:
         return 0
     m = rng.choice(members)
-    cls, kind, mig, milli, mem, count, pool, minutes = rng.choice(SYNTHETIC)
+    allowed = {c.name for c in WorkloadClass.objects.all() if c.open_to(m.team)}
+    cls, kind, mig, milli, mem, count, pool, minutes = rng.choice(
+        [s for s in SYNTHETIC if s[0] in allowed]
+    )
     fails = rng.random() < 0.1
     services.gpu_request_submit(
         user=m.user,

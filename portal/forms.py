@@ -42,7 +42,29 @@ class SubmitForm(forms.Form):
         empty_label="any pool",
     )
     profile = forms.ModelChoiceField(queryset=DeviceProfile.objects.none(), label="Device profile")
-    count = forms.IntegerField(min_value=1, max_value=16, initial=1, label="Devices")
+    count = forms.IntegerField(min_value=1, max_value=16, initial=1, label="Devices per pod")
+    pods = forms.IntegerField(
+        min_value=1,
+        max_value=64,
+        initial=1,
+        required=False,
+        label="Pods",
+        help_text="more than 1: a gang, one pod per node, started and stopped together",
+    )
+    cpu_milli = forms.IntegerField(
+        min_value=0,
+        max_value=10**9,
+        initial=1000,
+        required=False,
+        label="CPU per pod (millicores)",
+    )
+    memory_mib = forms.IntegerField(
+        min_value=0,
+        max_value=10**9,
+        initial=4096,
+        required=False,
+        label="Host memory per pod (MiB)",
+    )
     image = forms.CharField(max_length=500, initial="registry.example.com/team/train:1.0")
     command = forms.CharField(max_length=2000, required=False, help_text="space-separated")
     env = forms.CharField(
@@ -67,6 +89,13 @@ class SubmitForm(forms.Form):
     )
     estimated_runtime_s = forms.IntegerField(
         min_value=1, max_value=10**9, initial=3600, label="Estimated runtime (s)"
+    )
+    priority = forms.IntegerField(
+        min_value=-100,
+        max_value=100,
+        initial=0,
+        required=False,
+        help_text="within the class band; members may lower it, leads raise it within limits",
     )
 
     def __init__(self, *args: Any, teams: Any = None, **kwargs: Any) -> None:
@@ -121,12 +150,17 @@ class SubmitForm(forms.Form):
             "pool": d["pool"],
             **shapes.profile_fields(profile),
             "count": d["count"],
+            # Empty means the defaults the API uses too.
+            "pods": d.get("pods") or 1,
+            "cpu_milli": 1000 if d.get("cpu_milli") is None else d["cpu_milli"],
+            "memory_mib": 4096 if d.get("memory_mib") is None else d["memory_mib"],
             "image": d["image"],
             "command": (d["command"] or "").split(),
             "env": d["env"],
             "checkpoint_interval_s": d["checkpoint_interval_s"],
             "max_runtime_s": d["max_runtime_s"],
             "estimated_runtime_s": d["estimated_runtime_s"],
+            "priority": d.get("priority") or 0,
         }
 
     def preview_kwargs(self) -> dict[str, Any]:
@@ -143,6 +177,10 @@ class SubmitForm(forms.Form):
                 "milli",
                 "gpu_memory_mib",
                 "count",
+                "pods",
+                "cpu_milli",
+                "memory_mib",
+                "priority",
             )
         }
 
@@ -207,7 +245,26 @@ class MemberCapForm(forms.Form):
 class WorkloadClassForm(forms.ModelForm):  # type: ignore[type-arg]
     class Meta:
         model = WorkloadClass
-        fields = services.CLASS_FIELDS
+        fields = [*services.CLASS_FIELDS, "teams"]
+        widgets = {"teams": forms.CheckboxSelectMultiple}
+
+
+class TeamCreateForm(forms.Form):
+    name = forms.SlugField(max_length=63, help_text="lower-case letters, digits and dashes")
+    display_name = forms.CharField(max_length=200, required=False)
+    namespace = forms.SlugField(
+        max_length=63, required=False, help_text="Kubernetes namespace; empty = qm-<name>"
+    )
+
+
+class MemberAddForm(forms.Form):
+    username = forms.CharField(max_length=150)
+    role = forms.ChoiceField(choices=[("member", "member"), ("lead", "lead")], required=False)
+
+    def __init__(self, *args: Any, admin: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not admin:
+            del self.fields["role"]
 
 
 class PoolForm(forms.ModelForm):  # type: ignore[type-arg]

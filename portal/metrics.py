@@ -213,15 +213,12 @@ class PortalCollector(Collector):
             allocated.add_metric([r["device__node__pool__name"]], r["m"] or 0)
         yield allocated
         capacity = GaugeMetricFamily(
-            "quartermaster_capacity_gpus", "Usable GPUs on ready, uncordoned nodes", labels=["pool"]
+            "quartermaster_capacity_gpus",
+            "Usable GPUs: healthy, not quarantined, on ready, uncordoned, reporting nodes",
+            labels=["pool"],
         )
-        usable = Device.objects.filter(
-            healthy=True,
-            agent_healthy=True,
-            quarantined=False,
-            node__ready=True,
-            node__cordoned=False,
-        )
+        # The one usable-device rule (portal.models.usable_q): stale nodes count out too.
+        usable = Device.objects.usable(timezone.now())
         for r in usable.values("node__pool__name").annotate(n=Count("id")):
             capacity.add_metric([r["node__pool__name"]], r["n"])
         yield capacity

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -114,6 +115,16 @@ class WorkloadClass(models.Model):
     #: counts against a pool's production-inference floor
     inference = models.BooleanField(default=False)
     priority_class_name = models.CharField(max_length=63, blank=True)
+    #: only the listed teams may submit to a restricted class (e.g. production inference)
+    restricted = models.BooleanField(
+        default=False, help_text="Only the teams listed may use this class."
+    )
+    teams = models.ManyToManyField(
+        "Team",
+        blank=True,
+        related_name="allowed_classes",
+        help_text="Teams that may use a restricted class.",
+    )
 
     class Meta:
         ordering = ["-band", "name"]
@@ -128,6 +139,9 @@ class WorkloadClass(models.Model):
     def clean(self) -> None:
         if not 0 <= self.band <= self.MAX_BAND:
             raise ValidationError({"band": f"A band is a whole number from 0 to {self.MAX_BAND}."})
+
+    def open_to(self, team: Team) -> bool:
+        return not self.restricted or self.teams.filter(pk=team.pk).exists()
 
 
 class Pool(models.Model):
@@ -229,6 +243,53 @@ class Node(models.Model):
         return self.name
 
 
+class DeviceCondition(models.TextChoices):
+    """Why a device can or cannot take work now, worst first. The one usable-device rule."""
+
+    QUARANTINED = "quarantined"  # a critical Xid; only an admin clears it
+    UNHEALTHY = "unhealthy"  # the device plugin or the node agent says so
+    STALE = "stale"  # the node agent stopped reporting
+    NOT_READY = "not_ready"  # the node is not Ready
+    CORDONED = "cordoned"  # an admin took the node out
+    USABLE = "usable"
+
+
+#: conditions of the device itself; the others belong to its node
+DEVICE_FAULTS = (DeviceCondition.QUARANTINED, DeviceCondition.UNHEALTHY)
+
+
+def heartbeat_stale_before(now: datetime) -> datetime:
+    """A node whose agent last reported before this is stale (nodes with no agent never are)."""
+    return now - timedelta(seconds=settings.HEARTBEAT_STALE_SECONDS)
+
+
+class DeviceQuerySet(models.QuerySet["Device"]):
+    """The usable-device rule in SQL; `Device.condition` is the same rule row by row."""
+
+    def usable(self, now: datetime) -> DeviceQuerySet:
+        return self.filter(usable_q(now))
+
+    def unusable(self, now: datetime) -> DeviceQuerySet:
+        return self.exclude(usable_q(now))
+
+
+def usable_q(now: datetime, prefix: str = "") -> Q:
+    """Devices that may take work now (`prefix` = "device__" from a related model)."""
+    p = prefix
+    return Q(
+        **{
+            f"{p}healthy": True,
+            f"{p}agent_healthy": True,
+            f"{p}quarantined": False,
+            f"{p}node__ready": True,
+            f"{p}node__cordoned": False,
+        }
+    ) & (
+        Q(**{f"{p}node__last_heartbeat__isnull": True})
+        | Q(**{f"{p}node__last_heartbeat__gte": heartbeat_stale_before(now)})
+    )
+
+
 class Device(models.Model):
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="devices")
     index = models.PositiveIntegerField()
@@ -255,6 +316,8 @@ class Device(models.Model):
     xids = models.JSONField(default=list, blank=True)
     reported_at = models.DateTimeField(null=True, blank=True)
 
+    objects = DeviceQuerySet.as_manager()
+
     class Meta:
         ordering = ["node__name", "index"]
         constraints = [
@@ -264,9 +327,20 @@ class Device(models.Model):
     def __str__(self) -> str:
         return f"{self.node.name}/gpu{self.index}"
 
-    @property
-    def usable(self) -> bool:
-        return self.healthy and self.agent_healthy and not self.quarantined
+    def condition(self, now: datetime) -> DeviceCondition:
+        """The usable-device rule for this row (with its node); agrees with `usable_q`."""
+        if self.quarantined:
+            return DeviceCondition.QUARANTINED
+        if not (self.healthy and self.agent_healthy):
+            return DeviceCondition.UNHEALTHY
+        node = self.node
+        if node.last_heartbeat is not None and node.last_heartbeat < heartbeat_stale_before(now):
+            return DeviceCondition.STALE
+        if not node.ready:
+            return DeviceCondition.NOT_READY
+        if node.cordoned:
+            return DeviceCondition.CORDONED
+        return DeviceCondition.USABLE
 
 
 class Quota(models.Model):
@@ -410,6 +484,10 @@ class Attempt(models.Model):
     end_reason = models.CharField(max_length=300, blank=True)
     #: set exactly once, when the attempt's devices and quota go back
     released_at = models.DateTimeField(null=True, blank=True)
+    #: launches tried so far; the reconciler relaunches a lost one up to LAUNCH_RETRY_LIMIT
+    launch_tries = models.PositiveIntegerField(default=0)
+    #: no relaunch before this (exponential backoff between tries)
+    next_launch_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["request_id", "number"]

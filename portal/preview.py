@@ -55,6 +55,13 @@ def gpu_request_preview(
     now: datetime | None = None,
 ) -> Preview:
     """What the scheduler would do with this request if it were submitted now. Writes nothing."""
+    if not workload_class.open_to(team):
+        # The submit would refuse it (services.check_class): say so, before any scheduling.
+        return Preview(
+            "rejected",
+            f"team {team.name} may not use the {workload_class.name} class",
+            code="class-not-allowed",
+        )
     now = now or timezone.now()
     snapshot, ctx = build_snapshot(now)
     candidate_pools = [pool] if pool is not None else list(ctx.pools.values())

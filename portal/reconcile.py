@@ -9,11 +9,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
 
+from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
 from portal import services
-from portal.apply import count, launch_attempt
+from portal.apply import count
 from portal.models import Attempt
 
 log = logging.getLogger(__name__)
@@ -70,10 +71,25 @@ def _reconcile(now: datetime | None) -> dict[str, int]:
         log.exception("inventory sync failed")
     now = now or timezone.now()
     for attempt in Attempt.objects.filter(state__in=Attempt.ACTIVE_STATES).order_by("id"):
-        status = backend.status(attempt.workload_name, attempt.namespace)
+        pods = max(1, len(attempt.nodes))
+        status = backend.status(attempt.workload_name, attempt.namespace, pods)
         if status.outcome.value == "missing" and attempt.state == Attempt.State.ADMITTED:
-            # Admitted but never created (a launch lost after commit): create it now.
-            launch_attempt(attempt.pk)
+            # Admitted but never created (a launch lost after commit, or one the backend
+            # failed): create it again, with backoff, a bounded number of times.
+            if attempt.launch_tries >= settings.LAUNCH_RETRY_LIMIT:
+                services.attempt_end_unlaunched(
+                    attempt.pk,
+                    code="launch-failed",
+                    reason=f"its workload could not be created after {attempt.launch_tries} tries",
+                    requeue=True,
+                    now=now,
+                )
+                counts["launch_gave_up"] += 1
+                continue
+            if attempt.next_launch_at is not None and attempt.next_launch_at > now:
+                counts["launch_backoff"] += 1
+                continue
+            services.attempt_launch(attempt.pk, now=now)
             counts["relaunched"] += 1
             count("reconciler_repairs")
             continue
@@ -83,7 +99,11 @@ def _reconcile(now: datetime | None) -> dict[str, int]:
         ):
             # Ask again: a stop lost after commit must not hold devices forever.
             services.backend_call(
-                "stop", attempt.workload_name, attempt.namespace, services.STOP_GRACE_SECONDS
+                "stop",
+                attempt.workload_name,
+                attempt.namespace,
+                services.STOP_GRACE_SECONDS,
+                pods,
             )
             count("reconciler_repairs")
         new_state = services.attempt_observe(attempt_id=attempt.pk, status=status, now=now)

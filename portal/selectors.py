@@ -11,18 +11,22 @@ import hashlib
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from django.db.models import Count, F, Min, Q, QuerySet, Sum
+from django.utils import timezone
 
 from portal import access
 from portal.access import AnyUser
 from portal.models import (
+    DEVICE_FAULTS,
     Allocation,
     Attempt,
     AuditEvent,
     Decision,
     Device,
+    DeviceCondition,
     DeviceProfile,
     GpuRequest,
     Membership,
@@ -31,6 +35,8 @@ from portal.models import (
     Quota,
     Team,
     WorkloadClass,
+    heartbeat_stale_before,
+    usable_q,
 )
 
 # ---------------------------------------------------------------------------
@@ -124,7 +130,7 @@ class Cell:
     """One slot of one device as the map draws it."""
 
     label: str
-    status: str  # free, allocated, fragmented, unhealthy, cordoned
+    status: str  # free, allocated, fragmented, quarantined, unhealthy, stale, cordoned
     team: str = ""
     request_id: int | None = None
     width: int = 1  # in eighths for MIG, shares for time-slicing
@@ -142,6 +148,10 @@ class DeviceView:
     memory_used_mib: int
     memory_mib: int
     cells: list[Cell] = field(default_factory=list)
+    #: DeviceCondition value: usable, quarantined, unhealthy, stale, not_ready, cordoned
+    condition: str = "usable"
+    quarantined: bool = False
+    pk: int = 0
 
 
 @dataclass
@@ -150,15 +160,35 @@ class NodeView:
     devices: list[DeviceView] = field(default_factory=list)
 
 
-def pool_summaries() -> list[dict[str, Any]]:
-    """Per pool: devices, unhealthy, allocated and free GPU milli (three grouped queries)."""
+def _slot_milli(slot: str, replicas: int) -> int:
+    """GPU milli one Allocation slot stands for (see Allocation's docstring)."""
+    if slot.startswith("m"):
+        return 1000 // 8
+    if slot.startswith("s"):
+        return 1000 // max(1, replicas)
+    return 1000
+
+
+def pool_summaries(now: datetime | None = None) -> list[dict[str, Any]]:
+    """Per pool: devices by condition, allocated and free GPU milli (four grouped queries).
+
+    Free counts usable devices only (`Device.objects.usable`, the one rule the
+    tick and the metrics use too): a quarantined, unhealthy or stale device, or
+    one on a cordoned node, is never free.
+    """
+    now = now or timezone.now()
     pools = list(Pool.objects.all())
     devices = {
         r["node__pool_id"]: r
         for r in Device.objects.values("node__pool_id").annotate(
             n=Count("id"),
-            unhealthy=Count("id", filter=Q(healthy=False)),
-            usable=Count("id", filter=Q(healthy=True, node__ready=True, node__cordoned=False)),
+            # n_-prefixed: an annotation named like a field would shadow it in the filters.
+            n_quarantined=Count("id", filter=Q(quarantined=True)),
+            n_unhealthy=Count(
+                "id", filter=Q(quarantined=False) & (Q(healthy=False) | Q(agent_healthy=False))
+            ),
+            n_stale=Count("id", filter=Q(node__last_heartbeat__lt=heartbeat_stale_before(now))),
+            n_usable=Count("id", filter=usable_q(now)),
         )
     }
     nodes = {
@@ -175,11 +205,15 @@ def pool_summaries() -> list[dict[str, Any]]:
         .annotate(s=Sum("gpus_milli"))
         .values_list("pool_id", "s")
     )
+    taken_on_usable: dict[int, int] = defaultdict(int)
+    for pool_id, slot, replicas in Allocation.objects.filter(
+        usable_q(now, "device__"), active=True
+    ).values_list("device__node__pool_id", "slot", "device__replicas"):
+        taken_on_usable[pool_id] += _slot_milli(slot, replicas)
     out = []
     for p in pools:
         d = devices.get(p.pk, {})
         n = nodes.get(p.pk, {})
-        allocated = held.get(p.pk) or 0
         total = d.get("n", 0) * 1000
         out.append(
             {
@@ -188,20 +222,26 @@ def pool_summaries() -> list[dict[str, Any]]:
                 "cordoned": n.get("cordoned", 0),
                 "not_ready": n.get("not_ready", 0),
                 "devices": d.get("n", 0),
-                "unhealthy": d.get("unhealthy", 0),
+                "quarantined": d.get("n_quarantined", 0),
+                "unhealthy": d.get("n_unhealthy", 0),
+                "stale": d.get("n_stale", 0),
+                "usable": d.get("n_usable", 0),
                 "total_milli": total,
-                "allocated_milli": allocated,
-                "free_milli": max(0, d.get("usable", 0) * 1000 - allocated),
+                "allocated_milli": held.get(p.pk) or 0,
+                "free_milli": max(0, d.get("n_usable", 0) * 1000 - taken_on_usable[p.pk]),
             }
         )
     return out
 
 
-def capacity_nodes(nodes: Sequence[Node]) -> list[NodeView]:
+def capacity_nodes(nodes: Sequence[Node], now: datetime | None = None) -> list[NodeView]:
     """Node → device → slot cells for one page of nodes (two queries, whatever the page size)."""
+    now = now or timezone.now()
     node_ids = [n.pk for n in nodes]
+    by_id = {n.pk: n for n in nodes}
     by_node: dict[int, list[Device]] = defaultdict(list)
     for d in Device.objects.filter(node_id__in=node_ids).order_by("node_id", "index"):
+        d.node = by_id[d.node_id]
         by_node[d.node_id].append(d)
     allocs: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for a in Allocation.objects.filter(active=True, device__node_id__in=node_ids).values(
@@ -216,21 +256,25 @@ def capacity_nodes(nodes: Sequence[Node]) -> list[NodeView]:
     ):
         allocs[a["device_id"]].append(a)
     return [
-        NodeView(n, [_device_view(n, d, allocs.get(d.pk, [])) for d in by_node.get(n.pk, [])])
+        NodeView(n, [_device_view(d, allocs.get(d.pk, []), now) for d in by_node.get(n.pk, [])])
         for n in nodes
     ]
 
 
-def _device_view(node: Node, d: Device, allocs: list[dict[str, Any]]) -> DeviceView:
+def _device_view(d: Device, allocs: list[dict[str, Any]], now: datetime) -> DeviceView:
+    condition = d.condition(now)
     view = DeviceView(
         d.index,
         d.model,
         d.partitioning,
-        d.healthy,
+        condition not in DEVICE_FAULTS,
         d.health_reason,
         d.utilization_pct,
         d.memory_used_mib,
         d.memory_mib,
+        condition=str(condition),
+        quarantined=d.quarantined,
+        pk=d.pk,
     )
     by_slot = {a["slot"]: a for a in allocs}
 
@@ -266,20 +310,24 @@ def _device_view(node: Node, d: Device, allocs: list[dict[str, Any]]) -> DeviceV
         a = by_slot.get("gpu")
         view.cells.append(taken(a, "GPU") if a else Cell("GPU", "free"))
     partly_used = any(c.status == "allocated" for c in view.cells)
+    # The usable-device rule decides: a device that may not take work has no free cell.
+    unusable = {
+        DeviceCondition.QUARANTINED: "quarantined",
+        DeviceCondition.UNHEALTHY: "unhealthy",
+        DeviceCondition.STALE: "stale",
+        DeviceCondition.NOT_READY: "cordoned",
+        DeviceCondition.CORDONED: "cordoned",
+    }.get(condition)
     for c in view.cells:
-        if c.status != "free":
-            continue
-        if not d.healthy:
-            c.status = "unhealthy"
-        elif node.cordoned or not node.ready:
-            c.status = "cordoned"
-        elif partly_used:
-            # Free, but next to someone else's work: no whole-device request can use it.
-            c.status = "fragmented"
-    if not d.healthy:
-        for c in view.cells:
-            if c.status == "allocated":
-                c.status = "unhealthy"
+        if c.status == "free":
+            if unusable is not None:
+                c.status = unusable
+            elif partly_used:
+                # Free, but next to someone else's work: no whole-device request can use it.
+                c.status = "fragmented"
+        elif condition in DEVICE_FAULTS:
+            # Still held by work that runs on a faulty device: drawn as the fault.
+            c.status = unusable or c.status
     return view
 
 

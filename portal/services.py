@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import random
-import re
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -20,9 +19,16 @@ from django.db.models import Count, Model, Q
 from django.forms.models import model_to_dict
 from django.utils import timezone
 
-from portal import shapes, wake
+from portal import contract, shapes, wake
 from portal.backends import get_backend
-from portal.backends.base import GrantSpec, LaunchSpec, Outcome, WorkloadStatus
+from portal.backends.base import (
+    GrantSpec,
+    LaunchRefused,
+    LaunchSpec,
+    Outcome,
+    PodLaunch,
+    WorkloadStatus,
+)
 from portal.models import (
     Allocation,
     Attempt,
@@ -46,11 +52,10 @@ log = logging.getLogger(__name__)
 
 User = AbstractBaseUser | AnonymousUser | None
 
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-IMAGE = re.compile(r"^[a-z0-9]+([._/:@-][A-Za-z0-9_.-]+)*$")
-FORBIDDEN_ENV = re.compile(r"^(NVIDIA_.*|CUDA_VISIBLE_DEVICES)$", re.IGNORECASE)
 MAX_GPUS_PER_NODE = shapes.MAX_GPUS_PER_NODE
 STOP_GRACE_SECONDS = 30
+#: stop_reason prefix of a gang stopped because one of its pods ended ("gang:failed")
+GANG_STOP = "gang:"
 
 
 # ---------------------------------------------------------------------------
@@ -95,22 +100,22 @@ def _snapshot(obj: Model, fields: list[str]) -> dict[str, Any]:
 
 
 def validate_env(env: Any) -> dict[str, str]:
+    """The launch contract's env rules (portal.contract), as a ValidationError naming `env`."""
     if not isinstance(env, dict):
         raise ValidationError({"env": "Environment variables must be a mapping of NAME to value."})
-    clean: dict[str, str] = {}
-    for key, value in env.items():
-        if not isinstance(key, str) or not ENV_NAME.match(key):
-            raise ValidationError({"env": f"{key!r} is not a valid environment variable name."})
-        if FORBIDDEN_ENV.match(key):
-            raise ValidationError(
-                {"env": f"{key} is set by the platform and cannot be overridden."}
-            )
-        if not isinstance(value, str | int | float) or len(str(value)) > 4096:
-            raise ValidationError({"env": f"{key} must be a string of at most 4096 characters."})
-        clean[key] = str(value)
-    if len(clean) > 100:
-        raise ValidationError({"env": "At most 100 environment variables."})
-    return clean
+    try:
+        return contract.check_env(env)
+    except contract.ContractError as exc:
+        raise ValidationError({exc.field: exc.message}) from None
+
+
+def validate_image(image: Any) -> str:
+    """The launch contract's image rules: a parsed reference the allowlist admits."""
+    try:
+        contract.check_image(image, settings.K8S_ALLOWED_IMAGES)
+    except contract.ContractError as exc:
+        raise ValidationError({"image": exc.message}) from None
+    return str(image)
 
 
 def _validate_command(command: Any) -> list[str]:
@@ -121,6 +126,44 @@ def _validate_command(command: Any) -> list[str]:
     if len(command) > 100 or sum(len(c) for c in command) > 8192:
         raise ValidationError({"command": "The command is too long."})
     return command
+
+
+def priority_bounds(user: Any, team: Team, role: str | None = None) -> tuple[int, int]:
+    """The priority range `user` may choose in `team`: bounded by role (settings.PRIORITY_*)."""
+    if getattr(user, "is_staff", False) and getattr(user, "is_active", False):
+        high = settings.PRIORITY_MAX_ADMIN
+    else:
+        if role is None:
+            role = (
+                Membership.objects.filter(user=user, team=team)
+                .values_list("role", flat=True)
+                .first()
+            )
+        high = (
+            settings.PRIORITY_MAX_LEAD
+            if role == Membership.Role.LEAD
+            else settings.PRIORITY_MAX_MEMBER
+        )
+    return settings.PRIORITY_MIN, high
+
+
+def check_priority(user: Any, team: Team, priority: Any, role: str | None = None) -> int:
+    low, high = priority_bounds(user, team, role)
+    if isinstance(priority, bool) or not isinstance(priority, int) or not low <= priority <= high:
+        raise ValidationError(
+            {"priority": f"Choose a priority between {low} and {high} in team {team.name}."}
+        )
+    return priority
+
+
+def check_class(team: Team, workload_class: WorkloadClass) -> None:
+    if not workload_class.open_to(team):
+        raise ValidationError(
+            {
+                "workload_class": f"Team {team.name} may not use the {workload_class.name} class; "
+                "a platform admin grants it."
+            }
+        )
 
 
 def gpu_request_submit(
@@ -147,8 +190,11 @@ def gpu_request_submit(
     priority: int = 0,
 ) -> GpuRequest:
     """Queue a request for `team`; the tick picks it up on commit."""
-    if not Membership.objects.filter(user=user, team=team).exists():
+    role = Membership.objects.filter(user=user, team=team).values_list("role", flat=True).first()
+    if role is None:
         raise ValidationError({"team": "You are not a member of this team."})
+    check_class(team, workload_class)
+    priority = check_priority(user, team, priority, role)
     try:
         profile_kind, mig_profile, milli, gpu_memory_mib = shapes.normalize(
             profile_kind, mig_profile, milli, gpu_memory_mib
@@ -162,10 +208,7 @@ def gpu_request_submit(
         where = f"pool {pool.name}" if pool else "any production pool"
         field = "mig_profile" if profile_kind == DeviceProfile.Kind.MIG else "profile_kind"
         raise ValidationError({field: f"No {where} offers this device profile."})
-    if not image or len(image) > 500 or not IMAGE.match(image):
-        raise ValidationError(
-            {"image": "Give a container image such as registry.example.com/team/train:1.2."}
-        )
+    image = validate_image(image)
     command = _validate_command(list(command) if isinstance(command, tuple) else command)
     env = validate_env(env or {})
     for field_name, value in (
@@ -202,7 +245,7 @@ def gpu_request_submit(
             checkpoint_interval_s=checkpoint_interval_s,
             max_runtime_s=max_runtime_s,
             estimated_runtime_s=estimated_runtime_s,
-            priority=max(-100, min(100, priority)),
+            priority=priority,
             status_code="queued",
             status_message="queued: waiting for the next scheduling pass",
         )
@@ -328,8 +371,8 @@ def attempt_stop(attempt: Attempt, *, reason: str) -> None:
     attempt.state = Attempt.State.STOPPING
     attempt.stop_reason = reason
     attempt.save(update_fields=["state", "stop_reason"])
-    name, namespace = attempt.workload_name, attempt.namespace
-    transaction.on_commit(lambda: backend_call("stop", name, namespace, STOP_GRACE_SECONDS))
+    name, namespace, pods = attempt.workload_name, attempt.namespace, max(1, len(attempt.nodes))
+    transaction.on_commit(lambda: backend_call("stop", name, namespace, STOP_GRACE_SECONDS, pods))
 
 
 def backend_call(method: str, *args: Any) -> None:
@@ -352,12 +395,20 @@ def launch_spec(attempt: Attempt) -> LaunchSpec:
             "device__node__name", "device__index", "slot"
         )
     )
-    grants: dict[tuple[int, int], GrantSpec] = {}
+    # Grants per node: a gang's pods each hold devices on their own node.
+    per_node: dict[str, dict[tuple[int, int], GrantSpec]] = {}
     for a in allocations:
-        key = (a.device.index, a.mig_start)
+        grants = per_node.setdefault(a.device.node.name, {})
         grants.setdefault(
-            key, GrantSpec(a.device.index, a.milli, a.gpu_memory_mib, a.mig_profile, a.mig_start)
+            (a.device.index, a.mig_start),
+            GrantSpec(a.device.index, a.milli, a.gpu_memory_mib, a.mig_profile, a.mig_start),
         )
+    # Rank order is the packer's order of nodes (rank 0 hosts the rendezvous).
+    nodes = list(attempt.nodes) or sorted(per_node)
+    pods = tuple(
+        PodLaunch(rank, node, tuple(per_node.get(node, {}).values()))
+        for rank, node in enumerate(nodes)
+    )
     exit_code = 0
     words = [str(c) for c in req.command]
     if len(words) >= 2 and words[-2] == "exit" and words[-1].isdigit():
@@ -373,13 +424,12 @@ def launch_spec(attempt: Attempt) -> LaunchSpec:
         workload_class=req.workload_class.name,
         priority_class=req.workload_class.priority_class_name,
         pool=attempt.pool.name,
-        node=attempt.nodes[0] if attempt.nodes else "",
-        nodes=tuple(attempt.nodes),
+        node=pods[0].node if pods else "",
         image=req.image,
         command=tuple(words),
         env=tuple(sorted(req.env.items())),
         profile_kind=req.profile_kind,
-        grants=tuple(grants.values()),
+        grants=pods[0].grants if pods else (),
         cpu_milli=req.cpu_milli,
         memory_mib=req.memory_mib,
         tolerations=tuple(
@@ -389,7 +439,96 @@ def launch_spec(attempt: Attempt) -> LaunchSpec:
         max_runtime_s=req.max_runtime_s,
         simulated_duration_s=max(2, duration),
         simulated_exit_code=exit_code,
+        pods=pods if len(pods) > 1 else (),
     )
+
+
+def attempt_launch(attempt_id: int, *, now: datetime | None = None) -> str:
+    """Create an admitted attempt's workload. Runs after commit; returns what happened.
+
+    Every try is counted and pushes the next allowed relaunch out (exponential
+    backoff), so the reconciler's relaunches are bounded. A backend that refuses
+    the spec (`LaunchRefused`) will refuse it again: the attempt ends with the
+    reason and its devices go back at once.
+    """
+    now = now or timezone.now()
+    attempt = Attempt.objects.select_related(
+        "request__team", "request__workload_class", "pool"
+    ).get(pk=attempt_id)
+    if attempt.state != Attempt.State.ADMITTED:
+        return "skipped"
+    tries = attempt.launch_tries + 1
+    delay = backoff.requeue_delay_s(
+        tries, settings.LAUNCH_RETRY_BASE_SECONDS, settings.LAUNCH_RETRY_MAX_SECONDS, 0.0
+    )
+    Attempt.objects.filter(pk=attempt.pk).update(
+        launch_tries=tries, next_launch_at=now + timedelta(seconds=delay)
+    )
+    try:
+        spec = launch_spec(attempt)
+        get_backend().launch(spec)
+    except LaunchRefused as exc:
+        attempt_end_unlaunched(
+            attempt_id,
+            code="launch-refused",
+            reason=f"the cluster refused to launch it: {exc}",
+            requeue=False,
+            now=now,
+        )
+        return "refused"
+    except Exception:  # noqa: BLE001
+        log.exception(
+            "launch of attempt %s failed (try %s); the reconciler will retry", attempt_id, tries
+        )
+        return "error"
+    return "launched"
+
+
+def attempt_end_unlaunched(
+    attempt_id: int, *, code: str, reason: str, requeue: bool, now: datetime | None = None
+) -> bool:
+    """End an admitted attempt whose workload never ran: devices back, not charged.
+
+    `requeue`: the request goes back to the queue (bounded by REQUEUE_LIMIT), as
+    after a launch that kept failing; otherwise it fails with the reason, as when
+    the backend refuses the spec itself. True if this call ended the attempt.
+    """
+    now = now or timezone.now()
+    with transaction.atomic():
+        attempt = Attempt.objects.select_for_update().filter(pk=attempt_id).first()
+        if attempt is None or attempt.state != Attempt.State.ADMITTED:
+            return False
+        req = (
+            GpuRequest.objects.select_for_update().select_related("team").get(pk=attempt.request_id)
+        )
+        attempt.state, attempt.ended_at, attempt.end_reason = (
+            Attempt.State.FAILED,
+            now,
+            reason[:300],
+        )
+        attempt.save(update_fields=["state", "ended_at", "end_reason"])
+        release_attempt(attempt, now=now, charged=False)
+        Decision.objects.create(
+            request=req,
+            attempt=attempt,
+            team=req.team,
+            pool_id=attempt.pool_id,
+            node=",".join(attempt.nodes),
+            kind=Decision.Kind.END,
+            code=code,
+            message=f"attempt {attempt.number}: {reason}"[:500],
+            facts={"launch_tries": attempt.launch_tries},
+        )
+        if req.state in GpuRequest.TERMINAL_STATES:
+            return True
+        if requeue:
+            _requeue(req, now=now, why=reason)
+        else:
+            req.state, req.end_reason = GpuRequest.State.FAILED, reason[:300]
+            req.status_code, req.status_message = code, reason[:500]
+            req.queue_position = None
+            req.save()
+    return True
 
 
 def release_attempt(attempt: Attempt, *, now: datetime, charged: bool) -> bool:
@@ -468,11 +607,28 @@ def attempt_observe(*, attempt_id: int, status: WorkloadStatus, now: datetime | 
             return str(attempt.state)
         req = GpuRequest.objects.select_for_update().get(pk=attempt.request_id)
         outcome = status.outcome
+        gang = len(attempt.nodes) > 1
+        if gang and attempt.state == Attempt.State.STOPPING:
+            # A gang being stopped ends once none of its pods runs any more, whatever
+            # each one's ending: until then its devices stay held.
+            if status.active_pods == 0:
+                return _end_stopped(attempt, req, now=now)
+            return str(attempt.state)
         if attempt.state == Attempt.State.STOPPING and outcome in (
             Outcome.MISSING,
             Outcome.PREEMPTED,
         ):
             return _end_stopped(attempt, req, now=now)
+        if outcome == Outcome.MISSING and attempt.state == Attempt.State.RUNNING:
+            outcome = Outcome.NODE_LOST
+        if gang and outcome in _ENDINGS and outcome != Outcome.SUCCEEDED:
+            # One pod of a gang ended: stop the others, and end the attempt with this
+            # pod's outcome once all are gone (a gang runs whole or not at all).
+            attempt.end_reason = (status.message or status.reason)[:300]
+            attempt.exit_code = status.exit_code
+            attempt.save(update_fields=["end_reason", "exit_code"])
+            attempt_stop(attempt, reason=f"{GANG_STOP}{outcome.value}")
+            return str(attempt.state)
         if outcome == Outcome.RUNNING and attempt.state == Attempt.State.ADMITTED:
             attempt.state, attempt.started_at = Attempt.State.RUNNING, now
             attempt.save(update_fields=["state", "started_at"])
@@ -484,8 +640,6 @@ def attempt_observe(*, attempt_id: int, status: WorkloadStatus, now: datetime | 
                 )
                 req.save()
             return str(attempt.state)
-        if outcome == Outcome.MISSING and attempt.state == Attempt.State.RUNNING:
-            outcome = Outcome.NODE_LOST
         if outcome not in _ENDINGS:
             return str(attempt.state)
         return _end_attempt(attempt, req, outcome=outcome, status=status, now=now)
@@ -497,7 +651,7 @@ def _end_attempt(
     attempt_state, request_state, charged = _ENDINGS[outcome]
     reason = _REASONS[outcome] + (f" ({status.message})" if status.message else "")
     attempt.state, attempt.ended_at, attempt.exit_code = attempt_state, now, status.exit_code
-    attempt.end_reason = reason
+    attempt.end_reason = reason[:300]
     attempt.save(update_fields=["state", "ended_at", "exit_code", "end_reason"])
     release_attempt(attempt, now=now, charged=charged)
     Decision.objects.create(
@@ -508,7 +662,7 @@ def _end_attempt(
         node=",".join(attempt.nodes),
         kind=Decision.Kind.END,
         code=outcome.value,
-        message=f"attempt {attempt.number}: {reason}",
+        message=f"attempt {attempt.number}: {reason}"[:500],
         facts={"exit_code": status.exit_code, "reason": status.reason},
     )
     if req.state in GpuRequest.TERMINAL_STATES:
@@ -516,14 +670,25 @@ def _end_attempt(
     if request_state is None:
         _requeue(req, now=now, why=reason)
     else:
-        req.state, req.end_reason = request_state, reason
-        req.status_code, req.status_message = outcome.value, reason
+        req.state, req.end_reason = request_state, reason[:300]
+        req.status_code, req.status_message = outcome.value, reason[:500]
         req.save()
     return str(attempt.state)
 
 
 def _end_stopped(attempt: Attempt, req: GpuRequest, *, now: datetime) -> str:
     reason = attempt.stop_reason or "stopped"
+    if reason.startswith(GANG_STOP):
+        # Every pod of the gang is gone now: end it as its first ended pod ended.
+        outcome = Outcome(reason.removeprefix(GANG_STOP))
+        status = WorkloadStatus(
+            attempt.workload_name,
+            attempt.namespace,
+            outcome,
+            message=attempt.end_reason,
+            exit_code=attempt.exit_code,
+        )
+        return _end_attempt(attempt, req, outcome=outcome, status=status, now=now)
     cancelled = reason == "cancelled"
     attempt.state = Attempt.State.CANCELLED if cancelled else Attempt.State.PREEMPTED
     attempt.ended_at, attempt.end_reason = now, reason
@@ -608,15 +773,39 @@ CLASS_FIELDS = [
     "inference",
     "priority_class_name",
     "description",
+    "restricted",
 ]
 
 
 def workload_class_update(
-    *, actor: AbstractBaseUser, workload_class: WorkloadClass, **changes: Any
+    *,
+    actor: AbstractBaseUser,
+    workload_class: WorkloadClass,
+    teams: Any = None,
+    **changes: Any,
 ) -> WorkloadClass:
-    return _update(
-        actor=actor, obj=workload_class, fields=CLASS_FIELDS, action="class.update", changes=changes
-    )
+    """Change a class; `teams` (the teams a restricted class is open to) is audited apart."""
+    with transaction.atomic():
+        wc = _update(
+            actor=actor,
+            obj=workload_class,
+            fields=CLASS_FIELDS,
+            action="class.update",
+            changes=changes,
+        )
+        if teams is not None:
+            before = sorted(wc.teams.values_list("name", flat=True))
+            wc.teams.set(list(teams))
+            after = sorted(wc.teams.values_list("name", flat=True))
+            if before != after:
+                audit(
+                    actor=actor,
+                    action="class.teams",
+                    obj=wc,
+                    before={"teams": before},
+                    after={"teams": after},
+                )
+    return wc
 
 
 POOL_FIELDS = [
@@ -705,6 +894,20 @@ def membership_set(
             after=_snapshot(m, ["role", "gpu_cap_milli"]),
         )
     return m
+
+
+def membership_add(
+    *, actor: AbstractBaseUser, team: Team, username: str, role: str = Membership.Role.MEMBER
+) -> Membership:
+    """Add an existing user to a team (leads add members; admins choose the role)."""
+    from django.contrib.auth import get_user_model
+
+    user = get_user_model().objects.filter(username=username, is_active=True).first()
+    if user is None:
+        raise ValidationError({"username": f"No active user is called {username!r}."})
+    if Membership.objects.filter(user=user, team=team).exists():
+        raise ValidationError({"username": f"{username} is already in team {team.name}."})
+    return membership_set(actor=actor, team=team, user=user, role=role)
 
 
 def membership_remove(*, actor: AbstractBaseUser | None, membership: Membership) -> int:
@@ -898,14 +1101,17 @@ def _device_report(device: Device, raw: dict[str, Any], now: datetime) -> None:
 
 
 def device_clear_quarantine(*, actor: AbstractBaseUser, device: Device) -> Device:
+    """An admin returns a quarantined device to service (a healthy report never does)."""
     with transaction.atomic():
-        device = Device.objects.select_for_update().get(pk=device.pk)
+        device = Device.objects.select_for_update().select_related("node").get(pk=device.pk)
+        if not device.quarantined:
+            raise ValidationError({"device": f"{device} is not quarantined."})
         before = _snapshot(device, ["quarantined", "health_reason"])
         device.quarantined, device.health_reason = False, ""
         device.save(update_fields=["quarantined", "health_reason"])
         audit(
             actor=actor,
-            action="device.clear",
+            action="device.clear-quarantine",
             obj=device,
             before=before,
             after=_snapshot(device, ["quarantined", "health_reason"]),

@@ -269,6 +269,16 @@ K8S_REQUIRE_MIG_CONFIG_STATE = envbool("K8S_REQUIRE_MIG_CONFIG_STATE", "true")
 REQUEUE_BASE_SECONDS = envint("REQUEUE_BASE_SECONDS", "60")
 REQUEUE_MAX_SECONDS = envint("REQUEUE_MAX_SECONDS", "3600")
 REQUEUE_LIMIT = envint("REQUEUE_LIMIT", "5")
+# A launch the backend did not confirm is retried this many times in all, with backoff.
+# Priority within a class band, bounded by role: members may only lower theirs, leads may
+# raise it up to PRIORITY_MAX_LEAD, platform admins to 100 (docs/portal.md).
+PRIORITY_MIN = envint("PRIORITY_MIN", "-100")
+PRIORITY_MAX_MEMBER = envint("PRIORITY_MAX_MEMBER", "0")
+PRIORITY_MAX_LEAD = envint("PRIORITY_MAX_LEAD", "50")
+PRIORITY_MAX_ADMIN = envint("PRIORITY_MAX_ADMIN", "100")
+LAUNCH_RETRY_LIMIT = envint("LAUNCH_RETRY_LIMIT", "5")
+LAUNCH_RETRY_BASE_SECONDS = envint("LAUNCH_RETRY_BASE_SECONDS", "10")
+LAUNCH_RETRY_MAX_SECONDS = envint("LAUNCH_RETRY_MAX_SECONDS", "300")
 MAX_PENDING_PER_USER = envint("MAX_PENDING_PER_USER", "50")
 MAX_PENDING_PER_TEAM = envint("MAX_PENDING_PER_TEAM", "500")
 DEMO_TRICKLE = envbool("DEMO_TRICKLE", "false")

@@ -11,11 +11,11 @@ from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.conf import settings
 from django.db.models import Q
 
 from portal import shapes
 from portal.models import (
+    DEVICE_FAULTS,
     Allocation,
     Attempt,
     Device,
@@ -27,6 +27,7 @@ from portal.models import (
     Team,
     UsageRecord,
     WorkloadClass,
+    heartbeat_stale_before,
 )
 from scheduling import types as st
 from scheduling import usage_decay
@@ -48,7 +49,7 @@ class Context:
     pools: dict[str, Pool]
 
 
-def _device(d: Device, pool: Pool, held: bool = False) -> st.Device:
+def _device(d: Device, now: datetime, held: bool = False) -> st.Device:
     migs = tuple(
         st.MigInstance(m["profile"], int(m["start"]), int(m["size"])) for m in d.mig_instances
     )
@@ -59,14 +60,16 @@ def _device(d: Device, pool: Pool, held: bool = False) -> st.Device:
         partitioning=st.Partitioning(d.partitioning),
         replicas=d.replicas,
         mig_instances=migs,
+        # The usable-device rule (Device.condition): faults of the device itself make it
+        # unhealthy here; its node's (stale, not ready, cordoned) go on the node below.
         # Memory held by a process the portal did not place there: not free, whatever the books say.
-        healthy=d.usable and (held or not d.processes),
+        healthy=d.condition(now) not in DEVICE_FAULTS and (held or not d.processes),
     )
 
 
 def build_snapshot(now: datetime) -> tuple[st.Snapshot, Context]:
     pools = {p.name: p for p in Pool.objects.all()}
-    stale_before = now - timedelta(seconds=settings.HEARTBEAT_STALE_SECONDS)
+    stale_before = heartbeat_stale_before(now)
     devices_by_node: dict[int, list[Device]] = defaultdict(list)
     for d in Device.objects.order_by("node_id", "index"):
         devices_by_node[d.node_id].append(d)
@@ -76,6 +79,7 @@ def build_snapshot(now: datetime) -> tuple[st.Snapshot, Context]:
     for n in Node.objects.select_related("pool").order_by("name"):
         stale = n.last_heartbeat is not None and n.last_heartbeat < stale_before
         for d in devices_by_node[n.id]:
+            d.node = n
             devices[(n.name, d.index)] = d
         nodes.append(
             st.Node(
@@ -83,7 +87,7 @@ def build_snapshot(now: datetime) -> tuple[st.Snapshot, Context]:
                 pool=n.pool.name,
                 cpu_milli=n.cpu_milli,
                 memory_mib=n.memory_mib,
-                devices=tuple(_device(d, n.pool, d.pk in held) for d in devices_by_node[n.id]),
+                devices=tuple(_device(d, now, d.pk in held) for d in devices_by_node[n.id]),
                 labels=tuple(sorted((k, str(v)) for k, v in n.labels.items())),
                 taints=shapes.taints(n.taints),
                 ready=n.ready and not stale,

@@ -31,7 +31,14 @@ portal_patterns = [
     path("queue/", views.queue, name="queue"),
     path("decisions/", views.decision_log, name="decisions"),
     path("teams/", views.team_list, name="team-list"),
+    path("teams/new/", views.team_create, name="team-create"),
     path("teams/<int:team_id>/", views.team_detail, name="team-detail"),
+    path("teams/<int:team_id>/members/add/", views.member_add, name="member-add"),
+    path(
+        "teams/<int:team_id>/members/<int:membership_id>/remove/",
+        views.member_remove,
+        name="member-remove",
+    ),
     path("teams/<int:team_id>/quotas/<int:pool_id>/", views.quota_edit, name="quota-edit"),
     path("teams/<int:team_id>/members/<int:membership_id>/", views.member_edit, name="member-edit"),
     path("ops/capacity/", views.capacity, name="capacity"),
@@ -40,6 +47,11 @@ portal_patterns = [
     path("ops/classes/<int:class_id>/", views.workload_class_edit, name="class-edit"),
     path("ops/pools/<int:pool_id>/", views.pool_edit, name="pool-edit"),
     path("ops/nodes/<int:node_id>/<node_action:action>/", views.node_action, name="node-action"),
+    path(
+        "ops/devices/<int:device_id>/clear-quarantine/",
+        views.device_clear_quarantine,
+        name="device-clear-quarantine",
+    ),
 ]
 
 api_patterns = [
@@ -56,6 +68,11 @@ api_patterns = [
     path("capacity/", api.CapacityApi.as_view(), name="capacity"),
     path(
         "nodes/<int:node_id>/<node_action:action>/", api.NodeActionApi.as_view(), name="node-action"
+    ),
+    path(
+        "devices/<int:device_id>/clear-quarantine/",
+        api.DeviceClearQuarantineApi.as_view(),
+        name="device-clear-quarantine",
     ),
     path("decisions/", api.DecisionListApi.as_view(), name="decisions"),
     path("audit/", api.AuditListApi.as_view(), name="audit"),

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
@@ -22,11 +22,13 @@ from portal.estimates import request_estimates
 from portal.forms import (
     CapacityFilterForm,
     DecisionFilterForm,
+    MemberAddForm,
     MemberCapForm,
     PoolForm,
     QueueFilterForm,
     QuotaForm,
     SubmitForm,
+    TeamCreateForm,
     WorkloadClassForm,
 )
 from portal.models import GpuRequest, Membership, Node, Pool, Quota, Team, WorkloadClass
@@ -249,9 +251,65 @@ def queue(request: HttpRequest) -> HttpResponse:
 @require_GET
 def team_list(request: HttpRequest) -> HttpResponse:
     teams = list(access.teams_for(request.user))
-    if len(teams) == 1 and not access.is_admin(request.user):
+    admin = access.is_admin(request.user)
+    if len(teams) == 1 and not admin:
         return redirect("portal:team-detail", team_id=teams[0].pk)
-    return render(request, "portal/team_list.html", {"teams": teams})
+    form = TeamCreateForm() if admin else None
+    return render(request, "portal/team_list.html", {"teams": teams, "form": form})
+
+
+@login_required
+@require_POST
+def team_create(request: HttpRequest) -> HttpResponse:
+    """Admins create teams; audited."""
+    access.require_admin(request.user)
+    form = TeamCreateForm(request.POST)
+    if form.is_valid():
+        try:
+            team = services.team_create(actor=request.user, **form.cleaned_data)  # type: ignore[arg-type]
+        except ValidationError as exc:
+            _add_errors(form, exc)
+        else:
+            return redirect("portal:team-detail", team_id=team.pk)
+    teams = list(access.teams_for(request.user))
+    return render(request, "portal/team_list.html", {"teams": teams, "form": form}, status=400)
+
+
+@login_required
+@require_POST
+def member_add(request: HttpRequest, team_id: int) -> HttpResponse:
+    """Leads add members to their team (admins also choose the role); audited."""
+    team = access.get_team_for_user(request.user, team_id, role=Membership.Role.LEAD)
+    admin = access.is_admin(request.user)
+    form = MemberAddForm(request.POST, admin=admin)
+    if form.is_valid():
+        role = form.cleaned_data.get("role") or Membership.Role.MEMBER
+        try:
+            services.membership_add(
+                actor=request.user,  # type: ignore[arg-type]
+                team=team,
+                username=form.cleaned_data["username"],
+                role=role,
+            )
+        except ValidationError as exc:
+            _add_errors(form, exc)
+        else:
+            return redirect(reverse("portal:team-detail", args=[team.pk]) + "#members")
+    context = _team_context(request, team)
+    context["add_form"] = form
+    return render(request, "portal/team.html", context, status=400)
+
+
+@login_required
+@require_POST
+def member_remove(request: HttpRequest, team_id: int, membership_id: int) -> HttpResponse:
+    """Leads remove members of their team (admins anyone): pending requests are cancelled."""
+    team = access.get_team_for_user(request.user, team_id, role=Membership.Role.LEAD)
+    membership = access.get_membership_for_lead(request.user, team, membership_id)
+    if membership.role == Membership.Role.LEAD and not access.is_admin(request.user):
+        raise PermissionDenied("Only platform admins remove a team's leads.")
+    services.membership_remove(actor=request.user, membership=membership)  # type: ignore[arg-type]
+    return redirect(reverse("portal:team-detail", args=[team.pk]) + "#members")
 
 
 def _team_context(request: HttpRequest, team: Team) -> dict[str, Any]:
@@ -279,6 +337,7 @@ def _team_context(request: HttpRequest, team: Team) -> dict[str, Any]:
         "team": team,
         "role": role,
         "can_edit": can_edit,
+        "add_form": MemberAddForm(admin=admin) if can_edit else None,
         "admin": admin,
         "usage": usage,
         "members": members,
@@ -391,6 +450,18 @@ def node_action(request: HttpRequest, node_id: int, action: str) -> HttpResponse
         "return": services.node_return,
     }[action]
     service(actor=request.user, node=node)  # type: ignore[arg-type]
+    return redirect(_next_url(request, reverse("portal:capacity")))
+
+
+@login_required
+@require_POST
+def device_clear_quarantine(request: HttpRequest, device_id: int) -> HttpResponse:
+    """Admins return a quarantined device to service; audited."""
+    device = access.get_device_for_admin(request.user, device_id)
+    try:
+        services.device_clear_quarantine(actor=request.user, device=device)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        return HttpResponse(" ".join(exc.messages), status=400, content_type="text/plain")
     return redirect(_next_url(request, reverse("portal:capacity")))
 
 

@@ -7,9 +7,13 @@ official client). The tick and the reconciler speak only this interface.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Protocol
+
+
+class LaunchRefused(ValueError):
+    """The backend will never run this spec as it is: the attempt ends, its devices go back."""
 
 
 @dataclass(frozen=True)
@@ -58,8 +62,48 @@ class GrantSpec:
 
 
 @dataclass(frozen=True)
+class PodLaunch:
+    """One pod of a gang: its rank, the node the packer chose and its devices there."""
+
+    rank: int
+    node: str
+    grants: tuple[GrantSpec, ...]
+
+
+#: the rendezvous port every gang pod listens on (MASTER_PORT; the headless Service's port)
+RENDEZVOUS_PORT = 29500
+
+
+def member_name(gang: str, rank: int) -> str:
+    """The workload name of a gang's pod `rank` (a gang of one keeps the attempt's name)."""
+    return f"{gang}-{rank}"
+
+
+def rendezvous_env(spec: LaunchSpec) -> tuple[tuple[str, str], ...]:
+    """What a gang member is told about its gang, on every backend.
+
+    MASTER_ADDR is rank 0's name under the gang's headless Service
+    (`<gang>-0.<gang>.<namespace>.svc`): pods set `hostname` and `subdomain`.
+    """
+    if not spec.gang:
+        return ()
+    return (
+        ("WORLD_SIZE", str(spec.world_size)),
+        ("RANK", str(spec.rank)),
+        ("MASTER_ADDR", f"{member_name(spec.gang, 0)}.{spec.gang}.{spec.namespace}.svc"),
+        ("MASTER_PORT", str(RENDEZVOUS_PORT)),
+    )
+
+
+@dataclass(frozen=True)
 class LaunchSpec:
-    """Everything needed to start one attempt, built by the server from stored rows only."""
+    """Everything needed to start one attempt, built by the server from stored rows only.
+
+    A gang (a request with `pods` > 1) is one LaunchSpec with `pods` set, one
+    `PodLaunch` per pod; `members()` splits it into one spec per pod, each with
+    its `rank`, `world_size` and the gang's name. A single pod has `pods == ()`
+    and `node`/`grants` say where it runs.
+    """
 
     #: deterministic workload name, unique per attempt ("qm-<request>-<attempt>")
     name: str
@@ -81,12 +125,38 @@ class LaunchSpec:
     cpu_milli: int
     memory_mib: int
     tolerations: tuple[tuple[str, str, str], ...] = ()
-    #: every node of a gang (`node` is the first); empty or one node: a single pod
-    nodes: tuple[str, ...] = ()
     max_runtime_s: int = 0
     #: simulated backend: how long the workload runs, and whether it fails
     simulated_duration_s: int = 0
     simulated_exit_code: int = 0
+    #: a gang: every pod, rank 0 first (rank 0 hosts the rendezvous, MASTER_ADDR)
+    pods: tuple[PodLaunch, ...] = ()
+    #: set on a gang member (from `members()`): its rank, the gang's size and name
+    rank: int = 0
+    world_size: int = 1
+    gang: str = ""
+
+    @property
+    def is_gang(self) -> bool:
+        return self.world_size > 1 or len(self.pods) > 1
+
+    def members(self) -> tuple[LaunchSpec, ...]:
+        """One spec per pod: a gang's members (named `<name>-<rank>`), or this spec alone."""
+        if len(self.pods) <= 1:
+            return (self,)
+        return tuple(
+            replace(
+                self,
+                name=member_name(self.name, p.rank),
+                node=p.node,
+                grants=p.grants,
+                pods=(),
+                rank=p.rank,
+                world_size=len(self.pods),
+                gang=self.name,
+            )
+            for p in self.pods
+        )
 
 
 class Outcome(StrEnum):
@@ -118,6 +188,8 @@ class WorkloadStatus:
     reason: str = ""
     message: str = ""
     exit_code: int | None = None
+    #: a gang: how many of its pods still run or wait to (their devices are held)
+    active_pods: int = 0
 
 
 class ClusterBackend(Protocol):
@@ -131,10 +203,69 @@ class ClusterBackend(Protocol):
         """Create the workload; creating one that exists already is not an error."""
         ...
 
-    def stop(self, name: str, namespace: str, grace_seconds: int = 30) -> None:
-        """Delete the workload with a grace period; a missing one is not an error."""
+    def stop(self, name: str, namespace: str, grace_seconds: int = 30, pods: int = 1) -> None:
+        """Delete the workload (all `pods` of a gang) with a grace period; missing is fine."""
         ...
 
-    def status(self, name: str, namespace: str) -> WorkloadStatus:
-        """The workload's current outcome (MISSING if it does not exist)."""
+    def status(self, name: str, namespace: str, pods: int = 1) -> WorkloadStatus:
+        """The workload's current outcome (MISSING if it does not exist); a gang's as a whole."""
         ...
+
+
+#: member outcomes that end a gang: the portal stops the other pods (all or nothing)
+GANG_ENDINGS = (
+    Outcome.FAILED,
+    Outcome.OOM,
+    Outcome.IMAGE_PULL,
+    Outcome.DEVICE_ERROR,
+    Outcome.PREEMPTED,
+    Outcome.NODE_LOST,
+)
+
+
+def gang_status(name: str, namespace: str, members: list[WorkloadStatus]) -> WorkloadStatus:
+    """A gang's outcome from its pods' (rank order). Checked in this order:
+
+    1. a pod ended by failure, eviction or node loss -> that outcome (the lowest
+       rank's), so that the portal stops the rest: a gang runs whole or not at all;
+    2. every pod missing -> MISSING; some missing -> MISSING too (a create was
+       lost: the relaunch creates the missing ones, adopting the others);
+    3. every pod succeeded -> SUCCEEDED;
+    4. every pod running or done -> RUNNING: started all or nothing;
+    5. otherwise PENDING (some pods are not running yet).
+
+    `active_pods` counts the pods still running or waiting: a gang being stopped
+    has ended only when none is left.
+    """
+    active = sum(1 for st in members if st.outcome in (Outcome.RUNNING, Outcome.PENDING))
+    return replace(_gang_outcome(name, namespace, members), active_pods=active)
+
+
+def _gang_outcome(name: str, namespace: str, members: list[WorkloadStatus]) -> WorkloadStatus:
+    for rank, st in enumerate(members):
+        if st.outcome in GANG_ENDINGS:
+            return replace(
+                st, name=name, namespace=namespace, message=f"pod {rank}: {st.message or st.reason}"
+            )
+    missing = [r for r, st in enumerate(members) if st.outcome == Outcome.MISSING]
+    if missing:
+        return WorkloadStatus(
+            name,
+            namespace,
+            Outcome.MISSING,
+            "NotFound",
+            f"pods {', '.join(map(str, missing))} of {len(members)} do not exist",
+        )
+    outcomes = {st.outcome for st in members}
+    if outcomes == {Outcome.SUCCEEDED}:
+        return WorkloadStatus(name, namespace, Outcome.SUCCEEDED, "Completed", exit_code=0)
+    if outcomes <= {Outcome.RUNNING, Outcome.SUCCEEDED}:
+        return WorkloadStatus(name, namespace, Outcome.RUNNING, "Running")
+    waiting = sum(1 for st in members if st.outcome == Outcome.PENDING)
+    return WorkloadStatus(
+        name,
+        namespace,
+        Outcome.PENDING,
+        "GangStarting",
+        f"{waiting} of {len(members)} pods not running yet",
+    )

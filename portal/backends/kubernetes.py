@@ -18,9 +18,24 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from portal.backends.base import InventoryNode, LaunchSpec, WorkloadStatus
+from portal.backends.base import (
+    InventoryNode,
+    LaunchSpec,
+    WorkloadStatus,
+    gang_status,
+    member_name,
+)
 from portal.k8s.inventory import inventory_from_nodes, node_facts, nodes_list_gpu, pods_list_active
-from portal.k8s.jobs import JobOptions, job_build, job_create, job_delete
+from portal.k8s.jobs import (
+    JobOptions,
+    gang_build,
+    job_build,
+    job_create,
+    job_delete,
+    owner_reference,
+    service_create,
+    service_delete,
+)
 from portal.k8s.status import workload_status
 from portal.k8s.watch import WorkloadWatcher
 
@@ -199,18 +214,31 @@ class KubernetesBackend:
         return facts
 
     def launch(self, spec: LaunchSpec) -> None:
-        facts = dict(self._node_facts(spec.node) or {})
-        if len(spec.nodes) > 1:
-            facts["hostnames"] = [
-                (self._node_facts(n) or {}).get("hostname", n) for n in spec.nodes
-            ]
-        job = job_build(spec, self.job_options, facts or None)
-        job_create(self.batch, job, sleep=self._sleep)
+        """One Job; for a gang, its headless Service and one Job per pod, owned by the Service."""
+        if not spec.is_gang:
+            job = job_build(spec, self.job_options, self._node_facts(spec.node))
+            job_create(self.batch, job, sleep=self._sleep)
+            return
+        service, jobs = gang_build(spec, self.job_options, self._node_facts)
+        owner = owner_reference(service_create(self.core, service))
+        for job in jobs:
+            job.metadata.owner_references = [owner]
+            job_create(self.batch, job, sleep=self._sleep)
 
-    def stop(self, name: str, namespace: str, grace_seconds: int = 30) -> None:
-        job_delete(self.batch, name, namespace, grace_seconds=grace_seconds)
+    def stop(self, name: str, namespace: str, grace_seconds: int = 30, pods: int = 1) -> None:
+        """Delete every Job (all pods of a gang together), then a gang's Service."""
+        for member in _member_names(name, pods):
+            job_delete(self.batch, member, namespace, grace_seconds=grace_seconds)
+        if pods > 1:
+            service_delete(self.core, name, namespace)
 
-    def status(self, name: str, namespace: str) -> WorkloadStatus:
+    def status(self, name: str, namespace: str, pods: int = 1) -> WorkloadStatus:
+        if pods > 1:
+            members = [self._status(m, namespace) for m in _member_names(name, pods)]
+            return gang_status(name, namespace, members)
+        return self._status(name, namespace)
+
+    def _status(self, name: str, namespace: str) -> WorkloadStatus:
         now = self._now() if self._now else None
         watcher = self.current_watcher()
         if watcher is not None and namespace in watcher.namespaces and watcher.synced():
@@ -263,6 +291,10 @@ class KubernetesBackend:
         with self._lock:
             self.watcher, self.watch_pid = watcher, os.getpid()
         return threads
+
+
+def _member_names(name: str, pods: int) -> list[str]:
+    return [member_name(name, r) for r in range(pods)] if pods > 1 else [name]
 
 
 def _items(value: Any) -> list[str]:

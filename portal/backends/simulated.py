@@ -23,11 +23,18 @@ from portal.backends.base import (
     LaunchSpec,
     Outcome,
     WorkloadStatus,
+    gang_status,
+    member_name,
+    rendezvous_env,
 )
 from portal.models import SimulatedWorkload
 from scheduling import mig
 
 START_DELAY = timedelta(seconds=1)
+
+
+def _names(name: str, pods: int) -> list[str]:
+    return [member_name(name, r) for r in range(pods)] if pods > 1 else [name]
 
 
 class ClusterFileError(ValueError):
@@ -119,35 +126,45 @@ class SimulatedBackend:
         return inventory_from_file(self.path)
 
     def launch(self, spec: LaunchSpec) -> None:
+        """One workload per pod: a gang of N runs N workloads, each on its own node."""
         now = timezone.now()
-        try:
-            with transaction.atomic():
-                SimulatedWorkload.objects.create(
-                    name=spec.name,
-                    namespace=spec.namespace,
-                    node=spec.node,
-                    spec={
-                        "image": spec.image,
-                        "command": list(spec.command),
-                        "attempt": spec.attempt_id,
-                    },
-                    created_at=now,
-                    starts_at=now + START_DELAY,
-                    ends_at=now
-                    + START_DELAY
-                    + timedelta(seconds=max(1, spec.simulated_duration_s)),
-                    exit_code=spec.simulated_exit_code,
-                )
-        except IntegrityError:
-            # Created before: a retried launch adopts it.
-            pass
+        for member in spec.members():
+            try:
+                with transaction.atomic():
+                    SimulatedWorkload.objects.create(
+                        name=member.name,
+                        namespace=member.namespace,
+                        node=member.node,
+                        spec={
+                            "image": member.image,
+                            "command": list(member.command),
+                            "attempt": member.attempt_id,
+                            "env": dict(rendezvous_env(member)),
+                            "devices": [g.device for g in member.grants],
+                        },
+                        created_at=now,
+                        starts_at=now + START_DELAY,
+                        ends_at=now
+                        + START_DELAY
+                        + timedelta(seconds=max(1, member.simulated_duration_s)),
+                        exit_code=member.simulated_exit_code,
+                    )
+            except IntegrityError:
+                # Created before: a retried launch adopts it.
+                pass
 
-    def stop(self, name: str, namespace: str, grace_seconds: int = 30) -> None:
+    def stop(self, name: str, namespace: str, grace_seconds: int = 30, pods: int = 1) -> None:
         SimulatedWorkload.objects.filter(
-            name=name, namespace=namespace, stopped_at__isnull=True
+            name__in=_names(name, pods), namespace=namespace, stopped_at__isnull=True
         ).update(stopped_at=timezone.now())
 
-    def status(self, name: str, namespace: str) -> WorkloadStatus:
+    def status(self, name: str, namespace: str, pods: int = 1) -> WorkloadStatus:
+        if pods > 1:
+            members = [self._status(n, namespace) for n in _names(name, pods)]
+            return gang_status(name, namespace, members)
+        return self._status(name, namespace)
+
+    def _status(self, name: str, namespace: str) -> WorkloadStatus:
         w = SimulatedWorkload.objects.filter(name=name, namespace=namespace).first()
         if w is None:
             return WorkloadStatus(name, namespace, Outcome.MISSING)

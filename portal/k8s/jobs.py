@@ -14,7 +14,8 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from portal.backends.base import LaunchSpec
+from portal import contract
+from portal.backends.base import RENDEZVOUS_PORT, LaunchSpec, rendezvous_env
 from portal.k8s.names import (
     A_GRANTS,
     A_NODE,
@@ -24,11 +25,13 @@ from portal.k8s.names import (
     L_ATTEMPT_ID,
     L_CLASS,
     L_COMPONENT,
+    L_GANG,
     L_INSTANCE,
     L_MANAGED_BY,
     L_NAME,
     L_PART_OF,
     L_POOL,
+    L_RANK,
     L_REQUEST,
     L_TEAM,
     LABEL_HOSTNAME,
@@ -61,7 +64,7 @@ import json, os, sys, time, urllib.error, urllib.parse, urllib.request
 url = os.environ["QM_READY_URL"]
 devices = os.environ.get("NVIDIA_VISIBLE_DEVICES", "")
 if devices:
-    url += "?" + urllib.parse.urlencode({"devices": devices})
+    url += ("&" if "?" in url else "?") + urllib.parse.urlencode({"devices": devices})
 headers = {"Authorization": "Bearer " + os.environ["QM_READY_TOKEN"], "Accept": "application/json"}
 deadline = time.monotonic() + int(os.environ.get("QM_READY_TIMEOUT", "300"))
 interval = float(os.environ.get("QM_READY_INTERVAL", "5"))
@@ -108,7 +111,8 @@ class JobOptions:
     service_account: str = ""
     image_pull_secrets: tuple[str, ...] = ()
     runtime_class: str = ""
-    #: allowed image prefixes ("registry.example.com/", "nvcr.io/nvidia/"); empty allows any
+    #: allowed registries, optionally with a repository prefix ("registry.example.com",
+    #: "nvcr.io/nvidia/"), matched on parsed references (portal.contract); empty allows any
     allowed_images: tuple[str, ...] = ()
     shm_size_mib: int = 1024
     #: resource name for time-sliced shares when the node cannot be asked
@@ -116,21 +120,26 @@ class JobOptions:
 
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
-_FORBIDDEN_ENV = re.compile(r"^(NVIDIA_.*|CUDA_VISIBLE_DEVICES|QUARTERMASTER_.*|QM_.*)$")
 
 
 def check_env(env: Iterable[tuple[str, str]]) -> None:
-    """Refuse env names a user may not set (RELIABILITY.md §8.7).
+    """Refuse env names a user may not set (RELIABILITY.md §8.7): the submit contract again.
 
     `NVIDIA_*` and `CUDA_VISIBLE_DEVICES` would let a container see GPUs it did
-    not request; `QUARTERMASTER_*`/`QM_*` are set by the server.
+    not request; `QUARTERMASTER_*`/`QM_*` and the rendezvous names are set by the server.
     """
-    for name, _ in env:
-        if not _ENV_NAME.match(name):
-            raise LaunchRefused(f"invalid environment variable name {name!r}")
-        if _FORBIDDEN_ENV.match(name):
-            raise LaunchRefused(f"environment variable {name} may not be set by a request")
+    try:
+        contract.check_env(env)
+    except contract.ContractError as exc:
+        raise LaunchRefused(exc.message) from None
+
+
+def check_image(image: str, options: JobOptions) -> None:
+    """The image parses as a reference and an allowlist entry admits it (the submit contract)."""
+    try:
+        contract.check_image(image, options.allowed_images)
+    except contract.ContractError as exc:
+        raise LaunchRefused(exc.message) from None
 
 
 def gpu_resource(
@@ -160,7 +169,9 @@ def gpu_resource(
 
 
 def job_labels(spec: LaunchSpec) -> dict[str, str]:
+    gang = {L_GANG: spec.gang, L_RANK: str(spec.rank)} if spec.gang else {}
     return {
+        **gang,
         L_NAME: "quartermaster-attempt",
         L_INSTANCE: spec.name,
         L_COMPONENT: label_value(spec.workload_class),
@@ -220,25 +231,23 @@ def job_build(
         )
     if not _DNS_LABEL.match(spec.namespace):
         raise LaunchRefused(f"namespace {spec.namespace!r} is not a DNS label")
-    if not spec.image or any(c.isspace() for c in spec.image):
-        raise LaunchRefused("an image is required")
-    if options.allowed_images and not spec.image.startswith(options.allowed_images):
-        raise LaunchRefused(f"image {spec.image} is not from an allowed registry")
+    check_image(spec.image, options)
     if not spec.node:
         raise LaunchRefused("a launch needs the node the packer chose")
     check_env(spec.env)
     gpu, count = gpu_resource(spec, facts, options)
     labels = job_labels(spec)
     hostname = (facts or {}).get("hostname") or spec.node
-    gang = len(spec.nodes) > 1
-    hostnames = list((facts or {}).get("hostnames") or spec.nodes) if gang else [hostname]
 
     env = [client.V1EnvVar(name=k, value=v) for k, v in spec.env]
+    env += [client.V1EnvVar(name=k, value=v) for k, v in rendezvous_env(spec)]
     env += [
         client.V1EnvVar(name="QUARTERMASTER_REQUEST_ID", value=str(spec.request_id)),
         client.V1EnvVar(name="QUARTERMASTER_ATTEMPT", value=str(spec.attempt_number)),
     ]
     shared_cap = max((g.gpu_memory_mib for g in spec.grants), default=0)
+    if spec.pods:
+        raise LaunchRefused("a gang is launched one Job per pod: build each of spec.members()")
     if spec.profile_kind == "shared" and shared_cap:
         # Time-slicing does not isolate memory: tell frameworks the cap they agreed to.
         env.append(client.V1EnvVar(name="QUARTERMASTER_GPU_MEMORY_MIB", value=str(shared_cap)))
@@ -260,6 +269,9 @@ def job_build(
         containers=[main],
         init_containers=[init] if init else None,
         restart_policy="Never",
+        # A gang's pods find rank 0 as <gang>-0.<gang> through the headless Service.
+        hostname=spec.name if spec.gang else None,
+        subdomain=spec.gang or None,
         automount_service_account_token=False,
         service_account_name=options.service_account or None,
         enable_service_links=False,
@@ -286,24 +298,13 @@ def job_build(
                         client.V1NodeSelectorTerm(
                             match_expressions=[
                                 client.V1NodeSelectorRequirement(
-                                    key=LABEL_HOSTNAME, operator="In", values=hostnames
+                                    key=LABEL_HOSTNAME, operator="In", values=[hostname]
                                 )
                             ]
                         )
                     ]
                 )
             ),
-            # A gang: one pod on each of its nodes (the packer granted `count` devices on each).
-            pod_anti_affinity=client.V1PodAntiAffinity(
-                required_during_scheduling_ignored_during_execution=[
-                    client.V1PodAffinityTerm(
-                        label_selector=client.V1LabelSelector(match_labels={L_INSTANCE: spec.name}),
-                        topology_key=LABEL_HOSTNAME,
-                    )
-                ]
-            )
-            if gang
-            else None,
         ),
         tolerations=[_toleration(t) for t in spec.tolerations] or None,
         volumes=[
@@ -316,7 +317,7 @@ def job_build(
         ],
     )
     annotations = {
-        A_NODE: ",".join(spec.nodes) if gang else spec.node,
+        A_NODE: spec.node,
         A_GRANTS: json.dumps(
             [
                 {
@@ -339,10 +340,8 @@ def job_build(
         ),
         spec=client.V1JobSpec(
             backoff_limit=options.backoff_limit,
-            # A gang is an Indexed Job: pod i learns its rank from JOB_COMPLETION_INDEX.
-            completions=len(hostnames),
-            parallelism=len(hostnames),
-            completion_mode="Indexed" if gang else None,
+            completions=1,
+            parallelism=1,
             ttl_seconds_after_finished=options.ttl_seconds_after_finished,
             active_deadline_seconds=spec.max_runtime_s or None,
             # A replacement pod only once the old one is gone: never two pods on one device.
@@ -354,6 +353,87 @@ def job_build(
             ),
         ),
     )
+
+
+def gang_service_build(spec: LaunchSpec) -> client.V1Service:
+    """The headless Service of a gang: it owns the gang's Jobs and names its pods in DNS.
+
+    `publishNotReadyAddresses`, because rank 0 must be resolvable while the pods
+    start, before any is Ready.
+    """
+    if not _DNS_LABEL.match(spec.name):
+        raise LaunchRefused(f"gang name {spec.name!r} is not a DNS label")
+    labels = {k: v for k, v in job_labels(spec).items() if k not in (L_RANK,)}
+    labels[L_GANG] = spec.name
+    return client.V1Service(
+        api_version="v1",
+        kind="Service",
+        metadata=client.V1ObjectMeta(name=spec.name, namespace=spec.namespace, labels=labels),
+        spec=client.V1ServiceSpec(
+            cluster_ip="None",
+            publish_not_ready_addresses=True,
+            selector={L_GANG: spec.name},
+            ports=[
+                client.V1ServicePort(
+                    name="rendezvous", port=RENDEZVOUS_PORT, target_port=RENDEZVOUS_PORT
+                )
+            ],
+        ),
+    )
+
+
+def gang_build(
+    spec: LaunchSpec,
+    options: JobOptions,
+    facts_for: Callable[[str], Mapping[str, Any] | None] = lambda node: None,
+) -> tuple[client.V1Service, list[client.V1Job]]:
+    """A gang as Kubernetes objects: one headless Service and one Job per pod.
+
+    Why one Job per pod rather than an Indexed Job: each pod must land on the
+    node the packer chose for it, with its own devices there, and an Indexed
+    Job has one pod template for every index. Every Job is built (and checked)
+    before anything is created, so a refused spec creates nothing.
+    """
+    members = spec.members()
+    jobs = [job_build(m, options, facts_for(m.node)) for m in members]
+    return gang_service_build(spec), jobs
+
+
+def owner_reference(owner: Any) -> client.V1OwnerReference:
+    """Make `owner` (the gang's Service) own a Job: deleting the Service collects the Jobs."""
+    return client.V1OwnerReference(
+        api_version="v1",
+        kind="Service",
+        name=owner.metadata.name,
+        uid=owner.metadata.uid,
+        block_owner_deletion=True,
+    )
+
+
+def service_create(core: Any, service: Any) -> Any:
+    """Create the gang's Service; an existing one of the same attempt is adopted."""
+    ns, name = service.metadata.namespace, service.metadata.name
+    try:
+        return core.create_namespaced_service(ns, service)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    existing = core.read_namespaced_service(name, ns)
+    have, want = existing.metadata.labels or {}, service.metadata.labels
+    for key in (L_MANAGED_BY, L_REQUEST, L_ATTEMPT_ID):
+        if have.get(key) != want.get(key):
+            raise JobConflict(f"Service {ns}/{name} exists with {key}={have.get(key)!r}")
+    return existing
+
+
+def service_delete(core: Any, name: str, namespace: str) -> bool:
+    try:
+        core.delete_namespaced_service(name, namespace)
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
 
 
 def _toleration(t: tuple[str, str, str]) -> client.V1Toleration:
@@ -377,7 +457,12 @@ def _ready_container(
     if not options.ready_image:
         raise LaunchRefused("JobOptions.ready_image is required when portal_url is set")
     url = f"{options.portal_url.rstrip('/')}/api/v1/agent/attempts/{spec.attempt_id}/ready"
-    token = attempt_token(options.ready_token_key, spec.namespace, spec.name, spec.attempt_id)
+    if spec.gang:
+        # Each pod of a gang asks about its own node's devices.
+        url += f"?rank={spec.rank}"
+    # One token per attempt: every pod of a gang presents the attempt's.
+    attempt_name = spec.gang or spec.name
+    token = attempt_token(options.ready_token_key, spec.namespace, attempt_name, spec.attempt_id)
     return client.V1Container(
         name=READY_CONTAINER,
         image=options.ready_image,

@@ -9,6 +9,8 @@ from typing import Any
 
 from kubernetes.utils import parse_quantity
 
+from portal.backends.base import LaunchRefused as _LaunchRefused
+
 GPU = "nvidia.com/gpu"
 GPU_SHARED = "nvidia.com/gpu.shared"
 MIG_PREFIX = "nvidia.com/mig-"
@@ -40,6 +42,9 @@ L_ATTEMPT = "quartermaster.io/attempt"
 L_TEAM = "quartermaster.io/team"
 L_CLASS = "quartermaster.io/class"
 L_POOL = "quartermaster.io/pool"
+#: on every Job and pod of a gang: the attempt's name (the headless Service selects on it)
+L_GANG = "quartermaster.io/gang"
+L_RANK = "quartermaster.io/rank"
 A_NODE = "quartermaster.io/node"
 A_GRANTS = "quartermaster.io/grants"
 MANAGED_SELECTOR = f"{L_MANAGED_BY}={MANAGED_BY}"
@@ -55,8 +60,8 @@ TERMINAL_PHASES = ("Succeeded", "Failed")
 # --- Errors ------------------------------------------------------------------------
 
 
-class LaunchRefused(ValueError):
-    """The LaunchSpec asks for something a generated Job may never carry."""
+# The backend-neutral refusal; re-exported here because the adapter raises it.
+LaunchRefused = _LaunchRefused
 
 
 class JobConflict(RuntimeError):

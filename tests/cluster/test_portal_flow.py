@@ -69,7 +69,9 @@ def _pods(cluster: Cluster, req: GpuRequest) -> list[Any]:
     return (
         cluster.core()
         .list_namespaced_pod(
-            attempt.namespace, label_selector=f"app.kubernetes.io/instance={attempt.workload_name}"
+            # Every pod of the attempt (a gang's pods each belong to their own Job).
+            attempt.namespace,
+            label_selector=f"quartermaster.io/attempt-id={attempt.pk}",
         )
         .items
     )

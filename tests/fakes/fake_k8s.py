@@ -162,6 +162,7 @@ class FakeCluster:
     nodes: dict[str, client.V1Node] = field(default_factory=dict)
     jobs: dict[tuple[str, str], client.V1Job] = field(default_factory=dict)
     pods: dict[tuple[str, str], client.V1Pod] = field(default_factory=dict)
+    services: dict[tuple[str, str], client.V1Service] = field(default_factory=dict)
     #: (resource version, kind, namespace, type, object)
     events: list[tuple[int, str, str, str, Any]] = field(default_factory=list)
     #: watches from a resource version at or below this answer 410 Gone
@@ -497,6 +498,31 @@ class FakeCoreV1Api:
         if name not in self.cluster.nodes:
             raise api_error(404, "NotFound")
         return self.cluster.nodes[name].model_copy(deep=True)
+
+    def create_namespaced_service(
+        self, namespace: str, body: client.V1Service, **kw: Any
+    ) -> client.V1Service:
+        self.cluster.call("create_namespaced_service", namespace=namespace, body=body)
+        key = (namespace, body.metadata.name)
+        if key in self.cluster.services:
+            raise api_error(409, "AlreadyExists")
+        svc = body.model_copy(deep=True)
+        svc.metadata.namespace = namespace
+        svc.metadata.uid = f"uid-svc-{namespace}-{body.metadata.name}"
+        self.cluster.services[key] = svc
+        return svc.model_copy(deep=True)
+
+    def read_namespaced_service(self, name: str, namespace: str, **kw: Any) -> client.V1Service:
+        self.cluster.call("read_namespaced_service", name=name, namespace=namespace)
+        if (namespace, name) not in self.cluster.services:
+            raise api_error(404, "NotFound")
+        return self.cluster.services[(namespace, name)].model_copy(deep=True)
+
+    def delete_namespaced_service(self, name: str, namespace: str, **kw: Any) -> client.V1Status:
+        self.cluster.call("delete_namespaced_service", name=name, namespace=namespace)
+        if self.cluster.services.pop((namespace, name), None) is None:
+            raise api_error(404, "NotFound")
+        return client.V1Status(status="Success")
 
     def _pods(
         self, namespace: str | None, label_selector: str | None, field_selector: str | None

@@ -288,20 +288,35 @@ def test_a_me_profile_asks_for_the_renamed_resource() -> None:
     assert c["resources"]["limits"] == {"memory": "65536Mi", "nvidia.com/mig-1g.10gb.me": "1"}
 
 
-def test_a_gang_is_an_indexed_job_with_one_pod_on_each_node() -> None:
-    """Real-cluster twin: tests/cluster/test_portal_flow.py (the scheduler spreads the pods)."""
-    s = spec(nodes=("gpu-a", "gpu-b"))
-    j = job(s, {"hostname": "gpu-a", "hostnames": ["gpu-a", "gpu-b"], "resources": []})
-    assert (j["spec"]["completions"], j["spec"]["parallelism"]) == (2, 2)
-    assert j["spec"]["completionMode"] == "Indexed"
-    aff = pod(j)["affinity"]
-    [term] = aff["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
-        "nodeSelectorTerms"
-    ]
-    assert term["matchExpressions"][0]["values"] == ["gpu-a", "gpu-b"]
-    [anti] = aff["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    assert anti["topologyKey"] == "kubernetes.io/hostname"
-    assert anti["labelSelector"]["matchLabels"] == {"app.kubernetes.io/instance": s.name}
-    single = job(spec(), {"hostname": "gpu-a", "resources": []})
-    assert "podAntiAffinity" not in pod(single)["affinity"]
-    assert single["spec"]["completions"] == 1 and "completionMode" not in single["spec"]
+def test_a_gang_is_one_job_per_pod_each_pinned_to_its_node() -> None:
+    """Real-cluster twin: tests/cluster/test_portal_flow.py (one pod on each of the gang's nodes)."""
+    from portal.backends.base import PodLaunch
+    from portal.k8s.jobs import gang_build
+
+    g0 = (GrantSpec(0, 1000), GrantSpec(1, 1000))
+    g1 = (GrantSpec(2, 1000), GrantSpec(3, 1000))
+    s = spec(pods=(PodLaunch(0, "gpu-a", g0), PodLaunch(1, "gpu-b", g1)))
+    with pytest.raises(LaunchRefused):
+        job_build(s, OPTIONS)  # a gang is never one Job
+    service, jobs = gang_build(s, OPTIONS)
+    assert service.spec.cluster_ip == "None"
+    for rank, (node, grants) in enumerate((("gpu-a", g0), ("gpu-b", g1))):
+        j = job_to_dict(jobs[rank])
+        assert j["metadata"]["name"] == f"{s.name}-{rank}"
+        assert (j["spec"]["completions"], j["spec"]["parallelism"]) == (1, 1)
+        assert "completionMode" not in j["spec"]
+        [term] = pod(j)["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]["nodeSelectorTerms"]
+        assert term["matchExpressions"][0]["values"] == [node]
+        assert json.loads(j["metadata"]["annotations"]["quartermaster.io/grants"]) == [
+            {
+                "device": g.device,
+                "milli": 1000,
+                "gpu_memory_mib": 0,
+                "mig_profile": "",
+                "mig_start": -1,
+            }
+            for g in grants
+        ]
+        assert j["metadata"]["labels"]["quartermaster.io/attempt-id"] == str(s.attempt_id)

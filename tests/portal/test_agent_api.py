@@ -165,3 +165,28 @@ def test_metrics_ask_for_a_token_when_one_is_set(client: Client, settings: objec
     settings.METRICS_TOKEN = "m-token"  # type: ignore[attr-defined]
     assert client.get("/metrics").status_code == 401
     assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer m-token").status_code == 200
+
+
+def test_each_pod_of_a_gang_asks_about_its_own_node(agent: Client) -> None:
+    from portal.models import Attempt, Membership
+
+    bob = Membership.objects.get(user__username="bob").user
+    team = Membership.objects.get(user__username="bob").team
+    req = submit(bob, team, pool_name="a100-train", count=8, pods=2)
+    run_tick()
+    attempt = Attempt.objects.get(request=req)
+    first, second = attempt.nodes
+    url = f"/api/v1/agent/attempts/{attempt.pk}/ready"
+    auth = {
+        "HTTP_AUTHORIZATION": "Bearer "
+        + attempt_token(ready_token_key(), attempt.namespace, attempt.workload_name, attempt.pk)
+    }
+    _post(agent, _report(node=first))
+    assert agent.get(url + "?rank=0", **auth).json()["ready"] is True
+    # Rank 1 runs on the other node, which has not reported yet.
+    body = agent.get(url + "?rank=1", **auth).json()
+    assert body["ready"] is False and "report" in body["reason"]
+    _post(agent, _report(node=second))
+    assert agent.get(url + "?rank=1", **auth).json()["ready"] is True
+    assert agent.get(url + "?rank=2", **auth).status_code == 404
+    assert agent.get(url + "?rank=x", **auth).status_code == 404

@@ -122,7 +122,9 @@ def test_it_relaunches_an_admitted_attempt_whose_launch_was_lost() -> None:
     req = submit(w.bob, w.vision)
     run_tick()
     SimulatedWorkload.objects.all().delete()
-    counts = reconcile()
+    # Not at once (relaunches back off), but after the backoff.
+    assert reconcile().get("launch_backoff") == 1
+    counts = reconcile(now=timezone.now() + timedelta(minutes=1))
     assert counts.get("relaunched") == 1
     assert SimulatedWorkload.objects.filter(name=req.attempts.get().workload_name).count() == 1
 

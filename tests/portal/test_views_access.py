@@ -20,11 +20,13 @@ from portal import tick
 from portal.models import (
     AuditEvent,
     Decision,
+    Device,
     GpuRequest,
     Membership,
     Node,
     Pool,
     Quota,
+    Team,
     WorkloadClass,
 )
 from tests.base import World, make_world, submit
@@ -76,6 +78,8 @@ def world(django_db_setup, django_db_blocker) -> Iterator[dict]:  # noqa: ANN001
         big = [submit(w.bob, w.vision, count=8, name=f"{MARKER}-{i}") for i in range(5)]
         tick.run_tick()
         running = next(r for r in big if GpuRequest.objects.get(pk=r.pk).state == "admitted")
+        quarantined = Device.objects.filter(node__name="a100-02").order_by("index").first()
+        Device.objects.filter(pk=quarantined.pk).update(quarantined=True)
         ids = {
             "request_id": req.pk,
             "team_id": w.vision.pk,
@@ -83,6 +87,7 @@ def world(django_db_setup, django_db_blocker) -> Iterator[dict]:  # noqa: ANN001
             "membership_id": Membership.objects.get(user=w.bob, team=w.vision).pk,
             "class_id": WorkloadClass.objects.get(name="training").pk,
             "node_id": Node.objects.get(name="a100-01").pk,
+            "device_id": quarantined.pk,
             "action": "drain",
         }
         yield {"world": w, "ids": ids, "running": running}
@@ -114,6 +119,8 @@ def state() -> tuple:
         sorted(WorkloadClass.objects.values_list("id", "band")),
         sorted(Pool.objects.values_list("id", "lifecycle")),
         sorted(Membership.objects.values_list("id", "role", "gpu_cap_milli")),
+        sorted(Device.objects.filter(quarantined=True).values_list("id", flat=True)),
+        sorted(Team.objects.values_list("id", "name")),
     )
 
 
