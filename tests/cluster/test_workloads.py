@@ -36,7 +36,13 @@ def outcomes(
         if got == until or (got in terminal and until in terminal):
             return seen
         time.sleep(0.05)
-    raise AssertionError(f"{spec.name}: no {until} within {timeout_s}s; saw {seen}")
+    w = backend.watcher
+    streams = w.streams if w else None
+    job = w.jobs.get((spec.namespace, spec.name)) if w else None
+    raise AssertionError(
+        f"{spec.name}: no {until} within {timeout_s}s; saw {seen}; streams {streams}; "
+        f"cached job status {job.status if job else None}"
+    )
 
 
 def pod_of(cluster: Cluster, spec: LaunchSpec) -> client.V1Pod:
