@@ -1,4 +1,8 @@
-"""KubernetesBackend against the in-memory fake API: launch, adopt, stop, status (RELIABILITY.md §7)."""
+"""KubernetesBackend against the in-memory fake API: launch, adopt, stop, status (RELIABILITY.md §7).
+
+Real-cluster twins: tests/cluster/test_workloads.py (launch, bind, run, succeed),
+tests/cluster/test_failures.py (exit code, image pull, OOM, node lost, stop) and
+tests/cluster/test_restart.py (409 adoption after an apiserver restart)."""
 
 from __future__ import annotations
 

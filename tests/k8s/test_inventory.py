@@ -1,4 +1,7 @@
-"""Inventory from Node objects: GFD labels, allocatable, taints, readiness, pools."""
+"""Inventory from Node objects: GFD labels, allocatable, taints, readiness, pools.
+
+Fast unit tests on the in-memory fake; the real-cluster twins (the same kinds of node on
+kwok, read through kube-apiserver) are in tests/cluster/test_inventory.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""The generated Job: allowlisted, restricted, pinned to its node, valid against the schema."""
+"""The generated Job: allowlisted, restricted, pinned to its node, valid against the schema.
+
+Real-cluster twins: tests/cluster/test_chart.py (admitted by Pod Security, quota and the
+admission policy) and tests/cluster/test_workloads.py (bound by kube-scheduler)."""
 
 from __future__ import annotations
 

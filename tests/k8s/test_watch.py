@@ -1,4 +1,7 @@
-"""The Job/pod watch: events applied, 410 Gone relists, resync heals, deleted pods remembered."""
+"""The Job/pod watch: events applied, 410 Gone relists, resync heals, deleted pods remembered.
+
+Real-cluster twins: tests/cluster/test_failures.py (etcd compaction and an apiserver restart
+give a real 410) and tests/cluster/test_watch.py (one watch per forked worker process)."""
 
 from __future__ import annotations
 
