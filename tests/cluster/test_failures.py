@@ -110,6 +110,7 @@ def test_a_node_turned_not_ready_is_tainted_and_its_attempt_is_node_lost(
                 t.key == "node.kubernetes.io/not-ready" and t.effect == "NoExecute"
                 for t in core.read_node("a100-1").spec.taints or ()
             ),
+            90,
         )
         inv = {n.name: n for n in watching.inventory()}
         assert inv["a100-1"].ready is False
