@@ -246,10 +246,11 @@ def _greedy(
         state.give(c.run.placement)
         chosen.append(c)
         freed[c.run.team] = freed.get(c.run.team, 0) + c.run.shape.gpus_milli
-        placement = state.find(shape, accept)
-        if placement is not None and quota_ok([v.run for v in chosen]):
-            break
-        placement = None
+        # quota first: it is cheap, and when quota is what is missing it decides
+        if quota_ok([v.run for v in chosen]):
+            placement = state.find(shape, accept)
+            if placement is not None:
+                break
     if placement is None:
         for c in reversed(chosen):
             state.take(c.run.placement)
@@ -257,8 +258,9 @@ def _greedy(
     # Put back, newest choice first, every victim the request fits without.
     for c in list(reversed(chosen)):
         state.take(c.run.placement)
-        again = state.find(shape, accept)
-        if again is None or not quota_ok([v.run for v in chosen if v is not c]):
+        ok = quota_ok([v.run for v in chosen if v is not c])
+        again = state.find(shape, accept) if ok else None
+        if again is None:
             state.give(c.run.placement)
         else:
             chosen.remove(c)

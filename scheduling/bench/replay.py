@@ -642,10 +642,14 @@ class _Light:
         chosen: list[_Att] = []
         freed: dict[str, int] = {}
         used_total = self.total_used
+        # Where it fits already, any victims that free the quota do; else only the nodes
+        # the victims free can change the answer.
+        anywhere = self._place(job.shape) is not None
 
         def fits_now() -> bool:
-            quota = used_total + need <= self.capacity
-            return quota and self._place_without(job.shape, chosen) is not None
+            if used_total + need > self.capacity:
+                return False
+            return anywhere or self._place_without(job.shape, chosen) is not None
 
         ok = False
         for a in cands:
@@ -690,7 +694,7 @@ class _Light:
             ln.mem += a.job.shape.memory_mib
             for p, m in a.grants:
                 ln.free[p] += m
-        found = self._place(shape)
+        found = self._place(shape, sorted(touched))
         for k, (c, m, f) in saved.items():
             self.nodes[k].cpu, self.nodes[k].mem, self.nodes[k].free = c, m, f
         return found
