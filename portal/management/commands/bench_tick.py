@@ -132,15 +132,26 @@ def _throwaway_postgres(url: str) -> tuple[str, Callable[[], None]]:
 
     name = f"qm_bench_tick_{os.getpid()}"
     parts = urlsplit(url)
+    # The URL's own database need not exist: the server's maintenance database will do.
+    admin_urls = [url, urlunsplit(parts._replace(path="/postgres"))]
+
+    def connect() -> Any:
+        for candidate in admin_urls[:-1]:
+            try:
+                return psycopg.connect(candidate, autocommit=True)
+            except psycopg.OperationalError:
+                continue
+        return psycopg.connect(admin_urls[-1], autocommit=True)
+
     try:
-        with psycopg.connect(url, autocommit=True) as conn:
+        with connect() as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
             conn.execute(f'CREATE DATABASE "{name}"')
     except psycopg.Error as exc:
         raise CommandError(f"--database-url: cannot create a database there: {exc}") from exc
 
     def drop() -> None:
-        with psycopg.connect(url, autocommit=True) as conn:
+        with connect() as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
     return urlunsplit(parts._replace(path=f"/{name}")), drop
@@ -339,7 +350,11 @@ def fill(*, pending: int, teams: int, nodes: int, gpus: int, allocated: float, s
             [Team(name=f"bench-{i:02d}", namespace=f"qm-bench-{i:02d}") for i in range(teams)]
         )
         users = User.objects.bulk_create(
-            [User(username=f"bench-{i:02d}-{j}", password="!") for i in range(teams) for j in range(5)]
+            [
+                User(username=f"bench-{i:02d}-{j}", password="!")
+                for i in range(teams)
+                for j in range(5)
+            ]
         )
         Membership.objects.bulk_create(
             [
@@ -348,7 +363,9 @@ def fill(*, pending: int, teams: int, nodes: int, gpus: int, allocated: float, s
             ]
         )
         # Nodes: 60 % exclusive, 20 % MIG, 20 % time-sliced (the demo cluster's pools).
-        node_pools = [pools[0] if i % 10 < 6 else pools[1] if i % 10 < 8 else pools[2] for i in range(nodes)]
+        node_pools = [
+            pools[0] if i % 10 < 6 else pools[1] if i % 10 < 8 else pools[2] for i in range(nodes)
+        ]
         per_node = _spread(gpus, nodes)
         node_rows, device_rows = _nodes(node_pools, per_node)
         capacity: dict[int, int] = defaultdict(int)
@@ -437,7 +454,12 @@ def _running(
             for d in held:
                 for m in d.mig_instances:
                     slots = [f"m{i}" for i in range(m["start"], m["start"] + m["size"])]
-                    grant = {"mig_profile": m["profile"], "mig_start": m["start"], "mig_size": m["size"], "milli": 0}
+                    grant = {
+                        "mig_profile": m["profile"],
+                        "mig_start": m["start"],
+                        "mig_size": m["size"],
+                        "milli": 0,
+                    }
                     jobs.append(
                         (
                             {"profile_kind": "mig", "mig_profile": m["profile"], "count": 1},
@@ -451,7 +473,11 @@ def _running(
             size = min(rng.choice((1, 2, 4)), len(held) - i)
             group = held[i : i + size]
             i += size
-            slots = ["gpu"] if part == "exclusive" else [f"s{k}" for k in range(node.pool.time_slicing_replicas)]
+            slots = (
+                ["gpu"]
+                if part == "exclusive"
+                else [f"s{k}" for k in range(node.pool.time_slicing_replicas)]
+            )
             jobs.append(
                 (
                     {"profile_kind": "whole", "count": size},
@@ -540,10 +566,17 @@ def _pending(
             fields: dict[str, Any] = {"count": rng.choice((1, 1, 2, 4, 8)), "cpu_milli": 8000}
             cls, pool = "training", rng.choice((exclusive, None, None, None))
         elif roll < 0.7:
-            fields = {"profile_kind": "shared", "milli": rng.choice((250, 500)), "gpu_memory_mib": 5120}
+            fields = {
+                "profile_kind": "shared",
+                "milli": rng.choice((250, 500)),
+                "gpu_memory_mib": 5120,
+            }
             cls, pool = "interactive", rng.choice((shared, None))
         elif roll < 0.85:
-            fields = {"profile_kind": "mig", "mig_profile": rng.choice(("1g.10gb", "2g.20gb", "3g.40gb"))}
+            fields = {
+                "profile_kind": "mig",
+                "mig_profile": rng.choice(("1g.10gb", "2g.20gb", "3g.40gb")),
+            }
             cls, pool = "inference", rng.choice((mig, None))
         else:
             fields = {"count": rng.choice((2, 4)), "pods": 2, "cpu_milli": 8000}
