@@ -204,10 +204,9 @@ def _admit_all(ds: list[st.Decision], ctx: Context, tick_no: int) -> dict[str, A
             attempt = _admit_one(d, req, ctx, numbers.get(req.pk, 0) + 1, tick_no)
             if attempt is not None:
                 made[d.request_id] = attempt
-    for d in ds:
-        if d.request_id in made:
-            attempt_id = made[d.request_id].pk
-            transaction.on_commit(lambda attempt_id=attempt_id: launch_attempt(attempt_id))
+    launched = [made[d.request_id].pk for d in ds if d.request_id in made]
+    if launched:
+        transaction.on_commit(lambda: launch_attempts(launched))
     return made
 
 
@@ -231,8 +230,8 @@ def _admit_one(
     return attempt
 
 
-def launch_attempt(attempt_id: int) -> None:
-    services.attempt_launch(attempt_id)
+def launch_attempts(attempt_ids: list[int]) -> None:
+    services.attempts_launch(attempt_ids)
 
 
 def _facts(d: st.Decision) -> dict[str, Any]:

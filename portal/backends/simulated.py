@@ -8,7 +8,7 @@ rows, not memory.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -131,27 +131,20 @@ class SimulatedBackend:
         for member in spec.members():
             try:
                 with transaction.atomic():
-                    SimulatedWorkload.objects.create(
-                        name=member.name,
-                        namespace=member.namespace,
-                        node=member.node,
-                        spec={
-                            "image": member.image,
-                            "command": list(member.command),
-                            "attempt": member.attempt_id,
-                            "env": dict(rendezvous_env(member)),
-                            "devices": [g.device for g in member.grants],
-                        },
-                        created_at=now,
-                        starts_at=now + START_DELAY,
-                        ends_at=now
-                        + START_DELAY
-                        + timedelta(seconds=max(1, member.simulated_duration_s)),
-                        exit_code=member.simulated_exit_code,
-                    )
+                    _workload(member, now).save()
             except IntegrityError:
                 # Created before: a retried launch adopts it.
                 pass
+
+    def launch_many(self, specs: list[LaunchSpec]) -> None:
+        """`launch` for each spec, in bulk inserts (the tick launches all it admitted at once)."""
+        now = timezone.now()
+        SimulatedWorkload.objects.bulk_create(
+            [_workload(member, now) for spec in specs for member in spec.members()],
+            batch_size=2000,
+            # Created before: a retried launch adopts it.
+            ignore_conflicts=True,
+        )
 
     def stop(self, name: str, namespace: str, grace_seconds: int = 30, pods: int = 1) -> None:
         SimulatedWorkload.objects.filter(
@@ -187,3 +180,22 @@ class SimulatedBackend:
             f"exited with code {w.exit_code}",
             exit_code=w.exit_code,
         )
+
+
+def _workload(member: LaunchSpec, now: datetime) -> SimulatedWorkload:
+    return SimulatedWorkload(
+        name=member.name,
+        namespace=member.namespace,
+        node=member.node,
+        spec={
+            "image": member.image,
+            "command": list(member.command),
+            "attempt": member.attempt_id,
+            "env": dict(rendezvous_env(member)),
+            "devices": [g.device for g in member.grants],
+        },
+        created_at=now,
+        starts_at=now + START_DELAY,
+        ends_at=now + START_DELAY + timedelta(seconds=max(1, member.simulated_duration_s)),
+        exit_code=member.simulated_exit_code,
+    )

@@ -214,12 +214,12 @@ def _phases() -> Iterator[dict[str, Any]]:
         portal.tick.build_snapshot,
         portal.tick.scheduling.schedule,
         portal.tick.decisions_apply,
-        portal.apply.launch_attempt,
+        portal.apply.launch_attempts,
     )
     portal.tick.build_snapshot = timed("snapshot", originals[0])  # type: ignore[assignment]
     portal.tick.scheduling.schedule = timed("schedule", originals[1])  # type: ignore[assignment]
     portal.tick.decisions_apply = timed("apply", originals[2])  # type: ignore[assignment]
-    portal.apply.launch_attempt = timed("launch", originals[3])  # type: ignore[assignment]
+    portal.apply.launch_attempts = timed("launch", originals[3])  # type: ignore[assignment]
     try:
         with connection.execute_wrapper(counter):
             yield stats
@@ -228,7 +228,7 @@ def _phases() -> Iterator[dict[str, Any]]:
             portal.tick.build_snapshot,
             portal.tick.scheduling.schedule,
             portal.tick.decisions_apply,
-            portal.apply.launch_attempt,
+            portal.apply.launch_attempts,
         ) = originals  # type: ignore[assignment]
 
 
