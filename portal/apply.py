@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from django.db import IntegrityError, connection, models, transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Count, F
 
 from portal import services
+from portal.bulk import bulk_set, insert_rows
 from portal.models import (
     Allocation,
     Attempt,
@@ -31,9 +32,6 @@ from portal.snapshot import Context, DeviceRow, QueuedRow
 from scheduling import types as st
 
 log = logging.getLogger(__name__)
-
-#: rows per statement in bulk writes (PostgreSQL takes at most 65,535 parameters)
-BATCH = 2000
 
 
 def _slots(device: DeviceRow, grant: st.DeviceGrant, taken: set[str]) -> list[str]:
@@ -49,47 +47,9 @@ def _slots(device: DeviceRow, grant: st.DeviceGrant, taken: set[str]) -> list[st
     return ["gpu"]
 
 
-def bulk_set(
-    model: type[models.Model], fields: Sequence[str], rows: Sequence[tuple[Any, ...]]
-) -> None:
-    """Set `fields` row by row: `rows` are (pk, value, ...) in the order of `fields`.
-
-    On PostgreSQL one UPDATE ... FROM (VALUES ...) per BATCH rows; elsewhere Django's
-    bulk_update. (bulk_update's CASE WHEN per row and field was most of the tick's apply
-    time at 10,000 waiting requests.)
-    """
-    if not rows:
-        return
-    if connection.vendor != "postgresql":
-        objs = [model(pk=row[0], **dict(zip(fields, row[1:], strict=True))) for row in rows]
-        model.objects.bulk_update(objs, list(fields), batch_size=500)
-        return
-    meta = model._meta
-    columns = [meta.pk, *(meta.get_field(f) for f in fields)]
-    casts = [f"%s::{c.db_type(connection)}" for c in columns]
-    row_sql = "(" + ", ".join(casts) + ")"
-    names = [connection.ops.quote_name(c.column) for c in columns]
-    table = connection.ops.quote_name(meta.db_table)
-    assignments = ", ".join(f"{n} = v.{n}" for n in names[1:])
-    with connection.cursor() as cur:
-        for start in range(0, len(rows), BATCH):
-            chunk = rows[start : start + BATCH]
-            params = [
-                c.get_db_prep_save(value, connection)
-                for row in chunk
-                for c, value in zip(columns, row, strict=True)
-            ]
-            cur.execute(
-                f"UPDATE {table} AS t SET {assignments} "
-                f"FROM (VALUES {', '.join([row_sql] * len(chunk))}) AS v({', '.join(names)}) "
-                f"WHERE t.{names[0]} = v.{names[0]}",
-                params,
-            )
-
-
 def _allocations(
-    attempt: Attempt, d: st.Decision, ctx: Context, rows: list[Allocation]
-) -> list[Allocation]:
+    attempt_id: int, d: st.Decision, ctx: Context, rows: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     assert d.placement is not None
     for pod in d.placement.pods:
         for g in pod.grants:
@@ -98,50 +58,50 @@ def _allocations(
             for slot in _slots(device, g, taken):
                 taken.add(slot)
                 rows.append(
-                    Allocation(
-                        attempt=attempt,
-                        device_id=device.pk,
-                        slot=slot,
-                        milli=g.milli if g.mig is None else 0,
-                        gpu_memory_mib=g.gpu_memory_mib,
-                        mig_profile=g.mig.profile if g.mig else "",
-                        mig_start=g.mig.start if g.mig else -1,
-                        mig_size=g.mig.size if g.mig else 0,
-                    )
+                    {
+                        "attempt_id": attempt_id,
+                        "device_id": device.pk,
+                        "slot": slot,
+                        "milli": g.milli if g.mig is None else 0,
+                        "gpu_memory_mib": g.gpu_memory_mib,
+                        "mig_profile": g.mig.profile if g.mig else "",
+                        "mig_start": g.mig.start if g.mig else -1,
+                        "mig_size": g.mig.size if g.mig else 0,
+                    }
                 )
     return rows
 
 
-def _attempt(d: st.Decision, req: QueuedRow, ctx: Context, number: int) -> Attempt:
+def _attempt(d: st.Decision, req: QueuedRow, ctx: Context, number: int) -> dict[str, Any]:
     assert d.placement is not None
-    return Attempt(
-        request_id=req.pk,
-        number=number,
-        pool=ctx.pools[d.pool],
-        nodes=list(d.placement.nodes),
-        workload_name=f"qm-{req.pk}-{number}",
-        namespace=ctx.teams[req.team_id][1],
-        gpus_milli=req.gpus_milli,
-        borrowing=d.borrowing,
+    return {
+        "request_id": req.pk,
+        "number": number,
+        "pool_id": ctx.pools[d.pool].pk,
+        "nodes": list(d.placement.nodes),
+        "workload_name": f"qm-{req.pk}-{number}",
+        "namespace": ctx.teams[req.team_id][1],
+        "gpus_milli": req.gpus_milli,
+        "borrowing": d.borrowing,
         # The request's last decision said it waited for preempted attempts to stop.
-        admitted_by_preemption=req.status_code == "preempting",
-        admitted_at=ctx.now,
-    )
+        "admitted_by_preemption": req.status_code == "preempting",
+        "admitted_at": ctx.now,
+    }
 
 
-def _usage(attempt: Attempt, req: QueuedRow, ctx: Context) -> UsageRecord:
-    return UsageRecord(
-        attempt=attempt,
-        team_id=req.team_id,
-        workload_class_id=req.workload_class_id,
-        pool=attempt.pool,
-        gpus_milli=req.gpus_milli,
-        started_at=ctx.now,
-    )
+def _usage(attempt_id: int, req: QueuedRow, pool_id: int, ctx: Context) -> dict[str, Any]:
+    return {
+        "attempt_id": attempt_id,
+        "team_id": req.team_id,
+        "workload_class_id": req.workload_class_id,
+        "pool_id": pool_id,
+        "gpus_milli": req.gpus_milli,
+        "started_at": ctx.now,
+    }
 
 
-def _admit_all(ds: list[st.Decision], ctx: Context, tick_no: int) -> dict[str, Attempt]:
-    """Admit in bulk; returns the attempts made, by request id (absent: not admitted)."""
+def _admit_all(ds: list[st.Decision], ctx: Context, tick_no: int) -> dict[str, int]:
+    """Admit in bulk; returns the new attempts' ids by request id (absent: not admitted)."""
     if not ds:
         return {}
     reqs = {d.request_id: ctx.requests[d.request_id] for d in ds}
@@ -175,36 +135,38 @@ def _admit_all(ds: list[st.Decision], ctx: Context, tick_no: int) -> dict[str, A
         .values_list("request_id")
         .annotate(n=Count("id"))
     )
-    made = {
-        d.request_id: _attempt(
-            d, reqs[d.request_id], ctx, numbers.get(reqs[d.request_id].pk, 0) + 1
-        )
-        for d in ds
-    }
+
+    def number(d: st.Decision) -> int:
+        return numbers.get(reqs[d.request_id].pk, 0) + 1
+
     slots_before = {k: set(v) for k, v in ctx.active_slots.items()}
+    made: dict[str, int] = {}
     try:
         with transaction.atomic():
-            Attempt.objects.bulk_create(made.values(), batch_size=BATCH)
-            rows: list[Allocation] = []
-            for d in ds:
-                _allocations(made[d.request_id], d, ctx, rows)
-            Allocation.objects.bulk_create(rows, batch_size=BATCH)
-            UsageRecord.objects.bulk_create(
-                [_usage(made[d.request_id], reqs[d.request_id], ctx) for d in ds],
-                batch_size=BATCH,
+            rows = [_attempt(d, reqs[d.request_id], ctx, number(d)) for d in ds]
+            ids = insert_rows(Attempt, rows, ids=True)
+            allocations: list[dict[str, Any]] = []
+            for d, attempt_id in zip(ds, ids, strict=True):
+                _allocations(attempt_id, d, ctx, allocations)
+            insert_rows(Allocation, allocations)
+            insert_rows(
+                UsageRecord,
+                [
+                    _usage(attempt_id, reqs[d.request_id], row["pool_id"], ctx)
+                    for d, attempt_id, row in zip(ds, ids, rows, strict=True)
+                ],
             )
+            made = {d.request_id: attempt_id for d, attempt_id in zip(ds, ids, strict=True)}
     except IntegrityError:
         # The database refused a double booking somewhere in the batch: admit one by one,
         # so that only the conflicting requests wait for the next tick.
         ctx.active_slots.clear()
         ctx.active_slots.update(slots_before)
-        made = {}
         for d in ds:
-            req = reqs[d.request_id]
-            attempt = _admit_one(d, req, ctx, numbers.get(req.pk, 0) + 1, tick_no)
-            if attempt is not None:
-                made[d.request_id] = attempt
-    launched = [made[d.request_id].pk for d in ds if d.request_id in made]
+            attempt_id = _admit_one(d, reqs[d.request_id], ctx, number(d), tick_no)
+            if attempt_id is not None:
+                made[d.request_id] = attempt_id
+    launched = [made[d.request_id] for d in ds if d.request_id in made]
     if launched:
         transaction.on_commit(lambda: launch_attempts(launched))
     return made
@@ -212,13 +174,14 @@ def _admit_all(ds: list[st.Decision], ctx: Context, tick_no: int) -> dict[str, A
 
 def _admit_one(
     d: st.Decision, req: QueuedRow, ctx: Context, number: int, tick_no: int
-) -> Attempt | None:
+) -> int | None:
     try:
         with transaction.atomic():
-            attempt = _attempt(d, req, ctx, number)
-            attempt.save()
-            Allocation.objects.bulk_create(_allocations(attempt, d, ctx, []))
-            _usage(attempt, req, ctx).save()
+            attempt = Attempt.objects.create(**_attempt(d, req, ctx, number))
+            Allocation.objects.bulk_create(
+                [Allocation(**row) for row in _allocations(attempt.pk, d, ctx, [])]
+            )
+            UsageRecord.objects.create(**_usage(attempt.pk, req, attempt.pool_id, ctx))
     except IntegrityError:
         log.error("tick %s: allocation conflict for request %s; left pending", tick_no, req.pk)
         GpuRequest.objects.filter(pk=req.pk).update(
@@ -227,7 +190,7 @@ def _admit_one(
             status_message="waiting: placement conflict, retrying",
         )
         return None
-    return attempt
+    return attempt.pk
 
 
 def launch_attempts(attempt_ids: list[int]) -> None:
@@ -264,7 +227,7 @@ def _wait(
     d: st.Decision,
     ctx: Context,
     tick_no: int,
-    log_rows: list[Decision],
+    log_rows: list[dict[str, Any]],
     changed: list[tuple[Any, ...]],
 ) -> None:
     req = ctx.requests[d.request_id]
@@ -278,15 +241,15 @@ def _wait(
     if reason_key(req.status_code, req.status_message) != reason_key(d.code, new_message):
         # The decision log records changes of reason, not every tick's repetition.
         log_rows.append(
-            Decision(
-                tick=tick_no,
-                request_id=req.pk,
-                team_id=req.team_id,
-                kind=Decision.Kind.WAIT,
-                code=d.code,
-                message=new_message,
-                facts=_facts(d),
-            )
+            {
+                "tick": tick_no,
+                "request_id": req.pk,
+                "team_id": req.team_id,
+                "kind": Decision.Kind.WAIT,
+                "code": d.code,
+                "message": new_message,
+                "facts": _facts(d),
+            }
         )
     fields = (d.code, new_message, d.position or None, d.escalated, estimated_start)
     if (
@@ -306,7 +269,7 @@ def _wait(
         changed.append((req.pk, *fields))
 
 
-def _preempt_all(ds: list[st.Decision], tick_no: int) -> list[Decision]:
+def _preempt_all(ds: list[st.Decision], tick_no: int) -> list[dict[str, Any]]:
     """Stop the victims (few: `Policy.max_preemptions_per_tick`); their log rows, in order."""
     if not ds:
         return []
@@ -320,18 +283,18 @@ def _preempt_all(ds: list[st.Decision], tick_no: int) -> list[Decision]:
             continue
         services.attempt_stop(attempt, reason="preempted")
         rows.append(
-            Decision(
-                tick=tick_no,
-                request_id=attempt.request_id,
-                attempt=attempt,
-                team_id=attempt.request.team_id,
-                pool=attempt.pool,
-                node=",".join(attempt.nodes),
-                kind=Decision.Kind.PREEMPT,
-                code=d.code,
-                message=d.message[:500],
-                facts=_facts(d),
-            )
+            {
+                "tick": tick_no,
+                "request_id": attempt.request_id,
+                "attempt_id": attempt.pk,
+                "team_id": attempt.request.team_id,
+                "pool_id": attempt.pool_id,
+                "node": ",".join(attempt.nodes),
+                "kind": Decision.Kind.PREEMPT,
+                "code": d.code,
+                "message": d.message[:500],
+                "facts": _facts(d),
+            }
         )
     return rows
 
@@ -368,21 +331,21 @@ def decisions_apply(*, decisions: list[st.Decision], ctx: Context, tick_no: int)
     for d in ordered:
         if d.kind == st.DecisionKind.ADMIT and d.request_id in made:
             assert d.placement is not None
-            req, attempt = ctx.requests[d.request_id], made[d.request_id]
+            req = ctx.requests[d.request_id]
             counts["admit"] += 1
             log_rows.append(
-                Decision(
-                    tick=tick_no,
-                    request_id=req.pk,
-                    attempt=attempt,
-                    team_id=req.team_id,
-                    pool=attempt.pool,
-                    node=",".join(d.placement.nodes),
-                    kind=Decision.Kind.ADMIT,
-                    code=d.code,
-                    message=d.message,
-                    facts=_facts(d),
-                )
+                {
+                    "tick": tick_no,
+                    "request_id": req.pk,
+                    "attempt_id": made[d.request_id],
+                    "team_id": req.team_id,
+                    "pool_id": ctx.pools[d.pool].pk,
+                    "node": ",".join(d.placement.nodes),
+                    "kind": Decision.Kind.ADMIT,
+                    "code": d.code,
+                    "message": d.message,
+                    "facts": _facts(d),
+                }
             )
         elif d.kind == st.DecisionKind.WAIT:
             _wait(d, ctx, tick_no, log_rows, changed)
@@ -390,18 +353,18 @@ def decisions_apply(*, decisions: list[st.Decision], ctx: Context, tick_no: int)
         elif d.kind == st.DecisionKind.REJECT and d.code != "not-a-member":
             req = ctx.requests[d.request_id]
             log_rows.append(
-                Decision(
-                    tick=tick_no,
-                    request_id=req.pk,
-                    team_id=req.team_id,
-                    kind=Decision.Kind.REJECT,
-                    code=d.code,
-                    message=d.message[:500],
-                    facts=_facts(d),
-                )
+                {
+                    "tick": tick_no,
+                    "request_id": req.pk,
+                    "team_id": req.team_id,
+                    "kind": Decision.Kind.REJECT,
+                    "code": d.code,
+                    "message": d.message[:500],
+                    "facts": _facts(d),
+                }
             )
             counts["reject"] += 1
-    Decision.objects.bulk_create(log_rows, batch_size=BATCH)
+    insert_rows(Decision, log_rows)
     bulk_set(GpuRequest, WAIT_FIELDS, changed)
     for d in by_kind["cancel"]:
         # The core's member rules: the submitter left the team behind the services' back.

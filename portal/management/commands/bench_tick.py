@@ -65,7 +65,13 @@ class Command(BaseCommand):
         parser.add_argument("--allocated", type=float, default=0.6)
         parser.add_argument("--seed", type=int, default=1)
         parser.add_argument(
-            "--profile", action="store_true", help="print the tick's cProfile (top 30) to stderr"
+            "--profile", action="store_true", help="print the tick's cProfile (top 45) to stderr"
+        )
+        parser.add_argument(
+            "--save-snapshot",
+            default="",
+            metavar="FILE",
+            help="pickle the tick's snapshot to FILE (to profile schedule() on its own)",
         )
         # The child fills whatever database it is pointed at: never a user's own.
         parser.add_argument("--child", action="store_true", help=__import__("argparse").SUPPRESS)
@@ -94,6 +100,8 @@ class Command(BaseCommand):
         for key in ("pending", "teams", "nodes", "gpus", "allocated", "seed"):
             argv += [f"--{key}", str(opts[key])]
         argv += ["--json"] * opts["json"] + ["--profile"] * opts["profile"]
+        if opts["save_snapshot"]:
+            argv += ["--save-snapshot", str(Path(opts["save_snapshot"]).resolve())]
         try:
             done = subprocess.run(
                 argv, env=env, cwd=_root(), capture_output=True, text=True, check=False
@@ -178,11 +186,13 @@ def run(opts: dict[str, Any]) -> dict[str, Any]:
         allocated=opts["allocated"],
         seed=opts["seed"],
     )
-    return time_tick(profile=opts.get("profile", False))
+    return time_tick(
+        profile=opts.get("profile", False), save_snapshot=opts.get("save_snapshot", "")
+    )
 
 
 @contextmanager
-def _phases() -> Iterator[dict[str, Any]]:
+def _phases(save_snapshot: str = "") -> Iterator[dict[str, Any]]:
     """Time and count the queries of the tick's steps, wrapping what `portal.tick` calls."""
     from django.db import connection
 
@@ -193,10 +203,17 @@ def _phases() -> Iterator[dict[str, Any]]:
     by_phase: dict[str, int] = defaultdict(int)
     stats["by_phase"] = by_phase
 
+    slowest: list[tuple[float, str, str]] = []
+    stats["slowest"] = slowest
+
     def counter(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
         stats["queries"] += 1
         by_phase[stats["phase"]] += 1
-        return execute(sql, params, many, context)
+        started = time.perf_counter()
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            slowest.append((time.perf_counter() - started, stats["phase"], sql[:70]))
 
     def timed(phase: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def wrapper(*a: Any, **kw: Any) -> Any:
@@ -217,7 +234,16 @@ def _phases() -> Iterator[dict[str, Any]]:
         portal.apply.launch_attempts,
     )
     portal.tick.build_snapshot = timed("snapshot", originals[0])  # type: ignore[assignment]
-    portal.tick.scheduling.schedule = timed("schedule", originals[1])  # type: ignore[assignment]
+    schedule = timed("schedule", originals[1])
+
+    def saving(snapshot: Any, *a: Any) -> Any:
+        if save_snapshot:
+            import pickle
+
+            Path(save_snapshot).write_bytes(pickle.dumps(snapshot))
+        return schedule(snapshot, *a)
+
+    portal.tick.scheduling.schedule = saving  # type: ignore[assignment]
     portal.tick.decisions_apply = timed("apply", originals[2])  # type: ignore[assignment]
     portal.apply.launch_attempts = timed("launch", originals[3])  # type: ignore[assignment]
     try:
@@ -232,7 +258,7 @@ def _phases() -> Iterator[dict[str, Any]]:
         ) = originals  # type: ignore[assignment]
 
 
-def time_tick(*, profile: bool = False) -> dict[str, Any]:
+def time_tick(*, profile: bool = False, save_snapshot: str = "") -> dict[str, Any]:
     """Run one tick through `run_tick` and report where its time and queries went."""
     from django.db import connection
 
@@ -247,7 +273,7 @@ def time_tick(*, profile: bool = False) -> dict[str, Any]:
         import cProfile
 
         profiler = cProfile.Profile()
-    with _phases() as stats:
+    with _phases(save_snapshot) as stats:
         if profiler:
             profiler.enable()
         started = time.perf_counter()
@@ -258,7 +284,10 @@ def time_tick(*, profile: bool = False) -> dict[str, Any]:
     if profiler:
         import pstats
 
-        pstats.Stats(profiler, stream=sys.stderr).sort_stats("cumulative").print_stats(30)
+        pstats.Stats(profiler, stream=sys.stderr).sort_stats("cumulative").print_stats(
+            "portal|bulk_create|bulk_update|_batched_insert|execute_sql|models.base|query.py.*iterator|copy",
+            60,
+        )
     if not result.ran:
         raise CommandError("the tick was skipped: another tick holds the lock")
     rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -275,6 +304,10 @@ def time_tick(*, profile: bool = False) -> dict[str, Any]:
         "launch_s": round(sec["launch"], 3),
         "queries": stats["queries"],
         "queries_by_step": dict(stats["by_phase"]),
+        "sql_s": round(sum(t for t, _, _ in stats["slowest"]), 3),
+        "slowest_sql": [
+            f"{t:.3f}s {phase}: {sql}" for t, phase, sql in sorted(stats["slowest"])[::-1][:8]
+        ],
         "decisions": result.decisions,
         "admitted": result.admitted,
         "preempted": result.preempted,
