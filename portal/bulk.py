@@ -19,7 +19,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from django.db import connection, models
+from django.db import connection, models, transaction
 from django.utils import timezone
 
 #: rows per statement (PostgreSQL takes at most 65,535 parameters per statement)
@@ -42,16 +42,25 @@ def _defaults(fields: list[models.Field[Any, Any]]) -> dict[str, Any]:
 
 
 def insert_rows(
-    model: type[models.Model], rows: Sequence[dict[str, Any]], *, ids: bool = False
+    model: type[models.Model],
+    rows: Sequence[dict[str, Any]],
+    *,
+    ids: bool = False,
+    ignore_conflicts: bool = False,
 ) -> list[int]:
-    """Insert `rows`; returns their new primary keys in order when `ids` is set."""
+    """Insert `rows`; returns their new primary keys in order when `ids` is set.
+
+    `ignore_conflicts`: rows that would break a unique constraint are left out (as
+    bulk_create's option), not `ids`.
+    """
+    assert not (ids and ignore_conflicts)
     if not rows:
         return []
     fields = _fields(model)
     defaults = _defaults(fields)
     if connection.vendor != "postgresql":
         objs = [model(**{**defaults, **row}) for row in rows]
-        model.objects.bulk_create(objs, batch_size=500)
+        model.objects.bulk_create(objs, batch_size=500, ignore_conflicts=ignore_conflicts)
         return [o.pk for o in objs] if ids else []
     pk = model._meta.pk
     assert pk is not None
@@ -76,7 +85,22 @@ def insert_rows(
             new_ids = [r[0] for r in cur.fetchall()]
             names = [pk.column, *names]
             values = [[i, *v] for i, v in zip(new_ids, values, strict=True)]
-        _copy(cur, model._meta.db_table, names, values)
+        if not ignore_conflicts:
+            _copy(cur, model._meta.db_table, names, values)
+            return new_ids
+        # COPY has no ON CONFLICT: the rows go through a scratch table.
+        quote = connection.ops.quote_name
+        scratch = f"qm_bulk_insert_{model._meta.db_table}"
+        typed = ", ".join(f"{quote(f.column)} {f.db_type(connection)}" for f in fields)
+        columns = ", ".join(quote(n) for n in names)
+        with transaction.atomic():
+            cur.execute(f"CREATE TEMPORARY TABLE {quote(scratch)} ({typed}) ON COMMIT DROP")
+            _copy(cur, scratch, names, values)
+            cur.execute(
+                f"INSERT INTO {quote(model._meta.db_table)} ({columns}) "
+                f"SELECT {columns} FROM {quote(scratch)} ON CONFLICT DO NOTHING"
+            )
+            cur.execute(f"DROP TABLE {quote(scratch)}")
     return new_ids
 
 

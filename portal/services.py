@@ -387,27 +387,38 @@ def backend_call(method: str, *args: Any) -> None:
 # Admission, attempts and their ends
 
 
-def launch_spec(attempt: Attempt, allocations: list[Allocation] | None = None) -> LaunchSpec:
+#: what `launch_spec` reads of each allocation, in this order
+LAUNCH_ALLOCATION_FIELDS = (
+    "device__node__name",
+    "device__index",
+    "milli",
+    "gpu_memory_mib",
+    "mig_profile",
+    "mig_start",
+)
+
+
+def launch_spec(
+    attempt: Attempt, allocations: list[tuple[str, int, int, int, str, int]] | None = None
+) -> LaunchSpec:
     """Build the workload from stored rows only: nothing here comes from request data at launch.
 
-    `allocations`: the attempt's, with device and node, in node name, index and slot
-    order, when the caller read them already (`attempts_launch`).
+    `allocations`: the attempt's `LAUNCH_ALLOCATION_FIELDS`, in node name, device index
+    and slot order, when the caller read them already (`attempts_launch`).
     """
     req = attempt.request
     if allocations is None:
         allocations = list(
-            attempt.allocations.select_related("device__node").order_by(
-                "device__node__name", "device__index", "slot"
+            attempt.allocations.order_by("device__node__name", "device__index", "slot").values_list(
+                *LAUNCH_ALLOCATION_FIELDS
             )
         )
     # Grants per node: a gang's pods each hold devices on their own node.
     per_node: dict[str, dict[tuple[int, int], GrantSpec]] = {}
-    for a in allocations:
-        grants = per_node.setdefault(a.device.node.name, {})
-        grants.setdefault(
-            (a.device.index, a.mig_start),
-            GrantSpec(a.device.index, a.milli, a.gpu_memory_mib, a.mig_profile, a.mig_start),
-        )
+    for node, index, milli, memory, mig_profile, mig_start in allocations:
+        grants = per_node.setdefault(node, {})
+        if (index, mig_start) not in grants:
+            grants[(index, mig_start)] = GrantSpec(index, milli, memory, mig_profile, mig_start)
     # Rank order is the packer's order of nodes (rank 0 hosts the rendezvous).
     nodes = list(attempt.nodes) or sorted(per_node)
     pods = tuple(
@@ -498,13 +509,20 @@ def attempts_launch(attempt_ids: list[int], *, now: datetime | None = None) -> d
     """
     now = now or timezone.now()
     attempts = list(
-        Attempt.objects.select_related("request__team", "request__workload_class", "pool")
+        Attempt.objects.select_related("request")
         .filter(pk__in=attempt_ids, state=Attempt.State.ADMITTED)
         .order_by("pk")
     )
+    # Teams, classes and pools are few: read once, not joined into every attempt's row.
+    teams = Team.objects.in_bulk({a.request.team_id for a in attempts})
+    classes = WorkloadClass.objects.in_bulk({a.request.workload_class_id for a in attempts})
+    pools = Pool.objects.in_bulk({a.pool_id for a in attempts})
     outcome = {pk: "skipped" for pk in attempt_ids}
     by_tries: dict[int, list[int]] = {}
     for attempt in attempts:
+        attempt.pool = pools[attempt.pool_id]
+        attempt.request.team = teams[attempt.request.team_id]
+        attempt.request.workload_class = classes[attempt.request.workload_class_id]
         by_tries.setdefault(attempt.launch_tries + 1, []).append(attempt.pk)
     for tries, pks in by_tries.items():
         delay = backoff.requeue_delay_s(
@@ -513,13 +531,13 @@ def attempts_launch(attempt_ids: list[int], *, now: datetime | None = None) -> d
         Attempt.objects.filter(pk__in=pks).update(
             launch_tries=tries, next_launch_at=now + timedelta(seconds=delay)
         )
-    allocations: dict[int, list[Allocation]] = {a.pk: [] for a in attempts}
-    for alloc in (
+    allocations: dict[int, list[tuple[str, int, int, int, str, int]]] = {a.pk: [] for a in attempts}
+    for attempt_id, *fields in (
         Allocation.objects.filter(attempt_id__in=list(allocations))
-        .select_related("device__node")
         .order_by("attempt_id", "device__node__name", "device__index", "slot")
+        .values_list("attempt_id", *LAUNCH_ALLOCATION_FIELDS)
     ):
-        allocations[alloc.attempt_id].append(alloc)
+        allocations[attempt_id].append(tuple(fields))  # type: ignore[arg-type]
     specs = {a.pk: launch_spec(a, allocations[a.pk]) for a in attempts}
     backend = get_backend()
     launch_many = getattr(backend, "launch_many", None)

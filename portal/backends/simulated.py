@@ -27,6 +27,7 @@ from portal.backends.base import (
     member_name,
     rendezvous_env,
 )
+from portal.bulk import insert_rows
 from portal.models import SimulatedWorkload
 from scheduling import mig
 
@@ -131,7 +132,7 @@ class SimulatedBackend:
         for member in spec.members():
             try:
                 with transaction.atomic():
-                    _workload(member, now).save()
+                    SimulatedWorkload.objects.create(**_workload(member, now))
             except IntegrityError:
                 # Created before: a retried launch adopts it.
                 pass
@@ -139,9 +140,9 @@ class SimulatedBackend:
     def launch_many(self, specs: list[LaunchSpec]) -> None:
         """`launch` for each spec, in bulk inserts (the tick launches all it admitted at once)."""
         now = timezone.now()
-        SimulatedWorkload.objects.bulk_create(
+        insert_rows(
+            SimulatedWorkload,
             [_workload(member, now) for spec in specs for member in spec.members()],
-            batch_size=2000,
             # Created before: a retried launch adopts it.
             ignore_conflicts=True,
         )
@@ -182,20 +183,21 @@ class SimulatedBackend:
         )
 
 
-def _workload(member: LaunchSpec, now: datetime) -> SimulatedWorkload:
-    return SimulatedWorkload(
-        name=member.name,
-        namespace=member.namespace,
-        node=member.node,
-        spec={
+def _workload(member: LaunchSpec, now: datetime) -> dict[str, Any]:
+    """The SimulatedWorkload row of one pod."""
+    return {
+        "name": member.name,
+        "namespace": member.namespace,
+        "node": member.node,
+        "spec": {
             "image": member.image,
             "command": list(member.command),
             "attempt": member.attempt_id,
             "env": dict(rendezvous_env(member)),
             "devices": [g.device for g in member.grants],
         },
-        created_at=now,
-        starts_at=now + START_DELAY,
-        ends_at=now + START_DELAY + timedelta(seconds=max(1, member.simulated_duration_s)),
-        exit_code=member.simulated_exit_code,
-    )
+        "created_at": now,
+        "starts_at": now + START_DELAY,
+        "ends_at": now + START_DELAY + timedelta(seconds=max(1, member.simulated_duration_s)),
+        "exit_code": member.simulated_exit_code,
+    }
