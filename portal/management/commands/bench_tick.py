@@ -326,7 +326,6 @@ def _spread(total: int, parts: int) -> list[int]:
 
 def fill(*, pending: int, teams: int, nodes: int, gpus: int, allocated: float, seed: int) -> None:
     """Fill the (empty, migrated) database with bulk inserts; see the module docstring."""
-    from django.conf import settings
     from django.contrib.auth import get_user_model
     from django.db import transaction
     from django.utils import timezone
@@ -364,7 +363,12 @@ def fill(*, pending: int, teams: int, nodes: int, gpus: int, allocated: float, s
                 },
             )
         pools = []
-        for spec in load_cluster(settings.SIMULATED_CLUSTER)["pools"]:
+        # The shipped demo cluster's pools (whatever SIMULATED_CLUSTER says): one of each kind.
+        shipped = Path(demo.__file__).with_name("demo_cluster.yaml")
+        for spec in sorted(
+            load_cluster(shipped)["pools"],
+            key=lambda p: ("exclusive", "mig", "time-slicing").index(p["partitioning"]),
+        ):
             pool, _ = Pool.objects.get_or_create(
                 name=f"bench-{spec['name']}",
                 defaults={
