@@ -13,7 +13,10 @@ re-drives what is in flight separately.
 
 from __future__ import annotations
 
+import gc
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -56,10 +59,28 @@ def _try_lock(now: datetime) -> bool:
     return claimed == 1
 
 
+@contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector for the tick.
+
+    A tick at 10,000 pending requests allocates a few hundred thousand small objects,
+    freed by reference counting; the collector's passes over the whole heap while they
+    accumulate cost about a tenth of the tick. It runs again when the tick ends.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def run_tick(now: datetime | None = None) -> TickResult:
     """One scheduling pass. A tick that finds the lock taken is skipped and counted."""
     try:
-        return _run_tick(now)
+        with _no_cyclic_gc():
+            return _run_tick(now)
     except Exception:
         count("failed_ticks")
         raise
