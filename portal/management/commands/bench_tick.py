@@ -71,7 +71,8 @@ class Command(BaseCommand):
             "--save-snapshot",
             default="",
             metavar="FILE",
-            help="pickle the tick's snapshot to FILE (to profile schedule() on its own)",
+            help="pickle the tick's snapshot to FILE, the next tick's to FILE.next "
+            "(to profile schedule() on its own)",
         )
         # The child fills whatever database it is pointed at: never a user's own.
         parser.add_argument("--child", action="store_true", help=__import__("argparse").SUPPRESS)
@@ -186,9 +187,17 @@ def run(opts: dict[str, Any]) -> dict[str, Any]:
         allocated=opts["allocated"],
         seed=opts["seed"],
     )
-    return time_tick(
+    result = time_tick(
         profile=opts.get("profile", False), save_snapshot=opts.get("save_snapshot", "")
     )
+    # The next tick, with nothing new: the steady state of a deep queue on a full cluster.
+    saved = opts.get("save_snapshot", "")
+    following = time_tick(save_snapshot=f"{saved}.next" if saved else "")
+    result["next_tick"] = {
+        k: following[k]
+        for k in ("seconds", "snapshot_s", "schedule_s", "apply_s", "queries", "admitted")
+    }
+    return result
 
 
 @contextmanager
