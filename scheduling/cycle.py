@@ -156,16 +156,10 @@ class _Tick:
             policy.usage_half_life_s,
             policy.escalate_after,
         )
-        #: running attempts not stopping, per pool (victims are looked for in one pool)
-        self.running: dict[str, list[Running]] = {}
-        for r in snapshot.running:
-            if not r.stopping:
-                self.running.setdefault(r.pool, []).append(r)
+        self.running = [r for r in snapshot.running if not r.stopping]
         self.stopping = [r for r in snapshot.running if r.stopping]
         self.failures = _Failures()
         self.no_victims = _Failures()
-        #: shapes that did not fit even with the stopping attempts gone (`_fits_after_stops`)
-        self.no_room_after_stops = _Failures()
         self.candidates: dict[tuple[str, ...], list[preemption.Candidate]] = {}
         self.reserved: dict[str, str] = {}
         #: reserved nodes whose holder would borrow: a request within its nominal quota may
@@ -394,19 +388,11 @@ class _Tick:
     def _fits_after_stops(self, req: PendingRequest, pools: tuple[str, ...]) -> bool:
         """Return whether the request fits once the stopping attempts are gone; a preemptor
         claims that room so that nothing later in the tick takes it."""
-        # As in `_find`: room only shrinks during a tick (the stopping attempts are fixed,
-        # admissions, claims and reservations only add), so a shape at least as large as
-        # one that did not fit does not fit either; a preemptor's claims are its own.
-        cached = req.id not in self.claimants
-        if cached and self.no_room_after_stops.known(req.shape, pools):
-            return False
         for run in self.stopping:
             self.state.give(run.placement)
         found = self.state.find(req.shape, self._accept(pools, owner=req.id))
         for run in self.stopping:
             self.state.take(run.placement)
-        if found is None and cached:
-            self.no_room_after_stops.add(req.shape, pools)
         if found is not None and req.preempting:
             for name in found.nodes:
                 self.claimed[name] = req.id
@@ -445,7 +431,7 @@ class _Tick:
                 continue
             if who not in self.candidates:
                 found_cands = preemption.candidates(
-                    self.running.get(book.name, []),
+                    self.running,
                     self.classes,
                     book,
                     req.team,
@@ -514,7 +500,7 @@ class _Tick:
             run = v.run
             # The victim keeps its devices (and its quota) until it has stopped: only
             # the next tick, without it in the snapshot, hands them on.
-            self.running[run.pool].remove(run)
+            self.running.remove(run)
             lost[run.team] = lost.get(run.team, 0) + run.shape.gpus_milli
             msg = f"preempted: request {req.id} of team {req.team} ({cls.name}) needs the room" + (
                 " this team borrowed" if v.reason is Code.RECLAIM else ""

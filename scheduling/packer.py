@@ -440,24 +440,6 @@ class ClusterState:
             j = i
             while j < len(scored) and scored[j][0] == scored[i][0]:
                 j += 1
-            if self.tie_break != "random":
-                # The lowest name that passes: each group's names are sorted, so a group is
-                # read only up to its first passing name below the best so far.
-                best: tuple[str, _Group, Choice] | None = None
-                for _, g, choice in scored[i:j]:
-                    for name in g.names:
-                        if best is not None and name >= best[0]:
-                            break
-                        if name not in excluded and (
-                            accept is None or accept(self._nodes[name].node)
-                        ):
-                            best = (name, g, choice)
-                            break
-                if best is not None:
-                    name, g, choice = best
-                    return self._pod_placement(self._nodes[name], g, choice, shape)
-                i = j
-                continue
             options = [
                 (name, g, choice)
                 for _, g, choice in scored[i:j]
@@ -465,7 +447,10 @@ class ClusterState:
                 if name not in excluded and (accept is None or accept(self._nodes[name].node))
             ]
             if options:
-                name, g, choice = options[self._rng.randrange(len(options))]
+                if self.tie_break == "random":
+                    name, g, choice = options[self._rng.randrange(len(options))]
+                else:
+                    name, g, choice = min(options, key=lambda o: o[0])
                 return self._pod_placement(self._nodes[name], g, choice, shape)
             i = j
         return None

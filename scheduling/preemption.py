@@ -95,8 +95,6 @@ def candidates(
     """Return the attempts in `book`'s pool this request may preempt, in victim order."""
     out: list[Candidate] = []
     floor_room = book.floor - book.inference_used
-    # Whether a team borrows does not change while the candidates are listed: once per team.
-    borrows: dict[str, bool] = {}
     for run in running:
         if run.pool != book.name or run.stopping:
             continue
@@ -107,9 +105,7 @@ def candidates(
             continue
         if run.admitted_by_preemption and cls.band >= band:
             continue
-        borrowing = borrows.get(run.team)
-        if borrowing is None:
-            borrowing = borrows[run.team] = book.borrowed(run.team) > 0
+        borrowing = book.borrowed(run.team) > 0
         if cls.preemption is PreemptionPolicy.WHEN_BORROWING and not borrowing:
             continue
         if cls.inference and book.inference_used - run.shape.gpus_milli < book.floor:
