@@ -88,3 +88,37 @@ def test_apply_writes_only_what_changed() -> None:
     # Nothing changed, so nothing was written: no statement at all.
     assert statements == []
     assert dict(waiting.values_list("pk", "updated_at")) == before
+
+
+def test_a_failed_bulk_launch_falls_back_to_one_launch_per_attempt(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from portal import backends, services
+    from portal.models import SimulatedWorkload
+    from portal.tick import run_tick
+
+    inner = backends.get_backend()
+
+    class BulkBroken:
+        name = "bulk-broken"
+
+        def __init__(self) -> None:
+            self.bulk_calls = 0
+
+        def launch_many(self, specs: list[object]) -> None:
+            self.bulk_calls += 1
+            raise ConnectionError("apiserver unreachable")
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(inner, name)
+
+    backend = BulkBroken()
+    monkeypatch.setattr(services, "get_backend", lambda: backend)
+    w = make_world()
+    reqs = [submit(w.bob, w.vision) for _ in range(2)]
+    result = run_tick()
+    assert result.admitted == 2 and backend.bulk_calls == 1
+    attempts = Attempt.objects.filter(request__in=reqs)
+    assert sorted(a.launch_tries for a in attempts) == [1, 1]
+    names = set(SimulatedWorkload.objects.values_list("name", flat=True))
+    assert {a.workload_name for a in attempts} <= names
