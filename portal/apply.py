@@ -324,7 +324,8 @@ def decisions_apply(*, decisions: list[st.Decision], ctx: Context, tick_no: int)
         by_kind[kind].append(d)
         counts[str(kind)] += 0  # a kind the core decided is counted, even if nothing came of it
     log_rows = _preempt_all(by_kind[st.DecisionKind.PREEMPT], tick_no)
-    counts["preempt"] = len(log_rows)
+    if log_rows:
+        counts["preempt"] = len(log_rows)
     made = _admit_all(by_kind[st.DecisionKind.ADMIT], ctx, tick_no)
     _reject_all(by_kind[st.DecisionKind.REJECT], ctx)
     changed: list[tuple[Any, ...]] = []
