@@ -142,7 +142,8 @@ def bulk_set(
     # number of rows, and no parameter lists to build or parse.
     scratch = f"qm_bulk_set_{meta.db_table}"
     typed = ", ".join(f"{n} {c.db_type(connection)}" for n, c in zip(names, columns, strict=True))
-    with connection.cursor() as cur:
+    # atomic: outside a transaction ON COMMIT DROP would drop the table at once.
+    with transaction.atomic(), connection.cursor() as cur:
         cur.execute(f"CREATE TEMPORARY TABLE {quote(scratch)} ({typed}) ON COMMIT DROP")
         _copy(cur, scratch, [c.column for c in columns], [list(r) for r in rows])
         cur.execute(
