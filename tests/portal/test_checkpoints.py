@@ -348,3 +348,30 @@ def test_the_endpoint_is_in_the_schema(world: World) -> None:
     doc = c.get("/api/schema/", {"format": "json"}).json()
     op = doc["paths"]["/api/v1/attempts/{attempt_id}/checkpoint"]["post"]
     assert {"200", "403", "409"} <= set(op["responses"])
+
+
+def test_the_documented_python_helper_saves_and_reports(
+    world: World, live_server: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The helper in docs/checkpoints.md, run as a training script would, over HTTP."""
+    req = submit(world.bob, world.vision, checkpoint_interval_s=600)
+    run_tick()
+    attempt = req.attempts.get()
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "checkpoints.md").read_text()
+    code = doc.split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.setenv("QM_CHECKPOINT_DIR", str(tmp_path))
+    monkeypatch.setenv("QM_CHECKPOINT_INTERVAL_S", "600")
+    monkeypatch.setenv(
+        "QM_CHECKPOINT_URL", live_server.url + f"/api/v1/attempts/{attempt.pk}/checkpoint"
+    )
+    monkeypatch.setenv("QM_ATTEMPT_TOKEN", _token(attempt))
+    monkeypatch.delenv("QM_RESUME", raising=False)
+    helper: dict[str, Any] = {}
+    exec(compile(code, "checkpoints.md", "exec"), helper)  # noqa: S102 - our own documentation
+    assert helper["resume_path"]() is None  # a first attempt starts afresh
+    helper["save"](lambda p: Path(p).write_text("state"))
+    assert (tmp_path / "latest.ckpt").read_text() == "state"
+    attempt.refresh_from_db()
+    assert attempt.last_checkpoint_at is not None and attempt.checkpoints == 1
+    monkeypatch.setenv("QM_RESUME", "1")
+    assert helper["resume_path"]() == str(tmp_path / "latest.ckpt")
