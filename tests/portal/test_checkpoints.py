@@ -375,3 +375,18 @@ def test_the_documented_python_helper_saves_and_reports(
     assert attempt.last_checkpoint_at is not None and attempt.checkpoints == 1
     monkeypatch.setenv("QM_RESUME", "1")
     assert helper["resume_path"]() == str(tmp_path / "latest.ckpt")
+
+
+def test_a_gang_shares_one_directory_and_rank_0_reports(world: World, settings: Any) -> None:
+    settings.SIMULATED_SECONDS_PER_HOUR = 60
+    req = submit(world.bob, world.vision, count=8, pods=2, checkpoint_interval_s=600)
+    run_tick()
+    attempt = req.attempts.get()
+    members = SimulatedWorkload.objects.filter(name__startswith=f"{attempt.workload_name}-")
+    dirs = {w.spec["env"]["QM_CHECKPOINT_DIR"] for w in members}
+    assert members.count() == 2 and len(dirs) == 1
+    rank0 = members.get(name=f"{attempt.workload_name}-0")
+    with time_machine.travel(rank0.starts_at + timedelta(seconds=25), tick=False):
+        reconcile()
+    attempt.refresh_from_db()
+    assert attempt.last_checkpoint_at == rank0.starts_at + timedelta(seconds=20)
