@@ -10,15 +10,22 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
-from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_serializer
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_serializer,
+)
 from rest_framework import serializers, status
-from rest_framework.exceptions import AuthenticationFailed, ValidationError
+from rest_framework.exceptions import APIException, AuthenticationFailed, ValidationError
 from rest_framework.pagination import PageNumberPagination
+from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from portal import access, selectors, services, shapes
+from portal.api_schema import ErrorSerializer
 from portal.models import (
     Decision,
     DeviceProfile,
@@ -694,3 +701,57 @@ def _name_nested_serializers() -> None:
 
 
 _name_nested_serializers()
+
+
+# ---------------------------------------------------------------------------
+# Workloads
+
+
+class AttemptConflict(APIException):
+    status_code = status.HTTP_409_CONFLICT
+    default_detail = "The attempt is not running."
+    default_code = "conflict"
+
+
+class AttemptCheckpointApi(ApiView):
+    """A workload reports a finished checkpoint (docs/checkpoints.md).
+
+    Authenticated by the attempt's own bearer token (`QM_ATTEMPT_TOKEN`), not by a user:
+    a wrong token and an unknown attempt both answer 403; an attempt that has ended, 409.
+    The time recorded is the portal's, and `last_checkpoint_at` never moves back.
+    """
+
+    authentication_classes: list[type] = []
+    permission_classes = [AllowAny]
+
+    class OutputSerializer(serializers.Serializer):
+        attempt = serializers.IntegerField(source="pk")
+        last_checkpoint_at = serializers.DateTimeField(allow_null=True)
+        checkpoints = serializers.IntegerField()
+
+    @extend_schema(
+        operation_id="attempts_checkpoint",
+        request=None,
+        responses={
+            200: OutputSerializer,
+            409: OpenApiResponse(ErrorSerializer, description="The attempt has ended."),
+        },
+        parameters=[
+            OpenApiParameter(
+                "Authorization",
+                str,
+                OpenApiParameter.HEADER,
+                required=True,
+                description="`Bearer <QM_ATTEMPT_TOKEN>`: the attempt's own token.",
+            )
+        ],
+        auth=[],
+    )
+    def post(self, request: Request, attempt_id: int) -> Response:
+        auth = request.headers.get("Authorization", "")
+        token = auth[7:].strip() if auth.startswith("Bearer ") else ""
+        try:
+            attempt = services.attempt_checkpoint_report(attempt_id=attempt_id, token=token)
+        except services.AttemptNotRunning as exc:
+            raise AttemptConflict(f"The attempt is {exc.state}: nothing to checkpoint.") from None
+        return Response(self.OutputSerializer(attempt).data)

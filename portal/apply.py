@@ -192,12 +192,52 @@ def _wait(d: st.Decision, ctx: Context, tick_no: int, changed: list[GpuRequest])
         changed.append(req)
 
 
+def duration_words(seconds: float) -> str:
+    """45 s, 10 min, 2 h 5 min: a length of time as a researcher reads it."""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min"
+    hours, minutes = divmod(s // 60, 60)
+    return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+
+
+def lost_work(attempt: Attempt, now: datetime) -> tuple[str, dict[str, Any]]:
+    """The work a victim loses if stopped now, as a clause and as facts.
+
+    Counted as the core counts it (scheduling.preemption): since the last
+    checkpoint the workload reported, else since the attempt started.
+    """
+    begun = attempt.started_at or attempt.admitted_at
+    since = attempt.last_checkpoint_at or begun
+    seconds = max(0, int((now - since).total_seconds()))
+    gpu_hours = seconds * attempt.gpus_milli / 1000 / 3600
+    facts: dict[str, Any] = {
+        "lost_seconds": seconds,
+        "lost_gpu_hours": round(gpu_hours, 3),
+        "last_checkpoint_at": since.isoformat() if attempt.last_checkpoint_at else None,
+    }
+    if attempt.last_checkpoint_at is None:
+        clause = (
+            f"it has not checkpointed, so it loses all {duration_words(seconds)} of its work "
+            f"({gpu_hours:.2f} GPU-hours)"
+        )
+    else:
+        clause = (
+            f"it loses {duration_words(seconds)} of work since its last checkpoint at "
+            f"{since:%H:%M} UTC ({gpu_hours:.2f} GPU-hours)"
+        )
+    return clause, facts
+
+
 def _preempt(d: st.Decision, ctx: Context, tick_no: int) -> bool:
     attempt = ctx.attempts.get(d.attempt_id)
     if attempt is None or attempt.state not in (Attempt.State.ADMITTED, Attempt.State.RUNNING):
         return False
     services.attempt_stop(attempt, reason="preempted")
     req = attempt.request
+    clause, lost = lost_work(attempt, ctx.now)
     Decision.objects.create(
         tick=tick_no,
         request=req,
@@ -207,8 +247,8 @@ def _preempt(d: st.Decision, ctx: Context, tick_no: int) -> bool:
         node=",".join(attempt.nodes),
         kind=Decision.Kind.PREEMPT,
         code=d.code,
-        message=d.message[:500],
-        facts=_facts(d),
+        message=f"{d.message}; {clause}"[:500],
+        facts={**_facts(d), **lost},
     )
     return True
 

@@ -71,14 +71,17 @@ class SubmitForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 3}),
         required=False,
         label="Environment",
-        help_text="NAME=value, one per line; NVIDIA_* and CUDA_VISIBLE_DEVICES are set by the platform",
+        help_text="NAME=value, one per line; NVIDIA_*, CUDA_VISIBLE_DEVICES and QM_* are set "
+        "by the platform",
     )
     checkpoint_interval_s = forms.IntegerField(
         min_value=0,
         max_value=10**9,
         initial=0,
         label="Checkpoint every (s)",
-        help_text="0 = no checkpoints",
+        help_text="0 = no checkpoints. Otherwise the workload gets a checkpoint directory "
+        "(QM_CHECKPOINT_DIR) kept across its attempts, reports each checkpoint, and a retry "
+        "after preemption resumes (QM_RESUME=1): see docs/checkpoints.md",
     )
     max_runtime_s = forms.IntegerField(
         min_value=0,

@@ -413,6 +413,8 @@ class GpuRequest(models.Model):
     queue_position = models.PositiveIntegerField(null=True, blank=True)
     escalated = models.BooleanField(default=False)
     estimated_start = models.DateTimeField(null=True, blank=True)
+    #: when the request's checkpoint storage (a PVC, a folder) was deleted after it ended
+    checkpoints_deleted_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -477,7 +479,10 @@ class Attempt(models.Model):
     admitted_at = models.DateTimeField()
     started_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
+    #: the last checkpoint the workload reported finished; only ever moves forward
     last_checkpoint_at = models.DateTimeField(null=True, blank=True)
+    #: checkpoints reported by the workload
+    checkpoints = models.PositiveIntegerField(default=0)
     #: why the attempt is being stopped (set with STOPPING)
     stop_reason = models.CharField(max_length=30, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
@@ -546,6 +551,9 @@ class UsageRecord(models.Model):
     started_at = models.DateTimeField()
     ended_at = models.DateTimeField(null=True, blank=True)
     gpu_milli_seconds = models.BigIntegerField(default=0)
+    #: of those, the work thrown away: a preempted or node-lost attempt's time since its
+    #: last checkpoint (or since it started)
+    lost_gpu_milli_seconds = models.BigIntegerField(default=0)
     #: preempted and infrastructure-lost attempts are recorded but not charged to the team
     charged = models.BooleanField(default=True)
 

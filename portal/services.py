@@ -6,6 +6,7 @@ Each change writes its AuditEvent in the same transaction. Invalid input raises
 
 from __future__ import annotations
 
+import hmac
 import logging
 import random
 from datetime import datetime, timedelta
@@ -13,9 +14,9 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
-from django.db.models import Count, Model, Q
+from django.db.models import Count, F, Model, Q
 from django.forms.models import model_to_dict
 from django.utils import timezone
 
@@ -45,6 +46,7 @@ from portal.models import (
     UsageRecord,
     WorkloadClass,
 )
+from portal.readiness import attempt_token, ready_token_key
 from scheduling import backoff
 from scheduling.members import NOT_A_MEMBER
 
@@ -440,6 +442,13 @@ def launch_spec(attempt: Attempt) -> LaunchSpec:
         simulated_duration_s=max(2, duration),
         simulated_exit_code=exit_code,
         pods=pods if len(pods) > 1 else (),
+        checkpoint_interval_s=req.checkpoint_interval_s,
+        # The checkpoints of a preempted or node-lost attempt are there to be resumed from.
+        resume=req.checkpoint_interval_s > 0
+        and req.attempts.filter(
+            number__lt=attempt.number,
+            state__in=[Attempt.State.PREEMPTED, Attempt.State.NODE_LOST],
+        ).exists(),
     )
 
 
@@ -542,9 +551,113 @@ def release_attempt(attempt: Attempt, *, now: datetime, charged: bool) -> bool:
         seconds = max(0, int((now - usage.started_at).total_seconds()))
         usage.ended_at = now
         usage.gpu_milli_seconds = seconds * usage.gpus_milli
+        usage.lost_gpu_milli_seconds = lost_gpu_milli_seconds(attempt, usage, now)
         usage.charged = charged
-        usage.save(update_fields=["ended_at", "gpu_milli_seconds", "charged"])
+        usage.save(
+            update_fields=["ended_at", "gpu_milli_seconds", "lost_gpu_milli_seconds", "charged"]
+        )
     return True
+
+
+#: endings whose work since the last checkpoint is thrown away and redone by a retry
+LOST_WORK_STATES = (Attempt.State.PREEMPTED, Attempt.State.NODE_LOST)
+
+
+def lost_gpu_milli_seconds(attempt: Attempt, usage: UsageRecord, now: datetime) -> int:
+    """GPU milli-seconds a preempted or node-lost attempt threw away: since its last
+    checkpoint, or since it was admitted when it never checkpointed."""
+    if attempt.state not in LOST_WORK_STATES:
+        return 0
+    since = usage.started_at
+    if attempt.last_checkpoint_at is not None and attempt.last_checkpoint_at > since:
+        since = attempt.last_checkpoint_at
+    return max(0, int((now - since).total_seconds())) * usage.gpus_milli
+
+
+# ---------------------------------------------------------------------------
+# Checkpoints (docs/checkpoints.md)
+
+
+class AttemptNotRunning(Exception):
+    """A checkpoint reported for an attempt that has ended."""
+
+    def __init__(self, state: str) -> None:
+        super().__init__(f"attempt is {state}")
+        self.state = state
+
+
+def attempt_checkpoint_record(attempt_id: int, at: datetime) -> bool:
+    """Record a finished checkpoint at `at`; True when it moved `last_checkpoint_at` on.
+
+    Only forward: an older or repeated report changes nothing (reports may arrive
+    out of order), and only while the attempt is active (a stopping workload may
+    still checkpoint in its grace period).
+    """
+    moved = (
+        Attempt.objects.filter(pk=attempt_id, state__in=Attempt.ACTIVE_STATES)
+        .filter(Q(last_checkpoint_at__isnull=True) | Q(last_checkpoint_at__lt=at))
+        .update(last_checkpoint_at=at, checkpoints=F("checkpoints") + 1)
+    )
+    return moved == 1
+
+
+def attempt_checkpoint_report(
+    *, attempt_id: int, token: str, now: datetime | None = None
+) -> Attempt:
+    """A workload reports a finished checkpoint with its attempt's token.
+
+    Raises PermissionDenied for a wrong token and for an unknown attempt alike (the
+    same answer, so that nobody learns which attempt ids exist), AttemptNotRunning
+    once the attempt has ended.
+    """
+    now = now or timezone.now()
+    attempt = Attempt.objects.filter(pk=attempt_id).first()
+    if attempt is None:
+        expected = attempt_token(ready_token_key(), "", "", attempt_id)
+    else:
+        expected = attempt_token(
+            ready_token_key(), attempt.namespace, attempt.workload_name, attempt.pk
+        )
+    if not hmac.compare_digest(token.encode(), expected.encode()) or attempt is None:
+        raise PermissionDenied("bad or missing bearer token")
+    if attempt.state not in Attempt.ACTIVE_STATES:
+        raise AttemptNotRunning(str(attempt.state))
+    if not attempt_checkpoint_record(attempt.pk, now):
+        # Ended between the read and the write, or a report already newer: say which.
+        attempt.refresh_from_db()
+        if attempt.state not in Attempt.ACTIVE_STATES:
+            raise AttemptNotRunning(str(attempt.state))
+    attempt.refresh_from_db()
+    return attempt
+
+
+def checkpoints_release(*, limit: int = 50) -> int:
+    """Delete the checkpoint storage of requests that ended for good; returns how many.
+
+    Run by the reconciler, so a deletion that failed is tried again. Waits until no
+    attempt of the request is active (a stopping pod may still write to it).
+    """
+    backend = get_backend()
+    done = 0
+    ended = (
+        GpuRequest.objects.filter(
+            state__in=GpuRequest.TERMINAL_STATES,
+            checkpoint_interval_s__gt=0,
+            checkpoints_deleted_at__isnull=True,
+        )
+        .exclude(attempts__state__in=Attempt.ACTIVE_STATES)
+        .select_related("team")
+        .order_by("id")[:limit]
+    )
+    for req in ended:
+        try:
+            backend.checkpoints_delete(req.pk, req.team.namespace)
+        except Exception:  # noqa: BLE001
+            log.exception("deleting the checkpoints of request %s failed; retrying later", req.pk)
+            continue
+        GpuRequest.objects.filter(pk=req.pk).update(checkpoints_deleted_at=timezone.now())
+        done += 1
+    return done
 
 
 def requeue_delay_s(attempt_number: int) -> float:
@@ -606,6 +719,11 @@ def attempt_observe(*, attempt_id: int, status: WorkloadStatus, now: datetime | 
         if attempt.state not in Attempt.ACTIVE_STATES:
             return str(attempt.state)
         req = GpuRequest.objects.select_for_update().get(pk=attempt.request_id)
+        # Before any ending below: the lost work counts from this checkpoint.
+        if status.last_checkpoint_at is not None and attempt_checkpoint_record(
+            attempt.pk, status.last_checkpoint_at
+        ):
+            attempt.refresh_from_db(fields=["last_checkpoint_at", "checkpoints"])
         outcome = status.outcome
         gang = len(attempt.nodes) > 1
         if gang and attempt.state == Attempt.State.STOPPING:

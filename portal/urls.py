@@ -74,6 +74,11 @@ api_patterns = [
         api.DeviceClearQuarantineApi.as_view(),
         name="device-clear-quarantine",
     ),
+    path(
+        "attempts/<int:attempt_id>/checkpoint",
+        api.AttemptCheckpointApi.as_view(),
+        name="attempt-checkpoint",
+    ),
     path("decisions/", api.DecisionListApi.as_view(), name="decisions"),
     path("audit/", api.AuditListApi.as_view(), name="audit"),
     path("teams/", api.TeamListApi.as_view(), name="teams"),

@@ -175,7 +175,7 @@ def request_detail(request: HttpRequest, request_id: int) -> HttpResponse:
     context = {
         "req": req,
         "estimate": request_estimates([req]).get(req.pk),
-        "attempts": req.attempts.select_related("pool").order_by("-number"),
+        "attempts": req.attempts.select_related("pool", "usage").order_by("-number"),
         "decisions": req.decisions.order_by("-created_at", "-id")[:50],
         "can_cancel": req.state not in GpuRequest.TERMINAL_STATES,
     }

@@ -88,6 +88,8 @@ def world(django_db_setup, django_db_blocker) -> Iterator[dict]:  # noqa: ANN001
             "class_id": WorkloadClass.objects.get(name="training").pk,
             "node_id": Node.objects.get(name="a100-01").pk,
             "device_id": quarantined.pk,
+            # A workload's checkpoint report: a user's session is not the attempt's token.
+            "attempt_id": running.attempts.get().pk,
             "action": "drain",
         }
         yield {"world": w, "ids": ids, "running": running}
