@@ -521,6 +521,10 @@ class DecisionListApi(ListApiView):
         code = serializers.CharField()
         message = serializers.CharField()
         facts = serializers.JSONField()
+        profile_name = serializers.CharField(
+            help_text="the scheduling profile in force (blank: not a tick's decision)"
+        )
+        profile_version = serializers.IntegerField(allow_null=True)
         created_at = serializers.DateTimeField()
 
     @extend_schema(
