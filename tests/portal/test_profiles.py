@@ -134,6 +134,13 @@ def test_each_decision_records_the_profile_in_force(world: World) -> None:
     assert (decision.profile_name, decision.profile_version) == ("default", row.version)
     # the decisions of earlier ticks keep the version they were made under
     assert Decision.objects.get(request=first, kind="admit").profile_version == row.version - 1
+    # shown in the decision log and the API
+    client = Client()
+    client.force_login(world.dave)
+    page = client.get("/decisions/").content.decode()
+    assert f"default v{row.version}" in page and f"default v{row.version - 1}" in page
+    rows = api(world.bob).get("/api/v1/decisions/", {"request": second.pk}).json()["results"]
+    assert [(d["profile_name"], d["profile_version"]) for d in rows] == [("default", row.version)]
 
 
 def _fill_for_backfill(world: World) -> GpuRequest:
