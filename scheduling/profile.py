@@ -145,15 +145,11 @@ def check_knobs(
     """Return every knob: `base` (default: `Policy()`'s values) updated with `values`,
     each checked. A knob missing from both takes `Policy()`'s value, so a profile saved
     before a knob existed still loads."""
-    out: dict[str, object] = {k.name: k.default for k in KNOBS.values()}
-    for key, value in (base or {}).items():
-        if key in KNOBS:
-            out[key] = value
-    for key, value in values.items():
-        out[key] = check_knob(key, value)
-    for key, value in out.items():
-        out[key] = check_knob(key, value)
-    return out
+    merged: dict[str, object] = {k.name: k.default for k in KNOBS.values()}
+    merged.update({k: v for k, v in (base or {}).items() if k in KNOBS})
+    # `values` may name an unknown knob: check_knob refuses it, naming it
+    merged.update(values)
+    return {key: check_knob(key, value) for key, value in merged.items()}
 
 
 def check_name(name: object) -> str:
