@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
+import json
 import tempfile
 import tomllib
 import unittest
@@ -90,6 +93,28 @@ class ValidationTest(unittest.TestCase):
         with self.assertRaises(ProfileError) as caught:
             self.load_text('name = "x"\nbogus = 1\n')
         self.assertEqual(caught.exception.key, "bogus")
+
+
+class BenchmarkFlagTest(unittest.TestCase):
+    def test_the_benchmarks_refuse_a_bad_profile_with_one_line(self) -> None:
+        from scheduling.bench import replay, tick
+
+        for main in (replay.main, tick.main):
+            with self.subTest(main.__module__), contextlib.redirect_stderr(io.StringIO()) as err:
+                with self.assertRaises(SystemExit) as caught:
+                    main(["--profile", "no-such-profile"])
+                self.assertEqual(caught.exception.code, 2)
+                self.assertIn("no shipped profile 'no-such-profile'", err.getvalue())
+
+    def test_the_tick_benchmark_runs_a_profile_file(self) -> None:
+        from scheduling.bench import tick
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "eager.toml"
+            path.write_text('name = "eager"\nversion = 2\npreempt_after_s = 0\n')
+            with contextlib.redirect_stdout(io.StringIO()) as out:
+                tick.main(["--json", "--pending", "20", "--gpus", "64", "--profile", str(path)])
+        self.assertEqual(json.loads(out.getvalue())["profile"], "eager v2")
 
 
 if __name__ == "__main__":
