@@ -121,6 +121,7 @@ def _admit(d: st.Decision, ctx: Context, tick_no: int) -> bool:
         code=d.code,
         message=d.message,
         facts=_facts(d),
+        **_profile(ctx),
     )
     attempt_id = attempt.pk
     transaction.on_commit(lambda: launch_attempt(attempt_id))
@@ -142,6 +143,11 @@ def _facts(d: st.Decision) -> dict[str, Any]:
     if d.borrowing:
         out["borrowing"] = True
     return out
+
+
+def _profile(ctx: Context) -> dict[str, Any]:
+    """The scheduling profile in force, as each of the tick's decisions records it."""
+    return {"profile_name": ctx.profile_name, "profile_version": ctx.profile_version}
 
 
 def reason_key(code: str, message: str) -> tuple[str, str]:
@@ -173,6 +179,7 @@ def _wait(d: st.Decision, ctx: Context, tick_no: int, changed: list[GpuRequest])
             code=d.code,
             message=new_message,
             facts=_facts(d),
+            **_profile(ctx),
         )
     fields = (d.code, new_message, d.position or None, d.escalated, estimated_start)
     if (
@@ -249,6 +256,7 @@ def _preempt(d: st.Decision, ctx: Context, tick_no: int) -> bool:
         code=d.code,
         message=f"{d.message}; {clause}"[:500],
         facts={**_facts(d), **lost},
+        **_profile(ctx),
     )
     return True
 
@@ -270,6 +278,7 @@ def _reject(d: st.Decision, ctx: Context, tick_no: int) -> None:
         code=d.code,
         message=d.message[:500],
         facts=_facts(d),
+        **_profile(ctx),
     )
 
 

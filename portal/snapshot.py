@@ -47,6 +47,9 @@ class Context:
     active_slots: dict[int, set[str]]
     attempts: dict[str, Attempt]
     pools: dict[str, Pool]
+    #: the scheduling profile the tick runs: its name and version go on every decision
+    profile_name: str = ""
+    profile_version: int | None = None
 
 
 def _device(d: Device, now: datetime, held: bool = False) -> st.Device:
@@ -67,7 +70,10 @@ def _device(d: Device, now: datetime, held: bool = False) -> st.Device:
     )
 
 
-def build_snapshot(now: datetime) -> tuple[st.Snapshot, Context]:
+def build_snapshot(now: datetime, policy: st.Policy | None = None) -> tuple[st.Snapshot, Context]:
+    """The snapshot the core schedules; `policy` is the one it will run (its usage
+    half-life decays the team usage here)."""
+    policy = policy or st.Policy()
     pools = {p.name: p for p in Pool.objects.all()}
     stale_before = heartbeat_stale_before(now)
     devices_by_node: dict[int, list[Device]] = defaultdict(list)
@@ -119,6 +125,8 @@ def build_snapshot(now: datetime) -> tuple[st.Snapshot, Context]:
                 attempts=r.requeue_count,
                 # the room its victims free is kept for it (scheduling.queue.request_key)
                 preempting=r.status_code in ("preempting", "awaiting-stop"),
+                # EASY backfill: the submitter's estimate, never past the hard limit
+                expected_runtime_ms=_ms_or_none(_expected_runtime_s(r)),
                 user=str(r.submitted_by_id),
             )
         )
@@ -158,7 +166,7 @@ def build_snapshot(now: datetime) -> tuple[st.Snapshot, Context]:
             )
             for c in WorkloadClass.objects.all()
         ),
-        usage=tuple(_usage(now)),
+        usage=tuple(_usage(now, policy.usage_half_life_s)),
         members=_members({r.team_id for r in pending_rows}),
     )
     ctx = Context(
@@ -214,11 +222,10 @@ def _running(
                 for n, gs in sorted(per_node.items())
             )
         )
-        # Expected end for reservations (EASY backfilling): the user's estimate, never past
-        # the hard limit when one is set; None (the rule without estimates) when neither.
-        limits = [s for s in (req.estimated_runtime_s, req.max_runtime_s) if s]
+        # Expected end for reservations (EASY backfilling), as for pending requests.
+        runtime_s = _expected_runtime_s(req)
         begun = att.started_at or att.admitted_at
-        expected_end_ms = _ms(begun) + min(limits) * 1000 if limits else None
+        expected_end_ms = _ms(begun) + runtime_s * 1000 if runtime_s is not None else None
         running.append(
             st.Running(
                 request_id=str(req.pk),
@@ -240,9 +247,19 @@ def _running(
     return running, attempts, active_slots
 
 
-def _usage(now: datetime) -> list[st.TeamUsage]:
-    """GPU milli-seconds per team, each record decayed by the configured half-life."""
-    half_life = st.Policy().usage_half_life_s
+def _expected_runtime_s(req: GpuRequest) -> int | None:
+    """The user's runtime estimate, never past the hard limit when one is set; None (the
+    rules without estimates) when neither is set."""
+    limits = [s for s in (req.estimated_runtime_s, req.max_runtime_s) if s]
+    return min(limits) if limits else None
+
+
+def _ms_or_none(seconds: int | None) -> int | None:
+    return None if seconds is None else seconds * 1000
+
+
+def _usage(now: datetime, half_life: int) -> list[st.TeamUsage]:
+    """GPU milli-seconds per team, each record decayed by the profile's half-life."""
     now_ms = _ms(now)
     horizon = now - timedelta(seconds=half_life * 8)
     totals: dict[str, int] = defaultdict(int)
