@@ -17,7 +17,16 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import Http404
 
-from portal.models import Device, GpuRequest, Membership, Node, Pool, Team, WorkloadClass
+from portal.models import (
+    Device,
+    GpuRequest,
+    Membership,
+    Node,
+    PolicyProfile,
+    Pool,
+    Team,
+    WorkloadClass,
+)
 
 AnyUser = AbstractBaseUser | AnonymousUser
 
@@ -146,6 +155,14 @@ def get_workload_class_for_admin(user: AnyUser, pk: int | str) -> WorkloadClass:
         return WorkloadClass.objects.get(pk=int(pk))
     except (WorkloadClass.DoesNotExist, ValueError, TypeError):
         raise Http404("No such workload class.") from None
+
+
+def get_policy_profile_for_admin(user: AnyUser, pk: int | str) -> PolicyProfile:
+    require_admin(user)
+    try:
+        return PolicyProfile.objects.get(pk=int(pk))
+    except (PolicyProfile.DoesNotExist, ValueError, TypeError):
+        raise Http404("No such scheduling profile.") from None
 
 
 # ---------------------------------------------------------------------------

@@ -10,26 +10,35 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
-from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_serializer
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_serializer,
+)
 from rest_framework import serializers, status
-from rest_framework.exceptions import AuthenticationFailed, ValidationError
+from rest_framework.exceptions import APIException, AuthenticationFailed, ValidationError
 from rest_framework.pagination import PageNumberPagination
+from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from portal import access, selectors, services, shapes
+from portal.api_schema import ErrorSerializer
 from portal.models import (
     Decision,
     DeviceProfile,
     GpuRequest,
     Membership,
     Node,
+    PolicyProfile,
     Pool,
     Team,
     WorkloadClass,
 )
 from portal.preview import gpu_request_preview
+from scheduling import profile as scheduling_profile
 
 # Keys a client may not send: the platform derives them (RELIABILITY.md §8.6).
 FORBIDDEN_KEYS = {
@@ -519,6 +528,10 @@ class DecisionListApi(ListApiView):
         code = serializers.CharField()
         message = serializers.CharField()
         facts = serializers.JSONField()
+        profile_name = serializers.CharField(
+            help_text="the scheduling profile in force (blank: not a tick's decision)"
+        )
+        profile_version = serializers.IntegerField(allow_null=True)
         created_at = serializers.DateTimeField()
 
     @extend_schema(
@@ -677,6 +690,132 @@ class QuotaSetApi(ApiView):
         return Response(self.OutputSerializer(quota).data)
 
 
+# ---------------------------------------------------------------------------
+# Scheduling profiles
+
+
+def _knob_field(knob: scheduling_profile.Knob, *, required: bool) -> serializers.Field:
+    """A serializer field with the core's own bounds for one knob (`scheduling.profile`)."""
+    kw: dict[str, Any] = {"required": required, "help_text": knob.help}
+    if knob.choices:
+        return serializers.ChoiceField(choices=list(knob.choices), **kw)
+    if knob.type is str:
+        return serializers.CharField(**kw)
+    bounds = {"min_value": knob.minimum, "max_value": knob.maximum}
+    if knob.type is int:
+        return serializers.IntegerField(**bounds, **kw)
+    return serializers.FloatField(**bounds, **kw)
+
+
+def _knob_fields(*, required: bool) -> dict[str, serializers.Field]:
+    return {
+        name: _knob_field(knob, required=required)
+        for name, knob in scheduling_profile.KNOBS.items()
+    }
+
+
+class _ProfileMeta(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    version = serializers.IntegerField(help_text="goes up by one with each change of a knob")
+    active = serializers.BooleanField(help_text="the profile the scheduler runs; exactly one is")
+    updated_by = serializers.CharField(allow_null=True)
+    updated_at = serializers.DateTimeField()
+
+
+# One field per knob, built from `Policy`, so that a new knob is in the API and its schema at
+# once; profiles are flat, as their TOML files are.
+ProfileOutputSerializer = type(
+    "ProfileOutputSerializer", (_ProfileMeta,), _knob_fields(required=True)
+)
+ProfileCreateSerializer = type(
+    "ProfileCreateSerializer",
+    (StrictSerializer,),
+    {"name": serializers.CharField(max_length=63), **_knob_fields(required=False)},
+)
+ProfileUpdateSerializer = type(
+    "ProfileUpdateSerializer", (StrictSerializer,), _knob_fields(required=False)
+)
+extend_schema_serializer(component_name="Profile")(ProfileOutputSerializer)
+extend_schema_serializer(component_name="ProfileCreate")(ProfileCreateSerializer)
+extend_schema_serializer(component_name="ProfileUpdate")(ProfileUpdateSerializer)
+
+
+def _profile_data(row: PolicyProfile) -> dict[str, Any]:
+    data = {
+        "id": row.pk,
+        "name": row.name,
+        "version": row.version,
+        "active": row.active,
+        "updated_by": row.updated_by.get_username() if row.updated_by else None,
+        "updated_at": row.updated_at,
+        **row.profile().knobs,
+    }
+    return dict(ProfileOutputSerializer(data).data)
+
+
+class ProfileListCreateApi(ListApiView):
+    """Admins: the scheduling profiles (GET), or a new one (POST): the shipped default's
+    knobs with those given over them; inactive until activated."""
+
+    @extend_schema(operation_id="profiles_list", responses=ProfileOutputSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        access.require_admin(request.user)
+        qs = PolicyProfile.objects.select_related("updated_by").order_by("name")
+        paginator = PageNumberPagination()
+        page = paginator.paginate_queryset(qs, request, view=self)
+        return paginator.get_paginated_response([_profile_data(r) for r in page or []])
+
+    @extend_schema(
+        operation_id="profiles_create",
+        request=ProfileCreateSerializer,
+        responses={201: ProfileOutputSerializer},
+    )
+    def post(self, request: Request) -> Response:
+        access.require_admin(request.user)
+        serializer = ProfileCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = dict(serializer.validated_data)
+        name = data.pop("name")
+        row = services.policy_profile_create(actor=request.user, name=name, knobs=data)
+        return Response(_profile_data(row), status=status.HTTP_201_CREATED)
+
+
+class ProfileDetailApi(ApiView):
+    """Admins: a profile (GET), or a change of some of its knobs (PATCH; the version goes up)."""
+
+    @extend_schema(operation_id="profiles_get", responses=ProfileOutputSerializer)
+    def get(self, request: Request, profile_id: int) -> Response:
+        row = access.get_policy_profile_for_admin(request.user, profile_id)
+        return Response(_profile_data(row))
+
+    @extend_schema(
+        operation_id="profiles_update",
+        request=ProfileUpdateSerializer,
+        responses=ProfileOutputSerializer,
+    )
+    def patch(self, request: Request, profile_id: int) -> Response:
+        row = access.get_policy_profile_for_admin(request.user, profile_id)
+        serializer = ProfileUpdateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        row = services.policy_profile_update(
+            actor=request.user, profile=row, knobs=dict(serializer.validated_data)
+        )
+        return Response(_profile_data(row))
+
+
+class ProfileActivateApi(ApiView):
+    """Admins: make this the profile the scheduler runs from its next tick."""
+
+    @extend_schema(
+        operation_id="profiles_activate", request=None, responses=ProfileOutputSerializer
+    )
+    def post(self, request: Request, profile_id: int) -> Response:
+        row = access.get_policy_profile_for_admin(request.user, profile_id)
+        row = services.policy_profile_activate(actor=request.user, profile=row)
+        return Response(_profile_data(row))
+
+
 def _name_nested_serializers() -> None:
     """Name each nested serializer after its view in the schema ("QueueApiOutput", not "Output")."""
     for api_name, view in list(globals().items()):
@@ -694,3 +833,57 @@ def _name_nested_serializers() -> None:
 
 
 _name_nested_serializers()
+
+
+# ---------------------------------------------------------------------------
+# Workloads
+
+
+class AttemptConflict(APIException):
+    status_code = status.HTTP_409_CONFLICT
+    default_detail = "The attempt is not running."
+    default_code = "conflict"
+
+
+class AttemptCheckpointApi(ApiView):
+    """A workload reports a finished checkpoint (docs/checkpoints.md).
+
+    Authenticated by the attempt's own bearer token (`QM_ATTEMPT_TOKEN`), not by a user:
+    a wrong token and an unknown attempt both answer 403; an attempt that has ended, 409.
+    The time recorded is the portal's, and `last_checkpoint_at` never moves back.
+    """
+
+    authentication_classes: list[type] = []
+    permission_classes = [AllowAny]
+
+    class OutputSerializer(serializers.Serializer):
+        attempt = serializers.IntegerField(source="pk")
+        last_checkpoint_at = serializers.DateTimeField(allow_null=True)
+        checkpoints = serializers.IntegerField()
+
+    @extend_schema(
+        operation_id="attempts_checkpoint",
+        request=None,
+        responses={
+            200: OutputSerializer,
+            409: OpenApiResponse(ErrorSerializer, description="The attempt has ended."),
+        },
+        parameters=[
+            OpenApiParameter(
+                "Authorization",
+                str,
+                OpenApiParameter.HEADER,
+                required=True,
+                description="`Bearer <QM_ATTEMPT_TOKEN>`: the attempt's own token.",
+            )
+        ],
+        auth=[],
+    )
+    def post(self, request: Request, attempt_id: int) -> Response:
+        auth = request.headers.get("Authorization", "")
+        token = auth[7:].strip() if auth.startswith("Bearer ") else ""
+        try:
+            attempt = services.attempt_checkpoint_report(attempt_id=attempt_id, token=token)
+        except services.AttemptNotRunning as exc:
+            raise AttemptConflict(f"The attempt is {exc.state}: nothing to checkpoint.") from None
+        return Response(self.OutputSerializer(attempt).data)

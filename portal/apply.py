@@ -210,6 +210,11 @@ def _facts(d: st.Decision) -> dict[str, Any]:
     return out
 
 
+def _profile(ctx: Context) -> dict[str, Any]:
+    """The scheduling profile in force, as each of the tick's decisions records it."""
+    return {"profile_name": ctx.profile_name, "profile_version": ctx.profile_version}
+
+
 def reason_key(code: str, message: str) -> tuple[str, str]:
     """What the decision log compares between ticks: the code and the reason's main clause.
 
@@ -249,6 +254,7 @@ def _wait(
                 "code": d.code,
                 "message": new_message,
                 "facts": _facts(d),
+                **_profile(ctx),
             }
         )
     fields = (d.code, new_message, d.position or None, d.escalated, estimated_start)
@@ -269,8 +275,48 @@ def _wait(
         changed.append((req.pk, *fields))
 
 
-def _preempt_all(ds: list[st.Decision], tick_no: int) -> list[dict[str, Any]]:
-    """Stop the victims (few: `Policy.max_preemptions_per_tick`); their log rows, in order."""
+def duration_words(seconds: float) -> str:
+    """45 s, 10 min, 2 h 5 min: a length of time as a researcher reads it."""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min"
+    hours, minutes = divmod(s // 60, 60)
+    return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+
+
+def lost_work(attempt: Attempt, now: datetime) -> tuple[str, dict[str, Any]]:
+    """The work a victim loses if stopped now, as a clause and as facts.
+
+    Counted as the core counts it (scheduling.preemption): since the last
+    checkpoint the workload reported, else since the attempt started.
+    """
+    begun = attempt.started_at or attempt.admitted_at
+    since = attempt.last_checkpoint_at or begun
+    seconds = max(0, int((now - since).total_seconds()))
+    gpu_hours = seconds * attempt.gpus_milli / 1000 / 3600
+    facts: dict[str, Any] = {
+        "lost_seconds": seconds,
+        "lost_gpu_hours": round(gpu_hours, 3),
+        "last_checkpoint_at": since.isoformat() if attempt.last_checkpoint_at else None,
+    }
+    if attempt.last_checkpoint_at is None:
+        clause = (
+            f"it has not checkpointed, so it loses all {duration_words(seconds)} of its work "
+            f"({gpu_hours:.2f} GPU-hours)"
+        )
+    else:
+        clause = (
+            f"it loses {duration_words(seconds)} of work since its last checkpoint at "
+            f"{since:%H:%M} UTC ({gpu_hours:.2f} GPU-hours)"
+        )
+    return clause, facts
+
+
+def _preempt_all(ds: list[st.Decision], ctx: Context, tick_no: int) -> list[dict[str, Any]]:
+    """Stop the victims (few: `Policy.max_preemptions_per_tick`); their log rows, in order,
+    each saying the work it loses."""
     if not ds:
         return []
     attempts = Attempt.objects.select_related("request", "pool").in_bulk(
@@ -282,6 +328,7 @@ def _preempt_all(ds: list[st.Decision], tick_no: int) -> list[dict[str, Any]]:
         if attempt is None or attempt.state not in (Attempt.State.ADMITTED, Attempt.State.RUNNING):
             continue
         services.attempt_stop(attempt, reason="preempted")
+        clause, lost = lost_work(attempt, ctx.now)
         rows.append(
             {
                 "tick": tick_no,
@@ -292,8 +339,9 @@ def _preempt_all(ds: list[st.Decision], tick_no: int) -> list[dict[str, Any]]:
                 "node": ",".join(attempt.nodes),
                 "kind": Decision.Kind.PREEMPT,
                 "code": d.code,
-                "message": d.message[:500],
-                "facts": _facts(d),
+                "message": f"{d.message}; {clause}"[:500],
+                "facts": {**_facts(d), **lost},
+                **_profile(ctx),
             }
         )
     return rows
@@ -323,7 +371,7 @@ def decisions_apply(*, decisions: list[st.Decision], ctx: Context, tick_no: int)
         kind = "cancel" if d.kind == st.DecisionKind.REJECT and d.code == "not-a-member" else d.kind
         by_kind[kind].append(d)
         counts[str(kind)] += 0  # a kind the core decided is counted, even if nothing came of it
-    log_rows = _preempt_all(by_kind[st.DecisionKind.PREEMPT], tick_no)
+    log_rows = _preempt_all(by_kind[st.DecisionKind.PREEMPT], ctx, tick_no)
     if log_rows:
         counts["preempt"] = len(log_rows)
     made = _admit_all(by_kind[st.DecisionKind.ADMIT], ctx, tick_no)
@@ -346,6 +394,7 @@ def decisions_apply(*, decisions: list[st.Decision], ctx: Context, tick_no: int)
                     "code": d.code,
                     "message": d.message,
                     "facts": _facts(d),
+                    **_profile(ctx),
                 }
             )
         elif d.kind == st.DecisionKind.WAIT:
@@ -362,6 +411,7 @@ def decisions_apply(*, decisions: list[st.Decision], ctx: Context, tick_no: int)
                     "code": d.code,
                     "message": d.message[:500],
                     "facts": _facts(d),
+                    **_profile(ctx),
                 }
             )
             counts["reject"] += 1

@@ -11,6 +11,7 @@ from django.core.exceptions import ValidationError
 
 from portal import selectors, services, shapes
 from portal.models import Decision, DeviceProfile, Pool, Team, WorkloadClass
+from scheduling import profile as scheduling_profile
 
 
 def _milli(value: Decimal | None) -> int | None:
@@ -71,14 +72,17 @@ class SubmitForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 3}),
         required=False,
         label="Environment",
-        help_text="NAME=value, one per line; NVIDIA_* and CUDA_VISIBLE_DEVICES are set by the platform",
+        help_text="NAME=value, one per line; NVIDIA_*, CUDA_VISIBLE_DEVICES and QM_* are set "
+        "by the platform",
     )
     checkpoint_interval_s = forms.IntegerField(
         min_value=0,
         max_value=10**9,
         initial=0,
         label="Checkpoint every (s)",
-        help_text="0 = no checkpoints",
+        help_text="0 = no checkpoints. Otherwise the workload gets a checkpoint directory "
+        "(QM_CHECKPOINT_DIR) kept across its attempts, reports each checkpoint, and a retry "
+        "after preemption resumes (QM_RESUME=1): see docs/checkpoints.md",
     )
     max_runtime_s = forms.IntegerField(
         min_value=0,
@@ -309,3 +313,32 @@ class CapacityFilterForm(forms.Form):
         queryset=Pool.objects.all(), required=False, empty_label="all pools"
     )
     node = forms.CharField(required=False, max_length=253, label="Node name contains")
+
+
+def _knob_form_field(knob: scheduling_profile.Knob) -> forms.Field:
+    """A form field with the core's own bounds for one knob (`scheduling.profile`)."""
+    kw: dict[str, Any] = {"label": knob.name, "help_text": knob.help}
+    if knob.choices:
+        return forms.ChoiceField(choices=[(c, c) for c in knob.choices], **kw)
+    if knob.type is str:
+        return forms.CharField(**kw)
+    bounds = {"min_value": knob.minimum, "max_value": knob.maximum}
+    if knob.type is int:
+        return forms.IntegerField(**bounds, **kw)
+    return forms.FloatField(**bounds, **kw)
+
+
+class PolicyProfileForm(forms.Form):
+    """One field per knob of the scheduling core; the services check them again."""
+
+    def __init__(self, *args: Any, with_name: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if with_name:
+            self.fields["name"] = forms.CharField(
+                max_length=63, help_text="lower-case letters, digits, '-', '_' or '.'"
+            )
+        for name, knob in scheduling_profile.KNOBS.items():
+            self.fields[name] = _knob_form_field(knob)
+
+    def knobs(self) -> dict[str, Any]:
+        return {k: self.cleaned_data[k] for k in scheduling_profile.KNOBS}

@@ -300,6 +300,33 @@ class PortalCollector(Collector):
         ):
             evicted.add_metric([r["request__team__name"], r["state"]], r["n"])
         yield evicted
+        lost = CounterMetricFamily(
+            "quartermaster_lost_gpu_seconds",
+            "GPU-seconds thrown away by preempted and node-lost attempts: the time since "
+            "each one's last checkpoint, or since it started",
+            labels=["team", "pool"],
+        )
+        for r in (
+            UsageRecord.objects.filter(lost_gpu_milli_seconds__gt=0)
+            .values("team__name", "pool__name")
+            .annotate(m=Sum("lost_gpu_milli_seconds"))
+            .order_by("team__name", "pool__name")
+        ):
+            lost.add_metric([r["team__name"], r["pool__name"]], r["m"] / 1000)
+        yield lost
+        checkpoints = CounterMetricFamily(
+            "quartermaster_checkpoints",
+            "Checkpoints reported by workloads, by team",
+            labels=["team"],
+        )
+        for r in (
+            Attempt.objects.filter(checkpoints__gt=0)
+            .values("request__team__name")
+            .annotate(n=Sum("checkpoints"))
+            .order_by("request__team__name")
+        ):
+            checkpoints.add_metric([r["request__team__name"]], r["n"])
+        yield checkpoints
         decisions = CounterMetricFamily(
             "quartermaster_decisions", "Decisions by kind and reason", labels=["kind", "code"]
         )

@@ -13,6 +13,7 @@ from django.db.models import Q
 
 from portal import validation
 from portal.shapes import request_shape
+from scheduling import profile as scheduling_profile
 
 slug_validator = RegexValidator(
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
@@ -413,6 +414,8 @@ class GpuRequest(models.Model):
     queue_position = models.PositiveIntegerField(null=True, blank=True)
     escalated = models.BooleanField(default=False)
     estimated_start = models.DateTimeField(null=True, blank=True)
+    #: when the request's checkpoint storage (a PVC, a folder) was deleted after it ended
+    checkpoints_deleted_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -477,7 +480,10 @@ class Attempt(models.Model):
     admitted_at = models.DateTimeField()
     started_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
+    #: the last checkpoint the workload reported finished; only ever moves forward
     last_checkpoint_at = models.DateTimeField(null=True, blank=True)
+    #: checkpoints reported by the workload
+    checkpoints = models.PositiveIntegerField(default=0)
     #: why the attempt is being stopped (set with STOPPING)
     stop_reason = models.CharField(max_length=30, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
@@ -546,6 +552,9 @@ class UsageRecord(models.Model):
     started_at = models.DateTimeField()
     ended_at = models.DateTimeField(null=True, blank=True)
     gpu_milli_seconds = models.BigIntegerField(default=0)
+    #: of those, the work thrown away: a preempted or node-lost attempt's time since its
+    #: last checkpoint (or since it started)
+    lost_gpu_milli_seconds = models.BigIntegerField(default=0)
     #: preempted and infrastructure-lost attempts are recorded but not charged to the team
     charged = models.BooleanField(default=True)
 
@@ -574,6 +583,9 @@ class Decision(models.Model):
     code = models.CharField(max_length=50)
     message = models.CharField(max_length=500)
     facts = models.JSONField(default=dict, blank=True)
+    #: the scheduling profile in force when the tick decided (blank: not a tick's decision)
+    profile_name = models.CharField(max_length=63, blank=True)
+    profile_version = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
 
     class Meta:
@@ -582,6 +594,58 @@ class Decision(models.Model):
             models.Index(fields=["team", "-created_at"]),
             models.Index(fields=["request", "-created_at"]),
         ]
+
+
+class PolicyProfileQuerySet(models.QuerySet["PolicyProfile"]):
+    def active_profile(self) -> scheduling_profile.Profile:
+        """The active profile's knobs; the shipped default when none is stored yet (reads only:
+        the tick stores it, `services.policy_profile_ensure`)."""
+        row = self.filter(active=True).first()
+        return row.profile() if row is not None else scheduling_profile.load()
+
+
+class PolicyProfile(models.Model):
+    """A named, versioned set of the scheduling core's knobs (`scheduling.profile`).
+
+    Exactly one is active: the tick runs it and every decision records its name and
+    version. Changed only through the services, which validate, bump `version` and audit.
+    """
+
+    name = models.CharField(
+        max_length=63,
+        unique=True,
+        validators=[
+            RegexValidator(
+                scheduling_profile.NAME_RE.pattern,
+                "Use lower-case letters, digits, '-', '_' or '.'.",
+            )
+        ],
+    )
+    version = models.PositiveIntegerField(default=1)
+    #: every knob of `scheduling.types.Policy`, by name
+    knobs = models.JSONField(default=dict)
+    active = models.BooleanField(default=False)
+    updated_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = PolicyProfileQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            # at most one active; the services keep at least one
+            models.UniqueConstraint(
+                fields=["active"], condition=Q(active=True), name="policyprofile_one_active"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} v{self.version}"
+
+    def profile(self) -> scheduling_profile.Profile:
+        return scheduling_profile.parse({"name": self.name, "version": self.version, **self.knobs})
 
 
 class AuditEventQuerySet(models.QuerySet["AuditEvent"]):

@@ -108,4 +108,7 @@ def _reconcile(now: datetime | None) -> dict[str, int]:
             count("reconciler_repairs")
         new_state = services.attempt_observe(attempt_id=attempt.pk, status=status, now=now)
         counts[new_state] += 1
+    released = services.checkpoints_release()
+    if released:
+        counts["checkpoints_deleted"] = released
     return dict(counts)

@@ -6,6 +6,7 @@ Each change writes its AuditEvent in the same transaction. Invalid input raises
 
 from __future__ import annotations
 
+import hmac
 import logging
 import random
 from datetime import datetime, timedelta
@@ -13,9 +14,9 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
-from django.db.models import Count, Model, Q
+from django.db.models import Count, F, Model, Q
 from django.forms.models import model_to_dict
 from django.utils import timezone
 
@@ -39,13 +40,16 @@ from portal.models import (
     GpuRequest,
     Membership,
     Node,
+    PolicyProfile,
     Pool,
     Quota,
     Team,
     UsageRecord,
     WorkloadClass,
 )
+from portal.readiness import attempt_token, ready_token_key
 from scheduling import backoff
+from scheduling import profile as scheduling_profile
 from scheduling.members import NOT_A_MEMBER
 
 log = logging.getLogger(__name__)
@@ -399,14 +403,19 @@ LAUNCH_ALLOCATION_FIELDS = (
 
 
 def launch_spec(
-    attempt: Attempt, allocations: list[tuple[str, int, int, int, str, int]] | None = None
+    attempt: Attempt,
+    allocations: list[tuple[str, int, int, int, str, int]] | None = None,
+    resume: bool | None = None,
 ) -> LaunchSpec:
     """Build the workload from stored rows only: nothing here comes from request data at launch.
 
     `allocations`: the attempt's `LAUNCH_ALLOCATION_FIELDS`, in node name, device index
-    and slot order, when the caller read them already (`attempts_launch`).
+    and slot order, and `resume` (`_resumes`), when the caller read them already
+    (`attempts_launch`).
     """
     req = attempt.request
+    if resume is None:
+        resume = _resumes(attempt, _lost_numbers([attempt]).get(req.pk, []))
     if allocations is None:
         allocations = list(
             attempt.allocations.order_by("device__node__name", "device__index", "slot").values_list(
@@ -456,6 +465,28 @@ def launch_spec(
         simulated_duration_s=max(2, duration),
         simulated_exit_code=exit_code,
         pods=pods if len(pods) > 1 else (),
+        checkpoint_interval_s=req.checkpoint_interval_s,
+        resume=resume,
+    )
+
+
+def _lost_numbers(attempts: list[Attempt]) -> dict[int, list[int]]:
+    """The numbers of the preempted or node-lost attempts of the checkpointing requests among
+    `attempts`, by request id: one query whatever their number."""
+    ids = [a.request_id for a in attempts if a.request.checkpoint_interval_s > 0]
+    lost: dict[int, list[int]] = {}
+    if ids:
+        for request_id, number in Attempt.objects.filter(
+            request_id__in=ids, state__in=[Attempt.State.PREEMPTED, Attempt.State.NODE_LOST]
+        ).values_list("request_id", "number"):
+            lost.setdefault(request_id, []).append(number)
+    return lost
+
+
+def _resumes(attempt: Attempt, lost_numbers: list[int]) -> bool:
+    """The checkpoints of an earlier preempted or node-lost attempt are there to be resumed from."""
+    return attempt.request.checkpoint_interval_s > 0 and any(
+        n < attempt.number for n in lost_numbers
     )
 
 
@@ -538,7 +569,11 @@ def attempts_launch(attempt_ids: list[int], *, now: datetime | None = None) -> d
         .values_list("attempt_id", *LAUNCH_ALLOCATION_FIELDS)
     ):
         allocations[attempt_id].append(tuple(fields))  # type: ignore[arg-type]
-    specs = {a.pk: launch_spec(a, allocations[a.pk]) for a in attempts}
+    lost = _lost_numbers(attempts)
+    specs = {
+        a.pk: launch_spec(a, allocations[a.pk], _resumes(a, lost.get(a.request_id, [])))
+        for a in attempts
+    }
     backend = get_backend()
     launch_many = getattr(backend, "launch_many", None)
     if launch_many is not None and specs:
@@ -624,9 +659,113 @@ def release_attempt(attempt: Attempt, *, now: datetime, charged: bool) -> bool:
         seconds = max(0, int((now - usage.started_at).total_seconds()))
         usage.ended_at = now
         usage.gpu_milli_seconds = seconds * usage.gpus_milli
+        usage.lost_gpu_milli_seconds = lost_gpu_milli_seconds(attempt, usage, now)
         usage.charged = charged
-        usage.save(update_fields=["ended_at", "gpu_milli_seconds", "charged"])
+        usage.save(
+            update_fields=["ended_at", "gpu_milli_seconds", "lost_gpu_milli_seconds", "charged"]
+        )
     return True
+
+
+#: endings whose work since the last checkpoint is thrown away and redone by a retry
+LOST_WORK_STATES = (Attempt.State.PREEMPTED, Attempt.State.NODE_LOST)
+
+
+def lost_gpu_milli_seconds(attempt: Attempt, usage: UsageRecord, now: datetime) -> int:
+    """GPU milli-seconds a preempted or node-lost attempt threw away: since its last
+    checkpoint, or since it was admitted when it never checkpointed."""
+    if attempt.state not in LOST_WORK_STATES:
+        return 0
+    since = usage.started_at
+    if attempt.last_checkpoint_at is not None and attempt.last_checkpoint_at > since:
+        since = attempt.last_checkpoint_at
+    return max(0, int((now - since).total_seconds())) * usage.gpus_milli
+
+
+# ---------------------------------------------------------------------------
+# Checkpoints (docs/checkpoints.md)
+
+
+class AttemptNotRunning(Exception):
+    """A checkpoint reported for an attempt that has ended."""
+
+    def __init__(self, state: str) -> None:
+        super().__init__(f"attempt is {state}")
+        self.state = state
+
+
+def attempt_checkpoint_record(attempt_id: int, at: datetime) -> bool:
+    """Record a finished checkpoint at `at`; True when it moved `last_checkpoint_at` on.
+
+    Only forward: an older or repeated report changes nothing (reports may arrive
+    out of order), and only while the attempt is active (a stopping workload may
+    still checkpoint in its grace period).
+    """
+    moved = (
+        Attempt.objects.filter(pk=attempt_id, state__in=Attempt.ACTIVE_STATES)
+        .filter(Q(last_checkpoint_at__isnull=True) | Q(last_checkpoint_at__lt=at))
+        .update(last_checkpoint_at=at, checkpoints=F("checkpoints") + 1)
+    )
+    return moved == 1
+
+
+def attempt_checkpoint_report(
+    *, attempt_id: int, token: str, now: datetime | None = None
+) -> Attempt:
+    """A workload reports a finished checkpoint with its attempt's token.
+
+    Raises PermissionDenied for a wrong token and for an unknown attempt alike (the
+    same answer, so that nobody learns which attempt ids exist), AttemptNotRunning
+    once the attempt has ended.
+    """
+    now = now or timezone.now()
+    attempt = Attempt.objects.filter(pk=attempt_id).first()
+    if attempt is None:
+        expected = attempt_token(ready_token_key(), "", "", attempt_id)
+    else:
+        expected = attempt_token(
+            ready_token_key(), attempt.namespace, attempt.workload_name, attempt.pk
+        )
+    if not hmac.compare_digest(token.encode(), expected.encode()) or attempt is None:
+        raise PermissionDenied("bad or missing bearer token")
+    if attempt.state not in Attempt.ACTIVE_STATES:
+        raise AttemptNotRunning(str(attempt.state))
+    if not attempt_checkpoint_record(attempt.pk, now):
+        # Ended between the read and the write, or a report already newer: say which.
+        attempt.refresh_from_db()
+        if attempt.state not in Attempt.ACTIVE_STATES:
+            raise AttemptNotRunning(str(attempt.state))
+    attempt.refresh_from_db()
+    return attempt
+
+
+def checkpoints_release(*, limit: int = 50) -> int:
+    """Delete the checkpoint storage of requests that ended for good; returns how many.
+
+    Run by the reconciler, so a deletion that failed is tried again. Waits until no
+    attempt of the request is active (a stopping pod may still write to it).
+    """
+    backend = get_backend()
+    done = 0
+    ended = (
+        GpuRequest.objects.filter(
+            state__in=GpuRequest.TERMINAL_STATES,
+            checkpoint_interval_s__gt=0,
+            checkpoints_deleted_at__isnull=True,
+        )
+        .exclude(attempts__state__in=Attempt.ACTIVE_STATES)
+        .select_related("team")
+        .order_by("id")[:limit]
+    )
+    for req in ended:
+        try:
+            backend.checkpoints_delete(req.pk, req.team.namespace)
+        except Exception:  # noqa: BLE001
+            log.exception("deleting the checkpoints of request %s failed; retrying later", req.pk)
+            continue
+        GpuRequest.objects.filter(pk=req.pk).update(checkpoints_deleted_at=timezone.now())
+        done += 1
+    return done
 
 
 def requeue_delay_s(attempt_number: int) -> float:
@@ -688,6 +827,11 @@ def attempt_observe(*, attempt_id: int, status: WorkloadStatus, now: datetime | 
         if attempt.state not in Attempt.ACTIVE_STATES:
             return str(attempt.state)
         req = GpuRequest.objects.select_for_update().get(pk=attempt.request_id)
+        # Before any ending below: the lost work counts from this checkpoint.
+        if status.last_checkpoint_at is not None and attempt_checkpoint_record(
+            attempt.pk, status.last_checkpoint_at
+        ):
+            attempt.refresh_from_db(fields=["last_checkpoint_at", "checkpoints"])
         outcome = status.outcome
         gang = len(attempt.nodes) > 1
         if gang and attempt.state == Attempt.State.STOPPING:
@@ -1199,3 +1343,119 @@ def device_clear_quarantine(*, actor: AbstractBaseUser, device: Device) -> Devic
             after=_snapshot(device, ["quarantined", "health_reason"]),
         )
     return device
+
+
+# ---------------------------------------------------------------------------
+# Scheduling profiles
+
+
+def _profile_errors(exc: scheduling_profile.ProfileError) -> ValidationError:
+    key = "__all__" if exc.key == "profile" else exc.key
+    return ValidationError({key: exc.message})
+
+
+def _check_profile(name: str, version: int, knobs: dict[str, Any]) -> dict[str, Any]:
+    """Every knob, checked by the core's own rules (`scheduling.profile`)."""
+    try:
+        return scheduling_profile.parse({"name": name, "version": version, **knobs}).dump()
+    except scheduling_profile.ProfileError as exc:
+        raise _profile_errors(exc) from None
+
+
+def _knobs_of(data: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in data.items() if k in scheduling_profile.KNOBS}
+
+
+def policy_profile_create(
+    *, actor: AbstractBaseUser | None, name: str, knobs: dict[str, Any] | None = None
+) -> PolicyProfile:
+    """A new, inactive profile: the shipped default's knobs with `knobs` over them."""
+    base = dict(scheduling_profile.load().knobs)
+    checked = _check_profile(name, 1, {**base, **(knobs or {})})
+    with transaction.atomic():
+        if PolicyProfile.objects.filter(name=name).exists():
+            raise ValidationError({"name": "A profile with this name exists."})
+        row = PolicyProfile.objects.create(
+            name=name, version=1, knobs=_knobs_of(checked), updated_by=_real(actor)
+        )
+        audit(
+            actor=actor,
+            action="profile.create",
+            obj=row,
+            after={"name": name, "version": 1, **row.knobs},
+        )
+    return row
+
+
+def policy_profile_update(
+    *, actor: AbstractBaseUser | None, profile: PolicyProfile, knobs: dict[str, Any]
+) -> PolicyProfile:
+    """Change some knobs; the version goes up by one when anything changed. Audited with the
+    changed knobs, old and new."""
+    with transaction.atomic():
+        row = PolicyProfile.objects.select_for_update().get(pk=profile.pk)
+        checked = _knobs_of(_check_profile(row.name, row.version, {**row.knobs, **knobs}))
+        old = row.profile().knobs
+        changed = sorted(k for k in checked if checked[k] != old.get(k))
+        if not changed:
+            return row
+        before = {"version": row.version, **{k: old.get(k) for k in changed}}
+        row.knobs = checked
+        row.version += 1
+        row.updated_by = _real(actor)
+        row.save()
+        audit(
+            actor=actor,
+            action="profile.update",
+            obj=row,
+            before=before,
+            after={"version": row.version, **{k: checked[k] for k in changed}},
+        )
+    return row
+
+
+def policy_profile_activate(
+    *, actor: AbstractBaseUser | None, profile: PolicyProfile
+) -> PolicyProfile:
+    """Make this the profile the tick runs; the one active before stops being active."""
+    with transaction.atomic():
+        rows = list(PolicyProfile.objects.select_for_update().order_by("pk"))
+        row = next((r for r in rows if r.pk == profile.pk), None)
+        if row is None:
+            raise ValidationError({"__all__": "No such profile."})
+        _check_profile(row.name, row.version, row.knobs)
+        was = next((r for r in rows if r.active), None)
+        if was is not None and was.pk == row.pk:
+            return row
+        # Off first: the database allows one active row at a time.
+        PolicyProfile.objects.filter(active=True).update(active=False)
+        PolicyProfile.objects.filter(pk=row.pk).update(
+            active=True, updated_by=_real(actor), updated_at=timezone.now()
+        )
+        row.refresh_from_db()
+        audit(
+            actor=actor,
+            action="profile.activate",
+            obj=row,
+            before={"active": str(was) if was else None},
+            after={"active": str(row)},
+        )
+    return row
+
+
+def policy_profile_ensure() -> PolicyProfile:
+    """The active profile; when none is (a new or emptied database), the shipped default is
+    stored and made active. Idempotent: the tick and the demo call it."""
+    row = PolicyProfile.objects.filter(active=True).first()
+    if row is not None:
+        return row
+    shipped = scheduling_profile.load()
+    with transaction.atomic():
+        row = PolicyProfile.objects.filter(name=shipped.name).first()
+        if row is None:
+            row = policy_profile_create(actor=None, name=shipped.name, knobs=dict(shipped.knobs))
+        return policy_profile_activate(actor=None, profile=row)
+
+
+def _real(actor: Any) -> Any:
+    return actor if actor is not None and getattr(actor, "is_authenticated", False) else None

@@ -9,6 +9,7 @@ come from a file instead: FOO_FILE=/run/secrets/foo.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import dj_database_url
@@ -235,6 +236,22 @@ if CLUSTER_BACKEND not in ("simulated", "kubernetes"):
 SIMULATED_CLUSTER = env("SIMULATED_CLUSTER", str(BASE_DIR / "portal" / "demo_cluster.yaml"))
 # Simulated workloads run this many real seconds per requested hour (demo speed).
 SIMULATED_SECONDS_PER_HOUR = envint("SIMULATED_SECONDS_PER_HOUR", "60")
+# Checkpoint storage (docs/checkpoints.md): a folder per request on the simulated cluster,
+# a PersistentVolumeClaim per request on Kubernetes ("" = the cluster's default class).
+SIMULATED_CHECKPOINT_DIR = env("SIMULATED_CHECKPOINT_DIR", str(VAR_DIR / "checkpoints"))
+CHECKPOINT_STORAGE_CLASS = env("CHECKPOINT_STORAGE_CLASS")
+CHECKPOINT_SIZE = env("CHECKPOINT_SIZE", "50Gi")
+CHECKPOINT_ACCESS_MODE = env("CHECKPOINT_ACCESS_MODE", "ReadWriteOnce")
+if CHECKPOINT_ACCESS_MODE not in ("ReadWriteOnce", "ReadWriteOncePod", "ReadWriteMany"):
+    raise ImproperlyConfigured(
+        "CHECKPOINT_ACCESS_MODE must be ReadWriteOnce, ReadWriteOncePod or ReadWriteMany"
+    )
+if not re.fullmatch(r"[1-9][0-9]*(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?", CHECKPOINT_SIZE):
+    raise ImproperlyConfigured(
+        f"CHECKPOINT_SIZE must be a quantity such as 50Gi, not {CHECKPOINT_SIZE!r}"
+    )
+# Where workloads report checkpoints, as pods reach the portal; "" = K8S_PORTAL_URL.
+CHECKPOINT_PORTAL_URL = env("CHECKPOINT_PORTAL_URL")
 K8S_IN_CLUSTER = envbool("K8S_IN_CLUSTER", "false")
 NODE_AGENT_TOKEN = env("NODE_AGENT_TOKEN")
 HEARTBEAT_STALE_SECONDS = envint("HEARTBEAT_STALE_SECONDS", "120")

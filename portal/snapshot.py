@@ -77,6 +77,9 @@ class Context:
     active_slots: dict[int, set[str]]
     pools: dict[str, Pool]
     teams: dict[int, tuple[str, str]]  # pk -> (name, namespace)
+    #: the scheduling profile the tick runs: its name and version go on every decision
+    profile_name: str = ""
+    profile_version: int | None = None
 
 
 def _device_healthy(quarantined: bool, healthy: bool, agent_healthy: bool) -> bool:
@@ -87,7 +90,10 @@ def _device_healthy(quarantined: bool, healthy: bool, agent_healthy: bool) -> bo
     return not quarantined and healthy and agent_healthy
 
 
-def build_snapshot(now: datetime) -> tuple[st.Snapshot, Context]:
+def build_snapshot(now: datetime, policy: st.Policy | None = None) -> tuple[st.Snapshot, Context]:
+    """The snapshot the core schedules; `policy` is the one it will run (its usage
+    half-life decays the team usage here)."""
+    policy = policy or st.Policy()
     pools = {p.name: p for p in Pool.objects.all()}
     pool_names = {p.pk: p.name for p in pools.values()}
     teams = {
@@ -139,7 +145,7 @@ def build_snapshot(now: datetime) -> tuple[st.Snapshot, Context]:
             )
             for c in class_rows
         ),
-        usage=tuple(_usage(now, teams)),
+        usage=tuple(_usage(now, teams, policy.usage_half_life_s)),
         members=_members({q.team_id for q in queued.values()}),
     )
     ctx = Context(
@@ -364,6 +370,8 @@ def _pending(
             "queue_position",
             "escalated",
             "estimated_start",
+            "estimated_runtime_s",
+            "max_runtime_s",
             *SHAPE_FIELDS,
         )
     )
@@ -381,6 +389,8 @@ def _pending(
         queue_position,
         escalated,
         estimated_start,
+        estimated_runtime_s,
+        max_runtime_s,
         *fields,
     ) in rows:
         rid = str(pk)
@@ -397,6 +407,10 @@ def _pending(
                 attempts=requeue_count,
                 # the room its victims free is kept for it (scheduling.queue.request_key)
                 preempting=status_code in ("preempting", "awaiting-stop"),
+                # EASY backfill: the submitter's estimate, never past the hard limit
+                expected_runtime_ms=_ms_or_none(
+                    _expected_runtime_s(estimated_runtime_s, max_runtime_s)
+                ),
                 user=str(user_id),
             )
         )
@@ -481,9 +495,8 @@ def _running(
                 for n, gs in sorted(per_node.items())
             )
         )
-        # Expected end for reservations (EASY backfilling): the user's estimate, never past
-        # the hard limit when one is set; None (the rule without estimates) when neither.
-        limits = [s for s in (estimated_runtime_s, max_runtime_s) if s]
+        # Expected end for reservations (EASY backfilling), as for pending requests.
+        runtime_s = _expected_runtime_s(estimated_runtime_s, max_runtime_s)
         begun = _ms(started_at or admitted_at)
         running.append(
             st.Running(
@@ -499,16 +512,28 @@ def _running(
                 priority=priority,
                 stopping=state == Attempt.State.STOPPING,
                 admitted_by_preemption=admitted_by_preemption,
-                expected_end_ms=begun + min(limits) * 1000 if limits else None,
+                expected_end_ms=begun + runtime_s * 1000 if runtime_s is not None else None,
                 user=str(user_id),
             )
         )
     return tuple(running)
 
 
-def _usage(now: datetime, teams: dict[int, tuple[str, str, int]]) -> list[st.TeamUsage]:
-    """GPU milli-seconds per team, each record decayed by the configured half-life."""
-    half_life = st.Policy().usage_half_life_s
+def _expected_runtime_s(estimated_runtime_s: int | None, max_runtime_s: int | None) -> int | None:
+    """The user's runtime estimate, never past the hard limit when one is set; None (the
+    rules without estimates) when neither is set."""
+    limits = [s for s in (estimated_runtime_s, max_runtime_s) if s]
+    return min(limits) if limits else None
+
+
+def _ms_or_none(seconds: int | None) -> int | None:
+    return None if seconds is None else seconds * 1000
+
+
+def _usage(
+    now: datetime, teams: dict[int, tuple[str, str, int]], half_life: int
+) -> list[st.TeamUsage]:
+    """GPU milli-seconds per team, each record decayed by the profile's half-life."""
     now_ms = _ms(now)
     horizon = now - timedelta(seconds=half_life * 8)
     totals: dict[str, int] = defaultdict(int)

@@ -46,6 +46,13 @@ portal_patterns = [
     path("ops/settings/", views.settings_page, name="settings"),
     path("ops/classes/<int:class_id>/", views.workload_class_edit, name="class-edit"),
     path("ops/pools/<int:pool_id>/", views.pool_edit, name="pool-edit"),
+    path("ops/profiles/new/", views.profile_create, name="profile-create"),
+    path("ops/profiles/<int:profile_id>/", views.profile_edit, name="profile-edit"),
+    path(
+        "ops/profiles/<int:profile_id>/activate/",
+        views.profile_activate,
+        name="profile-activate",
+    ),
     path("ops/nodes/<int:node_id>/<node_action:action>/", views.node_action, name="node-action"),
     path(
         "ops/devices/<int:device_id>/clear-quarantine/",
@@ -74,11 +81,23 @@ api_patterns = [
         api.DeviceClearQuarantineApi.as_view(),
         name="device-clear-quarantine",
     ),
+    path(
+        "attempts/<int:attempt_id>/checkpoint",
+        api.AttemptCheckpointApi.as_view(),
+        name="attempt-checkpoint",
+    ),
     path("decisions/", api.DecisionListApi.as_view(), name="decisions"),
     path("audit/", api.AuditListApi.as_view(), name="audit"),
     path("teams/", api.TeamListApi.as_view(), name="teams"),
     path("teams/<int:team_id>/", api.TeamDetailApi.as_view(), name="team-detail"),
     path("teams/<int:team_id>/quotas/<int:pool_id>/", api.QuotaSetApi.as_view(), name="quota-set"),
+    path("profiles/", api.ProfileListCreateApi.as_view(), name="profiles"),
+    path("profiles/<int:profile_id>/", api.ProfileDetailApi.as_view(), name="profile-detail"),
+    path(
+        "profiles/<int:profile_id>/activate/",
+        api.ProfileActivateApi.as_view(),
+        name="profile-activate",
+    ),
 ]
 
 urlpatterns = [

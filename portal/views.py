@@ -24,6 +24,7 @@ from portal.forms import (
     DecisionFilterForm,
     MemberAddForm,
     MemberCapForm,
+    PolicyProfileForm,
     PoolForm,
     QueueFilterForm,
     QuotaForm,
@@ -31,7 +32,16 @@ from portal.forms import (
     TeamCreateForm,
     WorkloadClassForm,
 )
-from portal.models import GpuRequest, Membership, Node, Pool, Quota, Team, WorkloadClass
+from portal.models import (
+    GpuRequest,
+    Membership,
+    Node,
+    PolicyProfile,
+    Pool,
+    Quota,
+    Team,
+    WorkloadClass,
+)
 from portal.preview import gpu_request_preview
 
 PAGE_SIZE = 50
@@ -175,7 +185,7 @@ def request_detail(request: HttpRequest, request_id: int) -> HttpResponse:
     context = {
         "req": req,
         "estimate": request_estimates([req]).get(req.pk),
-        "attempts": req.attempts.select_related("pool").order_by("-number"),
+        "attempts": req.attempts.select_related("pool", "usage").order_by("-number"),
         "decisions": req.decisions.order_by("-created_at", "-id")[:50],
         "can_cancel": req.state not in GpuRequest.TERMINAL_STATES,
     }
@@ -488,9 +498,13 @@ def audit_log(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_GET
 def settings_page(request: HttpRequest) -> HttpResponse:
-    """Workload classes, pools and team guarantees, each editable by admins."""
+    """Scheduling profiles, workload classes, pools and team guarantees, each editable by
+    admins."""
     access.require_admin(request.user)
-    return render(request, "portal/settings.html", _settings_context())
+    template = "portal/settings.html"
+    if request.htmx:
+        template += "#profiles"
+    return render(request, template, _settings_context())
 
 
 def _settings_context(override: dict[tuple[str, int], Any] | None = None) -> dict[str, Any]:
@@ -504,7 +518,85 @@ def _settings_context(override: dict[tuple[str, int], Any] | None = None) -> dic
         for p in Pool.objects.all()
     ]
     quotas = Quota.objects.select_related("team", "pool").order_by("team__name", "pool__name")
-    return {"classes": classes, "pools": pools, "quotas": quotas, "teams": Team.objects.all()}
+    profiles = [
+        (
+            p,
+            override.get(("profile", p.pk))
+            or PolicyProfileForm(initial=dict(p.profile().knobs), prefix=f"pp{p.pk}"),
+        )
+        for p in PolicyProfile.objects.select_related("updated_by").order_by("-active", "name")
+    ]
+    new_profile = override.get(("profile", 0)) or PolicyProfileForm(
+        initial=PolicyProfile.objects.active_profile().knobs, with_name=True, prefix="pp-new"
+    )
+    return {
+        "classes": classes,
+        "pools": pools,
+        "quotas": quotas,
+        "teams": Team.objects.all(),
+        "profiles": profiles,
+        "new_profile": new_profile,
+    }
+
+
+def _profiles_answer(
+    request: HttpRequest, override: dict[tuple[str, int], Any] | None = None
+) -> HttpResponse:
+    """After a profile change: the profiles section for HTMX, else the page (400 with the
+    form's errors, or a redirect after a change)."""
+    status = 400 if override else 200
+    if request.htmx:
+        return render(
+            request, "portal/settings.html#profiles", _settings_context(override), status=status
+        )
+    if override:
+        return render(request, "portal/settings.html", _settings_context(override), status=400)
+    return redirect(reverse("portal:settings") + "#profiles")
+
+
+@login_required
+@require_POST
+def profile_create(request: HttpRequest) -> HttpResponse:
+    access.require_admin(request.user)
+    form = PolicyProfileForm(request.POST, with_name=True, prefix="pp-new")
+    if form.is_valid():
+        try:
+            services.policy_profile_create(
+                actor=request.user,  # type: ignore[arg-type]
+                name=form.cleaned_data["name"],
+                knobs=form.knobs(),
+            )
+        except ValidationError as exc:
+            _add_errors(form, exc)
+        else:
+            return _profiles_answer(request)
+    return _profiles_answer(request, {("profile", 0): form})
+
+
+@login_required
+@require_POST
+def profile_edit(request: HttpRequest, profile_id: int) -> HttpResponse:
+    row = access.get_policy_profile_for_admin(request.user, profile_id)
+    form = PolicyProfileForm(request.POST, prefix=f"pp{row.pk}")
+    if form.is_valid():
+        try:
+            services.policy_profile_update(actor=request.user, profile=row, knobs=form.knobs())  # type: ignore[arg-type]
+        except ValidationError as exc:
+            _add_errors(form, exc)
+        else:
+            return _profiles_answer(request)
+    return _profiles_answer(request, {("profile", row.pk): form})
+
+
+@login_required
+@require_POST
+def profile_activate(request: HttpRequest, profile_id: int) -> HttpResponse:
+    row = access.get_policy_profile_for_admin(request.user, profile_id)
+    try:
+        services.policy_profile_activate(actor=request.user, profile=row)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        return HttpResponse(" ".join(exc.messages), status=400, content_type="text/plain")
+    return _profiles_answer(request)
 
 
 @login_required

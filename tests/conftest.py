@@ -22,7 +22,7 @@ os.environ.setdefault("SIMULATED_CLUSTER", WORLD_CLUSTER)
 
 
 @pytest.fixture(autouse=True, scope="session")
-def _test_settings() -> object:
+def _test_settings(tmp_path_factory: pytest.TempPathFactory) -> object:
     """Settings every test shares; override_settings so that cached hashers are reset."""
     from django.conf import settings
     from django.test.utils import override_settings
@@ -33,6 +33,8 @@ def _test_settings() -> object:
         REST_FRAMEWORK={**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": rates},
         PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher"],
         SIMULATED_CLUSTER=WORLD_CLUSTER,
+        # The simulated cluster's checkpoint folders, out of the checkout's var/.
+        SIMULATED_CHECKPOINT_DIR=str(tmp_path_factory.mktemp("checkpoints")),
         # API throttles count in the cache: one per process, emptied per test.
         CACHES={"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}},
     ):

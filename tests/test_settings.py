@@ -71,3 +71,16 @@ def test_the_production_settings_keep_a_slow_hasher() -> None:
     assert (
         result.stdout.strip().splitlines()[-1].startswith(("pbkdf2", "argon2", "bcrypt", "scrypt"))
     )
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "says"),
+    [
+        ("CHECKPOINT_ACCESS_MODE", "ReadOnlyMany", "CHECKPOINT_ACCESS_MODE must be"),
+        ("CHECKPOINT_SIZE", "lots", "CHECKPOINT_SIZE must be a quantity"),
+    ],
+)
+def test_it_refuses_bad_checkpoint_storage_settings(name: str, value: str, says: str) -> None:
+    result = _manage("check", **{name: value})
+    assert result.returncode != 0
+    assert says in result.stderr

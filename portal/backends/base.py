@@ -8,6 +8,7 @@ official client). The tick and the reconciler speak only this interface.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from enum import StrEnum
 from typing import Protocol
 
@@ -95,6 +96,38 @@ def rendezvous_env(spec: LaunchSpec) -> tuple[tuple[str, str], ...]:
     )
 
 
+def checkpoint_claim(request_id: int) -> str:
+    """The name of a request's checkpoint storage: its PVC, its simulated folder."""
+    return f"qm-ckpt-{request_id}"
+
+
+def checkpoint_path(attempt_id: int) -> str:
+    """Where an attempt's workload reports a finished checkpoint (docs/checkpoints.md)."""
+    return f"/api/v1/attempts/{attempt_id}/checkpoint"
+
+
+def checkpoint_env(
+    spec: LaunchSpec, directory: str, *, url: str = "", token: str = ""
+) -> tuple[tuple[str, str], ...]:
+    """What a checkpointing workload is told, on every backend (docs/checkpoints.md).
+
+    Set by the platform, never by a request (`QM_*` is reserved in portal.contract):
+    only for a request with a checkpoint interval. `QM_RESUME=1` on an attempt that
+    follows a preempted or node-lost one, whose checkpoints are in the same directory.
+    """
+    if spec.checkpoint_interval_s <= 0:
+        return ()
+    env = [
+        ("QM_CHECKPOINT_INTERVAL_S", str(spec.checkpoint_interval_s)),
+        ("QM_CHECKPOINT_DIR", directory),
+    ]
+    if spec.resume:
+        env.append(("QM_RESUME", "1"))
+    if url and token:
+        env += [("QM_CHECKPOINT_URL", url), ("QM_ATTEMPT_TOKEN", token)]
+    return tuple(env)
+
+
 @dataclass(frozen=True)
 class LaunchSpec:
     """Everything needed to start one attempt, built by the server from stored rows only.
@@ -135,6 +168,14 @@ class LaunchSpec:
     rank: int = 0
     world_size: int = 1
     gang: str = ""
+    #: seconds between checkpoints; 0 = the request does not checkpoint (no storage)
+    checkpoint_interval_s: int = 0
+    #: an earlier attempt was preempted or lost its node: resume from the checkpoint storage
+    resume: bool = False
+
+    @property
+    def checkpoint_claim(self) -> str:
+        return checkpoint_claim(self.request_id)
 
     @property
     def is_gang(self) -> bool:
@@ -190,6 +231,8 @@ class WorkloadStatus:
     exit_code: int | None = None
     #: a gang: how many of its pods still run or wait to (their devices are held)
     active_pods: int = 0
+    #: the last checkpoint the workload finished, where the backend knows it (simulated)
+    last_checkpoint_at: datetime | None = None
 
 
 class ClusterBackend(Protocol):
@@ -209,6 +252,10 @@ class ClusterBackend(Protocol):
 
     def status(self, name: str, namespace: str, pods: int = 1) -> WorkloadStatus:
         """The workload's current outcome (MISSING if it does not exist); a gang's as a whole."""
+        ...
+
+    def checkpoints_delete(self, request_id: int, namespace: str) -> None:
+        """Delete a request's checkpoint storage once it has ended for good; missing is fine."""
         ...
 
 

@@ -22,17 +22,21 @@ from portal.backends.base import (
     InventoryNode,
     LaunchSpec,
     WorkloadStatus,
+    checkpoint_claim,
     gang_status,
     member_name,
 )
 from portal.k8s.inventory import inventory_from_nodes, node_facts, nodes_list_gpu, pods_list_active
 from portal.k8s.jobs import (
     JobOptions,
+    checkpoint_pvc_build,
     gang_build,
     job_build,
     job_create,
     job_delete,
     owner_reference,
+    pvc_create,
+    pvc_delete,
     service_create,
     service_delete,
 )
@@ -135,6 +139,10 @@ class KubernetesBackend:
             image_pull_secrets=tuple(_items(setting("K8S_IMAGE_PULL_SECRETS", ()))),
             runtime_class=setting("K8S_RUNTIME_CLASS", ""),
             allowed_images=tuple(_items(setting("K8S_ALLOWED_IMAGES", ()))),
+            checkpoint_storage_class=setting("CHECKPOINT_STORAGE_CLASS", ""),
+            checkpoint_size=setting("CHECKPOINT_SIZE", "50Gi"),
+            checkpoint_access_mode=setting("CHECKPOINT_ACCESS_MODE", "ReadWriteOnce"),
+            checkpoint_portal_url=setting("CHECKPOINT_PORTAL_URL", ""),
         )
         pod_ns = _items(setting("K8S_POD_NAMESPACES", ()))
         return cls(
@@ -214,12 +222,21 @@ class KubernetesBackend:
         return facts
 
     def launch(self, spec: LaunchSpec) -> None:
-        """One Job; for a gang, its headless Service and one Job per pod, owned by the Service."""
+        """One Job; for a gang, its headless Service and one Job per pod, owned by the Service.
+
+        A checkpointing request's PVC is created first (if missing), owned by nothing:
+        it outlives the attempt, and its retries mount the same one.
+        """
+        pvc = checkpoint_pvc_build(spec, self.job_options) if spec.checkpoint_interval_s else None
         if not spec.is_gang:
             job = job_build(spec, self.job_options, self._node_facts(spec.node))
+            if pvc is not None:
+                pvc_create(self.core, pvc)
             job_create(self.batch, job, sleep=self._sleep)
             return
         service, jobs = gang_build(spec, self.job_options, self._node_facts)
+        if pvc is not None:
+            pvc_create(self.core, pvc)
         owner = owner_reference(service_create(self.core, service))
         for job in jobs:
             job.metadata.owner_references = [owner]
@@ -231,6 +248,9 @@ class KubernetesBackend:
             job_delete(self.batch, member, namespace, grace_seconds=grace_seconds)
         if pods > 1:
             service_delete(self.core, name, namespace)
+
+    def checkpoints_delete(self, request_id: int, namespace: str) -> None:
+        pvc_delete(self.core, checkpoint_claim(request_id), namespace)
 
     def status(self, name: str, namespace: str, pods: int = 1) -> WorkloadStatus:
         if pods > 1:

@@ -4,15 +4,24 @@ A workload starts a moment after it is created, runs for its simulated
 duration and ends with its simulated exit code; a stopped one reports
 PREEMPTED. Web, worker and beat are separate processes, so the workloads are
 rows, not memory.
+
+A request with a checkpoint interval gets a folder of its own under
+SIMULATED_CHECKPOINT_DIR, kept across its attempts; its workload writes a
+checkpoint file there at the interval (scaled like its runtime) and reports
+the last one in its status, as a real workload would POST it.
 """
 
 from __future__ import annotations
 
+import json
+import shutil
+from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import yaml
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -23,6 +32,8 @@ from portal.backends.base import (
     LaunchSpec,
     Outcome,
     WorkloadStatus,
+    checkpoint_claim,
+    checkpoint_env,
     gang_status,
     member_name,
     rendezvous_env,
@@ -117,22 +128,45 @@ def inventory_from_file(path: str | Path) -> list[InventoryNode]:
     return nodes
 
 
+def checkpoint_every_s(interval_s: int) -> float:
+    """A checkpoint interval in wall seconds, scaled as simulated runtimes are."""
+    return max(1.0, interval_s * settings.SIMULATED_SECONDS_PER_HOUR / 3600)
+
+
 class SimulatedBackend:
     name = "simulated"
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, checkpoint_root: str | Path | None = None) -> None:
         self.path = Path(path)
+        self._checkpoint_root = checkpoint_root
+
+    @property
+    def checkpoint_root(self) -> Path:
+        return Path(self._checkpoint_root or settings.SIMULATED_CHECKPOINT_DIR)
+
+    def checkpoint_dir(self, request_id: int) -> Path:
+        return self.checkpoint_root / checkpoint_claim(request_id)
 
     def inventory(self) -> list[InventoryNode]:
         return inventory_from_file(self.path)
 
+    def _checkpointing(self, spec: LaunchSpec) -> tuple[tuple[tuple[str, str], ...], float]:
+        """The checkpoint env of a spec's pods and their interval in wall seconds (none: 0)."""
+        if spec.checkpoint_interval_s <= 0:
+            return (), 0
+        # One folder per request, created if missing: a retry finds its predecessor's.
+        folder = self.checkpoint_dir(spec.request_id)
+        folder.mkdir(parents=True, exist_ok=True)
+        return checkpoint_env(spec, str(folder)), checkpoint_every_s(spec.checkpoint_interval_s)
+
     def launch(self, spec: LaunchSpec) -> None:
         """One workload per pod: a gang of N runs N workloads, each on its own node."""
         now = timezone.now()
+        ckpt_env, every = self._checkpointing(spec)
         for member in spec.members():
             try:
                 with transaction.atomic():
-                    SimulatedWorkload.objects.create(**_workload(member, now))
+                    SimulatedWorkload.objects.create(**_workload(member, now, ckpt_env, every))
             except IntegrityError:
                 # Created before: a retried launch adopts it.
                 pass
@@ -140,9 +174,13 @@ class SimulatedBackend:
     def launch_many(self, specs: list[LaunchSpec]) -> None:
         """`launch` for each spec, in bulk inserts (the tick launches all it admitted at once)."""
         now = timezone.now()
+        rows = []
+        for spec in specs:
+            ckpt_env, every = self._checkpointing(spec)
+            rows += [_workload(member, now, ckpt_env, every) for member in spec.members()]
         insert_rows(
             SimulatedWorkload,
-            [_workload(member, now) for spec in specs for member in spec.members()],
+            rows,
             # Created before: a retried launch adopts it.
             ignore_conflicts=True,
         )
@@ -152,16 +190,53 @@ class SimulatedBackend:
             name__in=_names(name, pods), namespace=namespace, stopped_at__isnull=True
         ).update(stopped_at=timezone.now())
 
+    def checkpoints_delete(self, request_id: int, namespace: str) -> None:
+        shutil.rmtree(self.checkpoint_dir(request_id), ignore_errors=True)
+
     def status(self, name: str, namespace: str, pods: int = 1) -> WorkloadStatus:
         if pods > 1:
             members = [self._status(n, namespace) for n in _names(name, pods)]
-            return gang_status(name, namespace, members)
+            # Rank 0 checkpoints for the gang, as training frameworks do.
+            return replace(
+                gang_status(name, namespace, members),
+                last_checkpoint_at=members[0].last_checkpoint_at,
+            )
         return self._status(name, namespace)
 
     def _status(self, name: str, namespace: str) -> WorkloadStatus:
         w = SimulatedWorkload.objects.filter(name=name, namespace=namespace).first()
         if w is None:
             return WorkloadStatus(name, namespace, Outcome.MISSING)
+        return replace(self._outcome(w, name, namespace), last_checkpoint_at=self._checkpoint(w))
+
+    def _checkpoint(self, w: SimulatedWorkload) -> datetime | None:
+        """Write the checkpoints the workload has finished by now; return the last one's time.
+
+        The workload checkpoints every `checkpoint_every_s` from its start until it ends
+        or is stopped. Files are written when the portal looks, with the time each was due.
+        """
+        every = float(w.spec.get("checkpoint_every_s") or 0)
+        folder = w.spec.get("env", {}).get("QM_CHECKPOINT_DIR")
+        if every <= 0 or not folder:
+            return None
+        until = min(timezone.now(), w.ends_at, w.stopped_at or w.ends_at)
+        done = int((until - w.starts_at).total_seconds() // every)
+        if done < 1:
+            return None
+        at = w.starts_at + timedelta(seconds=done * every)
+        path = Path(folder) / f"{w.name}-{done:06d}.json"
+        if not path.exists():
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(
+                    json.dumps({"workload": w.name, "checkpoint": done, "at": at.isoformat()})
+                )
+            except OSError:
+                # A read-only or full disk loses the file, not the demo.
+                return None
+        return at
+
+    def _outcome(self, w: SimulatedWorkload, name: str, namespace: str) -> WorkloadStatus:
         now = timezone.now()
         if w.stopped_at is not None:
             return WorkloadStatus(
@@ -183,8 +258,10 @@ class SimulatedBackend:
         )
 
 
-def _workload(member: LaunchSpec, now: datetime) -> dict[str, Any]:
-    """The SimulatedWorkload row of one pod."""
+def _workload(
+    member: LaunchSpec, now: datetime, ckpt_env: tuple[tuple[str, str], ...], every: float
+) -> dict[str, Any]:
+    """The SimulatedWorkload row of one pod; `ckpt_env` and `every` from `_checkpointing`."""
     return {
         "name": member.name,
         "namespace": member.namespace,
@@ -193,8 +270,9 @@ def _workload(member: LaunchSpec, now: datetime) -> dict[str, Any]:
             "image": member.image,
             "command": list(member.command),
             "attempt": member.attempt_id,
-            "env": dict(rendezvous_env(member)),
+            "env": dict(rendezvous_env(member) + ckpt_env),
             "devices": [g.device for g in member.grants],
+            "checkpoint_every_s": every,
         },
         "created_at": now,
         "starts_at": now + START_DELAY,

@@ -15,7 +15,13 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from portal import contract
-from portal.backends.base import RENDEZVOUS_PORT, LaunchSpec, rendezvous_env
+from portal.backends.base import (
+    RENDEZVOUS_PORT,
+    LaunchSpec,
+    checkpoint_env,
+    checkpoint_path,
+    rendezvous_env,
+)
 from portal.k8s.names import (
     A_GRANTS,
     A_NODE,
@@ -117,6 +123,15 @@ class JobOptions:
     shm_size_mib: int = 1024
     #: resource name for time-sliced shares when the node cannot be asked
     shared_resource: str = GPU_SHARED
+    #: checkpoint PVCs (docs/checkpoints.md): storage class ("" = the cluster default),
+    #: size, access mode for single pods (a gang's pods on several nodes need ReadWriteMany)
+    checkpoint_storage_class: str = ""
+    checkpoint_size: str = "50Gi"
+    checkpoint_access_mode: str = "ReadWriteOnce"
+    #: where the PVC is mounted in the main container (QM_CHECKPOINT_DIR)
+    checkpoint_mount_path: str = "/checkpoints"
+    #: the portal's URL as pods reach it, for QM_CHECKPOINT_URL; "" = `portal_url`
+    checkpoint_portal_url: str = ""
 
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -254,6 +269,29 @@ def job_build(
     if not gpu:
         # Without a GPU request the device plugin's envvar strategy would expose every GPU.
         env.append(client.V1EnvVar(name="NVIDIA_VISIBLE_DEVICES", value="void"))
+    # Platform-set QM_* names, after the user's were checked (a request may not set them).
+    env += [client.V1EnvVar(name=k, value=v) for k, v in _checkpoint_env(spec, options)]
+    mounts = [client.V1VolumeMount(name="dshm", mount_path="/dev/shm")]
+    volumes = [
+        client.V1Volume(
+            name="dshm",
+            empty_dir=client.V1EmptyDirVolumeSource(
+                medium="Memory", size_limit=f"{options.shm_size_mib}Mi"
+            ),
+        )
+    ]
+    if spec.checkpoint_interval_s > 0:
+        mounts.append(
+            client.V1VolumeMount(name="checkpoints", mount_path=options.checkpoint_mount_path)
+        )
+        volumes.append(
+            client.V1Volume(
+                name="checkpoints",
+                persistent_volume_claim=client.V1PersistentVolumeClaimVolumeSource(
+                    claim_name=spec.checkpoint_claim
+                ),
+            )
+        )
 
     main = client.V1Container(
         name=MAIN_CONTAINER,
@@ -262,7 +300,7 @@ def job_build(
         env=env,
         resources=_resources(spec.cpu_milli, spec.memory_mib, gpu, count),
         security_context=_security_context(),
-        volume_mounts=[client.V1VolumeMount(name="dshm", mount_path="/dev/shm")],
+        volume_mounts=mounts,
     )
     init = _ready_container(spec, options, gpu, count)
     pod_spec = client.V1PodSpec(
@@ -307,14 +345,7 @@ def job_build(
             ),
         ),
         tolerations=[_toleration(t) for t in spec.tolerations] or None,
-        volumes=[
-            client.V1Volume(
-                name="dshm",
-                empty_dir=client.V1EmptyDirVolumeSource(
-                    medium="Memory", size_limit=f"{options.shm_size_mib}Mi"
-                ),
-            )
-        ],
+        volumes=volumes,
     )
     annotations = {
         A_NODE: spec.node,
@@ -353,6 +384,83 @@ def job_build(
             ),
         ),
     )
+
+
+def _checkpoint_env(spec: LaunchSpec, options: JobOptions) -> tuple[tuple[str, str], ...]:
+    """QM_CHECKPOINT_* for the main container; the report URL only where pods reach the portal."""
+    base = (options.checkpoint_portal_url or options.portal_url).rstrip("/")
+    token = ""
+    if base and options.ready_token_key:
+        # The attempt's own token (the readiness check's): every pod of a gang shares it.
+        token = attempt_token(
+            options.ready_token_key, spec.namespace, spec.gang or spec.name, spec.attempt_id
+        )
+    url = base + checkpoint_path(spec.attempt_id) if base else ""
+    return checkpoint_env(spec, options.checkpoint_mount_path, url=url, token=token)
+
+
+def checkpoint_pvc_build(spec: LaunchSpec, options: JobOptions) -> client.V1PersistentVolumeClaim:
+    """The request's checkpoint volume: one per request, kept across its attempts.
+
+    Owned by nothing (a Job's owner reference would delete it with the first
+    attempt); the portal deletes it once the request has ended for good.
+    """
+    if not _DNS_LABEL.match(spec.namespace):
+        raise LaunchRefused(f"namespace {spec.namespace!r} is not a DNS label")
+    gang = len(spec.pods) > 1 or spec.world_size > 1
+    mode = "ReadWriteMany" if gang else options.checkpoint_access_mode
+    labels = {
+        L_NAME: "quartermaster-checkpoints",
+        L_INSTANCE: spec.checkpoint_claim,
+        L_PART_OF: "quartermaster",
+        L_MANAGED_BY: MANAGED_BY,
+        L_REQUEST: str(spec.request_id),
+        L_TEAM: label_value(spec.team),
+    }
+    return client.V1PersistentVolumeClaim(
+        api_version="v1",
+        kind="PersistentVolumeClaim",
+        metadata=client.V1ObjectMeta(
+            name=spec.checkpoint_claim, namespace=spec.namespace, labels=labels
+        ),
+        spec=client.V1PersistentVolumeClaimSpec(
+            access_modes=[mode],
+            storage_class_name=options.checkpoint_storage_class or None,
+            resources=client.V1VolumeResourceRequirements(
+                requests={"storage": options.checkpoint_size}
+            ),
+        ),
+    )
+
+
+def pvc_create(core: Any, pvc: Any) -> Any:
+    """Create the checkpoint PVC if missing; one of the same request is adopted."""
+    ns, name = pvc.metadata.namespace, pvc.metadata.name
+    try:
+        return core.create_namespaced_persistent_volume_claim(ns, pvc)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    existing = core.read_namespaced_persistent_volume_claim(name, ns)
+    have, want = existing.metadata.labels or {}, pvc.metadata.labels
+    for key in (L_MANAGED_BY, L_REQUEST):
+        if have.get(key) != want.get(key):
+            raise JobConflict(
+                f"PersistentVolumeClaim {ns}/{name} exists with {key}={have.get(key)!r}"
+            )
+    return existing
+
+
+def pvc_delete(core: Any, name: str, namespace: str) -> bool:
+    """Delete a checkpoint PVC; False when it was gone. A pod still using it keeps it
+    until that pod is gone (the kubernetes.io/pvc-protection finalizer)."""
+    try:
+        core.delete_namespaced_persistent_volume_claim(name, namespace)
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
 
 
 def gang_service_build(spec: LaunchSpec) -> client.V1Service:

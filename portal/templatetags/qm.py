@@ -16,3 +16,11 @@ def gpus(milli: int | None) -> str:
     if rest == 0:
         return str(whole)
     return f"{int(milli) / 1000:.3f}".rstrip("0").rstrip(".")
+
+
+@register.filter
+def gpu_hours(milli_seconds: int | None) -> str:
+    """GPU milli-seconds as GPU-hours: 3_600_000 -> "1.00", None -> ""."""
+    if milli_seconds is None:
+        return ""
+    return f"{int(milli_seconds) / 1000 / 3600:.2f}"

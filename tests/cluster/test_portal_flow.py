@@ -151,7 +151,17 @@ def test_a_request_on_a_node_that_goes_not_ready_is_requeued(
     node = req.attempts.get().nodes[0]
     merge_patch_node(core, node, {"metadata": {"labels": {NOT_READY: "true"}}})
     try:
-        seen += _drive(req, {GpuRequest.State.PENDING}, timeout_s=60)
+        # The node controller taints a NotReady node on its own schedule (slow on a loaded
+        # machine); the eviction and the requeue follow within seconds of the taint.
+        wait_for(
+            f"the not-ready NoExecute taint on {node}",
+            lambda: any(
+                t.key == "node.kubernetes.io/not-ready" and t.effect == "NoExecute"
+                for t in core.read_node(node).spec.taints or ()
+            ),
+            120,
+        )
+        seen += _drive(req, {GpuRequest.State.PENDING}, timeout_s=90)
         attempt = req.attempts.order_by("number").first()
         assert attempt is not None and attempt.state == "node_lost", attempt.state
     finally:

@@ -163,6 +163,7 @@ class FakeCluster:
     jobs: dict[tuple[str, str], client.V1Job] = field(default_factory=dict)
     pods: dict[tuple[str, str], client.V1Pod] = field(default_factory=dict)
     services: dict[tuple[str, str], client.V1Service] = field(default_factory=dict)
+    pvcs: dict[tuple[str, str], client.V1PersistentVolumeClaim] = field(default_factory=dict)
     #: (resource version, kind, namespace, type, object)
     events: list[tuple[int, str, str, str, Any]] = field(default_factory=list)
     #: watches from a resource version at or below this answer 410 Gone
@@ -521,6 +522,39 @@ class FakeCoreV1Api:
     def delete_namespaced_service(self, name: str, namespace: str, **kw: Any) -> client.V1Status:
         self.cluster.call("delete_namespaced_service", name=name, namespace=namespace)
         if self.cluster.services.pop((namespace, name), None) is None:
+            raise api_error(404, "NotFound")
+        return client.V1Status(status="Success")
+
+    def create_namespaced_persistent_volume_claim(
+        self, namespace: str, body: client.V1PersistentVolumeClaim, **kw: Any
+    ) -> client.V1PersistentVolumeClaim:
+        self.cluster.call(
+            "create_namespaced_persistent_volume_claim", namespace=namespace, body=body
+        )
+        key = (namespace, body.metadata.name)
+        if key in self.cluster.pvcs:
+            raise api_error(409, "AlreadyExists")
+        pvc = body.model_copy(deep=True)
+        pvc.metadata.namespace = namespace
+        pvc.metadata.uid = f"uid-pvc-{namespace}-{body.metadata.name}"
+        self.cluster.pvcs[key] = pvc
+        return pvc.model_copy(deep=True)
+
+    def read_namespaced_persistent_volume_claim(
+        self, name: str, namespace: str, **kw: Any
+    ) -> client.V1PersistentVolumeClaim:
+        self.cluster.call("read_namespaced_persistent_volume_claim", name=name, namespace=namespace)
+        if (namespace, name) not in self.cluster.pvcs:
+            raise api_error(404, "NotFound")
+        return self.cluster.pvcs[(namespace, name)].model_copy(deep=True)
+
+    def delete_namespaced_persistent_volume_claim(
+        self, name: str, namespace: str, **kw: Any
+    ) -> client.V1Status:
+        self.cluster.call(
+            "delete_namespaced_persistent_volume_claim", name=name, namespace=namespace
+        )
+        if self.cluster.pvcs.pop((namespace, name), None) is None:
             raise api_error(404, "NotFound")
         return client.V1Status(status="Success")
 

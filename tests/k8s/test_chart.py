@@ -397,3 +397,37 @@ def test_the_dashboard_is_portable() -> None:
 def test_notes_render(case: str) -> None:
     notes = render_files(CASES[case])["quartermaster/templates/NOTES.txt"]
     assert "Quartermaster" in notes and f"{FULL}-web" in notes
+
+
+def test_checkpoint_volumes_are_managed_in_team_namespaces_and_configured() -> None:
+    docs = render(
+        {
+            **CASES["everything"],
+            "config": {
+                **CASES["everything"]["config"],
+                "workloads": {
+                    **CASES["everything"]["config"]["workloads"],
+                    "checkpoints": {"storageClass": "ceph-rbd", "size": "200Gi"},
+                },
+            },
+        }
+    )
+    for role in kinds(docs, "Role"):
+        pvcs = next(r for r in role["rules"] if r["resources"] == ["persistentvolumeclaims"])
+        assert pvcs["apiGroups"] == [""] and pvcs["verbs"] == ["create", "get", "delete"]
+    data = one(docs, "ConfigMap", f"{FULL}-config")["data"]
+    assert data["CHECKPOINT_STORAGE_CLASS"] == "ceph-rbd" and data["CHECKPOINT_SIZE"] == "200Gi"
+    assert data["CHECKPOINT_ACCESS_MODE"] == "ReadWriteOnce"
+    assert data["CHECKPOINT_PORTAL_URL"] == f"http://{FULL}-web.{NAMESPACE}.svc:8000"
+    defaults = one(render(CASES["defaults"]), "ConfigMap", f"{FULL}-config")["data"]
+    assert defaults["CHECKPOINT_STORAGE_CLASS"] == "" and defaults["CHECKPOINT_SIZE"] == "50Gi"
+
+
+@pytest.mark.parametrize(
+    "bad", [{"size": "lots"}, {"accessMode": "ReadOnlyMany"}, {"storageClas": "x"}]
+)
+def test_the_schema_rejects_bad_checkpoint_values(bad: dict) -> None:
+    with pytest.raises(helm.HelmValuesError):
+        helm.Chart.load(CHART).validate_schema(
+            {**EXTERNAL, "config": {"workloads": {"checkpoints": bad}}}
+        )

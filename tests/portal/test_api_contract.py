@@ -151,7 +151,9 @@ def _call_every_list_operation(world: World, client_pkg: Any, wsgi: Any) -> None
             continue
         for who, c in (("member", bob), ("admin", dave)):
             response = module.sync_detailed(client=c)
-            if who == "member" and info.name.endswith(("capacity_list", "audit_list")):
+            if who == "member" and info.name.endswith(
+                ("capacity_list", "audit_list", "profiles_list")
+            ):
                 assert response.status_code == 403
                 continue
             assert response.status_code == 200, (info.name, who, response.content[:300])
@@ -171,8 +173,11 @@ def _call_every_list_operation(world: World, client_pkg: Any, wsgi: Any) -> None
         "decisions_list",
         "audit_list",
         "teams_list",
+        "profiles_list",
     }, names
-    assert all(n > 0 for name, _, n in called if name in ("requests_list", "pools_list"))
+    assert all(
+        n > 0 for name, _, n in called if name in ("requests_list", "pools_list", "profiles_list")
+    )
 
 
 def test_a_team_filter_answers_alike_for_other_and_missing_teams(world: World) -> None:

@@ -122,3 +122,39 @@ def test_a_failed_bulk_launch_falls_back_to_one_launch_per_attempt(
     assert sorted(a.launch_tries for a in attempts) == [1, 1]
     names = set(SimulatedWorkload.objects.values_list("name", flat=True))
     assert {a.workload_name for a in attempts} <= names
+
+
+def test_every_kind_of_decision_records_the_profile_and_a_preemption_its_lost_work() -> None:
+    """Admit, wait, preempt and reject rows are built apart in the bulk apply: each carries
+    the profile in force, and the preemption the work its victim loses."""
+    w = make_world()
+    victim = submit(w.carol, w.nlp, count=8)
+    snapshot, ctx = build_snapshot(timezone.now())
+    with transaction.atomic():
+        decisions_apply(
+            decisions=scheduling.schedule(snapshot, snapshot.now_ms), ctx=ctx, tick_no=1
+        )
+    attempt = Attempt.objects.get(request=victim)
+    fresh, waiting, refused = (submit(w.bob, w.vision) for _ in range(3))
+    snapshot, ctx = build_snapshot(timezone.now())
+    ctx.profile_name, ctx.profile_version = "night", 4
+    admit = next(
+        d for d in scheduling.schedule(snapshot, snapshot.now_ms) if d.request_id == str(fresh.pk)
+    )
+    assert admit.kind == st.DecisionKind.ADMIT
+    decisions = [
+        admit,
+        st.Decision(st.DecisionKind.WAIT, str(waiting.pk), "no-capacity", "waiting: full"),
+        st.Decision(st.DecisionKind.PREEMPT, str(victim.pk), "reclaim", "reclaimed",
+                    attempt_id=str(attempt.pk)),
+        st.Decision(st.DecisionKind.REJECT, str(refused.pk), "too-big", "never fits"),
+    ]  # fmt: skip
+    with transaction.atomic():
+        counts = decisions_apply(decisions=decisions, ctx=ctx, tick_no=2)
+    assert counts["admit"] == counts["wait"] == counts["preempt"] == counts["reject"] == 1
+    rows = Decision.objects.filter(tick=2)
+    assert sorted(rows.values_list("kind", flat=True)) == ["admit", "preempt", "reject", "wait"]
+    assert {(d.profile_name, d.profile_version) for d in rows} == {("night", 4)}
+    preempt = rows.get(kind="preempt")
+    assert preempt.message.startswith("reclaimed; it has not checkpointed, so it loses all")
+    assert preempt.facts["lost_seconds"] >= 0 and preempt.facts["last_checkpoint_at"] is None

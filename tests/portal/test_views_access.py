@@ -24,6 +24,7 @@ from portal.models import (
     GpuRequest,
     Membership,
     Node,
+    PolicyProfile,
     Pool,
     Quota,
     Team,
@@ -88,6 +89,9 @@ def world(django_db_setup, django_db_blocker) -> Iterator[dict]:  # noqa: ANN001
             "class_id": WorkloadClass.objects.get(name="training").pk,
             "node_id": Node.objects.get(name="a100-01").pk,
             "device_id": quarantined.pk,
+            # A workload's checkpoint report: a user's session is not the attempt's token.
+            "attempt_id": running.attempts.get().pk,
+            "profile_id": PolicyProfile.objects.get(active=True).pk,
             "action": "drain",
         }
         yield {"world": w, "ids": ids, "running": running}
@@ -121,6 +125,7 @@ def state() -> tuple:
         sorted(Membership.objects.values_list("id", "role", "gpu_cap_milli")),
         sorted(Device.objects.filter(quarantined=True).values_list("id", flat=True)),
         sorted(Team.objects.values_list("id", "name")),
+        sorted(PolicyProfile.objects.values_list("id", "version", "active", "knobs")),
     )
 
 
@@ -202,7 +207,10 @@ def test_it_keeps_members_from_lead_and_admin_actions(world: dict) -> None:
     client.force_login(w.bob)
     before = state()
     for route in ROUTES:
-        if not any(k in route for k in ("quotas", "members", "ops/", "nodes", "capacity", "audit")):
+        if not any(
+            k in route
+            for k in ("quotas", "members", "ops/", "nodes", "capacity", "audit", "profiles")
+        ):
             continue
         url = fill(route, ids)
         r = client.post(url, {"nominal_milli": 0})
