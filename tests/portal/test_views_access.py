@@ -12,12 +12,12 @@ import re
 from collections.abc import Iterator
 
 import pytest
-from django.db import transaction
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
+from django.db import transaction
 from django.test import Client
-from rest_framework.authtoken.models import Token
 from django.urls import URLPattern, URLResolver, get_resolver
+from rest_framework.authtoken.models import Token
 
 from portal import tick
 from portal.models import (
