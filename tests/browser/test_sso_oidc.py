@@ -23,8 +23,10 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import unquote_plus
 
 import pytest
+import requests
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 
@@ -180,6 +182,23 @@ def test_sso_signs_in_with_pkce_maps_groups_and_a_second_sign_in_removes_a_membe
     monkeypatch.setattr(services, "_wake_scheduler", lambda: None)
     world = make_world()
     set_groups(provider, erin=["gpu-vision-leads", "gpu-nlp", "unmapped"])
+    # The provider refuses an authorization request without a PKCE challenge, so the
+    # sign-in below completing means the portal sent one (and the verifier after it).
+    refused = requests.get(
+        f"{provider['issuer']}/auth",
+        params={
+            "client_id": CLIENT_ID,
+            "response_type": "code",
+            "scope": "openid",
+            "redirect_uri": f"{live_server.url}/oidc/callback/",
+            "state": "no-pkce",
+        },
+        allow_redirects=False,
+        timeout=10,
+    )
+    assert refused.status_code in (302, 303)
+    assert "error=invalid_request" in refused.headers["Location"]
+    assert "requires PKCE" in unquote_plus(refused.headers["Location"])
 
     page = new_page(browser, live_server)
     sso_login(page, provider, "erin", screenshots="sso")

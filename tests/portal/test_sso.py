@@ -201,6 +201,14 @@ def test_it_sends_the_browser_to_the_provider_with_a_pkce_challenge(world: World
     assert "groups" in query["scope"][0].split()
 
 
+def test_a_refused_sign_in_comes_back_to_the_login_page_saying_so(world: World) -> None:
+    client = Client()
+    r = client.get("/oidc/callback/?error=access_denied&state=whatever")
+    assert r.status_code == 302 and r["Location"] == "/accounts/login/?sso=failed"
+    assert "Single sign-on did not complete" in client.get(r["Location"]).content.decode()
+    assert "_auth_user_id" not in client.session
+
+
 def test_it_answers_404_for_sso_urls_while_sso_is_off(settings) -> None:  # noqa: ANN001
     settings.OIDC_ENABLED = False
     assert Client().get("/oidc/authenticate/").status_code == 404
