@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.http import Http404
 from drf_spectacular.utils import (
     OpenApiParameter,
     OpenApiResponse,
@@ -17,7 +18,12 @@ from drf_spectacular.utils import (
     extend_schema_serializer,
 )
 from rest_framework import serializers, status
-from rest_framework.exceptions import APIException, AuthenticationFailed, ValidationError
+from rest_framework.exceptions import (
+    APIException,
+    AuthenticationFailed,
+    PermissionDenied,
+    ValidationError,
+)
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
@@ -454,7 +460,7 @@ class CapacityApi(ListApiView):
         responses=OutputSerializer(many=True),
     )
     def get(self, request: Request) -> Response:
-        access.require_admin(request.user)
+        access.require_admin_read(request.user)
         nodes = Node.objects.select_related("pool").order_by("pool__name", "name")
         if request.query_params.get("pool"):
             nodes = nodes.filter(pool__name=request.query_params["pool"])
@@ -584,7 +590,7 @@ class AuditListApi(ListApiView):
         responses=OutputSerializer(many=True),
     )
     def get(self, request: Request) -> Response:
-        access.require_admin(request.user)
+        access.require_admin_read(request.user)
         qs: Any = selectors.audit_list(action=request.query_params.get("action", "")[:50])
         return _paginate(self, request, qs, self.OutputSerializer)
 
@@ -601,19 +607,161 @@ class QuotaOutputSerializer(serializers.Serializer):
     granted_milli = serializers.IntegerField()
 
 
-class TeamListApi(ListApiView):
-    class OutputSerializer(serializers.Serializer):
-        id = serializers.IntegerField()
-        name = serializers.CharField()
-        display_name = serializers.CharField()
-        namespace = serializers.CharField()
-        weight = serializers.IntegerField()
+class TeamOutputSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    display_name = serializers.CharField()
+    namespace = serializers.CharField()
+    weight = serializers.IntegerField()
 
-    @extend_schema(operation_id="teams_list", responses=OutputSerializer(many=True))
+
+class TeamListApi(ListApiView):
+    """Teams the caller may see; admins create teams (audited)."""
+
+    OutputSerializer = TeamOutputSerializer
+
+    class InputSerializer(StrictSerializer):
+        name = serializers.CharField(max_length=63)
+        display_name = serializers.CharField(max_length=200, required=False, allow_blank=True)
+        namespace = serializers.CharField(max_length=63, required=False, allow_blank=True)
+        weight = serializers.IntegerField(min_value=1, max_value=1000, required=False)
+
+    @extend_schema(operation_id="teams_list", responses=TeamOutputSerializer(many=True))
     def get(self, request: Request) -> Response:
         return _paginate(
             self, request, access.teams_for(request.user).order_by("name"), self.OutputSerializer
         )
+
+    @extend_schema(
+        operation_id="teams_create",
+        request=InputSerializer,
+        responses={201: TeamOutputSerializer},
+    )
+    def post(self, request: Request) -> Response:
+        access.require_admin(request.user)
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        team = services.team_create(actor=request.user, **serializer.validated_data)
+        return Response(self.OutputSerializer(team).data, status=status.HTTP_201_CREATED)
+
+
+class MemberOutputSerializer(serializers.Serializer):
+    id = serializers.IntegerField(source="membership.pk")
+    username = serializers.CharField(source="membership.user.username")
+    role = serializers.CharField(source="membership.role")
+    gpu_cap_milli = serializers.IntegerField(source="membership.gpu_cap_milli", allow_null=True)
+    source = serializers.CharField(source="membership.source")
+    holding_milli = serializers.IntegerField()
+    pending = serializers.IntegerField()
+
+
+def _member_view(membership: Membership) -> dict[str, Any]:
+    """One member as team_members() lists them (holding and pending included)."""
+    for m in selectors.team_members(membership.team):
+        if m["membership"].pk == membership.pk:
+            return m
+    raise Http404("No such member.")
+
+
+class TeamMemberListApi(ListApiView):
+    """A team's members; its leads (and admins) add members. Admins choose the role."""
+
+    class InputSerializer(StrictSerializer):
+        username = serializers.CharField(max_length=150)
+        role = serializers.ChoiceField(choices=Membership.Role.values, required=False)
+        gpu_cap_milli = serializers.IntegerField(
+            min_value=0, max_value=10**9, required=False, allow_null=True
+        )
+
+    @extend_schema(operation_id="team_members_list", responses=MemberOutputSerializer(many=True))
+    def get(self, request: Request, team_id: int) -> Response:
+        team = access.get_team_for_user(request.user, team_id)
+        return _paginate(self, request, selectors.team_members(team), MemberOutputSerializer)
+
+    @extend_schema(
+        operation_id="team_members_add",
+        request=InputSerializer,
+        responses={201: MemberOutputSerializer},
+    )
+    def post(self, request: Request, team_id: int) -> Response:
+        team = access.get_team_for_user(request.user, team_id, role=Membership.Role.LEAD)
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        role = data.get("role", Membership.Role.MEMBER)
+        if role != Membership.Role.MEMBER and not access.is_admin(request.user):
+            raise ValidationError({"role": ["Only platform admins add leads."]})
+        membership = services.membership_add(
+            actor=request.user, team=team, username=data["username"], role=role
+        )
+        if data.get("gpu_cap_milli") is not None:
+            membership = services.membership_set(
+                actor=request.user,
+                team=team,
+                user=membership.user,
+                role=membership.role,
+                gpu_cap_milli=data["gpu_cap_milli"],
+            )
+        return Response(
+            MemberOutputSerializer(_member_view(membership)).data, status=status.HTTP_201_CREATED
+        )
+
+
+class TeamMemberDetailApi(ApiView):
+    """One member: leads set the cap and remove members; admins also change roles and remove leads.
+
+    Removing a member cancels their pending requests in the team (running work finishes).
+    """
+
+    class InputSerializer(StrictSerializer):
+        role = serializers.ChoiceField(choices=Membership.Role.values, required=False)
+        gpu_cap_milli = serializers.IntegerField(
+            min_value=0, max_value=10**9, required=False, allow_null=True
+        )
+
+    class RemovedSerializer(serializers.Serializer):
+        cancelled_requests = serializers.IntegerField()
+
+    def _membership(self, request: Request, team_id: int, membership_id: int) -> Membership:
+        team = access.get_team_for_user(request.user, team_id, role=Membership.Role.LEAD)
+        return access.get_membership_for_lead(request.user, team, membership_id)
+
+    @extend_schema(operation_id="team_members_get", responses=MemberOutputSerializer)
+    def get(self, request: Request, team_id: int, membership_id: int) -> Response:
+        team = access.get_team_for_user(request.user, team_id)
+        membership = access.get_membership_for_lead(request.user, team, membership_id)
+        return Response(MemberOutputSerializer(_member_view(membership)).data)
+
+    @extend_schema(
+        operation_id="team_members_update",
+        request=InputSerializer,
+        responses=MemberOutputSerializer,
+    )
+    def patch(self, request: Request, team_id: int, membership_id: int) -> Response:
+        membership = self._membership(request, team_id, membership_id)
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        role = data.get("role", membership.role)
+        if role != membership.role and not access.is_admin(request.user):
+            raise ValidationError({"role": ["Only platform admins change roles."]})
+        cap = data.get("gpu_cap_milli", membership.gpu_cap_milli)
+        membership = services.membership_set(
+            actor=request.user,
+            team=membership.team,
+            user=membership.user,
+            role=role,
+            gpu_cap_milli=cap,
+        )
+        return Response(MemberOutputSerializer(_member_view(membership)).data)
+
+    @extend_schema(operation_id="team_members_remove", request=None, responses=RemovedSerializer)
+    def delete(self, request: Request, team_id: int, membership_id: int) -> Response:
+        membership = self._membership(request, team_id, membership_id)
+        if membership.role == Membership.Role.LEAD and not access.is_admin(request.user):
+            raise PermissionDenied("Only platform admins remove a team's leads.")
+        cancelled = services.membership_remove(actor=request.user, membership=membership)
+        return Response({"cancelled_requests": cancelled})
 
 
 class TeamDetailApi(ApiView):
@@ -626,12 +774,7 @@ class TeamDetailApi(ApiView):
         borrowed_milli = serializers.IntegerField()
         lent_milli = serializers.IntegerField()
 
-    class MemberSerializer(serializers.Serializer):
-        username = serializers.CharField(source="membership.user.username")
-        role = serializers.CharField(source="membership.role")
-        gpu_cap_milli = serializers.IntegerField(source="membership.gpu_cap_milli", allow_null=True)
-        holding_milli = serializers.IntegerField()
-        pending = serializers.IntegerField()
+    MemberSerializer = MemberOutputSerializer
 
     class OutputSerializer(serializers.Serializer):
         id = serializers.IntegerField()
@@ -755,12 +898,12 @@ def _profile_data(row: PolicyProfile) -> dict[str, Any]:
 
 
 class ProfileListCreateApi(ListApiView):
-    """Admins: the scheduling profiles (GET), or a new one (POST): the shipped default's
+    """Admins and auditors: the scheduling profiles (GET); admins: a new one (POST): the shipped default's
     knobs with those given over them; inactive until activated."""
 
     @extend_schema(operation_id="profiles_list", responses=ProfileOutputSerializer(many=True))
     def get(self, request: Request) -> Response:
-        access.require_admin(request.user)
+        access.require_admin_read(request.user)
         qs = PolicyProfile.objects.select_related("updated_by").order_by("name")
         paginator = PageNumberPagination()
         page = paginator.paginate_queryset(qs, request, view=self)
@@ -786,7 +929,7 @@ class ProfileDetailApi(ApiView):
 
     @extend_schema(operation_id="profiles_get", responses=ProfileOutputSerializer)
     def get(self, request: Request, profile_id: int) -> Response:
-        row = access.get_policy_profile_for_admin(request.user, profile_id)
+        row = access.get_policy_profile_for_admin(request.user, profile_id, read_only=True)
         return Response(_profile_data(row))
 
     @extend_schema(

@@ -50,8 +50,16 @@ class Membership(models.Model):
     )
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
     role = models.CharField(max_length=10, choices=Role.choices, default=Role.MEMBER)
+
+    class Source(models.TextChoices):
+        #: added by a lead or an admin; single sign-on leaves it alone
+        MANUAL = "manual"
+        #: from the identity provider's groups (OIDC_GROUP_MAP); synced at each sign-in
+        SSO = "sso"
+
     #: most GPU milli this member may hold at once; null = no cap beyond the team's
     gpu_cap_milli = models.PositiveIntegerField(null=True, blank=True)
+    source = models.CharField(max_length=10, choices=Source.choices, default=Source.MANUAL)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["user", "team"], name="membership_unique")]

@@ -74,12 +74,16 @@ def audit(
     team: Team | None = None,
     before: dict[str, Any] | None = None,
     after: dict[str, Any] | None = None,
+    actor_name: str = "",
 ) -> AuditEvent:
-    """Record who changed what; call inside the transaction that made the change."""
+    """Record who changed what; call inside the transaction that made the change.
+
+    With no signed-in actor, `actor_name` says what acted ("sso"; default "system").
+    """
     real = actor if actor is not None and getattr(actor, "is_authenticated", False) else None
     return AuditEvent.objects.create(
         actor=real,
-        actor_name=getattr(real, "username", "") or "system",
+        actor_name=getattr(real, "username", "") or actor_name or "system",
         action=action,
         object_type=obj._meta.model_name or "",
         object_id=str(obj.pk),
@@ -1101,15 +1105,25 @@ def membership_set(
     user: AbstractBaseUser,
     role: str,
     gpu_cap_milli: int | None = None,
+    source: str | None = None,
+    actor_name: str = "",
 ) -> Membership:
+    """Add `user` to `team` or change their role and cap, audited with before and after.
+
+    `source` marks who manages the membership (Membership.Source); None keeps it.
+    """
     if role not in Membership.Role.values:
         raise ValidationError({"role": f"Choose one of {', '.join(Membership.Role.values)}."})
+    if gpu_cap_milli is not None and (not isinstance(gpu_cap_milli, int) or gpu_cap_milli < 0):
+        raise ValidationError({"gpu_cap_milli": "Must be a whole number of milli-GPU, 0 or more."})
     with transaction.atomic():
         m, created = Membership.objects.select_for_update().get_or_create(
             user=user, team=team, defaults={"role": role}
         )
-        before = None if created else _snapshot(m, ["role", "gpu_cap_milli"])
+        before = None if created else {"user": user.get_username(), **_snapshot(m, MEMBER_FIELDS)}
         m.role, m.gpu_cap_milli = role, gpu_cap_milli
+        if source is not None:
+            m.source = source
         m.save()
         audit(
             actor=actor,
@@ -1117,9 +1131,13 @@ def membership_set(
             obj=m,
             team=team,
             before=before,
-            after=_snapshot(m, ["role", "gpu_cap_milli"]),
+            after={"user": user.get_username(), **_snapshot(m, MEMBER_FIELDS)},
+            actor_name=actor_name,
         )
     return m
+
+
+MEMBER_FIELDS = ["role", "gpu_cap_milli", "source"]
 
 
 def membership_add(
@@ -1136,7 +1154,9 @@ def membership_add(
     return membership_set(actor=actor, team=team, user=user, role=role)
 
 
-def membership_remove(*, actor: AbstractBaseUser | None, membership: Membership) -> int:
+def membership_remove(
+    *, actor: AbstractBaseUser | None, membership: Membership, actor_name: str = ""
+) -> int:
     """Remove a member from a team and cancel their pending requests in it, audited.
 
     Admitted and running work runs on (stopping it is a separate, explicit act).
@@ -1164,12 +1184,109 @@ def membership_remove(*, actor: AbstractBaseUser | None, membership: Membership)
             team=m.team,
             before={
                 "user": m.user.get_username(),
-                **_snapshot(m, ["role", "gpu_cap_milli"]),
+                **_snapshot(m, MEMBER_FIELDS),
             },
             after={"cancelled_requests": cancelled},
+            actor_name=actor_name,
         )
         m.delete()
     return cancelled
+
+
+# ---------------------------------------------------------------------------
+# Single sign-on: the identity provider's groups become memberships and roles
+
+
+SSO_ACTOR = "sso"
+
+
+def sso_roles_from_groups(groups: Any) -> tuple[dict[str, str], set[str]]:
+    """Map IdP groups through settings.OIDC_GROUP_MAP: ({team name: role}, {platform roles}).
+
+    A user in several groups of one team gets the highest role (lead over member).
+    """
+    names = {g for g in groups if isinstance(g, str)} if isinstance(groups, list | tuple) else set()
+    teams: dict[str, str] = {}
+    platform: set[str] = set()
+    for group, team, role in settings.OIDC_GROUP_MAP:
+        if group not in names:
+            continue
+        if team == "*":
+            platform.add(role)
+        elif teams.get(team) != Membership.Role.LEAD:
+            teams[team] = role
+    return teams, platform
+
+
+def sso_sync(*, user: AbstractBaseUser, groups: Any) -> dict[str, list[str]]:
+    """Bring the user's memberships and platform roles in line with their IdP groups.
+
+    Called at each sign-in. Memberships the map grants are created or changed (and marked
+    `source=sso`; a member's cap stays); SSO memberships the groups no longer grant are
+    removed through membership_remove, which cancels the member's pending requests there.
+    Memberships leads added by hand are left alone. Platform roles (admin = staff,
+    auditor = settings.AUDITOR_GROUP) follow the groups only for the roles the map names;
+    a superuser is never demoted. Teams the map names but that do not exist are skipped
+    and returned under "unknown_teams" (admins create teams; sign-in never does).
+    """
+    from django.contrib.auth.models import Group
+
+    wanted, platform = sso_roles_from_groups(groups)
+    teams = {t.name: t for t in Team.objects.filter(name__in=list(wanted))}
+    changes: dict[str, list[str]] = {"set": [], "removed": [], "unknown_teams": []}
+    changes["unknown_teams"] = sorted(set(wanted) - set(teams))
+    with transaction.atomic():
+        current = {
+            m.team.name: m for m in Membership.objects.select_related("team").filter(user=user)
+        }
+        for name, role in sorted(wanted.items()):
+            if name not in teams:
+                continue
+            m = current.get(name)
+            if m is not None and m.role == role and m.source == Membership.Source.SSO:
+                continue
+            membership_set(
+                actor=None,
+                actor_name=SSO_ACTOR,
+                team=teams[name],
+                user=user,
+                role=role,
+                gpu_cap_milli=m.gpu_cap_milli if m is not None else None,
+                source=Membership.Source.SSO,
+            )
+            changes["set"].append(f"{name}:{role}")
+        for name, m in sorted(current.items()):
+            if m.source == Membership.Source.SSO and name not in wanted:
+                membership_remove(actor=None, membership=m, actor_name=SSO_ACTOR)
+                changes["removed"].append(name)
+
+        mapped = {role for _, team, role in settings.OIDC_GROUP_MAP if team == "*"}
+        before = {"admin": bool(user.is_staff), "auditor": False}  # type: ignore[attr-defined]
+        auditors, _ = Group.objects.get_or_create(name=settings.AUDITOR_GROUP)
+        before["auditor"] = user.groups.filter(pk=auditors.pk).exists()  # type: ignore[attr-defined]
+        after = dict(before)
+        if "admin" in mapped and not user.is_superuser:  # type: ignore[attr-defined]
+            after["admin"] = "admin" in platform
+        if "auditor" in mapped:
+            after["auditor"] = "auditor" in platform
+        if after != before:
+            if after["admin"] != before["admin"]:
+                user.is_staff = after["admin"]  # type: ignore[attr-defined]
+                user.save(update_fields=["is_staff"])
+            if after["auditor"] and not before["auditor"]:
+                user.groups.add(auditors)  # type: ignore[attr-defined]
+            elif before["auditor"] and not after["auditor"]:
+                user.groups.remove(auditors)  # type: ignore[attr-defined]
+            user._qm_auditor = after["auditor"]  # type: ignore[attr-defined]
+            audit(
+                actor=None,
+                actor_name=SSO_ACTOR,
+                action="user.roles",
+                obj=user,  # type: ignore[arg-type]
+                before={"user": user.get_username(), **before},
+                after={"user": user.get_username(), **after},
+            )
+    return changes
 
 
 def node_cordon(*, actor: AbstractBaseUser, node: Node) -> Node:

@@ -90,6 +90,12 @@ api_patterns = [
     path("audit/", api.AuditListApi.as_view(), name="audit"),
     path("teams/", api.TeamListApi.as_view(), name="teams"),
     path("teams/<int:team_id>/", api.TeamDetailApi.as_view(), name="team-detail"),
+    path("teams/<int:team_id>/members/", api.TeamMemberListApi.as_view(), name="team-members"),
+    path(
+        "teams/<int:team_id>/members/<int:membership_id>/",
+        api.TeamMemberDetailApi.as_view(),
+        name="team-member",
+    ),
     path("teams/<int:team_id>/quotas/<int:pool_id>/", api.QuotaSetApi.as_view(), name="quota-set"),
     path("profiles/", api.ProfileListCreateApi.as_view(), name="profiles"),
     path("profiles/<int:profile_id>/", api.ProfileDetailApi.as_view(), name="profile-detail"),
@@ -120,7 +126,9 @@ urlpatterns = [
         SpectacularSwaggerView.as_view(url_name="schema", permission_classes=[IsAuthenticated]),
         name="api-docs",
     ),
-    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path("accounts/login/", views.LoginView.as_view(), name="login"),
+    # Single sign-on (portal/sso.py): /oidc/authenticate/ and /oidc/callback/; 404 while off.
+    path("oidc/", include("mozilla_django_oidc.urls")),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("healthz", views.healthz, name="healthz"),

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
+from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
@@ -97,6 +99,25 @@ def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpR
     from django.views.defaults import page_not_found
 
     return page_not_found(request, exception or Exception())
+
+
+class LoginView(auth_views.LoginView):
+    """Password login beside single sign-on; with PASSWORD_LOGIN=false, only the SSO button."""
+
+    def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if not settings.PASSWORD_LOGIN:
+            raise PermissionDenied("Password login is switched off: sign in with single sign-on.")
+        return super().post(request, *args, **kwargs)
+
+    def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
+        context = super().get_context_data(**kwargs)
+        context.update(
+            sso=settings.OIDC_ENABLED,
+            sso_name=settings.OIDC_PROVIDER_NAME,
+            sso_failed=self.request.GET.get("sso") == "failed",
+            password_login=settings.PASSWORD_LOGIN,
+        )
+        return context
 
 
 @require_GET
@@ -351,7 +372,10 @@ def _team_context(request: HttpRequest, team: Team) -> dict[str, Any]:
         "admin": admin,
         "usage": usage,
         "members": members,
-        "audit": selectors.audit_list(team=team)[:20] if can_edit else [],
+        "auditor": access.is_read_only(request.user),
+        "audit": selectors.audit_list(team=team)[:20]
+        if can_edit or access.sees_all(request.user)
+        else [],
         "pending": GpuRequest.objects.filter(team=team, state=GpuRequest.State.PENDING).count(),
     }
 
@@ -426,7 +450,7 @@ def member_edit(request: HttpRequest, team_id: int, membership_id: int) -> HttpR
 @require_GET
 def capacity(request: HttpRequest) -> HttpResponse:
     """Pool → node → device → slot, coloured free / team / fragmented / unhealthy."""
-    access.require_admin(request.user)
+    access.require_admin_read(request.user)
     form = CapacityFilterForm(request.GET or None)
     nodes = Node.objects.select_related("pool").order_by("pool__name", "name")
     if form.is_valid():
@@ -478,7 +502,7 @@ def device_clear_quarantine(request: HttpRequest, device_id: int) -> HttpRespons
 @login_required
 @require_GET
 def audit_log(request: HttpRequest) -> HttpResponse:
-    access.require_admin(request.user)
+    access.require_admin_read(request.user)
     action = request.GET.get("action", "")[:50]
     actor = request.GET.get("actor", "")[:150]
     qs = selectors.audit_list(action=action, actor=actor)
@@ -499,8 +523,8 @@ def audit_log(request: HttpRequest) -> HttpResponse:
 @require_GET
 def settings_page(request: HttpRequest) -> HttpResponse:
     """Scheduling profiles, workload classes, pools and team guarantees, each editable by
-    admins."""
-    access.require_admin(request.user)
+    admins (auditors read them)."""
+    access.require_admin_read(request.user)
     template = "portal/settings.html"
     if request.htmx:
         template += "#profiles"
