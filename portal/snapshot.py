@@ -24,13 +24,14 @@ from portal.models import (
     Node,
     Pool,
     Quota,
+    ShapeHistory,
     Team,
     UsageRecord,
     WorkloadClass,
     heartbeat_stale_before,
 )
 from scheduling import types as st
-from scheduling import usage_decay
+from scheduling import usage_decay, workload
 
 
 def _ms(dt: datetime) -> int:
@@ -160,6 +161,7 @@ def build_snapshot(now: datetime) -> tuple[st.Snapshot, Context]:
         ),
         usage=tuple(_usage(now)),
         members=_members({r.team_id for r in pending_rows}),
+        workloads=_workloads(),
     )
     ctx = Context(
         now=now,
@@ -170,6 +172,16 @@ def build_snapshot(now: datetime) -> tuple[st.Snapshot, Context]:
         pools=pools,
     )
     return snapshot, ctx
+
+
+def _workloads() -> tuple[st.PoolWorkload, ...]:
+    """Each pool's shape history: FGD's target workload (a pool without one: its prior)."""
+    return tuple(
+        workload.ShapeHistory.from_dict(histogram).to_workload(pool)
+        for pool, histogram in ShapeHistory.objects.order_by("pool__name").values_list(
+            "pool__name", "histogram"
+        )
+    )
 
 
 def _members(team_ids: set[int]) -> tuple[st.Member, ...]:
