@@ -267,13 +267,13 @@ def run_per_tick(
             if d.kind is DecisionKind.ADMIT and d.placement is not None:
                 admitted[d.request_id] = (d.placement, d.pool)
         for req, pod in zip(pending, batch, strict=True):
-            placement, pool = admitted.get(req.id, (None, ""))
+            placement, where = admitted.get(req.id, (None, ""))
             if placement is None:
                 failed += 1  # withdrawn: it did not fit in its tick
             else:
                 allocated += pod.gpu_request_milli
                 running.append(
-                    Running(req.id, req.id, TEAM.name, CLASS.name, pool, req.shape, placement, now)
+                    Running(req.id, req.id, TEAM.name, CLASS.name, where, req.shape, placement, now)
                 )
             if keep_placements:
                 placements.append((pod.name, placement))
