@@ -147,8 +147,7 @@ class _Tick:
         self.admitted_end: list[int | None] = []
         #: per node, what holds it and until when; built only when a reservation needs it
         self._holders: dict[str, list[_Hold]] | None = None
-        for run in snapshot.running:
-            self.state.take(run.placement)
+        self.state.take_many(run.placement for run in snapshot.running)
         self.book = QuotaBook(
             snapshot.pools, snapshot.nodes, snapshot.quotas, snapshot.running, self.classes
         )

@@ -359,6 +359,17 @@ class ClusterState:
         for pod in placement.pods:
             self._apply_pod(pod, -1)
 
+    def take_many(self, placements: Iterable[Placement]) -> None:
+        """Commit many placements (a tick's running attempts): each node regroups once."""
+        touched: dict[str, _NodeFree] = {}
+        for placement in placements:
+            for pod in placement.pods:
+                free = self._apply_pod(pod, -1, regroup=False)
+                if free is not None:
+                    touched[pod.node] = free
+        for free in touched.values():
+            self._regroup(free)
+
     def give(self, placement: Placement) -> None:
         """Return a placement's capacity."""
         for pod in placement.pods:
@@ -439,10 +450,10 @@ class ClusterState:
         bisect.insort(group.names, name)
         free.group = group
 
-    def _apply_pod(self, pod: PodPlacement, sign: int) -> None:
+    def _apply_pod(self, pod: PodPlacement, sign: int, regroup: bool = True) -> _NodeFree | None:
         free = self._nodes.get(pod.node)
         if free is None:
-            return
+            return None
         free.cpu_milli += sign * pod.cpu_milli
         free.memory_mib += sign * pod.memory_mib
         for g in pod.grants:
@@ -450,7 +461,9 @@ class ClusterState:
                 continue
             spec = free.cls.specs[g.device]
             free.devs[g.device] = _apply_grant(spec, free.devs[g.device], g, sign)
-        self._regroup(free)
+        if regroup:
+            self._regroup(free)
+        return free
 
     # ------------------------------------------------------------------ choosing
 
