@@ -227,6 +227,22 @@ class Pool(models.Model):
         )
 
 
+class ShapeHistory(models.Model):
+    """The request shapes a pool has seen, decayed (`scheduling.workload.ShapeHistory`).
+
+    FGD's target workload for the pool: every submit adds its shape (`services.
+    gpu_request_submit`), the tick passes it in the snapshot. No row: the pool's prior.
+    """
+
+    pool = models.OneToOneField(Pool, on_delete=models.CASCADE, related_name="shape_history")
+    #: `scheduling.workload.ShapeHistory.to_dict()`
+    histogram = models.JSONField(default=dict)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"shapes of {self.pool_id}"
+
+
 class Node(models.Model):
     name = models.CharField(max_length=253, unique=True)
     pool = models.ForeignKey(Pool, on_delete=models.PROTECT, related_name="nodes")

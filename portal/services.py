@@ -43,12 +43,13 @@ from portal.models import (
     PolicyProfile,
     Pool,
     Quota,
+    ShapeHistory,
     Team,
     UsageRecord,
     WorkloadClass,
 )
 from portal.readiness import attempt_token, ready_token_key
-from scheduling import backoff
+from scheduling import backoff, workload
 from scheduling import profile as scheduling_profile
 from scheduling.members import NOT_A_MEMBER
 
@@ -212,7 +213,8 @@ def gpu_request_submit(
         raise ValidationError({exc.field: exc.message}) from None
     if pool is not None and pool.lifecycle == Pool.Lifecycle.MAINTENANCE:
         raise ValidationError({"pool": f"Pool {pool.name} is in maintenance."})
-    if not any(p.offers(profile_kind, mig_profile) for p in Pool.offering(pool)):
+    serving = [p for p in Pool.offering(pool) if p.offers(profile_kind, mig_profile)]
+    if not serving:
         where = f"pool {pool.name}" if pool else "any production pool"
         field = "mig_profile" if profile_kind == DeviceProfile.Kind.MIG else "profile_kind"
         raise ValidationError({field: f"No {where} offers this device profile."})
@@ -264,6 +266,7 @@ def gpu_request_submit(
             exclude=["team", "submitted_by", "workload_class", "pool"], validate_constraints=False
         )
         req.save()
+        _observe_shape(req, serving)
         audit(
             actor=user,
             action="request.submit",
@@ -273,6 +276,23 @@ def gpu_request_submit(
         )
         _wake_scheduler()
     return req
+
+
+def _observe_shape(req: GpuRequest, pools: list[Pool]) -> None:
+    """Add the request's shape to the shape history of every pool that may serve it.
+
+    One locked row per pool, in pool order (no deadlock between concurrent submits); the
+    caller's transaction keeps the read-modify-write of the JSON whole.
+    """
+    now_ms = int(timezone.now().timestamp() * 1000)
+    # The active profile's half-life, as the tick reads the histories with it.
+    half_life = PolicyProfile.objects.active_profile().policy().shape_half_life_s
+    for pool in sorted(pools, key=lambda p: p.pk):
+        row, _ = ShapeHistory.objects.select_for_update().get_or_create(pool=pool)
+        history = workload.ShapeHistory.from_dict(row.histogram, half_life_s=half_life)
+        history.observe(shapes.request_shape(req, shapes.tolerations([pool])), now_ms)
+        row.histogram = history.to_dict()
+        row.save(update_fields=["histogram", "updated_at"])
 
 
 def _check_pending_caps(*, user: AbstractBaseUser, team: Team) -> None:

@@ -29,13 +29,14 @@ from portal.models import (
     Node,
     Pool,
     Quota,
+    ShapeHistory,
     Team,
     UsageRecord,
     WorkloadClass,
     heartbeat_stale_before,
 )
 from scheduling import types as st
-from scheduling import usage_decay
+from scheduling import usage_decay, workload
 
 
 def _ms(dt: datetime) -> int:
@@ -147,6 +148,7 @@ def build_snapshot(now: datetime, policy: st.Policy | None = None) -> tuple[st.S
         ),
         usage=tuple(_usage(now, teams, policy.usage_half_life_s)),
         members=_members({q.team_id for q in queued.values()}),
+        workloads=_workloads(policy.shape_half_life_s),
     )
     ctx = Context(
         now=now,
@@ -427,6 +429,17 @@ def _pending(
             shape.gpus_milli,
         )
     return tuple(pending), queued
+
+
+def _workloads(half_life_s: int) -> tuple[st.PoolWorkload, ...]:
+    """Each pool's shape history: FGD's target workload (a pool without one: its prior),
+    decayed with the active profile's half-life."""
+    return tuple(
+        workload.ShapeHistory.from_dict(histogram, half_life_s=half_life_s).to_workload(pool)
+        for pool, histogram in ShapeHistory.objects.order_by("pool__name").values_list(
+            "pool__name", "histogram"
+        )
+    )
 
 
 def _members(team_ids: set[int]) -> tuple[st.Member, ...]:

@@ -3,7 +3,8 @@
 `schedule(snapshot)` is a pure function of frozen data. Steps:
 
 1. **Index** the snapshot: pools, classes, free capacity (`ClusterState` with every
-   running attempt taken), quota books (`scheduling.quota`) and fair-share state.
+   running attempt taken; FGD's target workload per pool from `Snapshot.workloads`, or
+   the prior of the pool's nodes, `scheduling.workload`), quota books (`scheduling.quota`) and fair-share state.
 2. **Order** the pending requests (`scheduling.queue.FairQueue`): preemptors of an
    earlier tick first (the room their victims free is theirs), band, escalation,
    priority, weighted dominant share with decayed usage, age, id — re-ranked after
@@ -45,7 +46,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from scheduling import fit, preemption
+from scheduling import fit, preemption, workload
 from scheduling.explain import (
     Code,
     describe,
@@ -131,7 +132,13 @@ class _Tick:
         )
         self.node_pool: dict[str, str] = {n.name: n.pool for n in snapshot.nodes}
         self.node_by_name: dict[str, Node] = {n.name: n for n in snapshot.nodes}
-        self.state = ClusterState(snapshot.nodes, policy.packer)
+        # FGD's target workload per pool comes from the pool's shape history in the
+        # snapshot (or the prior of its nodes), never from this tick's requests alone.
+        self.state = ClusterState(
+            snapshot.nodes,
+            policy.packer,
+            pool_shape_weights=workload.pool_targets(snapshot.nodes, snapshot.workloads),
+        )
         #: milli held per (node, device), built only when a reservation or a preemption
         #: needs it (most ticks never do)
         self._held: dict[tuple[str, int], int] | None = None
@@ -140,8 +147,7 @@ class _Tick:
         self.admitted_end: list[int | None] = []
         #: per node, what holds it and until when; built only when a reservation needs it
         self._holders: dict[str, list[_Hold]] | None = None
-        for run in snapshot.running:
-            self.state.take(run.placement)
+        self.state.take_many(run.placement for run in snapshot.running)
         self.book = QuotaBook(
             snapshot.pools, snapshot.nodes, snapshot.quotas, snapshot.running, self.classes
         )

@@ -70,9 +70,10 @@ For a node n and a target shape m, `f_n(m)` is the idle GPU on n that m cannot u
 it when n cannot host m at all (a CPU-only m, the wrong model or taints, too little CPU,
 memory or devices), otherwise the idle GPU of the devices that cannot host one unit of m.
 `F_n = Σ_m w_m · f_n(m)` with integer weights `w_m` (popularity counts). The target
-workload is the `shape_weights` constructor option (see `target_workload`); by default it is
-learnt from the shapes passed to `find`, refreshed when their count doubles and then every
-1024 requests.
+workload is the `shape_weights` constructor option (see `target_workload`), and
+`pool_shape_weights` gives pools their own (the scheduling core passes each pool's shape
+history, `scheduling.workload`); with neither it is learnt from the shapes passed to
+`find`, refreshed when their count doubles and then every 1024 requests.
 
 Incremental scoring
 -------------------
@@ -170,12 +171,28 @@ def target_workload(
 
 
 def _fresh(spec: Device) -> DevState:
-    fixed = tuple(sorted(spec.mig_instances, key=lambda i: (i.start, i.profile)))
+    fixed = (
+        tuple(sorted(spec.mig_instances, key=lambda i: (i.start, i.profile)))
+        if spec.mig_instances
+        else ()
+    )
     return (WHOLE_GPU_MILLI, spec.memory_mib, 0, 0, 0, 0, fixed)
 
 
 def _mig_idle(compute_used: int) -> int:
     return (mig.COMPUTE_SLICES - compute_used) * WHOLE_GPU_MILLI // mig.COMPUTE_SLICES
+
+
+@dataclass(slots=True, eq=False)
+class _Targets:
+    """One target workload: shapes with integer weights (see `set_shape_weights`)."""
+
+    items: list[tuple[Shape, int, int]] = field(default_factory=list)
+    total: int = 1
+    #: some target shape constrains the GPU model (`fgd-bestfit` then breaks ties by name)
+    constrained: bool = False
+    #: how much of a score tuple ranks nodes (None: all of it)
+    node_len: int | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -195,6 +212,8 @@ class _Class:
     eligible: dict[int, tuple[bool, ...] | None] = field(default_factory=dict)
     #: per device: the MIG profile table (None: not MIG or unknown family)
     families: tuple[mig.MigFamily | None, ...] = ()
+    #: the target workload of the node's pool
+    target: _Targets = field(default_factory=_Targets)
 
 
 @dataclass(slots=True, eq=False)
@@ -230,6 +249,8 @@ class ClusterState:
         seed: int = 0,
         tie_break: str = "name",
         shape_weights: Mapping[Shape, int] | Iterable[tuple[Shape, int]] | None = None,
+        pool_shape_weights: Mapping[str, Mapping[Shape, int] | Iterable[tuple[Shape, int]]]
+        | None = None,
     ) -> None:
         if policy == "default":
             policy = DEFAULT_POLICY
@@ -249,17 +270,23 @@ class ClusterState:
         self._groups: dict[tuple[object, ...], _Group] = {}
         self._shape_ids: dict[Shape, int] = {}
         self._frag_memo: dict[tuple[object, ...], int] = {}
-        self._targets: list[tuple[Shape, int, int]] = []
+        self._default = _Targets()
+        self._pool_targets: dict[str, _Targets] = {}
         self._cpu_thresholds: list[int] = []
         self._mem_thresholds: list[int] = []
-        self._learn = shape_weights is None
+        self._learn = shape_weights is None and pool_shape_weights is None
         self._seen: Counter[Shape] = Counter()
         self._seen_total = 0
         self._next_refresh = 1
+        for pool, weights in (pool_shape_weights or {}).items():
+            self._pool_targets[pool] = _Targets()
+            self._fill_targets(self._pool_targets[pool], weights)
         if shape_weights is not None:
             self.set_shape_weights(shape_weights)
-        else:
+        elif self._learn:
             self.set_shape_weights([(Shape(), 1)])
+        else:
+            self.set_shape_weights([])
         for node in nodes:
             cls = self._class_of(node)
             free = _NodeFree(
@@ -278,26 +305,33 @@ class ClusterState:
         return fit.schedulable(node)
 
     def set_shape_weights(self, weights: Mapping[Shape, int] | Iterable[tuple[Shape, int]]) -> None:
-        """Set the target workload: shapes and integer popularity weights (fragmentation policies)."""
+        """Set the target workload: shapes and integer popularity weights (fragmentation
+        policies). It applies to the nodes of pools without one of their own
+        (`pool_shape_weights`)."""
+        self._fill_targets(self._default, weights)
+
+    def _fill_targets(
+        self, t: _Targets, weights: Mapping[Shape, int] | Iterable[tuple[Shape, int]]
+    ) -> None:
         items = list(weights.items()) if isinstance(weights, Mapping) else list(weights)
-        self._targets = [(s, int(w), self._shape_id(s)) for s, w in items if w > 0]
-        self._weight_total = max(1, sum(w for _, w, _ in self._targets))
-        self._cpu_thresholds = sorted({s.cpu_milli for s, _, _ in self._targets})
-        self._mem_thresholds = sorted({s.memory_mib for s, _, _ in self._targets})
-        self._frag_memo.clear()
-        self._constrained = any(m.gpu_models and m.count > 0 for m, _, _ in self._targets)
-        self._node_len = (
-            1
-            if self.policy == "fgd" or (self.policy == "fgd-bestfit" and self._constrained)
-            else None
+        t.items = [(s, int(w), self._shape_id(s)) for s, w in items if w > 0]
+        t.total = max(1, sum(w for _, w, _ in t.items))
+        t.constrained = any(m.gpu_models and m.count > 0 for m, _, _ in t.items)
+        t.node_len = (
+            1 if self.policy == "fgd" or (self.policy == "fgd-bestfit" and t.constrained) else None
         )
+        # F is memoised on CPU and memory reduced to the thresholds of every target
+        every = [self._default, *self._pool_targets.values()]
+        self._cpu_thresholds = sorted({s.cpu_milli for x in every for s, _, _ in x.items})
+        self._mem_thresholds = sorted({s.memory_mib for x in every for s, _, _ in x.items})
+        self._frag_memo.clear()
         if self.policy.startswith("fgd"):
             for g in self._groups.values():
                 g.cache.clear()
 
     @property
     def shape_weights(self) -> list[tuple[Shape, int]]:
-        return [(s, w) for s, w, _ in self._targets]
+        return [(s, w) for s, w, _ in self._default.items]
 
     def find(self, shape: Shape, accept: Callable[[Node], bool] | None = None) -> Placement | None:
         """Return a placement for `shape` on nodes that `accept` allows, or None. Commits nothing."""
@@ -324,6 +358,17 @@ class ClusterState:
         """Commit a placement's capacity."""
         for pod in placement.pods:
             self._apply_pod(pod, -1)
+
+    def take_many(self, placements: Iterable[Placement]) -> None:
+        """Commit many placements (a tick's running attempts): each node regroups once."""
+        touched: dict[str, _NodeFree] = {}
+        for placement in placements:
+            for pod in placement.pods:
+                free = self._apply_pod(pod, -1, regroup=False)
+                if free is not None:
+                    touched[pod.node] = free
+        for free in touched.values():
+            self._regroup(free)
 
     def give(self, placement: Placement) -> None:
         """Return a placement's capacity."""
@@ -382,6 +427,7 @@ class ClusterState:
                 cpu_milli=node.cpu_milli,
                 gpu_milli=WHOLE_GPU_MILLI * sum(1 for d in specs if d.healthy),
                 families=families,
+                target=self._pool_targets.get(node.pool, self._default),
             )
             self._classes[proto] = cls
         return cls
@@ -404,10 +450,10 @@ class ClusterState:
         bisect.insort(group.names, name)
         free.group = group
 
-    def _apply_pod(self, pod: PodPlacement, sign: int) -> None:
+    def _apply_pod(self, pod: PodPlacement, sign: int, regroup: bool = True) -> _NodeFree | None:
         free = self._nodes.get(pod.node)
         if free is None:
-            return
+            return None
         free.cpu_milli += sign * pod.cpu_milli
         free.memory_mib += sign * pod.memory_mib
         for g in pod.grants:
@@ -415,7 +461,9 @@ class ClusterState:
                 continue
             spec = free.cls.specs[g.device]
             free.devs[g.device] = _apply_grant(spec, free.devs[g.device], g, sign)
-        self._regroup(free)
+        if regroup:
+            self._regroup(free)
+        return free
 
     # ------------------------------------------------------------------ choosing
 
@@ -533,7 +581,7 @@ class ClusterState:
         mem_a = g.mem - shape.memory_mib
         pre: Score = (cls.interconnect,) if shape.count > 1 else ()
         if shape.count <= 0:
-            return pre + self._score(g, shape, cpu_a, mem_a, g.devs, ())[: self._node_len], ()
+            return pre + self._score(g, shape, cpu_a, mem_a, g.devs, ())[: cls.target.node_len], ()
         devs = list(g.devs)
         if shape.kind is ProfileKind.WHOLE:
             picks: list[Pick] = []
@@ -547,7 +595,7 @@ class ClusterState:
                 return None
             after = tuple(sorted(devs)) if cls.uniform else tuple(devs)
             return pre + self._score(g, shape, cpu_a, mem_a, after, tuple(picks))[
-                : self._node_len
+                : cls.target.node_len
             ], tuple(picks)
         chosen: list[Pick] = []
         best: Score = ()
@@ -566,7 +614,7 @@ class ClusterState:
             best, pick, state = step
             devs[pick[0]] = state
             chosen.append(pick)
-        return pre + best[: self._node_len], tuple(chosen)
+        return pre + best[: cls.target.node_len], tuple(chosen)
 
     def _unit_options(
         self, cls: _Class, devs: list[DevState], shape: Shape, ok: tuple[bool, ...], used: set[int]
@@ -633,8 +681,8 @@ class ClusterState:
             delta = self._frag(cls, cpu_a, mem_a, after) - self._frag(cls, g.cpu, g.mem, g.devs)
             if policy == "fgd-exact":
                 return (delta,)
-            coarse = self._coarse(delta)
-            if policy == "fgd" or self._constrained:
+            coarse = self._coarse(delta, cls.target.total)
+            if policy == "fgd" or cls.target.constrained:
                 return (coarse, delta)
             return (coarse, *self._bestfit(g, cpu_a, after, picks, FGD_BESTFIT_GPU_WEIGHT), delta)
         if policy == "bestfit":
@@ -672,9 +720,9 @@ class ClusterState:
             tier = 0
         return (tier, idle_a, dev_left)
 
-    def _coarse(self, delta: int) -> int:
+    def _coarse(self, delta: int, weight_total: int) -> int:
         """The FGD artifact's node score, negated: -int(100 · sigmoid(-ΔF / 1000)), ΔF in milli-GPU."""
-        x = delta / (WHOLE_GPU_MILLI * self._weight_total)
+        x = delta / (WHOLE_GPU_MILLI * weight_total)
         if x > 700:
             return 0
         return -int(100 / (1 + math.exp(x)))
@@ -703,7 +751,7 @@ class ClusterState:
         if total == 0:
             return 0
         frag = 0
-        for m, w, mid in self._targets:
+        for m, w, mid in cls.target.items:
             ok = self._eligible(cls, m, mid)
             if m.count <= 0 or ok is None or cpu < m.cpu_milli or mem < m.memory_mib:
                 frag += w * total

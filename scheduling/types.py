@@ -290,6 +290,15 @@ class Member:
     cap_milli: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class PoolWorkload:
+    """The request shapes a pool has seen, by weight (`scheduling.workload.ShapeHistory`):
+    FGD's target workload for the pool. Only the ratios of the weights matter."""
+
+    pool: str
+    weights: tuple[tuple[Shape, float], ...] = ()
+
+
 @dataclass(frozen=True)
 class Snapshot:
     now_ms: int
@@ -303,6 +312,10 @@ class Snapshot:
     usage: tuple[TeamUsage, ...] = ()
     #: the members of the teams with pending requests; None turns the member rules off
     members: tuple[Member, ...] | None = None
+    #: per pool, the shapes it has seen (the packer's target workload); a pool missing here
+    #: uses the prior of what its nodes offer (`scheduling.workload.prior`), never the
+    #: requests of one tick
+    workloads: tuple[PoolWorkload, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -333,6 +346,9 @@ class Policy:
 
     packer: str = "default"
     usage_half_life_s: int = 7 * 24 * 3600
+    #: the half-life of a pool's shape history (`scheduling.workload.ShapeHistory`), the
+    #: packer's target workload; measured in docs/packer.md ("Per-tick procedure")
+    shape_half_life_s: int = 7 * 24 * 3600
     #: at most this many attempts preempted per tick
     max_preemptions_per_tick: int = 8
     #: escalate a request after this fraction of its class's maximum queue time

@@ -18,6 +18,17 @@ rounded half up to a whole number, its bin; a bin's value is the mean allocation
 (allocated GPU milli / capacity, %) over the arrivals in it; `alloc_at_100` is bin 100.
 Empty bins are `null`.
 
+`--per-tick N` runs the production path instead of step 2 and the `find`/`take` of step 5:
+the arrivals are submitted N per tick to `scheduling.cycle.schedule()` — the function the
+portal's tick calls — with `Policy()` (its `packer` and `shape_half_life_s`; `--half-life-s`
+overrides the latter). The cluster is one pool, one team and one workload class that never
+preempts; what is admitted stays as a running attempt in the next tick's snapshot. The target
+workload is the pool's `scheduling.workload.ShapeHistory`, started cold from the prior of the
+nodes (`--warm`: from the counts of the whole trace) and fed every arrival before its tick, as
+the portal's submit does. Ticks are `N × (trace span / pods)` apart (the trace's mean arrival
+rate), so the half-life means what it would on that cluster. A request the tick does not admit
+is withdrawn and counts as failed (the FGD procedure's "does not fit").
+
 One JSON object per policy and seed goes to stdout, one per line. With more than one seed a
 table (mean ± sd of `alloc_at_100` beside the FGD authors' published means) goes to stderr.
 `--placements FILE` writes `seq,pod,node,gpus` in arrival order; with several runs the file
@@ -38,9 +49,25 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from scheduling.cycle import schedule
 from scheduling.packer import DEFAULT_POLICY, POLICIES, TIE_BREAKS, ClusterState, target_workload
 from scheduling.trace import TracePod, load_nodes, load_pods, workload_name
-from scheduling.types import WHOLE_GPU_MILLI, Node, Placement, Shape
+from scheduling.types import (
+    WHOLE_GPU_MILLI,
+    DecisionKind,
+    Node,
+    PendingRequest,
+    Placement,
+    Policy,
+    Pool,
+    PreemptionPolicy,
+    Running,
+    Shape,
+    Snapshot,
+    Team,
+    WorkloadClass,
+)
+from scheduling.workload import ShapeHistory
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TRACE_DIR = REPO_ROOT.parent / "shared" / "traces" / "alibaba-gpu-v2023"
@@ -158,6 +185,109 @@ def run_once(
     return RunResult(policy, seed, workload, curve, len(sequence), failed, seconds, placements)
 
 
+#: the benchmark's one team and class: the FGD procedure has no priorities or preemption
+TEAM = Team("bench")
+CLASS = WorkloadClass("bench", band=0, preemption=PreemptionPolicy.NEVER)
+#: the first tick's clock (any epoch ms; only differences matter)
+START_MS = 1_700_000_000_000
+
+
+def mean_gap_ms(pods: list[TracePod]) -> int:
+    """The trace's mean time between arrivals (creation times), at least 1 ms."""
+    times = [p.creation_time for p in pods if p.creation_time is not None]
+    if len(times) < 2:
+        return 1000
+    return max(1, (max(times) - min(times)) * 1000 // len(times))
+
+
+def run_per_tick(
+    nodes: list[Node],
+    pods: list[TracePod],
+    *,
+    per_tick: int,
+    seed: int,
+    workload: str,
+    policy: Policy,
+    tune: float = 1.3,
+    warm: bool = False,
+    keep_placements: bool = False,
+) -> RunResult:
+    """The FGD procedure on the production path: N arrivals per `schedule()` tick."""
+    capacity = WHOLE_GPU_MILLI * sum(1 for n in nodes for d in n.devices if d.healthy)
+    sequence = arrivals(pods, seed, capacity, tune)
+    shapes = {p.name: p.to_shape() for p in pods}
+    pools = tuple(Pool(name) for name in sorted({n.pool for n in nodes}))
+    snap_nodes = tuple(nodes)
+    tick_ms = per_tick * mean_gap_ms(pods)
+    histories: dict[str, ShapeHistory] = {}
+    for pool in pools:
+        members = [n for n in nodes if n.pool == pool.name]
+        h = ShapeHistory.from_prior(members, policy.shape_half_life_s, START_MS)
+        if warm:
+            h.counts = {}
+            for p in pods:
+                h.observe(shapes[p.name], START_MS)
+        histories[pool.name] = h
+    sums = [0.0] * BINS
+    counts = [0] * BINS
+    arrived = 0
+    allocated = 0
+    failed = 0
+    placements: list[tuple[str, Placement | None]] = []
+    running: list[Running] = []
+    start = time.perf_counter()
+    for first in range(0, len(sequence), per_tick):
+        now = START_MS + (first // per_tick) * tick_ms
+        batch = sequence[first : first + per_tick]
+        pending = []
+        for k, pod in enumerate(batch):
+            seq = first + k
+            shape = shapes[pod.name]
+            # what the portal's submit does: every arrival feeds the history of the pools
+            # that may serve it (here the one pool) before the tick sees it
+            for h in histories.values():
+                h.observe(shape, now)
+            # one team, one class: the queue goes by age, so arrival order is kept
+            created = now - len(batch) + k
+            pending.append(PendingRequest(f"{seq:08d}", TEAM.name, CLASS.name, shape, created))
+        snap = Snapshot(
+            now_ms=now,
+            pools=pools,
+            nodes=snap_nodes,
+            running=tuple(running),
+            pending=tuple(pending),
+            teams=(TEAM,),
+            classes=(CLASS,),
+            workloads=tuple(h.to_workload(pool) for pool, h in histories.items()),
+        )
+        admitted: dict[str, tuple[Placement, str]] = {}
+        for d in schedule(snap, now, policy):
+            if d.kind is DecisionKind.PREEMPT:
+                raise RuntimeError(f"tick at {now} preempted {d.attempt_id}; nothing may")
+            if d.kind is DecisionKind.ADMIT and d.placement is not None:
+                admitted[d.request_id] = (d.placement, d.pool)
+        for req, pod in zip(pending, batch, strict=True):
+            placement, where = admitted.get(req.id, (None, ""))
+            if placement is None:
+                failed += 1  # withdrawn: it did not fit in its tick
+            else:
+                allocated += pod.gpu_request_milli
+                running.append(
+                    Running(req.id, req.id, TEAM.name, CLASS.name, where, req.shape, placement, now)
+                )
+            if keep_placements:
+                placements.append((pod.name, placement))
+            arrived += pod.gpu_request_milli
+            b = (arrived * 200 + capacity) // (2 * capacity)
+            if b < BINS:
+                sums[b] += allocated * 100 / capacity
+                counts[b] += 1
+    seconds = time.perf_counter() - start
+    curve = [round(s / c, 3) if c else None for s, c in zip(sums, counts, strict=True)]
+    name = policy.packer if policy.packer != "default" else DEFAULT_POLICY
+    return RunResult(name, seed, workload, curve, len(sequence), failed, seconds, placements)
+
+
 def peak_rss_mb() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
@@ -251,7 +381,10 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--nodes", default=str(DEFAULT_NODES))
     ap.add_argument("--pods", default=str(DEFAULT_PODS))
     ap.add_argument(
-        "--policy", default=DEFAULT_POLICY, help=f"one of {', '.join(POLICIES)}, default, or all"
+        "--policy",
+        default=None,
+        help=f"one of {', '.join(POLICIES)}, default, or all (default: the default packer;"
+        " with --per-tick, Policy()'s)",
     )
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--seeds", default=None, help="e.g. 42-51 or 42,43")
@@ -262,9 +395,31 @@ def main(argv: list[str]) -> int:
     ap.add_argument(
         "--limit", type=int, default=0, help="use only the first N pods by name (tests)"
     )
+    ap.add_argument(
+        "--per-tick",
+        type=int,
+        default=0,
+        help="submit N requests per schedule() tick with Policy() (the production path)",
+    )
+    ap.add_argument(
+        "--half-life-s",
+        type=int,
+        default=None,
+        help="--per-tick: the shape history's half-life (default Policy().shape_half_life_s)",
+    )
+    ap.add_argument(
+        "--warm",
+        action="store_true",
+        help="--per-tick: start the shape history from the whole trace instead of the prior",
+    )
     args = ap.parse_args(argv)
+    if args.per_tick < 0:
+        print("--per-tick must be at least 1", file=sys.stderr)
+        return 2
 
-    if args.policy == "all":
+    if args.policy is None:
+        policies = [Policy().packer if args.per_tick else DEFAULT_POLICY]
+    elif args.policy == "all":
         policies = list(ALL_POLICIES)
     elif args.policy == "default":
         policies = [DEFAULT_POLICY]
@@ -282,16 +437,32 @@ def main(argv: list[str]) -> int:
     results: list[RunResult] = []
     for policy in policies:
         for seed in seeds:
-            r = run_once(
-                nodes,
-                pods,
-                policy=policy,
-                seed=seed,
-                tie_break=args.tie_break,
-                workload=workload,
-                tune=args.tune,
-                keep_placements=args.placements is not None,
-            )
+            if args.per_tick:
+                prod = Policy() if args.policy is None else Policy(packer=policy)
+                if args.half_life_s is not None:
+                    prod = replace(prod, shape_half_life_s=args.half_life_s)
+                r = run_per_tick(
+                    nodes,
+                    pods,
+                    per_tick=args.per_tick,
+                    seed=seed,
+                    workload=workload,
+                    policy=prod,
+                    tune=args.tune,
+                    warm=args.warm,
+                    keep_placements=args.placements is not None,
+                )
+            else:
+                r = run_once(
+                    nodes,
+                    pods,
+                    policy=policy,
+                    seed=seed,
+                    tie_break=args.tie_break,
+                    workload=workload,
+                    tune=args.tune,
+                    keep_placements=args.placements is not None,
+                )
             results.append(r)
             print(to_json(r), flush=True)
             if args.placements:

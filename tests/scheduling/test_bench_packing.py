@@ -133,3 +133,69 @@ def test_real_trace_slice(capsys: pytest.CaptureFixture[str]) -> None:
     )
     row = json.loads(capsys.readouterr().out.strip().splitlines()[0])
     assert row["workload"] == "default" and row["pods"] >= 300
+
+
+def one_gpu_trace(tmp_path: Path) -> tuple[Path, Path]:
+    """One node with one GPU; two 1-GPU pods and a CPU-only one: one GPU pod cannot fit."""
+    nodes = tmp_path / "nodes.csv"
+    pods = tmp_path / "openb_pod_list_tiny.csv"
+    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\nn0,8000,32768,1,T4\n")
+    pods.write_text(
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n"
+        "p0,2000,4096,1,1000,,LS,Running,0,10,0\n"
+        "p1,2000,4096,1,1000,,LS,Running,100,10,1\n"
+        "c0,1000,1024,0,0,,BE,Running,200,10,2\n"
+    )
+    return nodes, pods
+
+
+@pytest.mark.parametrize("per_tick", [1, 2, 3])
+def test_per_tick_counts_what_its_tick_does_not_admit_as_failed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], per_tick: int
+) -> None:
+    nodes, pods = one_gpu_trace(tmp_path)
+    out = tmp_path / "placements.csv"
+    argv = ["--json", "--nodes", str(nodes), "--pods", str(pods), "--seed", "1"]
+    argv += ["--per-tick", str(per_tick), "--placements", str(out)]
+    assert packing.main(argv) == 0
+    row = json.loads(capsys.readouterr().out.strip())
+    assert row["policy"] == "fgd-bestfit" and row["workload"] == "tiny"
+    assert row["pods"] == 3 and row["failed"] == 1
+    # 2 GPUs arrived of 1: the last bin with arrivals (200 %) is past the curve; at 100 %
+    # the one GPU was allocated
+    assert row["alloc_at_100"] == 100.0
+    with open(out) as fh:
+        rows = list(csv.DictReader(fh))
+    assert [r["node"] for r in rows].count("") == 1
+    assert {r["node"] for r in rows} == {"", "n0"}
+
+
+def test_per_tick_runs_schedule_with_the_history(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every tick goes through schedule() with the pool's history, fed before the tick."""
+    from scheduling import workload
+    from scheduling.trace import load_nodes, load_pods
+    from scheduling.types import Policy
+
+    nodes_csv, pods_csv = small_trace(tmp_path)
+    ticks: list[tuple[int, dict[object, float]]] = []
+    real = packing.schedule
+
+    def spy(snap, now_ms, policy):  # type: ignore[no-untyped-def]
+        (wl,) = snap.workloads
+        ticks.append((len(snap.pending), dict(wl.weights)))
+        assert all(workload.shape_key(r.shape) in dict(wl.weights) for r in snap.pending)
+        return real(snap, now_ms, policy)
+
+    monkeypatch.setattr(packing, "schedule", spy)
+    pods = load_pods(pods_csv)
+    r = packing.run_per_tick(
+        load_nodes(nodes_csv), pods, per_tick=2, seed=5, workload="small", policy=Policy()
+    )
+    assert len(ticks) == (r.pods + 1) // 2
+    assert [n for n, _ in ticks[:-1]] == [2] * (len(ticks) - 1)
+    # cold start: the prior of the nodes, then the requests outweigh it
+    first, last = ticks[0][1], ticks[-1][1]
+    assert sum(last.values()) > sum(first.values())
+    assert len(r.curve) == packing.BINS
