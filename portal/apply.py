@@ -12,13 +12,14 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.db.models import F
 
-from portal import services
+from portal import notify, services
 from portal.models import (
     Allocation,
     Attempt,
     Decision,
     Device,
     GpuRequest,
+    NotificationPreference,
     SchedulerState,
     UsageRecord,
 )
@@ -154,7 +155,13 @@ def reason_key(code: str, message: str) -> tuple[str, str]:
     return code, message.split("; ", 1)[0]
 
 
-def _wait(d: st.Decision, ctx: Context, tick_no: int, changed: list[GpuRequest]) -> None:
+def _wait(
+    d: st.Decision,
+    ctx: Context,
+    tick_no: int,
+    changed: list[GpuRequest],
+    notes: dict[Any, str],
+) -> None:
     req = ctx.requests[d.request_id]
     new_message = d.message[:500]
     estimate = d.facts.get("estimated_start_ms") if d.facts else None
@@ -174,13 +181,15 @@ def _wait(d: st.Decision, ctx: Context, tick_no: int, changed: list[GpuRequest])
             message=new_message,
             facts=_facts(d),
         )
-    fields = (d.code, new_message, d.position or None, d.escalated, estimated_start)
+    note = notes.get(d.request_id, req.position_note)
+    fields = (d.code, new_message, d.position or None, d.escalated, estimated_start, note)
     if (
         req.status_code,
         req.status_message,
         req.queue_position,
         req.escalated,
         req.estimated_start,
+        req.position_note,
     ) != fields:
         (
             req.status_code,
@@ -188,8 +197,56 @@ def _wait(d: st.Decision, ctx: Context, tick_no: int, changed: list[GpuRequest])
             req.queue_position,
             req.escalated,
             req.estimated_start,
+            req.position_note,
         ) = fields
         changed.append(req)
+
+
+def _plural(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+def position_notes(old: dict[Any, int | None], new: dict[Any, int]) -> dict[Any, str]:
+    """Why each waiting request's queue position changed since the last tick, in words.
+
+    `old`: positions stored before this tick (None: not queued then); `new`: this tick's.
+    A request that moved back was passed by requests that arrived (or came back to the
+    queue) ahead of it, or that overtook it (a stronger class, priority or fair share,
+    an escalation); one that moved up saw requests ahead of it start or leave, or fall
+    behind it. Only requests whose position changed get a note.
+    """
+    notes: dict[Any, str] = {}
+    for rid, n in new.items():
+        o = old.get(rid)
+        if not o or not n or o == n:
+            continue
+        why: list[str] = []
+        if n > o:
+            ahead = [x for x, p in new.items() if x != rid and p < n]
+            arrived = sum(1 for x in ahead if not old.get(x))
+            passed = sum(1 for x in ahead if old.get(x) and old[x] > o)  # type: ignore[operator]
+            if arrived:
+                why.append(
+                    _plural(arrived, "request", "requests")
+                    + " of higher class, priority or fair share arrived"
+                )
+            if passed:
+                why.append(
+                    _plural(passed, "request", "requests")
+                    + " moved ahead (priority, fair share or escalation)"
+                )
+        else:
+            was_ahead = [x for x, p in old.items() if x != rid and p and p < o]
+            left = sum(1 for x in was_ahead if x not in new)
+            fell = sum(1 for x in was_ahead if x in new and new[x] > n)
+            if left:
+                why.append(
+                    _plural(left, "request", "requests") + " ahead of it started or left the queue"
+                )
+            if fell:
+                why.append(_plural(fell, "request", "requests") + " fell behind it")
+        notes[rid] = f"moved from #{o} to #{n}" + (f": {'; '.join(why)}" if why else "")
+    return notes
 
 
 def duration_words(seconds: float) -> str:
@@ -271,11 +328,20 @@ def _reject(d: st.Decision, ctx: Context, tick_no: int) -> None:
         message=d.message[:500],
         facts=_facts(d),
     )
+    notify.notify_later(req.pk, NotificationPreference.Event.FAILURE)
 
 
 def decisions_apply(*, decisions: list[st.Decision], ctx: Context, tick_no: int) -> dict[str, int]:
     counts: dict[str, int] = defaultdict(int)
     changed: list[GpuRequest] = []
+    notes = position_notes(
+        {rid: r.queue_position for rid, r in ctx.requests.items()},
+        {
+            d.request_id: d.position
+            for d in decisions
+            if d.kind == st.DecisionKind.WAIT and d.position
+        },
+    )
     # Preemptions first, so their decisions precede the admissions they make room for.
     for d in sorted(decisions, key=lambda d: d.kind != st.DecisionKind.PREEMPT):
         if d.kind == st.DecisionKind.PREEMPT:
@@ -283,7 +349,7 @@ def decisions_apply(*, decisions: list[st.Decision], ctx: Context, tick_no: int)
         elif d.kind == st.DecisionKind.ADMIT:
             counts["admit"] += _admit(d, ctx, tick_no)
         elif d.kind == st.DecisionKind.WAIT:
-            _wait(d, ctx, tick_no, changed)
+            _wait(d, ctx, tick_no, changed, notes)
             counts["wait"] += 1
         elif d.kind == st.DecisionKind.REJECT and d.code == "not-a-member":
             # The core's member rules: the submitter left the team behind the services' back.
@@ -296,7 +362,14 @@ def decisions_apply(*, decisions: list[st.Decision], ctx: Context, tick_no: int)
             counts["reject"] += 1
     GpuRequest.objects.bulk_update(
         changed,
-        ["status_code", "status_message", "queue_position", "escalated", "estimated_start"],
+        [
+            "status_code",
+            "status_message",
+            "queue_position",
+            "escalated",
+            "estimated_start",
+            "position_note",
+        ],
         batch_size=500,
     )
     return dict(counts)

@@ -20,9 +20,10 @@ from django.db.models import Count, F, Model, Q
 from django.forms.models import model_to_dict
 from django.utils import timezone
 
-from portal import contract, shapes, wake
+from portal import contract, notify, shapes, wake
 from portal.backends import get_backend
 from portal.backends.base import (
+    STORED_LOG_LINES,
     GrantSpec,
     LaunchRefused,
     LaunchSpec,
@@ -40,6 +41,7 @@ from portal.models import (
     GpuRequest,
     Membership,
     Node,
+    NotificationPreference,
     Pool,
     Quota,
     Team,
@@ -537,6 +539,7 @@ def attempt_end_unlaunched(
             req.status_code, req.status_message = code, reason[:500]
             req.queue_position = None
             req.save()
+            notify.notify_later(req.pk, NotificationPreference.Event.FAILURE)
     return True
 
 
@@ -668,6 +671,7 @@ def requeue_delay_s(attempt_number: int) -> float:
 
 
 def _requeue(req: GpuRequest, *, now: datetime, why: str) -> None:
+    """Back to the queue with backoff, or failed past REQUEUE_LIMIT (then the owner is told)."""
     req.requeue_count += 1
     if req.requeue_count > settings.REQUEUE_LIMIT:
         req.state = GpuRequest.State.FAILED
@@ -685,6 +689,8 @@ def _requeue(req: GpuRequest, *, now: datetime, why: str) -> None:
     Decision.objects.create(
         request=req, team=req.team, kind=kind, code=code, message=req.status_message
     )
+    if req.state == GpuRequest.State.FAILED:
+        notify.notify_later(req.pk, NotificationPreference.Event.FAILURE)
 
 
 # How each backend outcome ends an attempt: (attempt state, request state or None to requeue, charged).
@@ -709,8 +715,14 @@ _REASONS = {
 }
 
 
-def attempt_observe(*, attempt_id: int, status: WorkloadStatus, now: datetime | None = None) -> str:
-    """Move an attempt (and its request) forward from what the backend reports. Returns the new state."""
+def attempt_observe(
+    *, attempt_id: int, status: WorkloadStatus, now: datetime | None = None, log_tail: str = ""
+) -> str:
+    """Move an attempt (and its request) forward from what the backend reports. Returns the new state.
+
+    `log_tail`: the workload's last log lines, read by the caller (outside this
+    transaction) when the status says it ended; kept on the attempt if it ends now.
+    """
     now = now or timezone.now()
     with transaction.atomic():
         attempt = (
@@ -730,13 +742,13 @@ def attempt_observe(*, attempt_id: int, status: WorkloadStatus, now: datetime | 
             # A gang being stopped ends once none of its pods runs any more, whatever
             # each one's ending: until then its devices stay held.
             if status.active_pods == 0:
-                return _end_stopped(attempt, req, now=now)
+                return _end_stopped(attempt, req, now=now, log_tail=log_tail)
             return str(attempt.state)
         if attempt.state == Attempt.State.STOPPING and outcome in (
             Outcome.MISSING,
             Outcome.PREEMPTED,
         ):
-            return _end_stopped(attempt, req, now=now)
+            return _end_stopped(attempt, req, now=now, log_tail=log_tail)
         if outcome == Outcome.MISSING and attempt.state == Attempt.State.RUNNING:
             outcome = Outcome.NODE_LOST
         if gang and outcome in _ENDINGS and outcome != Outcome.SUCCEEDED:
@@ -744,7 +756,8 @@ def attempt_observe(*, attempt_id: int, status: WorkloadStatus, now: datetime | 
             # pod's outcome once all are gone (a gang runs whole or not at all).
             attempt.end_reason = (status.message or status.reason)[:300]
             attempt.exit_code = status.exit_code
-            attempt.save(update_fields=["end_reason", "exit_code"])
+            attempt.log_tail = log_tail or attempt.log_tail
+            attempt.save(update_fields=["end_reason", "exit_code", "log_tail"])
             attempt_stop(attempt, reason=f"{GANG_STOP}{outcome.value}")
             return str(attempt.state)
         if outcome == Outcome.RUNNING and attempt.state == Attempt.State.ADMITTED:
@@ -757,20 +770,59 @@ def attempt_observe(*, attempt_id: int, status: WorkloadStatus, now: datetime | 
                     f"running on {', '.join(attempt.nodes)}",
                 )
                 req.save()
+                notify.notify_later(req.pk, NotificationPreference.Event.START)
             return str(attempt.state)
         if outcome not in _ENDINGS:
             return str(attempt.state)
-        return _end_attempt(attempt, req, outcome=outcome, status=status, now=now)
+        return _end_attempt(
+            attempt, req, outcome=outcome, status=status, now=now, log_tail=log_tail
+        )
+
+
+def ending_words(outcome: Outcome, status: WorkloadStatus, log_tail: str = "") -> str:
+    """Why an attempt ended, in words: what happened, the exit code, the cluster's reason,
+    and for a failure the last line the workload printed."""
+    detail = status.message
+    if status.reason and status.reason not in detail and outcome != Outcome.SUCCEEDED:
+        detail = f"{status.reason}: {detail}" if detail else status.reason
+    if status.exit_code not in (None, 0) and f"code {status.exit_code}" not in detail:
+        detail = f"exit code {status.exit_code}" + (f", {detail}" if detail else "")
+    words = _REASONS[outcome] + (f" ({detail})" if detail else "")
+    last = [line for line in log_tail.strip().splitlines() if line.strip()][-1:]
+    if last and outcome in (Outcome.FAILED, Outcome.OOM, Outcome.DEVICE_ERROR):
+        words += f"; last log line: {last[0].strip()[:150]}"
+    return words
+
+
+def _notify_ending(req: GpuRequest, outcome: Outcome, requeued: bool) -> None:
+    """Tell the owner how the attempt ended (a requeue past the limit was told by _requeue)."""
+    Event = NotificationPreference.Event
+    if not requeued:
+        event = Event.END if req.state == GpuRequest.State.SUCCEEDED else Event.FAILURE
+        notify.notify_later(req.pk, event)
+    elif req.state == GpuRequest.State.PENDING and outcome in (
+        Outcome.PREEMPTED,
+        Outcome.NODE_LOST,
+    ):
+        notify.notify_later(req.pk, Event.PREEMPTION)
 
 
 def _end_attempt(
-    attempt: Attempt, req: GpuRequest, *, outcome: Outcome, status: WorkloadStatus, now: datetime
+    attempt: Attempt,
+    req: GpuRequest,
+    *,
+    outcome: Outcome,
+    status: WorkloadStatus,
+    now: datetime,
+    log_tail: str = "",
 ) -> str:
     attempt_state, request_state, charged = _ENDINGS[outcome]
-    reason = _REASONS[outcome] + (f" ({status.message})" if status.message else "")
+    if log_tail:
+        attempt.log_tail = _last_lines(log_tail)
+    reason = ending_words(outcome, status, attempt.log_tail)
     attempt.state, attempt.ended_at, attempt.exit_code = attempt_state, now, status.exit_code
     attempt.end_reason = reason[:300]
-    attempt.save(update_fields=["state", "ended_at", "exit_code", "end_reason"])
+    attempt.save(update_fields=["state", "ended_at", "exit_code", "end_reason", "log_tail"])
     release_attempt(attempt, now=now, charged=charged)
     Decision.objects.create(
         request=req,
@@ -791,10 +843,15 @@ def _end_attempt(
         req.state, req.end_reason = request_state, reason[:300]
         req.status_code, req.status_message = outcome.value, reason[:500]
         req.save()
+    _notify_ending(req, outcome, requeued=request_state is None)
     return str(attempt.state)
 
 
-def _end_stopped(attempt: Attempt, req: GpuRequest, *, now: datetime) -> str:
+def _last_lines(text: str) -> str:
+    return "\n".join(text.rstrip("\n").splitlines()[-STORED_LOG_LINES:])[-20_000:]
+
+
+def _end_stopped(attempt: Attempt, req: GpuRequest, *, now: datetime, log_tail: str = "") -> str:
     reason = attempt.stop_reason or "stopped"
     if reason.startswith(GANG_STOP):
         # Every pod of the gang is gone now: end it as its first ended pod ended.
@@ -806,11 +863,15 @@ def _end_stopped(attempt: Attempt, req: GpuRequest, *, now: datetime) -> str:
             message=attempt.end_reason,
             exit_code=attempt.exit_code,
         )
-        return _end_attempt(attempt, req, outcome=outcome, status=status, now=now)
+        return _end_attempt(
+            attempt, req, outcome=outcome, status=status, now=now, log_tail=log_tail
+        )
     cancelled = reason == "cancelled"
     attempt.state = Attempt.State.CANCELLED if cancelled else Attempt.State.PREEMPTED
     attempt.ended_at, attempt.end_reason = now, reason
-    attempt.save(update_fields=["state", "ended_at", "end_reason"])
+    if log_tail:
+        attempt.log_tail = _last_lines(log_tail)
+    attempt.save(update_fields=["state", "ended_at", "end_reason", "log_tail"])
     # Cancelled work is the user's choice and is charged; preempted and drained work is not.
     release_attempt(attempt, now=now, charged=cancelled)
     if not cancelled and req.state not in GpuRequest.TERMINAL_STATES:
@@ -820,6 +881,8 @@ def _end_stopped(attempt: Attempt, req: GpuRequest, *, now: datetime) -> str:
             else f"stopped ({reason})"
         )
         _requeue(req, now=now, why=why)
+        if req.state == GpuRequest.State.PENDING:
+            notify.notify_later(req.pk, NotificationPreference.Event.PREEMPTION)
     return str(attempt.state)
 
 

@@ -431,3 +431,12 @@ def test_the_schema_rejects_bad_checkpoint_values(bad: dict) -> None:
         helm.Chart.load(CHART).validate_schema(
             {**EXTERNAL, "config": {"workloads": {"checkpoints": bad}}}
         )
+
+
+def test_team_namespaces_grant_reading_pod_logs_and_events() -> None:
+    """The request page shows a workload's log tail and events (portal/k8s/logs.py)."""
+    docs = render(CASES["everything"])
+    for role in kinds(docs, "Role"):
+        rules = {tuple(r["resources"]): set(r["verbs"]) for r in role["rules"]}
+        assert "get" in rules[("pods/log",)], role["metadata"]["namespace"]
+        assert "list" in rules[("events",)], role["metadata"]["namespace"]
