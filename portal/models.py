@@ -82,6 +82,17 @@ class DeviceProfile(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    @property
+    def label(self) -> str:
+        """For people: "whole GPU", "MIG 3g.40gb: 3/7 of a GPU, 40 GB", "shared: 0.5 GPU, 10 GB"."""
+        if self.kind == self.Kind.MIG:
+            compute, _, memory = self.mig_profile.partition(".")
+            return f"MIG {self.mig_profile}: {compute.rstrip('g')}/7 of a GPU, {memory.upper().replace('GB', ' GB')}"
+        if self.kind == self.Kind.SHARED:
+            cap = f", {self.gpu_memory_mib / 1024:g} GB memory" if self.gpu_memory_mib else ""
+            return f"shared: {self.milli / 1000:g} GPU{cap}"
+        return "whole GPU"
+
     def clean(self) -> None:
         if self.kind == self.Kind.MIG and not self.mig_profile:
             raise ValidationError(
