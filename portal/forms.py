@@ -350,6 +350,14 @@ class RequestFilterForm(forms.Form):
 
 
 class NotificationPreferenceForm(forms.ModelForm):  # type: ignore[type-arg]
+    webhook_url = forms.URLField(
+        required=False,
+        max_length=500,
+        assume_scheme="https",
+        label="Webhook URL",
+        help_text=NotificationPreference._meta.get_field("webhook_url").help_text,
+    )
+
     class Meta:
         model = NotificationPreference
         fields = [

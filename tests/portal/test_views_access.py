@@ -26,6 +26,7 @@ from portal.models import (
     Node,
     Pool,
     Quota,
+    RequestTemplate,
     Team,
     WorkloadClass,
 )
@@ -91,6 +92,10 @@ def world(django_db_setup, django_db_blocker) -> Iterator[dict]:  # noqa: ANN001
             # A workload's checkpoint report: a user's session is not the attempt's token.
             "attempt_id": running.attempts.get().pk,
             "action": "drain",
+            # bob's saved request template: only bob may use or delete it.
+            "template_id": RequestTemplate.objects.create(
+                user=w.bob, name=MARKER, fields={"name": MARKER}
+            ).pk,
         }
         yield {"world": w, "ids": ids, "running": running}
         transaction.set_rollback(True)
@@ -123,6 +128,7 @@ def state() -> tuple:
         sorted(Membership.objects.values_list("id", "role", "gpu_cap_milli")),
         sorted(Device.objects.filter(quarantined=True).values_list("id", flat=True)),
         sorted(Team.objects.values_list("id", "name")),
+        sorted(RequestTemplate.objects.values_list("id", "name")),
     )
 
 
