@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from decimal import ROUND_HALF_UP, Decimal
+
 from django import template
 
 register = template.Library()
@@ -10,12 +12,13 @@ register = template.Library()
 @register.filter
 def gpus(milli: int | None) -> str:
     """Milli-GPU for people, to two decimals: 16000 -> "16", 1500 -> "1.5", 4666 -> "4.67",
-    None -> "". A small share that would round to 0 keeps its third decimal (5 -> "0.005")."""
+    None -> "". Below 0.01 GPU the third decimal stays (5 -> "0.005")."""
     if milli is None:
         return ""
-    value = int(milli) / 1000
-    places = 2 if round(value, 2) or not value else 3
-    return f"{value:.{places}f}".rstrip("0").rstrip(".")
+    value = Decimal(int(milli)) / 1000
+    step = Decimal("0.01") if value >= Decimal("0.01") or not value else Decimal("0.001")
+    text = str(value.quantize(step, rounding=ROUND_HALF_UP))
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 @register.filter

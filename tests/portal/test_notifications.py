@@ -116,7 +116,9 @@ def test_a_failure_is_mailed_and_posted_with_the_last_log_lines(
 ) -> None:
     url, received = hook
     _prefs(world.bob, webhook_url=url)
-    req = submit(world.bob, world.vision, name="resnet", command=["python", "train.py", "exit", "3"])
+    req = submit(
+        world.bob, world.vision, name="resnet", command=["python", "train.py", "exit", "3"]
+    )
     run_tick()
     _advance(req, 4000)
     reconcile()
@@ -142,9 +144,7 @@ def test_start_and_end_are_sent_when_chosen(world: World, smtp: _Inbox) -> None:
     run_tick()
     _advance(req, 2)
     reconcile()
-    assert [m["Subject"] for _, m in smtp.messages] == [
-        f"[Quartermaster] Request {req.pk} started"
-    ]
+    assert [m["Subject"] for _, m in smtp.messages] == [f"[Quartermaster] Request {req.pk} started"]
     _advance(req, 4000)
     reconcile()
     assert smtp.messages[-1][1]["Subject"] == f"[Quartermaster] Request {req.pk} finished"
