@@ -207,44 +207,44 @@ def _plural(n: int, one: str, many: str) -> str:
 
 
 def position_notes(old: dict[Any, int | None], new: dict[Any, int]) -> dict[Any, str]:
-    """Why each waiting request's queue position changed since the last tick, in words.
+    """Why each queued request's position changed since the last tick, in words.
 
-    `old`: positions stored before this tick (None: not queued then); `new`: this tick's.
-    A request that moved back was passed by requests that arrived (or came back to the
-    queue) ahead of it, or that overtook it (a stronger class, priority or fair share,
-    an escalation); one that moved up saw requests ahead of it start or leave, or fall
-    behind it. Only requests whose position changed get a note.
+    `old`: positions stored after the last tick (None: not waiting then); `new`: this
+    tick's positions (of every request the scheduler placed in order, admitted ones too).
+    Of the `o - 1` requests ahead before, some are still ahead, some fell behind, and
+    the rest started or left (admitted requests no longer store their position); of
+    the `n - 1` ahead now, the others arrived (new, or back after a requeue) or passed
+    it (a stronger class, priority or fair share, an escalation). Only requests whose
+    position changed get a note.
     """
     notes: dict[Any, str] = {}
     for rid, n in new.items():
         o = old.get(rid)
         if not o or not n or o == n:
             continue
-        why: list[str] = []
-        if n > o:
-            ahead = [x for x, p in new.items() if x != rid and p < n]
-            arrived = sum(1 for x in ahead if not old.get(x))
-            passed = sum(1 for x in ahead if old.get(x) and old[x] > o)  # type: ignore[operator]
-            if arrived:
-                why.append(
-                    _plural(arrived, "request", "requests")
-                    + " of higher class, priority or fair share arrived"
-                )
-            if passed:
-                why.append(
-                    _plural(passed, "request", "requests")
-                    + " moved ahead (priority, fair share or escalation)"
-                )
-        else:
-            was_ahead = [x for x, p in old.items() if x != rid and p and p < o]
-            left = sum(1 for x in was_ahead if x not in new)
-            fell = sum(1 for x in was_ahead if x in new and new[x] > n)
-            if left:
-                why.append(
-                    _plural(left, "request", "requests") + " ahead of it started or left the queue"
-                )
-            if fell:
-                why.append(_plural(fell, "request", "requests") + " fell behind it")
+        ahead_now = [x for x, p in new.items() if x != rid and p < n]
+        stayed = sum(1 for x in ahead_now if (old.get(x) or 0) and old[x] < o)  # type: ignore[operator]
+        arrived = sum(1 for x in ahead_now if not old.get(x))
+        passed = len(ahead_now) - stayed - arrived
+        fell = sum(1 for x, p in new.items() if (old.get(x) or 0) and old[x] < o and p > n)  # type: ignore[operator]
+        left = max(0, (o - 1) - stayed - fell)
+        why = []
+        if left:
+            why.append(
+                _plural(left, "request", "requests") + " ahead of it started or left the queue"
+            )
+        if fell:
+            why.append(_plural(fell, "request", "requests") + " fell behind it")
+        if arrived:
+            why.append(
+                _plural(arrived, "request", "requests")
+                + " of higher class, priority or fair share arrived"
+            )
+        if passed:
+            why.append(
+                _plural(passed, "request", "requests")
+                + " moved ahead (priority, fair share or escalation)"
+            )
         notes[rid] = f"moved from #{o} to #{n}" + (f": {'; '.join(why)}" if why else "")
     return notes
 
@@ -339,7 +339,7 @@ def decisions_apply(*, decisions: list[st.Decision], ctx: Context, tick_no: int)
         {
             d.request_id: d.position
             for d in decisions
-            if d.kind == st.DecisionKind.WAIT and d.position
+            if d.position and d.kind in (st.DecisionKind.ADMIT, st.DecisionKind.WAIT)
         },
     )
     # Preemptions first, so their decisions precede the admissions they make room for.

@@ -172,14 +172,16 @@ def test_a_long_name_wraps_in_my_jobs(world: World) -> None:
 
 
 def test_a_position_note_says_who_arrived_ahead() -> None:
-    old = {"a": 1, "b": 2, "me": 4}
-    new = {"a": 1, "b": 2, "x": 3, "y": 4, "me": 6, "z": 5}
-    notes = apply.position_notes(old, new)
-    assert notes["me"].startswith("moved from #4 to #6: 3 requests of higher class")
-
-
-def test_a_position_note_says_who_left_ahead() -> None:
     old = {"a": 1, "b": 2, "c": 3, "me": 4}
+    new = {"a": 1, "b": 2, "c": 3, "x": 4, "y": 5, "me": 6}
+    assert apply.position_notes(old, new)["me"] == (
+        "moved from #4 to #6: 2 requests of higher class, priority or fair share arrived"
+    )
+
+
+def test_a_position_note_counts_those_that_left_even_unseen() -> None:
+    # #1 and #2 were admitted by the last tick (their positions are not kept), "c" now.
+    old = {"c": 3, "me": 4}
     new = {"c": 1, "me": 2}
     assert apply.position_notes(old, new)["me"] == (
         "moved from #4 to #2: 2 requests ahead of it started or left the queue"
@@ -189,11 +191,12 @@ def test_a_position_note_says_who_left_ahead() -> None:
 def test_a_position_note_says_who_passed_it() -> None:
     old = {"a": 1, "me": 2, "b": 3}
     new = {"a": 1, "b": 2, "me": 3}
-    assert apply.position_notes(old, new)["me"] == (
+    notes = apply.position_notes(old, new)
+    assert notes["me"] == (
         "moved from #2 to #3: 1 request moved ahead (priority, fair share or escalation)"
     )
-    assert apply.position_notes(old, new)["b"].startswith("moved from #3 to #2")
-    assert "a" not in apply.position_notes(old, new)
+    assert notes["b"] == "moved from #3 to #2: 1 request fell behind it"
+    assert "a" not in notes
 
 
 def test_the_tick_stores_the_note_and_the_pages_show_it(world: World) -> None:
@@ -207,10 +210,16 @@ def test_the_tick_stores_the_note_and_the_pages_show_it(world: World) -> None:
     submit(world.alice, world.vision, count=8, name="urgent", cls="interactive", priority=10)
     tick.run_tick()
     last.refresh_from_db()
-    if last.queue_position != before:
-        assert last.position_note.startswith(f"moved from #{before} to #{last.queue_position}")
-        text = login(world.bob).get(reverse("portal:request-detail", args=[last.pk])).content
-        assert last.position_note.encode() in text
+    urgent = GpuRequest.objects.get(name="urgent")
+    # The four admitted by the first tick no longer count; the urgent one goes first.
+    assert urgent.queue_position == 1
+    assert (before, last.queue_position) == (6, 3)
+    assert last.position_note == (
+        "moved from #6 to #3: 4 requests ahead of it started or left the queue; "
+        "1 request of higher class, priority or fair share arrived"
+    )
+    text = login(world.bob).get(reverse("portal:request-detail", args=[last.pk])).content
+    assert last.position_note.encode() in text
 
 
 # -- error pages, numbers -------------------------------------------------------------
