@@ -157,7 +157,10 @@ def request_submit(request: HttpRequest) -> HttpResponse:
     if request.method == "GET" and request.htmx and "pool" in request.GET:
         # The pool changed: offer the device profiles it really has.
         form = SubmitForm(request.GET, teams=teams)
-        response = render(request, "portal/submit.html#profile-field", {"form": form})
+        # Only the choices change: the profile is not wrong for being unchosen yet.
+        response = render(
+            request, "portal/submit.html#profile-field", {"form": form, "profiles_only": True}
+        )
         # The new profiles are in: the form asks for a fresh preview (not before, see submit.html).
         response["HX-Trigger-After-Swap"] = "qm-profiles"
         return response

@@ -18,7 +18,7 @@
       preview.className = "card preview invalid";
       preview.dataset.outcome = "invalid";
       preview.innerHTML =
-        '<h2>If you submit now</h2><p class="muted" data-testid="preview">Fix the highlighted fields to see a preview.</p>';
+        '<h2>If you submit now</h2><p class="muted">Fix the highlighted fields to see a preview.</p>';
     }
     follow();
   });
