@@ -14,7 +14,11 @@ import pytest
 from portal import reconcile, services, tick
 from portal.models import GpuRequest, SimulatedWorkload
 from tests.base import World, submit
-from tests.browser.test_portal_browser import browser, login, page, shot, world  # noqa: F401
+from tests.browser import test_portal_browser as base
+
+# The fixtures of test_portal_browser.py, shared by name.
+browser, page, world = base.browser, base.page, base.world
+login, shot = base.login, base.shot
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -24,7 +28,9 @@ def _preview(page) -> str:  # noqa: ANN001
 
 
 def test_the_preview_follows_the_form_and_refuses_what_would_be_rejected(
-    page, world: World, monkeypatch  # noqa: ANN001
+    page,
+    world: World,
+    monkeypatch,  # noqa: ANN001
 ) -> None:
     monkeypatch.setattr(services, "_wake_scheduler", lambda: None)
     aborted: list[str] = []
@@ -66,9 +72,7 @@ def test_the_preview_follows_the_form_and_refuses_what_would_be_rejected(
     # An invalid field: no verdict stays on show and Submit stays off.
     page.fill("#id_count", "0")
     page.dispatch_event("#id_count", "change")
-    page.wait_for_function(
-        "document.querySelector('#preview').dataset.outcome === 'invalid'"
-    )
+    page.wait_for_function("document.querySelector('#preview').dataset.outcome === 'invalid'")
     assert "fits now" not in page.locator("#preview").inner_text()
     assert page.locator("#submit-button").is_disabled()
 
@@ -79,9 +83,7 @@ def test_the_preview_follows_the_form_and_refuses_what_would_be_rejected(
     page.fill("#id_count", "8")
     page.fill("#id_name", "resnet-browser")
     page.dispatch_event("#id_count", "change")
-    page.wait_for_function(
-        "document.querySelector('#preview').textContent.includes('would wait')"
-    )
+    page.wait_for_function("document.querySelector('#preview').textContent.includes('would wait')")
     spinner = page.locator("#preview .icon.wait")
     assert spinner.bounding_box()["width"] > 5
     assert page.evaluate(
