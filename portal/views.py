@@ -126,9 +126,10 @@ def home(request: HttpRequest) -> HttpResponse:
     scope = "team" if request.GET.get("scope") == "team" else "mine"
     filters = RequestFilterForm(request.GET or None, teams=access.teams_for(request.user))
     wanted = {k: v for k, v in filters.cleaned_data.items() if v} if filters.is_valid() else {}
-    qs = selectors.request_list(request.user, mine=scope == "mine", **wanted)
+    qs = selectors.request_list(request.user, mine=scope == "mine", with_counts=False, **wanted)
     page = Paginator(qs, PAGE_SIZE).get_page(request.GET.get("page"))
     rows = list(page.object_list)
+    selectors.request_attempt_facts(rows)
     estimates = request_estimates(rows)
     for r in rows:
         r.estimate = estimates.get(r.pk)  # type: ignore[attr-defined]
