@@ -160,7 +160,7 @@ def _wait(
     ctx: Context,
     tick_no: int,
     changed: list[GpuRequest],
-    notes: dict[Any, str],
+    notes: dict[Any, str] | None = None,
 ) -> None:
     req = ctx.requests[d.request_id]
     new_message = d.message[:500]
@@ -181,7 +181,7 @@ def _wait(
             message=new_message,
             facts=_facts(d),
         )
-    note = notes.get(d.request_id, req.position_note)
+    note = (notes or {}).get(d.request_id, req.position_note)
     fields = (d.code, new_message, d.position or None, d.escalated, estimated_start, note)
     if (
         req.status_code,

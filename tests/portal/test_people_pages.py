@@ -218,8 +218,11 @@ def test_the_tick_stores_the_note_and_the_pages_show_it(world: World) -> None:
         "moved from #6 to #3: 4 requests ahead of it started or left the queue; "
         "1 request of higher class, priority or fair share arrived"
     )
-    text = login(world.bob).get(reverse("portal:request-detail", args=[last.pk])).content
+    bob = login(world.bob)
+    text = bob.get(reverse("portal:request-detail", args=[last.pk])).content
     assert last.position_note.encode() in text
+    api = bob.get(reverse("api:request-detail", args=[last.pk])).json()
+    assert api["queue_position_note"] == last.position_note
 
 
 # -- error pages, numbers -------------------------------------------------------------
