@@ -137,6 +137,10 @@ def test_my_jobs_fits_a_phone_with_a_long_name(browser, live_server, world: Worl
         width = pg.evaluate("document.documentElement.scrollWidth")
         assert width <= 390, width  # the table scrolls inside its box; the page does not
         shot(pg, "people-my-jobs-phone")
+        pg.goto("/queue/")
+        pg.wait_for_selector("#queue-table")
+        assert pg.evaluate("document.documentElement.scrollWidth") <= 390
+        shot(pg, "people-queue-phone")
         pg.goto("/no-such-page/")
         assert "Nothing here" in pg.inner_text("main")
         shot(pg, "people-404")
