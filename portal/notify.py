@@ -9,8 +9,10 @@ and the Celery worker calls `deliver()`: mail and HTTP never run inside a tick.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
+import socket
 import urllib.error
 import urllib.request
 from datetime import datetime, timedelta
@@ -107,9 +109,33 @@ def deliver(request_id: int, event: str) -> dict[str, int]:
     return sent
 
 
+def webhook_refused(url: str) -> str:
+    """Why a webhook URL is not posted to ("" if it may be): users choose these URLs, and the
+    worker must not become their way into the cluster's own network (SSRF). Loopback,
+    private, link-local (cloud metadata) and reserved addresses are refused unless
+    NOTIFY_WEBHOOK_ALLOW_PRIVATE is set (an on-premises chat server)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "not an http(s) URL"
+    if settings.NOTIFY_WEBHOOK_ALLOW_PRIVATE:
+        return ""
+    try:
+        infos = socket.getaddrinfo(parts.hostname, parts.port or 443, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return "the host does not resolve"
+    for info in infos:
+        addr = ipaddress.ip_address(str(info[4][0]).split("%")[0])
+        if not addr.is_global:
+            return f"{parts.hostname} is a private or local address"
+    return ""
+
+
 def post_webhook(url: str, text: str) -> bool:
-    """POST `{"text": text}` as JSON; True on a 2xx answer. Only http(s), no redirects followed."""
-    if urlsplit(url).scheme not in ("http", "https"):
+    """POST `{"text": text}` as JSON; True on a 2xx answer. Only http(s) to public addresses
+    (see `webhook_refused`), no redirects followed."""
+    why = webhook_refused(url)
+    if why:
+        log.warning("webhook %s not posted: %s", urlsplit(url).netloc, why)
         return False
     body = json.dumps({"text": text}).encode()
     req = urllib.request.Request(

@@ -317,6 +317,8 @@ PORTAL_URL = env("PORTAL_URL")
 # A request pending longer than this gets one "still waiting" notification.
 NOTIFY_LONG_WAIT_SECONDS = envint("NOTIFY_LONG_WAIT_SECONDS", "3600")
 NOTIFY_WEBHOOK_TIMEOUT_SECONDS = envint("NOTIFY_WEBHOOK_TIMEOUT_SECONDS", "5")
+# Webhooks to loopback, private and link-local addresses are refused unless this is set.
+NOTIFY_WEBHOOK_ALLOW_PRIVATE = envbool("NOTIFY_WEBHOOK_ALLOW_PRIVATE", "false")
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

@@ -78,7 +78,9 @@ class _Receiver(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def hook() -> Iterator[tuple[str, list[dict[str, Any]]]]:
+def hook(settings: Any) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    # The receiver listens on loopback, which webhooks may reach only when allowed.
+    settings.NOTIFY_WEBHOOK_ALLOW_PRIVATE = True
     received: list[dict[str, Any]] = []
     handler = type("Receiver", (_Receiver,), {"received": received})
     server = HTTPServer(("127.0.0.1", 0), handler)
@@ -202,7 +204,27 @@ def test_a_long_wait_is_sent_once(world: World, smtp: _Inbox, settings: Any) -> 
     )
 
 
-def test_a_webhook_that_fails_does_not_stop_the_mail(world: World, smtp: _Inbox) -> None:
+def test_a_webhook_to_a_private_address_is_refused_by_default(
+    world: World, hook: tuple[str, list[dict[str, Any]]], settings: Any
+) -> None:
+    url, received = hook
+    settings.NOTIFY_WEBHOOK_ALLOW_PRIVATE = False
+    for target in (url, "http://169.254.169.254/latest/meta-data", "http://10.0.0.5/hook"):
+        assert notify.webhook_refused(target).endswith("is a private or local address")
+        assert notify.post_webhook(target, "hello") is False
+    assert received == []
+    assert notify.webhook_refused("file:///etc/passwd") == "not an http(s) URL"
+    settings.NOTIFY_WEBHOOK_ALLOW_PRIVATE = True
+    assert notify.post_webhook(url, "hello") is True
+    assert received == [
+        {"type": "application/json", "body": {"text": "hello"}, "path": "/hooks/T000/B000"}
+    ]
+
+
+def test_a_webhook_that_fails_does_not_stop_the_mail(
+    world: World, smtp: _Inbox, settings: Any
+) -> None:
+    settings.NOTIFY_WEBHOOK_ALLOW_PRIVATE = True
     _prefs(world.bob, webhook_url=f"http://127.0.0.1:{_free_port()}/nothing-listens")
     req = submit(world.bob, world.vision, command=["python", "train.py", "exit", "3"])
     run_tick()
