@@ -1,12 +1,17 @@
 """The access choke-point: every object a user touches is fetched through here.
 
 Another team's objects answer 404, so their existence does not leak. Roles:
-member and lead come from Membership; platform admins are staff users.
+member and lead come from Membership; platform admins are staff users;
+auditors (members of the Django group settings.AUDITOR_GROUP) read everything
+admins read and change nothing: every unsafe method of theirs answers 403
+(ReadOnlyRoleMiddleware for pages, ReadOnlyRolePermission for the API), and
+the object checks below refuse them writes as well.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
@@ -15,13 +20,14 @@ from django.contrib.auth.middleware import RemoteUserMiddleware
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import Http404
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 
 from portal.models import (
     Device,
     GpuRequest,
     Membership,
     Node,
+    PolicyProfile,
     Pool,
     RequestTemplate,
     Team,
@@ -45,10 +51,31 @@ def is_admin(user: AnyUser) -> bool:
     return bool(user.is_authenticated and user.is_active and getattr(user, "is_staff", False))
 
 
+def is_auditor(user: AnyUser) -> bool:
+    """In the auditors' group (and active); remembered on the user object for the request."""
+    if not (user.is_authenticated and user.is_active):
+        return False
+    cached = getattr(user, "_qm_auditor", None)
+    if cached is None:
+        cached = user.groups.filter(name=settings.AUDITOR_GROUP).exists()  # type: ignore[union-attr]
+        user._qm_auditor = cached  # type: ignore[union-attr]
+    return bool(cached)
+
+
+def is_read_only(user: AnyUser) -> bool:
+    """An auditor who is not also an admin: may read what admins read, may change nothing."""
+    return is_auditor(user) and not is_admin(user)
+
+
+def sees_all(user: AnyUser) -> bool:
+    """Admins and auditors read every team's requests, decisions, capacity and the audit log."""
+    return is_admin(user) or is_auditor(user)
+
+
 def teams_for(user: AnyUser) -> QuerySet[Team]:
     if not user.is_authenticated:
         return Team.objects.none()
-    if is_admin(user):
+    if sees_all(user):
         return Team.objects.all()
     return Team.objects.filter(memberships__user=user).distinct()
 
@@ -80,7 +107,7 @@ def get_team_for_user(user: AnyUser, pk: int | str, *, role: str | None = None) 
 def requests_visible(user: AnyUser) -> QuerySet[GpuRequest]:
     """Requests of the user's teams (all of them for admins)."""
     qs = GpuRequest.objects.select_related("team", "workload_class", "pool", "submitted_by")
-    if is_admin(user):
+    if sees_all(user):
         return qs
     return qs.filter(team__in=teams_for(user))
 
@@ -116,6 +143,48 @@ def get_template_for_user(user: AnyUser, pk: int | str) -> RequestTemplate:
 def require_admin(user: AnyUser) -> None:
     if not is_admin(user):
         raise _denied(user, "admin", "-", PermissionDenied, "Platform admins only.")
+
+
+def require_admin_read(user: AnyUser) -> None:
+    """Pages and lists that admins and auditors read (capacity, audit log, settings)."""
+    if not sees_all(user):
+        raise _denied(
+            user, "admin-read", "-", PermissionDenied, "Platform admins and auditors only."
+        )
+
+
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+#: unsafe requests an auditor may still make: ending their own session
+READ_ONLY_ALLOWED_PATHS = ("/accounts/logout/", "/oidc/logout/")
+
+
+class ReadOnlyRoleMiddleware:
+    """403 for every unsafe method of a read-only user (an auditor), whatever the view.
+
+    The API's token users are checked by ReadOnlyRolePermission instead: DRF authenticates
+    tokens after the middleware has run.
+    """
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if (
+            request.method not in SAFE_METHODS
+            and request.path not in READ_ONLY_ALLOWED_PATHS
+            and is_read_only(request.user)
+        ):
+            security_log.warning(
+                "access denied: user=%s read-only %s %s",
+                request.user.pk,
+                request.method,
+                request.path,
+            )
+            message = "Auditors may read but not change anything."
+            if request.path.startswith("/api/"):
+                return JsonResponse({"detail": message}, status=403)
+            raise PermissionDenied(message)
+        return self.get_response(request)
 
 
 def get_membership_for_lead(user: AnyUser, team: Team, pk: int | str) -> Membership:
@@ -163,6 +232,20 @@ def get_workload_class_for_admin(user: AnyUser, pk: int | str) -> WorkloadClass:
         return WorkloadClass.objects.get(pk=int(pk))
     except (WorkloadClass.DoesNotExist, ValueError, TypeError):
         raise Http404("No such workload class.") from None
+
+
+def get_policy_profile_for_admin(
+    user: AnyUser, pk: int | str, *, read_only: bool = False
+) -> PolicyProfile:
+    """A scheduling profile: admins change it; admins and auditors read it (`read_only`)."""
+    if read_only:
+        require_admin_read(user)
+    else:
+        require_admin(user)
+    try:
+        return PolicyProfile.objects.get(pk=int(pk))
+    except (PolicyProfile.DoesNotExist, ValueError, TypeError):
+        raise Http404("No such scheduling profile.") from None
 
 
 # ---------------------------------------------------------------------------

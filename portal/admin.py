@@ -51,7 +51,7 @@ class TeamAdmin(ReadOnlyAdmin):
 class MembershipAdmin(ReadOnlyAdmin):
     """Read-only, except removal, which goes through the service (pending requests cancelled, audited)."""
 
-    list_display = ["user", "team", "role", "gpu_cap_milli"]
+    list_display = ["user", "team", "role", "gpu_cap_milli", "source"]
     list_filter = ["team", "role"]
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:

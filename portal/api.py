@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.http import Http404
 from drf_spectacular.utils import (
     OpenApiParameter,
     OpenApiResponse,
@@ -17,7 +18,12 @@ from drf_spectacular.utils import (
     extend_schema_serializer,
 )
 from rest_framework import serializers, status
-from rest_framework.exceptions import APIException, AuthenticationFailed, ValidationError
+from rest_framework.exceptions import (
+    APIException,
+    AuthenticationFailed,
+    PermissionDenied,
+    ValidationError,
+)
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
@@ -32,11 +38,13 @@ from portal.models import (
     GpuRequest,
     Membership,
     Node,
+    PolicyProfile,
     Pool,
     Team,
     WorkloadClass,
 )
 from portal.preview import gpu_request_preview
+from scheduling import profile as scheduling_profile
 
 # Keys a client may not send: the platform derives them (RELIABILITY.md §8.6).
 FORBIDDEN_KEYS = {
@@ -456,7 +464,7 @@ class CapacityApi(ListApiView):
         responses=OutputSerializer(many=True),
     )
     def get(self, request: Request) -> Response:
-        access.require_admin(request.user)
+        access.require_admin_read(request.user)
         nodes = Node.objects.select_related("pool").order_by("pool__name", "name")
         if request.query_params.get("pool"):
             nodes = nodes.filter(pool__name=request.query_params["pool"])
@@ -530,6 +538,10 @@ class DecisionListApi(ListApiView):
         code = serializers.CharField()
         message = serializers.CharField()
         facts = serializers.JSONField()
+        profile_name = serializers.CharField(
+            help_text="the scheduling profile in force (blank: not a tick's decision)"
+        )
+        profile_version = serializers.IntegerField(allow_null=True)
         created_at = serializers.DateTimeField()
 
     @extend_schema(
@@ -582,7 +594,7 @@ class AuditListApi(ListApiView):
         responses=OutputSerializer(many=True),
     )
     def get(self, request: Request) -> Response:
-        access.require_admin(request.user)
+        access.require_admin_read(request.user)
         qs: Any = selectors.audit_list(action=request.query_params.get("action", "")[:50])
         return _paginate(self, request, qs, self.OutputSerializer)
 
@@ -599,19 +611,161 @@ class QuotaOutputSerializer(serializers.Serializer):
     granted_milli = serializers.IntegerField()
 
 
-class TeamListApi(ListApiView):
-    class OutputSerializer(serializers.Serializer):
-        id = serializers.IntegerField()
-        name = serializers.CharField()
-        display_name = serializers.CharField()
-        namespace = serializers.CharField()
-        weight = serializers.IntegerField()
+class TeamOutputSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    display_name = serializers.CharField()
+    namespace = serializers.CharField()
+    weight = serializers.IntegerField()
 
-    @extend_schema(operation_id="teams_list", responses=OutputSerializer(many=True))
+
+class TeamListApi(ListApiView):
+    """Teams the caller may see; admins create teams (audited)."""
+
+    OutputSerializer = TeamOutputSerializer
+
+    class InputSerializer(StrictSerializer):
+        name = serializers.CharField(max_length=63)
+        display_name = serializers.CharField(max_length=200, required=False, allow_blank=True)
+        namespace = serializers.CharField(max_length=63, required=False, allow_blank=True)
+        weight = serializers.IntegerField(min_value=1, max_value=1000, required=False)
+
+    @extend_schema(operation_id="teams_list", responses=TeamOutputSerializer(many=True))
     def get(self, request: Request) -> Response:
         return _paginate(
             self, request, access.teams_for(request.user).order_by("name"), self.OutputSerializer
         )
+
+    @extend_schema(
+        operation_id="teams_create",
+        request=InputSerializer,
+        responses={201: TeamOutputSerializer},
+    )
+    def post(self, request: Request) -> Response:
+        access.require_admin(request.user)
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        team = services.team_create(actor=request.user, **serializer.validated_data)
+        return Response(self.OutputSerializer(team).data, status=status.HTTP_201_CREATED)
+
+
+class MemberOutputSerializer(serializers.Serializer):
+    id = serializers.IntegerField(source="membership.pk")
+    username = serializers.CharField(source="membership.user.username")
+    role = serializers.CharField(source="membership.role")
+    gpu_cap_milli = serializers.IntegerField(source="membership.gpu_cap_milli", allow_null=True)
+    source = serializers.CharField(source="membership.source")
+    holding_milli = serializers.IntegerField()
+    pending = serializers.IntegerField()
+
+
+def _member_view(membership: Membership) -> dict[str, Any]:
+    """One member as team_members() lists them (holding and pending included)."""
+    for m in selectors.team_members(membership.team):
+        if m["membership"].pk == membership.pk:
+            return m
+    raise Http404("No such member.")
+
+
+class TeamMemberListApi(ListApiView):
+    """A team's members; its leads (and admins) add members. Admins choose the role."""
+
+    class InputSerializer(StrictSerializer):
+        username = serializers.CharField(max_length=150)
+        role = serializers.ChoiceField(choices=Membership.Role.values, required=False)
+        gpu_cap_milli = serializers.IntegerField(
+            min_value=0, max_value=10**9, required=False, allow_null=True
+        )
+
+    @extend_schema(operation_id="team_members_list", responses=MemberOutputSerializer(many=True))
+    def get(self, request: Request, team_id: int) -> Response:
+        team = access.get_team_for_user(request.user, team_id)
+        return _paginate(self, request, selectors.team_members(team), MemberOutputSerializer)
+
+    @extend_schema(
+        operation_id="team_members_add",
+        request=InputSerializer,
+        responses={201: MemberOutputSerializer},
+    )
+    def post(self, request: Request, team_id: int) -> Response:
+        team = access.get_team_for_user(request.user, team_id, role=Membership.Role.LEAD)
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        role = data.get("role", Membership.Role.MEMBER)
+        if role != Membership.Role.MEMBER and not access.is_admin(request.user):
+            raise ValidationError({"role": ["Only platform admins add leads."]})
+        membership = services.membership_add(
+            actor=request.user, team=team, username=data["username"], role=role
+        )
+        if data.get("gpu_cap_milli") is not None:
+            membership = services.membership_set(
+                actor=request.user,
+                team=team,
+                user=membership.user,
+                role=membership.role,
+                gpu_cap_milli=data["gpu_cap_milli"],
+            )
+        return Response(
+            MemberOutputSerializer(_member_view(membership)).data, status=status.HTTP_201_CREATED
+        )
+
+
+class TeamMemberDetailApi(ApiView):
+    """One member: leads set the cap and remove members; admins also change roles and remove leads.
+
+    Removing a member cancels their pending requests in the team (running work finishes).
+    """
+
+    class InputSerializer(StrictSerializer):
+        role = serializers.ChoiceField(choices=Membership.Role.values, required=False)
+        gpu_cap_milli = serializers.IntegerField(
+            min_value=0, max_value=10**9, required=False, allow_null=True
+        )
+
+    class RemovedSerializer(serializers.Serializer):
+        cancelled_requests = serializers.IntegerField()
+
+    def _membership(self, request: Request, team_id: int, membership_id: int) -> Membership:
+        team = access.get_team_for_user(request.user, team_id, role=Membership.Role.LEAD)
+        return access.get_membership_for_lead(request.user, team, membership_id)
+
+    @extend_schema(operation_id="team_members_get", responses=MemberOutputSerializer)
+    def get(self, request: Request, team_id: int, membership_id: int) -> Response:
+        team = access.get_team_for_user(request.user, team_id)
+        membership = access.get_membership_for_lead(request.user, team, membership_id)
+        return Response(MemberOutputSerializer(_member_view(membership)).data)
+
+    @extend_schema(
+        operation_id="team_members_update",
+        request=InputSerializer,
+        responses=MemberOutputSerializer,
+    )
+    def patch(self, request: Request, team_id: int, membership_id: int) -> Response:
+        membership = self._membership(request, team_id, membership_id)
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        role = data.get("role", membership.role)
+        if role != membership.role and not access.is_admin(request.user):
+            raise ValidationError({"role": ["Only platform admins change roles."]})
+        cap = data.get("gpu_cap_milli", membership.gpu_cap_milli)
+        membership = services.membership_set(
+            actor=request.user,
+            team=membership.team,
+            user=membership.user,
+            role=role,
+            gpu_cap_milli=cap,
+        )
+        return Response(MemberOutputSerializer(_member_view(membership)).data)
+
+    @extend_schema(operation_id="team_members_remove", request=None, responses=RemovedSerializer)
+    def delete(self, request: Request, team_id: int, membership_id: int) -> Response:
+        membership = self._membership(request, team_id, membership_id)
+        if membership.role == Membership.Role.LEAD and not access.is_admin(request.user):
+            raise PermissionDenied("Only platform admins remove a team's leads.")
+        cancelled = services.membership_remove(actor=request.user, membership=membership)
+        return Response({"cancelled_requests": cancelled})
 
 
 class TeamDetailApi(ApiView):
@@ -624,12 +778,7 @@ class TeamDetailApi(ApiView):
         borrowed_milli = serializers.IntegerField()
         lent_milli = serializers.IntegerField()
 
-    class MemberSerializer(serializers.Serializer):
-        username = serializers.CharField(source="membership.user.username")
-        role = serializers.CharField(source="membership.role")
-        gpu_cap_milli = serializers.IntegerField(source="membership.gpu_cap_milli", allow_null=True)
-        holding_milli = serializers.IntegerField()
-        pending = serializers.IntegerField()
+    MemberSerializer = MemberOutputSerializer
 
     class OutputSerializer(serializers.Serializer):
         id = serializers.IntegerField()
@@ -686,6 +835,132 @@ class QuotaSetApi(ApiView):
             actor=request.user, team=team, pool=pool, **serializer.validated_data
         )
         return Response(self.OutputSerializer(quota).data)
+
+
+# ---------------------------------------------------------------------------
+# Scheduling profiles
+
+
+def _knob_field(knob: scheduling_profile.Knob, *, required: bool) -> serializers.Field:
+    """A serializer field with the core's own bounds for one knob (`scheduling.profile`)."""
+    kw: dict[str, Any] = {"required": required, "help_text": knob.help}
+    if knob.choices:
+        return serializers.ChoiceField(choices=list(knob.choices), **kw)
+    if knob.type is str:
+        return serializers.CharField(**kw)
+    bounds = {"min_value": knob.minimum, "max_value": knob.maximum}
+    if knob.type is int:
+        return serializers.IntegerField(**bounds, **kw)
+    return serializers.FloatField(**bounds, **kw)
+
+
+def _knob_fields(*, required: bool) -> dict[str, serializers.Field]:
+    return {
+        name: _knob_field(knob, required=required)
+        for name, knob in scheduling_profile.KNOBS.items()
+    }
+
+
+class _ProfileMeta(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    version = serializers.IntegerField(help_text="goes up by one with each change of a knob")
+    active = serializers.BooleanField(help_text="the profile the scheduler runs; exactly one is")
+    updated_by = serializers.CharField(allow_null=True)
+    updated_at = serializers.DateTimeField()
+
+
+# One field per knob, built from `Policy`, so that a new knob is in the API and its schema at
+# once; profiles are flat, as their TOML files are.
+ProfileOutputSerializer = type(
+    "ProfileOutputSerializer", (_ProfileMeta,), _knob_fields(required=True)
+)
+ProfileCreateSerializer = type(
+    "ProfileCreateSerializer",
+    (StrictSerializer,),
+    {"name": serializers.CharField(max_length=63), **_knob_fields(required=False)},
+)
+ProfileUpdateSerializer = type(
+    "ProfileUpdateSerializer", (StrictSerializer,), _knob_fields(required=False)
+)
+extend_schema_serializer(component_name="Profile")(ProfileOutputSerializer)
+extend_schema_serializer(component_name="ProfileCreate")(ProfileCreateSerializer)
+extend_schema_serializer(component_name="ProfileUpdate")(ProfileUpdateSerializer)
+
+
+def _profile_data(row: PolicyProfile) -> dict[str, Any]:
+    data = {
+        "id": row.pk,
+        "name": row.name,
+        "version": row.version,
+        "active": row.active,
+        "updated_by": row.updated_by.get_username() if row.updated_by else None,
+        "updated_at": row.updated_at,
+        **row.profile().knobs,
+    }
+    return dict(ProfileOutputSerializer(data).data)
+
+
+class ProfileListCreateApi(ListApiView):
+    """Admins and auditors: the scheduling profiles (GET); admins: a new one (POST): the shipped default's
+    knobs with those given over them; inactive until activated."""
+
+    @extend_schema(operation_id="profiles_list", responses=ProfileOutputSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        access.require_admin_read(request.user)
+        qs = PolicyProfile.objects.select_related("updated_by").order_by("name")
+        paginator = PageNumberPagination()
+        page = paginator.paginate_queryset(qs, request, view=self)
+        return paginator.get_paginated_response([_profile_data(r) for r in page or []])
+
+    @extend_schema(
+        operation_id="profiles_create",
+        request=ProfileCreateSerializer,
+        responses={201: ProfileOutputSerializer},
+    )
+    def post(self, request: Request) -> Response:
+        access.require_admin(request.user)
+        serializer = ProfileCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = dict(serializer.validated_data)
+        name = data.pop("name")
+        row = services.policy_profile_create(actor=request.user, name=name, knobs=data)
+        return Response(_profile_data(row), status=status.HTTP_201_CREATED)
+
+
+class ProfileDetailApi(ApiView):
+    """Admins: a profile (GET), or a change of some of its knobs (PATCH; the version goes up)."""
+
+    @extend_schema(operation_id="profiles_get", responses=ProfileOutputSerializer)
+    def get(self, request: Request, profile_id: int) -> Response:
+        row = access.get_policy_profile_for_admin(request.user, profile_id, read_only=True)
+        return Response(_profile_data(row))
+
+    @extend_schema(
+        operation_id="profiles_update",
+        request=ProfileUpdateSerializer,
+        responses=ProfileOutputSerializer,
+    )
+    def patch(self, request: Request, profile_id: int) -> Response:
+        row = access.get_policy_profile_for_admin(request.user, profile_id)
+        serializer = ProfileUpdateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        row = services.policy_profile_update(
+            actor=request.user, profile=row, knobs=dict(serializer.validated_data)
+        )
+        return Response(_profile_data(row))
+
+
+class ProfileActivateApi(ApiView):
+    """Admins: make this the profile the scheduler runs from its next tick."""
+
+    @extend_schema(
+        operation_id="profiles_activate", request=None, responses=ProfileOutputSerializer
+    )
+    def post(self, request: Request, profile_id: int) -> Response:
+        row = access.get_policy_profile_for_admin(request.user, profile_id)
+        row = services.policy_profile_activate(actor=request.user, profile=row)
+        return Response(_profile_data(row))
 
 
 def _name_nested_serializers() -> None:

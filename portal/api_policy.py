@@ -16,7 +16,7 @@ import hashlib
 from typing import Any
 
 from django.db import InterfaceError, OperationalError
-from rest_framework import exceptions, parsers, throttling
+from rest_framework import exceptions, parsers, permissions, throttling
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
@@ -36,6 +36,18 @@ class SafeJSONParser(parsers.JSONParser):
         if problem:
             raise exceptions.ParseError(f"JSON parse error - {problem}")
         return data
+
+
+class ReadOnlyRolePermission(permissions.BasePermission):
+    """Read-only users (auditors) may only use safe methods, by session or by token."""
+
+    message = "Auditors may read but not change anything."
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        # Imported here: DRF imports this module while it reads its settings.
+        from portal import access
+
+        return request.method in permissions.SAFE_METHODS or not access.is_read_only(request.user)
 
 
 class _LiveRates:

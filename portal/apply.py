@@ -1,35 +1,43 @@
 """The tick's apply step: write the core's decisions (admissions, waits, preemptions,
 rejections) in the tick's transaction, and launch what was admitted once it commits.
+
+Writes are batched, a fixed number of statements whatever the queue's length: the
+admitted requests are claimed in one statement, their attempts, allocations and usage
+records inserted in bulk, the decision log in one insert, and the waiting requests whose
+status changed updated together (their queue position notes with them). Only what
+changed is written. The owners of rejected requests are told once the tick commits.
 """
 
 from __future__ import annotations
 
 import logging
+from bisect import bisect_left
 from collections import defaultdict
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import Count, F
 
 from portal import notify, services
+from portal.bulk import bulk_set, insert_rows
 from portal.models import (
     Allocation,
     Attempt,
     Decision,
-    Device,
     GpuRequest,
     NotificationPreference,
     SchedulerState,
     UsageRecord,
 )
-from portal.snapshot import Context
+from portal.snapshot import Context, DeviceRow, QueuedRow
 from scheduling import types as st
 
 log = logging.getLogger(__name__)
 
 
-def _slots(device: Device, grant: st.DeviceGrant, taken: set[str]) -> list[str]:
+def _slots(device: DeviceRow, grant: st.DeviceGrant, taken: set[str]) -> list[str]:
     """The Allocation slots a grant occupies on a device (see Allocation's docstring)."""
     if grant.mig is not None:
         return [f"m{i}" for i in range(grant.mig.start, grant.mig.start + grant.mig.size)]
@@ -42,94 +50,155 @@ def _slots(device: Device, grant: st.DeviceGrant, taken: set[str]) -> list[str]:
     return ["gpu"]
 
 
-def _admit(d: st.Decision, ctx: Context, tick_no: int) -> bool:
-    req = ctx.requests[d.request_id]
+def _allocations(
+    attempt_id: int, d: st.Decision, ctx: Context, rows: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     assert d.placement is not None
-    claimed = GpuRequest.objects.filter(pk=req.pk, state=GpuRequest.State.PENDING).update(
-        state=GpuRequest.State.ADMITTED,
-        status_code="admitted",
-        status_message=d.message,
-        queue_position=None,
-        escalated=False,
-        estimated_start=None,
-        updated_at=ctx.now,
+    for pod in d.placement.pods:
+        for g in pod.grants:
+            device = ctx.devices[(pod.node, g.device)]
+            taken = ctx.active_slots[device.pk]
+            for slot in _slots(device, g, taken):
+                taken.add(slot)
+                rows.append(
+                    {
+                        "attempt_id": attempt_id,
+                        "device_id": device.pk,
+                        "slot": slot,
+                        "milli": g.milli if g.mig is None else 0,
+                        "gpu_memory_mib": g.gpu_memory_mib,
+                        "mig_profile": g.mig.profile if g.mig else "",
+                        "mig_start": g.mig.start if g.mig else -1,
+                        "mig_size": g.mig.size if g.mig else 0,
+                    }
+                )
+    return rows
+
+
+def _attempt(d: st.Decision, req: QueuedRow, ctx: Context, number: int) -> dict[str, Any]:
+    assert d.placement is not None
+    return {
+        "request_id": req.pk,
+        "number": number,
+        "pool_id": ctx.pools[d.pool].pk,
+        "nodes": list(d.placement.nodes),
+        "workload_name": f"qm-{req.pk}-{number}",
+        "namespace": ctx.teams[req.team_id][1],
+        "gpus_milli": req.gpus_milli,
+        "borrowing": d.borrowing,
+        # The request's last decision said it waited for preempted attempts to stop.
+        "admitted_by_preemption": req.status_code == "preempting",
+        "admitted_at": ctx.now,
+    }
+
+
+def _usage(attempt_id: int, req: QueuedRow, pool_id: int, ctx: Context) -> dict[str, Any]:
+    return {
+        "attempt_id": attempt_id,
+        "team_id": req.team_id,
+        "workload_class_id": req.workload_class_id,
+        "pool_id": pool_id,
+        "gpus_milli": req.gpus_milli,
+        "started_at": ctx.now,
+    }
+
+
+def _admit_all(ds: list[st.Decision], ctx: Context, tick_no: int) -> dict[str, int]:
+    """Admit in bulk; returns the new attempts' ids by request id (absent: not admitted)."""
+    if not ds:
+        return {}
+    reqs = {d.request_id: ctx.requests[d.request_id] for d in ds}
+    # Claim: only requests still pending (cancelled since the snapshot: nothing to do).
+    claimed = set(
+        GpuRequest.objects.select_for_update()
+        .filter(pk__in=[r.pk for r in reqs.values()], state=GpuRequest.State.PENDING)
+        .values_list("pk", flat=True)
     )
-    if claimed != 1:
-        # Cancelled since the snapshot: nothing to do.
-        return False
-    pool = ctx.pools[d.pool]
-    number = req.attempts.count() + 1
+    ds = [d for d in ds if reqs[d.request_id].pk in claimed]
+    bulk_set(
+        GpuRequest,
+        (
+            "state",
+            "status_code",
+            "status_message",
+            "queue_position",
+            "escalated",
+            "estimated_start",
+            "position_note",
+            "updated_at",
+        ),
+        [
+            (reqs[d.request_id].pk, GpuRequest.State.ADMITTED, "admitted", d.message)
+            + (None, False, None, "", ctx.now)
+            for d in ds
+        ],
+    )
+    numbers = dict(
+        Attempt.objects.filter(request_id__in=claimed)
+        .order_by()
+        .values_list("request_id")
+        .annotate(n=Count("id"))
+    )
+
+    def number(d: st.Decision) -> int:
+        return numbers.get(reqs[d.request_id].pk, 0) + 1
+
+    slots_before = {k: set(v) for k, v in ctx.active_slots.items()}
+    made: dict[str, int] = {}
     try:
         with transaction.atomic():
-            attempt = Attempt.objects.create(
-                request=req,
-                number=number,
-                pool=pool,
-                nodes=list(d.placement.nodes),
-                workload_name=f"qm-{req.pk}-{number}",
-                namespace=req.team.namespace,
-                gpus_milli=req.gpus_milli,
-                borrowing=d.borrowing,
-                # The request's last decision said it waited for preempted attempts to stop.
-                admitted_by_preemption=req.status_code == "preempting",
-                admitted_at=ctx.now,
+            rows = [_attempt(d, reqs[d.request_id], ctx, number(d)) for d in ds]
+            ids = insert_rows(Attempt, rows, ids=True)
+            allocations: list[dict[str, Any]] = []
+            for d, attempt_id in zip(ds, ids, strict=True):
+                _allocations(attempt_id, d, ctx, allocations)
+            insert_rows(Allocation, allocations)
+            insert_rows(
+                UsageRecord,
+                [
+                    _usage(attempt_id, reqs[d.request_id], row["pool_id"], ctx)
+                    for d, attempt_id, row in zip(ds, ids, rows, strict=True)
+                ],
             )
-            rows = []
-            for pod in d.placement.pods:
-                for g in pod.grants:
-                    device = ctx.devices[(pod.node, g.device)]
-                    taken = ctx.active_slots[device.pk]
-                    for slot in _slots(device, g, taken):
-                        taken.add(slot)
-                        rows.append(
-                            Allocation(
-                                attempt=attempt,
-                                device=device,
-                                slot=slot,
-                                milli=g.milli if g.mig is None else 0,
-                                gpu_memory_mib=g.gpu_memory_mib,
-                                mig_profile=g.mig.profile if g.mig else "",
-                                mig_start=g.mig.start if g.mig else -1,
-                                mig_size=g.mig.size if g.mig else 0,
-                            )
-                        )
-            Allocation.objects.bulk_create(rows)
-            UsageRecord.objects.create(
-                attempt=attempt,
-                team=req.team,
-                workload_class=req.workload_class,
-                pool=pool,
-                gpus_milli=req.gpus_milli,
-                started_at=ctx.now,
-            )
+            made = {d.request_id: attempt_id for d, attempt_id in zip(ds, ids, strict=True)}
     except IntegrityError:
-        # The database refused a double booking: the request waits for the next tick.
+        # The database refused a double booking somewhere in the batch: admit one by one,
+        # so that only the conflicting requests wait for the next tick.
+        ctx.active_slots.clear()
+        ctx.active_slots.update(slots_before)
+        for d in ds:
+            attempt_id = _admit_one(d, reqs[d.request_id], ctx, number(d), tick_no)
+            if attempt_id is not None:
+                made[d.request_id] = attempt_id
+    launched = [made[d.request_id] for d in ds if d.request_id in made]
+    if launched:
+        transaction.on_commit(lambda: launch_attempts(launched))
+    return made
+
+
+def _admit_one(
+    d: st.Decision, req: QueuedRow, ctx: Context, number: int, tick_no: int
+) -> int | None:
+    try:
+        with transaction.atomic():
+            attempt = Attempt.objects.create(**_attempt(d, req, ctx, number))
+            Allocation.objects.bulk_create(
+                [Allocation(**row) for row in _allocations(attempt.pk, d, ctx, [])]
+            )
+            UsageRecord.objects.create(**_usage(attempt.pk, req, attempt.pool_id, ctx))
+    except IntegrityError:
         log.error("tick %s: allocation conflict for request %s; left pending", tick_no, req.pk)
         GpuRequest.objects.filter(pk=req.pk).update(
             state=GpuRequest.State.PENDING,
             status_code="conflict",
             status_message="waiting: placement conflict, retrying",
         )
-        return False
-    Decision.objects.create(
-        tick=tick_no,
-        request=req,
-        attempt=attempt,
-        team=req.team,
-        pool=pool,
-        node=",".join(d.placement.nodes),
-        kind=Decision.Kind.ADMIT,
-        code=d.code,
-        message=d.message,
-        facts=_facts(d),
-    )
-    attempt_id = attempt.pk
-    transaction.on_commit(lambda: launch_attempt(attempt_id))
-    return True
+        return None
+    return attempt.pk
 
 
-def launch_attempt(attempt_id: int) -> None:
-    services.attempt_launch(attempt_id)
+def launch_attempts(attempt_ids: list[int]) -> None:
+    services.attempts_launch(attempt_ids)
 
 
 def _facts(d: st.Decision) -> dict[str, Any]:
@@ -145,6 +214,11 @@ def _facts(d: st.Decision) -> dict[str, Any]:
     return out
 
 
+def _profile(ctx: Context) -> dict[str, Any]:
+    """The scheduling profile in force, as each of the tick's decisions records it."""
+    return {"profile_name": ctx.profile_name, "profile_version": ctx.profile_version}
+
+
 def reason_key(code: str, message: str) -> tuple[str, str]:
     """What the decision log compares between ticks: the code and the reason's main clause.
 
@@ -155,12 +229,23 @@ def reason_key(code: str, message: str) -> tuple[str, str]:
     return code, message.split("; ", 1)[0]
 
 
+WAIT_FIELDS = (
+    "status_code",
+    "status_message",
+    "queue_position",
+    "escalated",
+    "estimated_start",
+    "position_note",
+)
+
+
 def _wait(
     d: st.Decision,
     ctx: Context,
     tick_no: int,
-    changed: list[GpuRequest],
-    notes: dict[Any, str] | None = None,
+    log_rows: list[dict[str, Any]],
+    changed: list[tuple[Any, ...]],
+    notes: dict[str, str] | None = None,
 ) -> None:
     req = ctx.requests[d.request_id]
     new_message = d.message[:500]
@@ -172,17 +257,24 @@ def _wait(
     )
     if reason_key(req.status_code, req.status_message) != reason_key(d.code, new_message):
         # The decision log records changes of reason, not every tick's repetition.
-        Decision.objects.create(
-            tick=tick_no,
-            request=req,
-            team=req.team,
-            kind=Decision.Kind.WAIT,
-            code=d.code,
-            message=new_message,
-            facts=_facts(d),
+        log_rows.append(
+            {
+                "tick": tick_no,
+                "request_id": req.pk,
+                "team_id": req.team_id,
+                "kind": Decision.Kind.WAIT,
+                "code": d.code,
+                "message": new_message,
+                "facts": _facts(d),
+                **_profile(ctx),
+            }
         )
-    note = (notes or {}).get(d.request_id, req.position_note)
-    fields = (d.code, new_message, d.position or None, d.escalated, estimated_start, note)
+    position = d.position or None
+    # A note explains the last move: kept while the position holds, dropped when the
+    # request comes back without one (new, requeued) or moves with no note computed.
+    kept = req.position_note if position == req.queue_position else ""
+    note = (notes or {}).get(d.request_id, kept)
+    fields = (d.code, new_message, position, d.escalated, estimated_start, note)
     if (
         req.status_code,
         req.status_message,
@@ -199,34 +291,66 @@ def _wait(
             req.estimated_start,
             req.position_note,
         ) = fields
-        changed.append(req)
+        changed.append((req.pk, *fields))
 
 
 def _plural(n: int, one: str, many: str) -> str:
     return f"{n} {one if n == 1 else many}"
 
 
+class _Counts:
+    """A Fenwick tree over queue positions: how many added positions are below a bound."""
+
+    def __init__(self, size: int) -> None:
+        self.tree = [0] * (size + 1)
+
+    def add(self, position: int) -> None:
+        while position < len(self.tree):
+            self.tree[position] += 1
+            position += position & -position
+
+    def below(self, bound: int) -> int:
+        """How many added positions are < bound."""
+        i, total = min(bound - 1, len(self.tree) - 1), 0
+        while i > 0:
+            total += self.tree[i]
+            i -= i & -i
+        return total
+
+
 def position_notes(old: dict[Any, int | None], new: dict[Any, int]) -> dict[Any, str]:
     """Why each queued request's position changed since the last tick, in words.
 
     `old`: positions stored after the last tick (None: not waiting then); `new`: this
-    tick's positions (of every request the scheduler placed in order, admitted ones too).
-    Of the `o - 1` requests ahead before, some are still ahead, some fell behind, and
-    the rest started or left (admitted requests no longer store their position); of
-    the `n - 1` ahead now, the others arrived (new, or back after a requeue) or passed
-    it (a stronger class, priority or fair share, an escalation). Only requests whose
-    position changed get a note.
+    tick's positions of the waiting requests (admitted ones keep none). Of the `o - 1`
+    requests ahead before, some are still ahead, some fell behind, and the rest started
+    or left (unseen now); of the `n - 1` ahead now, the others arrived (new, or back
+    after a requeue) or passed it (a stronger class, priority or fair share, an
+    escalation). Only requests whose position changed get a note.
+
+    Every request behind one that starts moves, so this runs in O(q log q) for a
+    queue of q: requests that waited both times are points (old, new), and a sweep
+    over old positions with a Fenwick tree over new ones counts those ahead both times.
     """
+    placed = {rid: n for rid, n in new.items() if n}
+    moved = sorted((o, n, rid) for rid, n in placed.items() if (o := old.get(rid)) and o != n)
+    if not moved:
+        return {}
+    ahead_now = sorted(placed.values())
+    arrived_at = sorted(n for rid, n in placed.items() if not old.get(rid))
+    # Requests that waited then and now, by their old position.
+    both = sorted((o, n) for rid, n in placed.items() if (o := old.get(rid)))
+    tree = _Counts(ahead_now[-1] + 1)
+    added = 0
     notes: dict[Any, str] = {}
-    for rid, n in new.items():
-        o = old.get(rid)
-        if not o or not n or o == n:
-            continue
-        ahead_now = [x for x, p in new.items() if x != rid and p < n]
-        stayed = sum(1 for x in ahead_now if (old.get(x) or 0) and old[x] < o)  # type: ignore[operator]
-        arrived = sum(1 for x in ahead_now if not old.get(x))
-        passed = len(ahead_now) - stayed - arrived
-        fell = sum(1 for x, p in new.items() if (old.get(x) or 0) and old[x] < o and p > n)  # type: ignore[operator]
+    for o, n, rid in moved:
+        while added < len(both) and both[added][0] < o:
+            tree.add(both[added][1])
+            added += 1
+        stayed = tree.below(n)  # ahead then and now
+        fell = added - tree.below(n + 1)  # ahead then, behind now
+        arrived = bisect_left(arrived_at, n)
+        passed = bisect_left(ahead_now, n) - stayed - arrived
         left = max(0, (o - 1) - stayed - fell)
         why = []
         if left:
@@ -288,90 +412,123 @@ def lost_work(attempt: Attempt, now: datetime) -> tuple[str, dict[str, Any]]:
     return clause, facts
 
 
-def _preempt(d: st.Decision, ctx: Context, tick_no: int) -> bool:
-    attempt = ctx.attempts.get(d.attempt_id)
-    if attempt is None or attempt.state not in (Attempt.State.ADMITTED, Attempt.State.RUNNING):
-        return False
-    services.attempt_stop(attempt, reason="preempted")
-    req = attempt.request
-    clause, lost = lost_work(attempt, ctx.now)
-    Decision.objects.create(
-        tick=tick_no,
-        request=req,
-        attempt=attempt,
-        team=req.team,
-        pool=attempt.pool,
-        node=",".join(attempt.nodes),
-        kind=Decision.Kind.PREEMPT,
-        code=d.code,
-        message=f"{d.message}; {clause}"[:500],
-        facts={**_facts(d), **lost},
+def _preempt_all(ds: list[st.Decision], ctx: Context, tick_no: int) -> list[dict[str, Any]]:
+    """Stop the victims (few: `Policy.max_preemptions_per_tick`); their log rows, in order,
+    each saying the work it loses."""
+    if not ds:
+        return []
+    attempts = Attempt.objects.select_related("request", "pool").in_bulk(
+        [int(d.attempt_id) for d in ds if d.attempt_id.isdigit()]
     )
-    return True
+    rows = []
+    for d in ds:
+        attempt = attempts.get(int(d.attempt_id)) if d.attempt_id.isdigit() else None
+        if attempt is None or attempt.state not in (Attempt.State.ADMITTED, Attempt.State.RUNNING):
+            continue
+        services.attempt_stop(attempt, reason="preempted")
+        clause, lost = lost_work(attempt, ctx.now)
+        rows.append(
+            {
+                "tick": tick_no,
+                "request_id": attempt.request_id,
+                "attempt_id": attempt.pk,
+                "team_id": attempt.request.team_id,
+                "pool_id": attempt.pool_id,
+                "node": ",".join(attempt.nodes),
+                "kind": Decision.Kind.PREEMPT,
+                "code": d.code,
+                "message": f"{d.message}; {clause}"[:500],
+                "facts": {**_facts(d), **lost},
+                **_profile(ctx),
+            }
+        )
+    return rows
 
 
-def _reject(d: st.Decision, ctx: Context, tick_no: int) -> None:
-    req = ctx.requests[d.request_id]
-    GpuRequest.objects.filter(pk=req.pk, state=GpuRequest.State.PENDING).update(
-        state=GpuRequest.State.FAILED,
-        end_reason=d.message[:300],
-        status_code=d.code,
-        status_message=d.message[:500],
-        queue_position=None,
+def _reject_all(ds: Iterable[st.Decision], ctx: Context) -> None:
+    """Fail the rejected requests still pending: one statement per distinct reason; their
+    owners are told after the commit (one hook for the tick)."""
+    by_reason: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for d in ds:
+        by_reason[(d.code, d.message)].append(ctx.requests[d.request_id].pk)
+    notify.notify_many_later(
+        [pk for pks in by_reason.values() for pk in pks], NotificationPreference.Event.FAILURE
     )
-    Decision.objects.create(
-        tick=tick_no,
-        request=req,
-        team=req.team,
-        kind=Decision.Kind.REJECT,
-        code=d.code,
-        message=d.message[:500],
-        facts=_facts(d),
-    )
-    notify.notify_later(req.pk, NotificationPreference.Event.FAILURE)
+    for (code, message), pks in by_reason.items():
+        GpuRequest.objects.filter(pk__in=pks, state=GpuRequest.State.PENDING).update(
+            state=GpuRequest.State.FAILED,
+            end_reason=message[:300],
+            status_code=code,
+            status_message=message[:500],
+            queue_position=None,
+        )
 
 
 def decisions_apply(*, decisions: list[st.Decision], ctx: Context, tick_no: int) -> dict[str, int]:
     counts: dict[str, int] = defaultdict(int)
-    changed: list[GpuRequest] = []
+    # Preemptions first, so their decisions precede the admissions they make room for.
+    ordered = sorted(decisions, key=lambda d: d.kind != st.DecisionKind.PREEMPT)
+    by_kind: dict[str, list[st.Decision]] = defaultdict(list)
+    for d in ordered:
+        kind = "cancel" if d.kind == st.DecisionKind.REJECT and d.code == "not-a-member" else d.kind
+        by_kind[kind].append(d)
+        counts[str(kind)] += 0  # a kind the core decided is counted, even if nothing came of it
+    log_rows = _preempt_all(by_kind[st.DecisionKind.PREEMPT], ctx, tick_no)
+    if log_rows:
+        counts["preempt"] = len(log_rows)
+    made = _admit_all(by_kind[st.DecisionKind.ADMIT], ctx, tick_no)
+    _reject_all(by_kind[st.DecisionKind.REJECT], ctx)
+    changed: list[tuple[Any, ...]] = []
     notes = position_notes(
         {rid: r.queue_position for rid, r in ctx.requests.items()},
-        {
-            d.request_id: d.position
-            for d in decisions
-            if d.position and d.kind in (st.DecisionKind.ADMIT, st.DecisionKind.WAIT)
-        },
+        {d.request_id: d.position for d in by_kind[st.DecisionKind.WAIT] if d.position},
     )
-    # Preemptions first, so their decisions precede the admissions they make room for.
-    for d in sorted(decisions, key=lambda d: d.kind != st.DecisionKind.PREEMPT):
-        if d.kind == st.DecisionKind.PREEMPT:
-            counts["preempt"] += _preempt(d, ctx, tick_no)
-        elif d.kind == st.DecisionKind.ADMIT:
-            counts["admit"] += _admit(d, ctx, tick_no)
-        elif d.kind == st.DecisionKind.WAIT:
-            _wait(d, ctx, tick_no, changed, notes)
-            counts["wait"] += 1
-        elif d.kind == st.DecisionKind.REJECT and d.code == "not-a-member":
-            # The core's member rules: the submitter left the team behind the services' back.
+    for d in ordered:
+        if d.kind == st.DecisionKind.ADMIT and d.request_id in made:
+            assert d.placement is not None
             req = ctx.requests[d.request_id]
-            counts["cancel"] += services.gpu_request_cancel_not_member(
-                req, actor=None, now=ctx.now, tick=tick_no
+            counts["admit"] += 1
+            log_rows.append(
+                {
+                    "tick": tick_no,
+                    "request_id": req.pk,
+                    "attempt_id": made[d.request_id],
+                    "team_id": req.team_id,
+                    "pool_id": ctx.pools[d.pool].pk,
+                    "node": ",".join(d.placement.nodes),
+                    "kind": Decision.Kind.ADMIT,
+                    "code": d.code,
+                    "message": d.message,
+                    "facts": _facts(d),
+                    **_profile(ctx),
+                }
             )
-        elif d.kind == st.DecisionKind.REJECT:
-            _reject(d, ctx, tick_no)
+        elif d.kind == st.DecisionKind.WAIT:
+            _wait(d, ctx, tick_no, log_rows, changed, notes)
+            counts["wait"] += 1
+        elif d.kind == st.DecisionKind.REJECT and d.code != "not-a-member":
+            req = ctx.requests[d.request_id]
+            log_rows.append(
+                {
+                    "tick": tick_no,
+                    "request_id": req.pk,
+                    "team_id": req.team_id,
+                    "kind": Decision.Kind.REJECT,
+                    "code": d.code,
+                    "message": d.message[:500],
+                    "facts": _facts(d),
+                    **_profile(ctx),
+                }
+            )
             counts["reject"] += 1
-    GpuRequest.objects.bulk_update(
-        changed,
-        [
-            "status_code",
-            "status_message",
-            "queue_position",
-            "escalated",
-            "estimated_start",
-            "position_note",
-        ],
-        batch_size=500,
-    )
+    insert_rows(Decision, log_rows)
+    bulk_set(GpuRequest, WAIT_FIELDS, changed)
+    for d in by_kind["cancel"]:
+        # The core's member rules: the submitter left the team behind the services' back.
+        req = GpuRequest.objects.select_related("team").get(pk=ctx.requests[d.request_id].pk)
+        counts["cancel"] += services.gpu_request_cancel_not_member(
+            req, actor=None, now=ctx.now, tick=tick_no
+        )
     return dict(counts)
 
 

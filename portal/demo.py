@@ -115,6 +115,9 @@ def seed(*, path: str | None = None) -> dict[str, Any]:
             },
         )
     services.inventory_sync(nodes=inventory_from_file(path or settings.SIMULATED_CLUSTER))
+    # the shipped scheduling profile, active (the migration stored it unless the database was
+    # emptied since)
+    services.policy_profile_ensure()
     teams = {}
     for name in QUOTAS:
         teams[name] = Team.objects.filter(name=name).first() or services.team_create(

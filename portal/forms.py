@@ -19,6 +19,7 @@ from portal.models import (
     Team,
     WorkloadClass,
 )
+from scheduling import profile as scheduling_profile
 
 
 def _milli(value: Decimal | None) -> int | None:
@@ -426,3 +427,32 @@ def initial_from_request(req: GpuRequest) -> dict[str, Any]:
         "estimated_runtime_s": req.estimated_runtime_s,
         "priority": req.priority,
     }
+
+
+def _knob_form_field(knob: scheduling_profile.Knob) -> forms.Field:
+    """A form field with the core's own bounds for one knob (`scheduling.profile`)."""
+    kw: dict[str, Any] = {"label": knob.name, "help_text": knob.help}
+    if knob.choices:
+        return forms.ChoiceField(choices=[(c, c) for c in knob.choices], **kw)
+    if knob.type is str:
+        return forms.CharField(**kw)
+    bounds = {"min_value": knob.minimum, "max_value": knob.maximum}
+    if knob.type is int:
+        return forms.IntegerField(**bounds, **kw)
+    return forms.FloatField(**bounds, **kw)
+
+
+class PolicyProfileForm(forms.Form):
+    """One field per knob of the scheduling core; the services check them again."""
+
+    def __init__(self, *args: Any, with_name: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if with_name:
+            self.fields["name"] = forms.CharField(
+                max_length=63, help_text="lower-case letters, digits, '-', '_' or '.'"
+            )
+        for name, knob in scheduling_profile.KNOBS.items():
+            self.fields[name] = _knob_form_field(knob)
+
+    def knobs(self) -> dict[str, Any]:
+        return {k: self.cleaned_data[k] for k in scheduling_profile.KNOBS}

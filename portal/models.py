@@ -13,6 +13,7 @@ from django.db.models import Q
 
 from portal import validation
 from portal.shapes import request_shape
+from scheduling import profile as scheduling_profile
 
 slug_validator = RegexValidator(
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
@@ -49,8 +50,16 @@ class Membership(models.Model):
     )
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
     role = models.CharField(max_length=10, choices=Role.choices, default=Role.MEMBER)
+
+    class Source(models.TextChoices):
+        #: added by a lead or an admin; single sign-on leaves it alone
+        MANUAL = "manual"
+        #: from the identity provider's groups (OIDC_GROUP_MAP); synced at each sign-in
+        SSO = "sso"
+
     #: most GPU milli this member may hold at once; null = no cap beyond the team's
     gpu_cap_milli = models.PositiveIntegerField(null=True, blank=True)
+    source = models.CharField(max_length=10, choices=Source.choices, default=Source.MANUAL)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["user", "team"], name="membership_unique")]
@@ -599,6 +608,9 @@ class Decision(models.Model):
     code = models.CharField(max_length=50)
     message = models.CharField(max_length=500)
     facts = models.JSONField(default=dict, blank=True)
+    #: the scheduling profile in force when the tick decided (blank: not a tick's decision)
+    profile_name = models.CharField(max_length=63, blank=True)
+    profile_version = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
 
     class Meta:
@@ -607,6 +619,58 @@ class Decision(models.Model):
             models.Index(fields=["team", "-created_at"]),
             models.Index(fields=["request", "-created_at"]),
         ]
+
+
+class PolicyProfileQuerySet(models.QuerySet["PolicyProfile"]):
+    def active_profile(self) -> scheduling_profile.Profile:
+        """The active profile's knobs; the shipped default when none is stored yet (reads only:
+        the tick stores it, `services.policy_profile_ensure`)."""
+        row = self.filter(active=True).first()
+        return row.profile() if row is not None else scheduling_profile.load()
+
+
+class PolicyProfile(models.Model):
+    """A named, versioned set of the scheduling core's knobs (`scheduling.profile`).
+
+    Exactly one is active: the tick runs it and every decision records its name and
+    version. Changed only through the services, which validate, bump `version` and audit.
+    """
+
+    name = models.CharField(
+        max_length=63,
+        unique=True,
+        validators=[
+            RegexValidator(
+                scheduling_profile.NAME_RE.pattern,
+                "Use lower-case letters, digits, '-', '_' or '.'.",
+            )
+        ],
+    )
+    version = models.PositiveIntegerField(default=1)
+    #: every knob of `scheduling.types.Policy`, by name
+    knobs = models.JSONField(default=dict)
+    active = models.BooleanField(default=False)
+    updated_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = PolicyProfileQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            # at most one active; the services keep at least one
+            models.UniqueConstraint(
+                fields=["active"], condition=Q(active=True), name="policyprofile_one_active"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} v{self.version}"
+
+    def profile(self) -> scheduling_profile.Profile:
+        return scheduling_profile.parse({"name": self.name, "version": self.version, **self.knobs})
 
 
 class AuditEventQuerySet(models.QuerySet["AuditEvent"]):

@@ -18,6 +18,7 @@ import scheduling
 from portal import shapes
 from portal.estimates import estimate_start, pool_free_milli, running_ends
 from portal.models import (
+    PolicyProfile,
     Pool,
     Team,
     WorkloadClass,
@@ -63,7 +64,9 @@ def gpu_request_preview(
             code="class-not-allowed",
         )
     now = now or timezone.now()
-    snapshot, ctx = build_snapshot(now)
+    # the active profile, as the tick runs it (read only: the shipped default if none is stored)
+    policy = PolicyProfile.objects.active_profile().policy()
+    snapshot, ctx = build_snapshot(now, policy)
     candidate_pools = [pool] if pool is not None else list(ctx.pools.values())
     shape = shapes.shape_build(
         profile_kind=profile_kind,
@@ -87,7 +90,9 @@ def gpu_request_preview(
         priority=priority,
     )
     decisions = scheduling.schedule(
-        dataclasses.replace(snapshot, pending=snapshot.pending + (candidate,)), snapshot.now_ms
+        dataclasses.replace(snapshot, pending=snapshot.pending + (candidate,)),
+        snapshot.now_ms,
+        policy,
     )
     mine = [
         d for d in decisions if d.request_id == candidate_id and d.kind != st.DecisionKind.PREEMPT

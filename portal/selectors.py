@@ -491,7 +491,7 @@ def decision_list(
 ) -> QuerySet[Decision]:
     """Decisions the user may see (their teams'; everything for admins), newest first."""
     qs = Decision.objects.select_related("team", "pool")
-    if not access.is_admin(user):
+    if not access.sees_all(user):
         qs = qs.filter(team__in=access.teams_for(user))
     if team is not None:
         qs = qs.filter(team=team)

@@ -42,6 +42,7 @@ from portal.models import (
     Membership,
     Node,
     NotificationPreference,
+    PolicyProfile,
     Pool,
     Quota,
     RequestTemplate,
@@ -51,6 +52,7 @@ from portal.models import (
 )
 from portal.readiness import attempt_token, ready_token_key
 from scheduling import backoff
+from scheduling import profile as scheduling_profile
 from scheduling.members import NOT_A_MEMBER
 
 log = logging.getLogger(__name__)
@@ -75,12 +77,16 @@ def audit(
     team: Team | None = None,
     before: dict[str, Any] | None = None,
     after: dict[str, Any] | None = None,
+    actor_name: str = "",
 ) -> AuditEvent:
-    """Record who changed what; call inside the transaction that made the change."""
+    """Record who changed what; call inside the transaction that made the change.
+
+    With no signed-in actor, `actor_name` says what acted ("sso"; default "system").
+    """
     real = actor if actor is not None and getattr(actor, "is_authenticated", False) else None
     return AuditEvent.objects.create(
         actor=real,
-        actor_name=getattr(real, "username", "") or "system",
+        actor_name=getattr(real, "username", "") or actor_name or "system",
         action=action,
         object_type=obj._meta.model_name or "",
         object_id=str(obj.pk),
@@ -392,22 +398,43 @@ def backend_call(method: str, *args: Any) -> None:
 # Admission, attempts and their ends
 
 
-def launch_spec(attempt: Attempt) -> LaunchSpec:
-    """Build the workload from stored rows only: nothing here comes from request data at launch."""
+#: what `launch_spec` reads of each allocation, in this order
+LAUNCH_ALLOCATION_FIELDS = (
+    "device__node__name",
+    "device__index",
+    "milli",
+    "gpu_memory_mib",
+    "mig_profile",
+    "mig_start",
+)
+
+
+def launch_spec(
+    attempt: Attempt,
+    allocations: list[tuple[str, int, int, int, str, int]] | None = None,
+    resume: bool | None = None,
+) -> LaunchSpec:
+    """Build the workload from stored rows only: nothing here comes from request data at launch.
+
+    `allocations`: the attempt's `LAUNCH_ALLOCATION_FIELDS`, in node name, device index
+    and slot order, and `resume` (`_resumes`), when the caller read them already
+    (`attempts_launch`).
+    """
     req = attempt.request
-    allocations = list(
-        attempt.allocations.select_related("device__node").order_by(
-            "device__node__name", "device__index", "slot"
+    if resume is None:
+        resume = _resumes(attempt, _lost_numbers([attempt]).get(req.pk, []))
+    if allocations is None:
+        allocations = list(
+            attempt.allocations.order_by("device__node__name", "device__index", "slot").values_list(
+                *LAUNCH_ALLOCATION_FIELDS
+            )
         )
-    )
     # Grants per node: a gang's pods each hold devices on their own node.
     per_node: dict[str, dict[tuple[int, int], GrantSpec]] = {}
-    for a in allocations:
-        grants = per_node.setdefault(a.device.node.name, {})
-        grants.setdefault(
-            (a.device.index, a.mig_start),
-            GrantSpec(a.device.index, a.milli, a.gpu_memory_mib, a.mig_profile, a.mig_start),
-        )
+    for node, index, milli, memory, mig_profile, mig_start in allocations:
+        grants = per_node.setdefault(node, {})
+        if (index, mig_start) not in grants:
+            grants[(index, mig_start)] = GrantSpec(index, milli, memory, mig_profile, mig_start)
     # Rank order is the packer's order of nodes (rank 0 hosts the rendezvous).
     nodes = list(attempt.nodes) or sorted(per_node)
     pods = tuple(
@@ -446,12 +473,27 @@ def launch_spec(attempt: Attempt) -> LaunchSpec:
         simulated_exit_code=exit_code,
         pods=pods if len(pods) > 1 else (),
         checkpoint_interval_s=req.checkpoint_interval_s,
-        # The checkpoints of a preempted or node-lost attempt are there to be resumed from.
-        resume=req.checkpoint_interval_s > 0
-        and req.attempts.filter(
-            number__lt=attempt.number,
-            state__in=[Attempt.State.PREEMPTED, Attempt.State.NODE_LOST],
-        ).exists(),
+        resume=resume,
+    )
+
+
+def _lost_numbers(attempts: list[Attempt]) -> dict[int, list[int]]:
+    """The numbers of the preempted or node-lost attempts of the checkpointing requests among
+    `attempts`, by request id: one query whatever their number."""
+    ids = [a.request_id for a in attempts if a.request.checkpoint_interval_s > 0]
+    lost: dict[int, list[int]] = {}
+    if ids:
+        for request_id, number in Attempt.objects.filter(
+            request_id__in=ids, state__in=[Attempt.State.PREEMPTED, Attempt.State.NODE_LOST]
+        ).values_list("request_id", "number"):
+            lost.setdefault(request_id, []).append(number)
+    return lost
+
+
+def _resumes(attempt: Attempt, lost_numbers: list[int]) -> bool:
+    """The checkpoints of an earlier preempted or node-lost attempt are there to be resumed from."""
+    return attempt.request.checkpoint_interval_s > 0 and any(
+        n < attempt.number for n in lost_numbers
     )
 
 
@@ -494,6 +536,76 @@ def attempt_launch(attempt_id: int, *, now: datetime | None = None) -> str:
         )
         return "error"
     return "launched"
+
+
+def attempts_launch(attempt_ids: list[int], *, now: datetime | None = None) -> dict[int, str]:
+    """`attempt_launch` for many attempts (a tick's admissions), in a few statements.
+
+    The same counting and backoff per attempt; a backend that launches in bulk
+    (`launch_many`) gets every spec at once, and if that fails each is tried on its
+    own, as `attempt_launch` would. Returns what happened, by attempt id.
+    """
+    now = now or timezone.now()
+    attempts = list(
+        Attempt.objects.select_related("request")
+        .filter(pk__in=attempt_ids, state=Attempt.State.ADMITTED)
+        .order_by("pk")
+    )
+    # Teams, classes and pools are few: read once, not joined into every attempt's row.
+    teams = Team.objects.in_bulk({a.request.team_id for a in attempts})
+    classes = WorkloadClass.objects.in_bulk({a.request.workload_class_id for a in attempts})
+    pools = Pool.objects.in_bulk({a.pool_id for a in attempts})
+    outcome = {pk: "skipped" for pk in attempt_ids}
+    by_tries: dict[int, list[int]] = {}
+    for attempt in attempts:
+        attempt.pool = pools[attempt.pool_id]
+        attempt.request.team = teams[attempt.request.team_id]
+        attempt.request.workload_class = classes[attempt.request.workload_class_id]
+        by_tries.setdefault(attempt.launch_tries + 1, []).append(attempt.pk)
+    for tries, pks in by_tries.items():
+        delay = backoff.requeue_delay_s(
+            tries, settings.LAUNCH_RETRY_BASE_SECONDS, settings.LAUNCH_RETRY_MAX_SECONDS, 0.0
+        )
+        Attempt.objects.filter(pk__in=pks).update(
+            launch_tries=tries, next_launch_at=now + timedelta(seconds=delay)
+        )
+    allocations: dict[int, list[tuple[str, int, int, int, str, int]]] = {a.pk: [] for a in attempts}
+    for attempt_id, *fields in (
+        Allocation.objects.filter(attempt_id__in=list(allocations))
+        .order_by("attempt_id", "device__node__name", "device__index", "slot")
+        .values_list("attempt_id", *LAUNCH_ALLOCATION_FIELDS)
+    ):
+        allocations[attempt_id].append(tuple(fields))  # type: ignore[arg-type]
+    lost = _lost_numbers(attempts)
+    specs = {
+        a.pk: launch_spec(a, allocations[a.pk], _resumes(a, lost.get(a.request_id, [])))
+        for a in attempts
+    }
+    backend = get_backend()
+    launch_many = getattr(backend, "launch_many", None)
+    if launch_many is not None and specs:
+        try:
+            launch_many(list(specs.values()))
+            return outcome | {pk: "launched" for pk in specs}
+        except Exception:  # noqa: BLE001
+            log.exception("bulk launch of %s attempts failed; launching one by one", len(specs))
+    for pk, spec in specs.items():
+        try:
+            backend.launch(spec)
+            outcome[pk] = "launched"
+        except LaunchRefused as exc:
+            attempt_end_unlaunched(
+                pk,
+                code="launch-refused",
+                reason=f"the cluster refused to launch it: {exc}",
+                requeue=False,
+                now=now,
+            )
+            outcome[pk] = "refused"
+        except Exception:  # noqa: BLE001
+            log.exception("launch of attempt %s failed; the reconciler will retry", pk)
+            outcome[pk] = "error"
+    return outcome
 
 
 def attempt_end_unlaunched(
@@ -1057,15 +1169,25 @@ def membership_set(
     user: AbstractBaseUser,
     role: str,
     gpu_cap_milli: int | None = None,
+    source: str | None = None,
+    actor_name: str = "",
 ) -> Membership:
+    """Add `user` to `team` or change their role and cap, audited with before and after.
+
+    `source` marks who manages the membership (Membership.Source); None keeps it.
+    """
     if role not in Membership.Role.values:
         raise ValidationError({"role": f"Choose one of {', '.join(Membership.Role.values)}."})
+    if gpu_cap_milli is not None and (not isinstance(gpu_cap_milli, int) or gpu_cap_milli < 0):
+        raise ValidationError({"gpu_cap_milli": "Must be a whole number of milli-GPU, 0 or more."})
     with transaction.atomic():
         m, created = Membership.objects.select_for_update().get_or_create(
             user=user, team=team, defaults={"role": role}
         )
-        before = None if created else _snapshot(m, ["role", "gpu_cap_milli"])
+        before = None if created else {"user": user.get_username(), **_snapshot(m, MEMBER_FIELDS)}
         m.role, m.gpu_cap_milli = role, gpu_cap_milli
+        if source is not None:
+            m.source = source
         m.save()
         audit(
             actor=actor,
@@ -1073,9 +1195,13 @@ def membership_set(
             obj=m,
             team=team,
             before=before,
-            after=_snapshot(m, ["role", "gpu_cap_milli"]),
+            after={"user": user.get_username(), **_snapshot(m, MEMBER_FIELDS)},
+            actor_name=actor_name,
         )
     return m
+
+
+MEMBER_FIELDS = ["role", "gpu_cap_milli", "source"]
 
 
 def membership_add(
@@ -1092,7 +1218,9 @@ def membership_add(
     return membership_set(actor=actor, team=team, user=user, role=role)
 
 
-def membership_remove(*, actor: AbstractBaseUser | None, membership: Membership) -> int:
+def membership_remove(
+    *, actor: AbstractBaseUser | None, membership: Membership, actor_name: str = ""
+) -> int:
     """Remove a member from a team and cancel their pending requests in it, audited.
 
     Admitted and running work runs on (stopping it is a separate, explicit act).
@@ -1120,12 +1248,109 @@ def membership_remove(*, actor: AbstractBaseUser | None, membership: Membership)
             team=m.team,
             before={
                 "user": m.user.get_username(),
-                **_snapshot(m, ["role", "gpu_cap_milli"]),
+                **_snapshot(m, MEMBER_FIELDS),
             },
             after={"cancelled_requests": cancelled},
+            actor_name=actor_name,
         )
         m.delete()
     return cancelled
+
+
+# ---------------------------------------------------------------------------
+# Single sign-on: the identity provider's groups become memberships and roles
+
+
+SSO_ACTOR = "sso"
+
+
+def sso_roles_from_groups(groups: Any) -> tuple[dict[str, str], set[str]]:
+    """Map IdP groups through settings.OIDC_GROUP_MAP: ({team name: role}, {platform roles}).
+
+    A user in several groups of one team gets the highest role (lead over member).
+    """
+    names = {g for g in groups if isinstance(g, str)} if isinstance(groups, list | tuple) else set()
+    teams: dict[str, str] = {}
+    platform: set[str] = set()
+    for group, team, role in settings.OIDC_GROUP_MAP:
+        if group not in names:
+            continue
+        if team == "*":
+            platform.add(role)
+        elif teams.get(team) != Membership.Role.LEAD:
+            teams[team] = role
+    return teams, platform
+
+
+def sso_sync(*, user: AbstractBaseUser, groups: Any) -> dict[str, list[str]]:
+    """Bring the user's memberships and platform roles in line with their IdP groups.
+
+    Called at each sign-in. Memberships the map grants are created or changed (and marked
+    `source=sso`; a member's cap stays); SSO memberships the groups no longer grant are
+    removed through membership_remove, which cancels the member's pending requests there.
+    Memberships leads added by hand are left alone. Platform roles (admin = staff,
+    auditor = settings.AUDITOR_GROUP) follow the groups only for the roles the map names;
+    a superuser is never demoted. Teams the map names but that do not exist are skipped
+    and returned under "unknown_teams" (admins create teams; sign-in never does).
+    """
+    from django.contrib.auth.models import Group
+
+    wanted, platform = sso_roles_from_groups(groups)
+    teams = {t.name: t for t in Team.objects.filter(name__in=list(wanted))}
+    changes: dict[str, list[str]] = {"set": [], "removed": [], "unknown_teams": []}
+    changes["unknown_teams"] = sorted(set(wanted) - set(teams))
+    with transaction.atomic():
+        current = {
+            m.team.name: m for m in Membership.objects.select_related("team").filter(user=user)
+        }
+        for name, role in sorted(wanted.items()):
+            if name not in teams:
+                continue
+            m = current.get(name)
+            if m is not None and m.role == role and m.source == Membership.Source.SSO:
+                continue
+            membership_set(
+                actor=None,
+                actor_name=SSO_ACTOR,
+                team=teams[name],
+                user=user,
+                role=role,
+                gpu_cap_milli=m.gpu_cap_milli if m is not None else None,
+                source=Membership.Source.SSO,
+            )
+            changes["set"].append(f"{name}:{role}")
+        for name, m in sorted(current.items()):
+            if m.source == Membership.Source.SSO and name not in wanted:
+                membership_remove(actor=None, membership=m, actor_name=SSO_ACTOR)
+                changes["removed"].append(name)
+
+        mapped = {role for _, team, role in settings.OIDC_GROUP_MAP if team == "*"}
+        before = {"admin": bool(user.is_staff), "auditor": False}  # type: ignore[attr-defined]
+        auditors, _ = Group.objects.get_or_create(name=settings.AUDITOR_GROUP)
+        before["auditor"] = user.groups.filter(pk=auditors.pk).exists()  # type: ignore[attr-defined]
+        after = dict(before)
+        if "admin" in mapped and not user.is_superuser:  # type: ignore[attr-defined]
+            after["admin"] = "admin" in platform
+        if "auditor" in mapped:
+            after["auditor"] = "auditor" in platform
+        if after != before:
+            if after["admin"] != before["admin"]:
+                user.is_staff = after["admin"]  # type: ignore[attr-defined]
+                user.save(update_fields=["is_staff"])
+            if after["auditor"] and not before["auditor"]:
+                user.groups.add(auditors)  # type: ignore[attr-defined]
+            elif before["auditor"] and not after["auditor"]:
+                user.groups.remove(auditors)  # type: ignore[attr-defined]
+            user._qm_auditor = after["auditor"]  # type: ignore[attr-defined]
+            audit(
+                actor=None,
+                actor_name=SSO_ACTOR,
+                action="user.roles",
+                obj=user,  # type: ignore[arg-type]
+                before={"user": user.get_username(), **before},
+                after={"user": user.get_username(), **after},
+            )
+    return changes
 
 
 def node_cordon(*, actor: AbstractBaseUser, node: Node) -> Node:
@@ -1299,6 +1524,122 @@ def device_clear_quarantine(*, actor: AbstractBaseUser, device: Device) -> Devic
             after=_snapshot(device, ["quarantined", "health_reason"]),
         )
     return device
+
+
+# ---------------------------------------------------------------------------
+# Scheduling profiles
+
+
+def _profile_errors(exc: scheduling_profile.ProfileError) -> ValidationError:
+    key = "__all__" if exc.key == "profile" else exc.key
+    return ValidationError({key: exc.message})
+
+
+def _check_profile(name: str, version: int, knobs: dict[str, Any]) -> dict[str, Any]:
+    """Every knob, checked by the core's own rules (`scheduling.profile`)."""
+    try:
+        return scheduling_profile.parse({"name": name, "version": version, **knobs}).dump()
+    except scheduling_profile.ProfileError as exc:
+        raise _profile_errors(exc) from None
+
+
+def _knobs_of(data: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in data.items() if k in scheduling_profile.KNOBS}
+
+
+def policy_profile_create(
+    *, actor: AbstractBaseUser | None, name: str, knobs: dict[str, Any] | None = None
+) -> PolicyProfile:
+    """A new, inactive profile: the shipped default's knobs with `knobs` over them."""
+    base = dict(scheduling_profile.load().knobs)
+    checked = _check_profile(name, 1, {**base, **(knobs or {})})
+    with transaction.atomic():
+        if PolicyProfile.objects.filter(name=name).exists():
+            raise ValidationError({"name": "A profile with this name exists."})
+        row = PolicyProfile.objects.create(
+            name=name, version=1, knobs=_knobs_of(checked), updated_by=_real(actor)
+        )
+        audit(
+            actor=actor,
+            action="profile.create",
+            obj=row,
+            after={"name": name, "version": 1, **row.knobs},
+        )
+    return row
+
+
+def policy_profile_update(
+    *, actor: AbstractBaseUser | None, profile: PolicyProfile, knobs: dict[str, Any]
+) -> PolicyProfile:
+    """Change some knobs; the version goes up by one when anything changed. Audited with the
+    changed knobs, old and new."""
+    with transaction.atomic():
+        row = PolicyProfile.objects.select_for_update().get(pk=profile.pk)
+        checked = _knobs_of(_check_profile(row.name, row.version, {**row.knobs, **knobs}))
+        old = row.profile().knobs
+        changed = sorted(k for k in checked if checked[k] != old.get(k))
+        if not changed:
+            return row
+        before = {"version": row.version, **{k: old.get(k) for k in changed}}
+        row.knobs = checked
+        row.version += 1
+        row.updated_by = _real(actor)
+        row.save()
+        audit(
+            actor=actor,
+            action="profile.update",
+            obj=row,
+            before=before,
+            after={"version": row.version, **{k: checked[k] for k in changed}},
+        )
+    return row
+
+
+def policy_profile_activate(
+    *, actor: AbstractBaseUser | None, profile: PolicyProfile
+) -> PolicyProfile:
+    """Make this the profile the tick runs; the one active before stops being active."""
+    with transaction.atomic():
+        rows = list(PolicyProfile.objects.select_for_update().order_by("pk"))
+        row = next((r for r in rows if r.pk == profile.pk), None)
+        if row is None:
+            raise ValidationError({"__all__": "No such profile."})
+        _check_profile(row.name, row.version, row.knobs)
+        was = next((r for r in rows if r.active), None)
+        if was is not None and was.pk == row.pk:
+            return row
+        # Off first: the database allows one active row at a time.
+        PolicyProfile.objects.filter(active=True).update(active=False)
+        PolicyProfile.objects.filter(pk=row.pk).update(
+            active=True, updated_by=_real(actor), updated_at=timezone.now()
+        )
+        row.refresh_from_db()
+        audit(
+            actor=actor,
+            action="profile.activate",
+            obj=row,
+            before={"active": str(was) if was else None},
+            after={"active": str(row)},
+        )
+    return row
+
+
+def policy_profile_ensure() -> PolicyProfile:
+    """The active profile; when none is (a new or emptied database), the shipped default is
+    stored and made active. Idempotent: the tick and the demo call it."""
+    row = PolicyProfile.objects.filter(active=True).first()
+    if row is not None:
+        return row
+    shipped = scheduling_profile.load()
+    with transaction.atomic():
+        row = PolicyProfile.objects.filter(name=shipped.name).first()
+        if row is None:
+            row = policy_profile_create(actor=None, name=shipped.name, knobs=dict(shipped.knobs))
+        return policy_profile_activate(actor=None, profile=row)
+
+
+def _real(actor: Any) -> Any:
+    return actor if actor is not None and getattr(actor, "is_authenticated", False) else None
 
 
 # ---------------------------------------------------------------------------

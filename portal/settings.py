@@ -91,6 +91,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Auditors are read-only: every unsafe method of theirs answers 403 (portal/access.py).
+    "portal.access.ReadOnlyRoleMiddleware",
     # Last, as django-axes asks: it answers a locked-out login attempt.
     "axes.middleware.AxesMiddleware",
 ]
@@ -144,6 +146,78 @@ AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
+# Single sign-on (OpenID Connect, docs/portal.md): on when OIDC_RP_CLIENT_ID is set.
+# Authorization-code flow with PKCE; endpoints are the provider's (its discovery document).
+OIDC_RP_CLIENT_ID = env("OIDC_RP_CLIENT_ID")
+OIDC_ENABLED = bool(OIDC_RP_CLIENT_ID)
+OIDC_RP_CLIENT_SECRET = env("OIDC_RP_CLIENT_SECRET")
+OIDC_OP_AUTHORIZATION_ENDPOINT = env("OIDC_OP_AUTHORIZATION_ENDPOINT")
+OIDC_OP_TOKEN_ENDPOINT = env("OIDC_OP_TOKEN_ENDPOINT")
+OIDC_OP_USER_ENDPOINT = env("OIDC_OP_USER_ENDPOINT")
+OIDC_OP_JWKS_ENDPOINT = env("OIDC_OP_JWKS_ENDPOINT")
+OIDC_RP_SIGN_ALGO = env("OIDC_RP_SIGN_ALGO", "RS256")
+OIDC_RP_SCOPES = env("OIDC_RP_SCOPES", "openid email profile groups")
+OIDC_USE_PKCE = True
+OIDC_PKCE_CODE_CHALLENGE_METHOD = "S256"
+OIDC_TOKEN_USE_BASIC_AUTH = envbool("OIDC_TOKEN_USE_BASIC_AUTH", "false")
+OIDC_VERIFY_SSL = envbool("OIDC_VERIFY_SSL", "true")
+OIDC_TIMEOUT = envint("OIDC_TIMEOUT_SECONDS", "10")
+OIDC_USERNAME_CLAIM = env("OIDC_USERNAME_CLAIM", "preferred_username")
+OIDC_GROUPS_CLAIM = env("OIDC_GROUPS_CLAIM", "groups")
+OIDC_CREATE_USER = envbool("OIDC_CREATE_USER", "true")
+OIDC_PROVIDER_NAME = env("OIDC_PROVIDER_NAME", "single sign-on")
+OIDC_AUTHENTICATE_CLASS = "portal.sso.AuthenticateView"
+OIDC_CALLBACK_CLASS = "portal.sso.CallbackView"
+LOGIN_REDIRECT_URL_FAILURE = "/accounts/login/?sso=failed"
+
+
+def _group_map(raw: str) -> list[tuple[str, str, str]]:
+    """OIDC_GROUP_MAP: `group:team:role,...`; role member, lead, admin or auditor; team `*`
+    for the platform roles (admin, auditor), which belong to no team."""
+    entries = []
+    for item in (i.strip() for i in raw.split(",")):
+        if not item:
+            continue
+        parts = item.split(":")
+        if len(parts) != 3 or not all(parts):
+            raise ImproperlyConfigured(f"OIDC_GROUP_MAP: {item!r} is not group:team:role")
+        group, team, role = parts
+        if role in ("admin", "auditor") and team != "*":
+            raise ImproperlyConfigured(f"OIDC_GROUP_MAP: {item!r}: {role} takes the team *")
+        if role in ("member", "lead") and team == "*":
+            raise ImproperlyConfigured(f"OIDC_GROUP_MAP: {item!r}: {role} needs a team name")
+        if role not in ("member", "lead", "admin", "auditor"):
+            raise ImproperlyConfigured(
+                f"OIDC_GROUP_MAP: {item!r}: role must be member, lead, admin or auditor"
+            )
+        entries.append((group, team, role))
+    return entries
+
+
+OIDC_GROUP_MAP = _group_map(env("OIDC_GROUP_MAP"))
+if OIDC_ENABLED:
+    _missing = [
+        name
+        for name in (
+            "OIDC_OP_AUTHORIZATION_ENDPOINT",
+            "OIDC_OP_TOKEN_ENDPOINT",
+            "OIDC_OP_USER_ENDPOINT",
+            "OIDC_OP_JWKS_ENDPOINT",
+        )
+        if not globals()[name]
+    ]
+    if _missing:
+        raise ImproperlyConfigured(f"OIDC_RP_CLIENT_ID is set: also set {', '.join(_missing)}")
+    AUTHENTICATION_BACKENDS.append("portal.sso.GroupMappingBackend")
+# PASSWORD_LOGIN=false leaves single sign-on as the only way in (API tokens still work).
+PASSWORD_LOGIN = envbool("PASSWORD_LOGIN", "true")
+if not PASSWORD_LOGIN:
+    if not OIDC_ENABLED:
+        raise ImproperlyConfigured("PASSWORD_LOGIN=false needs single sign-on (OIDC_RP_CLIENT_ID)")
+    AUTHENTICATION_BACKENDS = ["portal.sso.GroupMappingBackend"]
+#: members of this Django group are auditors: they read what admins read and change nothing
+AUDITOR_GROUP = env("AUDITOR_GROUP", "auditors")
+
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
@@ -325,7 +399,10 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PERMISSION_CLASSES": [
+        "rest_framework.permissions.IsAuthenticated",
+        "portal.api_policy.ReadOnlyRolePermission",
+    ],
     "DEFAULT_SCHEMA_CLASS": "portal.api_schema.PortalAutoSchema",
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
     "PAGE_SIZE": 50,

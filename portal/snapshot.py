@@ -3,6 +3,11 @@
 Plus a `Context` that lets the apply step find rows again from snapshot ids.
 Reads only: the preview builds it outside the tick lock, so nothing here may write
 (member rules are the core's, `scheduling.members`; the apply step writes).
+
+Rows are read as tuples of the columns the core needs (`values_list`), never as model
+instances: at 10,000 pending requests and 8,000 devices building model objects took
+most of the tick. One query per table; shapes and tolerations are shared between
+requests that have the same ones.
 """
 
 from __future__ import annotations
@@ -10,12 +15,12 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db.models import Q
 
 from portal import shapes
 from portal.models import (
-    DEVICE_FAULTS,
     Allocation,
     Attempt,
     Device,
@@ -37,91 +42,73 @@ def _ms(dt: datetime) -> int:
     return int(dt.timestamp() * 1000)
 
 
+@dataclass(slots=True)
+class QueuedRow:
+    """A pending request as the apply step needs it: ids and the status last written."""
+
+    pk: int
+    team_id: int
+    workload_class_id: int
+    submitted_by_id: int
+    status_code: str
+    status_message: str
+    queue_position: int | None
+    escalated: bool
+    estimated_start: datetime | None
+    gpus_milli: int
+    #: why its queue position last moved (`portal.apply.position_notes`)
+    position_note: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceRow:
+    """A device as the apply step needs it to book slots (see `portal.apply._slots`)."""
+
+    pk: int
+    partitioning: str
+    replicas: int
+
+
 @dataclass
 class Context:
     """What the apply step needs to find rows again from snapshot ids."""
 
     now: datetime
-    requests: dict[str, GpuRequest]
-    devices: dict[tuple[str, int], Device]
+    requests: dict[str, QueuedRow]
+    devices: dict[tuple[str, int], DeviceRow]
     active_slots: dict[int, set[str]]
-    attempts: dict[str, Attempt]
     pools: dict[str, Pool]
+    teams: dict[int, tuple[str, str]]  # pk -> (name, namespace)
+    #: the scheduling profile the tick runs: its name and version go on every decision
+    profile_name: str = ""
+    profile_version: int | None = None
 
 
-def _device(d: Device, now: datetime, held: bool = False) -> st.Device:
-    migs = tuple(
-        st.MigInstance(m["profile"], int(m["start"]), int(m["size"])) for m in d.mig_instances
-    )
-    return st.Device(
-        index=d.index,
-        model=d.model,
-        memory_mib=d.memory_mib,
-        partitioning=st.Partitioning(d.partitioning),
-        replicas=d.replicas,
-        mig_instances=migs,
-        # The usable-device rule (Device.condition): faults of the device itself make it
-        # unhealthy here; its node's (stale, not ready, cordoned) go on the node below.
-        # Memory held by a process the portal did not place there: not free, whatever the books say.
-        healthy=d.condition(now) not in DEVICE_FAULTS and (held or not d.processes),
-    )
+def _device_healthy(quarantined: bool, healthy: bool, agent_healthy: bool) -> bool:
+    """Not a fault of the device itself (DEVICE_FAULTS in `Device.condition`, the one rule).
+
+    Its node's faults (stale, not ready, cordoned) go on the snapshot's node instead.
+    """
+    return not quarantined and healthy and agent_healthy
 
 
-def build_snapshot(now: datetime) -> tuple[st.Snapshot, Context]:
+def build_snapshot(now: datetime, policy: st.Policy | None = None) -> tuple[st.Snapshot, Context]:
+    """The snapshot the core schedules; `policy` is the one it will run (its usage
+    half-life decays the team usage here)."""
+    policy = policy or st.Policy()
     pools = {p.name: p for p in Pool.objects.all()}
-    stale_before = heartbeat_stale_before(now)
-    devices_by_node: dict[int, list[Device]] = defaultdict(list)
-    for d in Device.objects.order_by("node_id", "index"):
-        devices_by_node[d.node_id].append(d)
-    nodes: list[st.Node] = []
-    devices: dict[tuple[str, int], Device] = {}
-    held = set(Allocation.objects.filter(active=True).values_list("device_id", flat=True))
-    for n in Node.objects.select_related("pool").order_by("name"):
-        stale = n.last_heartbeat is not None and n.last_heartbeat < stale_before
-        for d in devices_by_node[n.id]:
-            d.node = n
-            devices[(n.name, d.index)] = d
-        nodes.append(
-            st.Node(
-                name=n.name,
-                pool=n.pool.name,
-                cpu_milli=n.cpu_milli,
-                memory_mib=n.memory_mib,
-                devices=tuple(_device(d, now, d.pk in held) for d in devices_by_node[n.id]),
-                labels=tuple(sorted((k, str(v)) for k, v in n.labels.items())),
-                taints=shapes.taints(n.taints),
-                ready=n.ready and not stale,
-                cordoned=n.cordoned,
-                interconnect=n.interconnect,
-            )
+    pool_names = {p.pk: p.name for p in pools.values()}
+    teams = {
+        pk: (name, namespace, weight)
+        for pk, name, namespace, weight in Team.objects.values_list(
+            "pk", "name", "namespace", "weight"
         )
-
-    running, attempts, active_slots = _running(devices)
-    pending_rows = list(
-        GpuRequest.objects.filter(state=GpuRequest.State.PENDING)
-        .filter(Q(requeue_at__isnull=True) | Q(requeue_at__lte=now))
-        .select_related("team", "workload_class", "pool")
-        .order_by("created_at", "id")
-    )
-    queued = {str(r.pk): r for r in pending_rows}
-    pending = []
-    for r in pending_rows:
-        candidate = [pools[r.pool.name]] if r.pool else list(pools.values())
-        pending.append(
-            st.PendingRequest(
-                id=str(r.pk),
-                team=r.team.name,
-                workload_class=r.workload_class.name,
-                shape=shapes.request_shape(r, shapes.tolerations(candidate)),
-                created_at_ms=_ms(r.created_at),
-                pool=r.pool.name if r.pool else "",
-                priority=r.priority,
-                attempts=r.requeue_count,
-                # the room its victims free is kept for it (scheduling.queue.request_key)
-                preempting=r.status_code in ("preempting", "awaiting-stop"),
-                user=str(r.submitted_by_id),
-            )
-        )
+    }
+    class_rows = list(WorkloadClass.objects.all())
+    class_names = {c.pk: c.name for c in class_rows}
+    nodes, devices, active_slots, held_grants = _nodes(now, pool_names)
+    running = _running(held_grants, teams, class_names, pool_names)
+    pending, queued = _pending(now, pools, teams, class_names)
     snapshot = st.Snapshot(
         now_ms=_ms(now),
         pools=tuple(
@@ -133,19 +120,21 @@ def build_snapshot(now: datetime) -> tuple[st.Snapshot, Context]:
             )
             for p in pools.values()
         ),
-        nodes=tuple(nodes),
-        running=tuple(running),
-        pending=tuple(pending),
-        teams=tuple(st.Team(t.name, t.weight) for t in Team.objects.all()),
+        nodes=nodes,
+        running=running,
+        pending=pending,
+        teams=tuple(st.Team(name, weight) for name, _, weight in teams.values()),
         quotas=tuple(
-            st.Quota(
-                q.team.name,
-                q.pool.name,
-                q.nominal_milli,
-                q.borrowing_limit_milli,
-                q.lending_limit_milli,
+            st.Quota(teams[team_id][0], pool_names[pool_id], nominal, borrowing, lending)
+            for team_id, pool_id, nominal, borrowing, lending in Quota.objects.order_by(
+                "team__name", "pool__name"
+            ).values_list(
+                "team_id",
+                "pool_id",
+                "nominal_milli",
+                "borrowing_limit_milli",
+                "lending_limit_milli",
             )
-            for q in Quota.objects.select_related("team", "pool")
         ),
         classes=tuple(
             st.WorkloadClass(
@@ -156,20 +145,293 @@ def build_snapshot(now: datetime) -> tuple[st.Snapshot, Context]:
                 c.max_queue_s,
                 c.inference,
             )
-            for c in WorkloadClass.objects.all()
+            for c in class_rows
         ),
-        usage=tuple(_usage(now)),
-        members=_members({r.team_id for r in pending_rows}),
+        usage=tuple(_usage(now, teams, policy.usage_half_life_s)),
+        members=_members({q.team_id for q in queued.values()}),
     )
     ctx = Context(
         now=now,
         requests=queued,
         devices=devices,
         active_slots=active_slots,
-        attempts=attempts,
         pools=pools,
+        teams={pk: (name, namespace) for pk, (name, namespace, _) in teams.items()},
     )
     return snapshot, ctx
+
+
+def _nodes(
+    now: datetime, pool_names: dict[int, str]
+) -> tuple[
+    tuple[st.Node, ...],
+    dict[tuple[str, int], DeviceRow],
+    dict[int, set[str]],
+    dict[int, dict[tuple[str, int, int], st.DeviceGrant]],
+]:
+    """Nodes with their devices, and the active allocations (slots per device, grants per attempt)."""
+    stale_before = heartbeat_stale_before(now)
+    node_rows = list(
+        Node.objects.order_by("name").values_list(
+            "pk",
+            "name",
+            "pool_id",
+            "cpu_milli",
+            "memory_mib",
+            "labels",
+            "taints",
+            "ready",
+            "cordoned",
+            "interconnect",
+            "last_heartbeat",
+        )
+    )
+    node_names = {row[0]: row[1] for row in node_rows}
+    held_grants: dict[int, dict[tuple[str, int, int], st.DeviceGrant]] = defaultdict(dict)
+    active_slots: dict[int, set[str]] = defaultdict(set)
+    device_rows = list(
+        Device.objects.order_by("node_id", "index").values_list(
+            "pk",
+            "node_id",
+            "index",
+            "model",
+            "memory_mib",
+            "partitioning",
+            "replicas",
+            "mig_instances",
+            "healthy",
+            "agent_healthy",
+            "quarantined",
+            "processes",
+        )
+    )
+    where = {pk: (node_names.get(node_id, ""), index) for pk, node_id, index, *_ in device_rows}
+    for attempt_id, device_id, slot, milli, memory, mig_profile, mig_start, mig_size in (
+        Allocation.objects.filter(active=True)
+        .order_by("id")
+        .values_list(
+            "attempt_id",
+            "device_id",
+            "slot",
+            "milli",
+            "gpu_memory_mib",
+            "mig_profile",
+            "mig_start",
+            "mig_size",
+        )
+    ):
+        active_slots[device_id].add(slot)
+        node, idx = where.get(device_id, ("", -1))
+        grants = held_grants[attempt_id]
+        if (node, idx, mig_start) in grants:
+            continue
+        mig = st.MigInstance(mig_profile, mig_start, mig_size) if mig_profile else None
+        grants[(node, idx, mig_start)] = st.DeviceGrant(
+            node, idx, milli if mig is None else 0, memory, mig
+        )
+    # Devices that run a process the portal did not place there: not free, whatever the
+    # books say. Held devices are the portal's own.
+    devices_by_node: dict[int, list[st.Device]] = defaultdict(list)
+    devices: dict[tuple[str, int], DeviceRow] = {}
+    mig_layouts: dict[str, tuple[st.MigInstance, ...]] = {}
+    for (
+        pk,
+        node_id,
+        index,
+        model,
+        memory_mib,
+        partitioning,
+        replicas,
+        mig_instances,
+        healthy,
+        agent_healthy,
+        quarantined,
+        processes,
+    ) in device_rows:
+        key = repr(mig_instances)
+        migs = mig_layouts.get(key)
+        if migs is None:
+            migs = mig_layouts[key] = tuple(
+                st.MigInstance(m["profile"], int(m["start"]), int(m["size"])) for m in mig_instances
+            )
+        devices_by_node[node_id].append(
+            st.Device(
+                index=index,
+                model=model,
+                memory_mib=memory_mib,
+                partitioning=st.Partitioning(partitioning),
+                replicas=replicas,
+                mig_instances=migs,
+                healthy=_device_healthy(quarantined, healthy, agent_healthy)
+                and (pk in active_slots or not processes),
+            )
+        )
+        devices[(node_names.get(node_id, ""), index)] = DeviceRow(pk, partitioning, replicas)
+    taints_seen: dict[str, tuple[st.Taint, ...]] = {}
+    nodes = []
+    for (
+        pk,
+        name,
+        pool_id,
+        cpu_milli,
+        memory_mib,
+        labels,
+        taints,
+        ready,
+        cordoned,
+        interconnect,
+        last_heartbeat,
+    ) in node_rows:
+        stale = last_heartbeat is not None and last_heartbeat < stale_before
+        key = repr(taints)
+        node_taints = taints_seen.get(key)
+        if node_taints is None:
+            node_taints = taints_seen[key] = shapes.taints(taints)
+        nodes.append(
+            st.Node(
+                name=name,
+                pool=pool_names[pool_id],
+                cpu_milli=cpu_milli,
+                memory_mib=memory_mib,
+                devices=tuple(devices_by_node[pk]),
+                labels=tuple(sorted((k, str(v)) for k, v in labels.items())),
+                taints=node_taints,
+                ready=ready and not stale,
+                cordoned=cordoned,
+                interconnect=interconnect,
+            )
+        )
+    return tuple(nodes), devices, active_slots, held_grants
+
+
+class _Shapes:
+    """One `Shape` per distinct set of shape fields: requests share them (they are frozen)."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[Any, ...], st.Shape] = {}
+
+    def get(self, fields: tuple[Any, ...], tolerations: tuple[st.Taint, ...] = ()) -> st.Shape:
+        key = (fields, tolerations)
+        shape = self._seen.get(key)
+        if shape is None:
+            kind, mig_profile, milli, memory, count, pods, cpu, mem = fields
+            shape = self._seen[key] = shapes.shape_build(
+                profile_kind=kind,
+                mig_profile=mig_profile,
+                milli=milli,
+                gpu_memory_mib=memory,
+                count=count,
+                pods=pods,
+                cpu_milli=cpu,
+                memory_mib=mem,
+                tolerations=tolerations,
+            )
+        return shape
+
+
+SHAPE_FIELDS = (
+    "profile_kind",
+    "mig_profile",
+    "milli",
+    "gpu_memory_mib",
+    "count",
+    "pods",
+    "cpu_milli",
+    "memory_mib",
+)
+
+
+def _pending(
+    now: datetime,
+    pools: dict[str, Pool],
+    teams: dict[int, tuple[str, str, int]],
+    class_names: dict[int, str],
+) -> tuple[tuple[st.PendingRequest, ...], dict[str, QueuedRow]]:
+    pool_names = {p.pk: p.name for p in pools.values()}
+    # What a request tolerates depends only on its pool (or on all pools): once per pool.
+    tolerations = {pk: shapes.tolerations([p]) for pk, p in ((p.pk, p) for p in pools.values())}
+    tolerations[None] = shapes.tolerations(pools.values())
+    shape_of = _Shapes()
+    pending = []
+    queued: dict[str, QueuedRow] = {}
+    rows = (
+        GpuRequest.objects.filter(state=GpuRequest.State.PENDING)
+        .filter(Q(requeue_at__isnull=True) | Q(requeue_at__lte=now))
+        .order_by("created_at", "id")
+        .values_list(
+            "pk",
+            "team_id",
+            "workload_class_id",
+            "pool_id",
+            "submitted_by_id",
+            "created_at",
+            "priority",
+            "requeue_count",
+            "status_code",
+            "status_message",
+            "queue_position",
+            "escalated",
+            "estimated_start",
+            "position_note",
+            "estimated_runtime_s",
+            "max_runtime_s",
+            *SHAPE_FIELDS,
+        )
+    )
+    for (
+        pk,
+        team_id,
+        class_id,
+        pool_id,
+        user_id,
+        created_at,
+        priority,
+        requeue_count,
+        status_code,
+        status_message,
+        queue_position,
+        escalated,
+        estimated_start,
+        position_note,
+        estimated_runtime_s,
+        max_runtime_s,
+        *fields,
+    ) in rows:
+        rid = str(pk)
+        shape = shape_of.get(tuple(fields), tolerations[pool_id])
+        pending.append(
+            st.PendingRequest(
+                id=rid,
+                team=teams[team_id][0],
+                workload_class=class_names[class_id],
+                shape=shape,
+                created_at_ms=_ms(created_at),
+                pool=pool_names[pool_id] if pool_id else "",
+                priority=priority,
+                attempts=requeue_count,
+                # the room its victims free is kept for it (scheduling.queue.request_key)
+                preempting=status_code in ("preempting", "awaiting-stop"),
+                # EASY backfill: the submitter's estimate, never past the hard limit
+                expected_runtime_ms=_ms_or_none(
+                    _expected_runtime_s(estimated_runtime_s, max_runtime_s)
+                ),
+                user=str(user_id),
+            )
+        )
+        queued[rid] = QueuedRow(
+            pk,
+            team_id,
+            class_id,
+            user_id,
+            status_code,
+            status_message,
+            queue_position,
+            escalated,
+            estimated_start,
+            shape.gpus_milli,
+            position_note,
+        )
+    return tuple(pending), queued
 
 
 def _members(team_ids: set[int]) -> tuple[st.Member, ...]:
@@ -183,75 +445,111 @@ def _members(team_ids: set[int]) -> tuple[st.Member, ...]:
 
 
 def _running(
-    devices: dict[tuple[str, int], Device],
-) -> tuple[list[st.Running], dict[str, Attempt], dict[int, set[str]]]:
-    by_id = {d.pk: (name, idx) for (name, idx), d in devices.items()}
-    attempts = {
-        str(a.pk): a
-        for a in Attempt.objects.filter(state__in=Attempt.ACTIVE_STATES).select_related(
-            "request__team", "request__workload_class", "pool"
-        )
-    }
-    grants: dict[int, dict[tuple[str, int, int], st.DeviceGrant]] = defaultdict(dict)
-    active_slots: dict[int, set[str]] = defaultdict(set)
-    for a in Allocation.objects.filter(active=True).order_by("id"):
-        active_slots[a.device_id].add(a.slot)
-        node, idx = by_id.get(a.device_id, ("", -1))
-        mig = st.MigInstance(a.mig_profile, a.mig_start, a.mig_size) if a.mig_profile else None
-        grants[a.attempt_id].setdefault(
-            (node, idx, a.mig_start),
-            st.DeviceGrant(node, idx, a.milli if mig is None else 0, a.gpu_memory_mib, mig),
-        )
+    held_grants: dict[int, dict[tuple[str, int, int], st.DeviceGrant]],
+    teams: dict[int, tuple[str, str, int]],
+    class_names: dict[int, str],
+    pool_names: dict[int, str],
+) -> tuple[st.Running, ...]:
+    shape_of = _Shapes()
     running = []
-    for aid, att in attempts.items():
-        req = att.request
+    rows = (
+        Attempt.objects.filter(state__in=Attempt.ACTIVE_STATES)
+        .order_by("request_id", "number")
+        .values_list(
+            "pk",
+            "state",
+            "pool_id",
+            "started_at",
+            "admitted_at",
+            "last_checkpoint_at",
+            "admitted_by_preemption",
+            "request_id",
+            "request__team_id",
+            "request__workload_class_id",
+            "request__priority",
+            "request__submitted_by_id",
+            "request__estimated_runtime_s",
+            "request__max_runtime_s",
+            *(f"request__{f}" for f in SHAPE_FIELDS),
+        )
+    )
+    for (
+        pk,
+        state,
+        pool_id,
+        started_at,
+        admitted_at,
+        last_checkpoint_at,
+        admitted_by_preemption,
+        request_id,
+        team_id,
+        class_id,
+        priority,
+        user_id,
+        estimated_runtime_s,
+        max_runtime_s,
+        *fields,
+    ) in rows:
         per_node: dict[str, list[st.DeviceGrant]] = defaultdict(list)
-        for (node, _, _), g in sorted(grants[att.pk].items()):
+        for (node, _, _), g in sorted(held_grants.get(pk, {}).items()):
             per_node[node].append(g)
+        cpu_milli, memory_mib = fields[6], fields[7]
         placement = st.Placement(
             tuple(
-                st.PodPlacement(n, tuple(gs), req.cpu_milli, req.memory_mib)
+                st.PodPlacement(n, tuple(gs), cpu_milli, memory_mib)
                 for n, gs in sorted(per_node.items())
             )
         )
-        # Expected end for reservations (EASY backfilling): the user's estimate, never past
-        # the hard limit when one is set; None (the rule without estimates) when neither.
-        limits = [s for s in (req.estimated_runtime_s, req.max_runtime_s) if s]
-        begun = att.started_at or att.admitted_at
-        expected_end_ms = _ms(begun) + min(limits) * 1000 if limits else None
+        # Expected end for reservations (EASY backfilling), as for pending requests.
+        runtime_s = _expected_runtime_s(estimated_runtime_s, max_runtime_s)
+        begun = _ms(started_at or admitted_at)
         running.append(
             st.Running(
-                request_id=str(req.pk),
-                attempt_id=aid,
-                team=req.team.name,
-                workload_class=req.workload_class.name,
-                pool=att.pool.name,
-                shape=shapes.request_shape(req),
+                request_id=str(request_id),
+                attempt_id=str(pk),
+                team=teams[team_id][0],
+                workload_class=class_names[class_id],
+                pool=pool_names[pool_id],
+                shape=shape_of.get(tuple(fields)),
                 placement=placement,
-                started_at_ms=_ms(att.started_at or att.admitted_at),
-                last_checkpoint_ms=_ms(att.last_checkpoint_at) if att.last_checkpoint_at else None,
-                priority=req.priority,
-                stopping=att.state == Attempt.State.STOPPING,
-                admitted_by_preemption=att.admitted_by_preemption,
-                expected_end_ms=expected_end_ms,
-                user=str(req.submitted_by_id),
+                started_at_ms=begun,
+                last_checkpoint_ms=_ms(last_checkpoint_at) if last_checkpoint_at else None,
+                priority=priority,
+                stopping=state == Attempt.State.STOPPING,
+                admitted_by_preemption=admitted_by_preemption,
+                expected_end_ms=begun + runtime_s * 1000 if runtime_s is not None else None,
+                user=str(user_id),
             )
         )
-    return running, attempts, active_slots
+    return tuple(running)
 
 
-def _usage(now: datetime) -> list[st.TeamUsage]:
-    """GPU milli-seconds per team, each record decayed by the configured half-life."""
-    half_life = st.Policy().usage_half_life_s
+def _expected_runtime_s(estimated_runtime_s: int | None, max_runtime_s: int | None) -> int | None:
+    """The user's runtime estimate, never past the hard limit when one is set; None (the
+    rules without estimates) when neither is set."""
+    limits = [s for s in (estimated_runtime_s, max_runtime_s) if s]
+    return min(limits) if limits else None
+
+
+def _ms_or_none(seconds: int | None) -> int | None:
+    return None if seconds is None else seconds * 1000
+
+
+def _usage(
+    now: datetime, teams: dict[int, tuple[str, str, int]], half_life: int
+) -> list[st.TeamUsage]:
+    """GPU milli-seconds per team, each record decayed by the profile's half-life."""
     now_ms = _ms(now)
     horizon = now - timedelta(seconds=half_life * 8)
     totals: dict[str, int] = defaultdict(int)
     records = UsageRecord.objects.filter(charged=True).filter(
         Q(ended_at__isnull=True) | Q(ended_at__gte=horizon)
     )
-    for u in records.select_related("team"):
-        end_ms = _ms(u.ended_at) if u.ended_at else now_ms
-        totals[u.team.name] += usage_decay.interval_usage(
-            u.gpus_milli, _ms(u.started_at), end_ms, now_ms, half_life
+    for team_id, gpus_milli, started_at, ended_at in records.values_list(
+        "team_id", "gpus_milli", "started_at", "ended_at"
+    ):
+        end_ms = _ms(ended_at) if ended_at else now_ms
+        totals[teams[team_id][0]] += usage_decay.interval_usage(
+            gpus_milli, _ms(started_at), end_ms, now_ms, half_life
         )
     return [st.TeamUsage(team, v) for team, v in sorted(totals.items())]

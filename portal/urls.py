@@ -58,6 +58,13 @@ portal_patterns = [
     path("ops/settings/", views.settings_page, name="settings"),
     path("ops/classes/<int:class_id>/", views.workload_class_edit, name="class-edit"),
     path("ops/pools/<int:pool_id>/", views.pool_edit, name="pool-edit"),
+    path("ops/profiles/new/", views.profile_create, name="profile-create"),
+    path("ops/profiles/<int:profile_id>/", views.profile_edit, name="profile-edit"),
+    path(
+        "ops/profiles/<int:profile_id>/activate/",
+        views.profile_activate,
+        name="profile-activate",
+    ),
     path("ops/nodes/<int:node_id>/<node_action:action>/", views.node_action, name="node-action"),
     path(
         "ops/devices/<int:device_id>/clear-quarantine/",
@@ -95,7 +102,20 @@ api_patterns = [
     path("audit/", api.AuditListApi.as_view(), name="audit"),
     path("teams/", api.TeamListApi.as_view(), name="teams"),
     path("teams/<int:team_id>/", api.TeamDetailApi.as_view(), name="team-detail"),
+    path("teams/<int:team_id>/members/", api.TeamMemberListApi.as_view(), name="team-members"),
+    path(
+        "teams/<int:team_id>/members/<int:membership_id>/",
+        api.TeamMemberDetailApi.as_view(),
+        name="team-member",
+    ),
     path("teams/<int:team_id>/quotas/<int:pool_id>/", api.QuotaSetApi.as_view(), name="quota-set"),
+    path("profiles/", api.ProfileListCreateApi.as_view(), name="profiles"),
+    path("profiles/<int:profile_id>/", api.ProfileDetailApi.as_view(), name="profile-detail"),
+    path(
+        "profiles/<int:profile_id>/activate/",
+        api.ProfileActivateApi.as_view(),
+        name="profile-activate",
+    ),
 ]
 
 urlpatterns = [
@@ -118,7 +138,9 @@ urlpatterns = [
         SpectacularSwaggerView.as_view(url_name="schema", permission_classes=[IsAuthenticated]),
         name="api-docs",
     ),
-    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path("accounts/login/", views.LoginView.as_view(), name="login"),
+    # Single sign-on (portal/sso.py): /oidc/authenticate/ and /oidc/callback/; 404 while off.
+    path("oidc/", include("mozilla_django_oidc.urls")),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("healthz", views.healthz, name="healthz"),

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.contrib import messages
+from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
@@ -27,6 +29,7 @@ from portal.forms import (
     DecisionFilterForm,
     MemberAddForm,
     MemberCapForm,
+    PolicyProfileForm,
     PoolForm,
     QueueFilterForm,
     QuotaForm,
@@ -37,7 +40,16 @@ from portal.forms import (
     WorkloadClassForm,
     initial_from_request,
 )
-from portal.models import GpuRequest, Membership, Node, Pool, Quota, Team, WorkloadClass
+from portal.models import (
+    GpuRequest,
+    Membership,
+    Node,
+    PolicyProfile,
+    Pool,
+    Quota,
+    Team,
+    WorkloadClass,
+)
 from portal.preview import gpu_request_preview
 
 PAGE_SIZE = 50
@@ -93,6 +105,25 @@ def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpR
     from django.views.defaults import page_not_found
 
     return page_not_found(request, exception or Exception())
+
+
+class LoginView(auth_views.LoginView):
+    """Password login beside single sign-on; with PASSWORD_LOGIN=false, only the SSO button."""
+
+    def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if not settings.PASSWORD_LOGIN:
+            raise PermissionDenied("Password login is switched off: sign in with single sign-on.")
+        return super().post(request, *args, **kwargs)
+
+    def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
+        context = super().get_context_data(**kwargs)
+        context.update(
+            sso=settings.OIDC_ENABLED,
+            sso_name=settings.OIDC_PROVIDER_NAME,
+            sso_failed=self.request.GET.get("sso") == "failed",
+            password_login=settings.PASSWORD_LOGIN,
+        )
+        return context
 
 
 @require_GET
@@ -408,7 +439,10 @@ def _team_context(request: HttpRequest, team: Team) -> dict[str, Any]:
         "admin": admin,
         "usage": usage,
         "members": members,
-        "audit": selectors.audit_list(team=team)[:20] if can_edit else [],
+        "auditor": access.is_read_only(request.user),
+        "audit": selectors.audit_list(team=team)[:20]
+        if can_edit or access.sees_all(request.user)
+        else [],
         "pending": GpuRequest.objects.filter(team=team, state=GpuRequest.State.PENDING).count(),
     }
 
@@ -483,7 +517,7 @@ def member_edit(request: HttpRequest, team_id: int, membership_id: int) -> HttpR
 @require_GET
 def capacity(request: HttpRequest) -> HttpResponse:
     """Pool → node → device → slot, coloured free / team / fragmented / unhealthy."""
-    access.require_admin(request.user)
+    access.require_admin_read(request.user)
     form = CapacityFilterForm(request.GET or None)
     nodes = Node.objects.select_related("pool").order_by("pool__name", "name")
     if form.is_valid():
@@ -535,7 +569,7 @@ def device_clear_quarantine(request: HttpRequest, device_id: int) -> HttpRespons
 @login_required
 @require_GET
 def audit_log(request: HttpRequest) -> HttpResponse:
-    access.require_admin(request.user)
+    access.require_admin_read(request.user)
     action = request.GET.get("action", "")[:50]
     actor = request.GET.get("actor", "")[:150]
     qs = selectors.audit_list(action=action, actor=actor)
@@ -555,9 +589,13 @@ def audit_log(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_GET
 def settings_page(request: HttpRequest) -> HttpResponse:
-    """Workload classes, pools and team guarantees, each editable by admins."""
-    access.require_admin(request.user)
-    return render(request, "portal/settings.html", _settings_context())
+    """Scheduling profiles, workload classes, pools and team guarantees, each editable by
+    admins (auditors read them)."""
+    access.require_admin_read(request.user)
+    template = "portal/settings.html"
+    if request.htmx:
+        template += "#profiles"
+    return render(request, template, _settings_context())
 
 
 def _settings_context(override: dict[tuple[str, int], Any] | None = None) -> dict[str, Any]:
@@ -571,7 +609,85 @@ def _settings_context(override: dict[tuple[str, int], Any] | None = None) -> dic
         for p in Pool.objects.all()
     ]
     quotas = Quota.objects.select_related("team", "pool").order_by("team__name", "pool__name")
-    return {"classes": classes, "pools": pools, "quotas": quotas, "teams": Team.objects.all()}
+    profiles = [
+        (
+            p,
+            override.get(("profile", p.pk))
+            or PolicyProfileForm(initial=dict(p.profile().knobs), prefix=f"pp{p.pk}"),
+        )
+        for p in PolicyProfile.objects.select_related("updated_by").order_by("-active", "name")
+    ]
+    new_profile = override.get(("profile", 0)) or PolicyProfileForm(
+        initial=PolicyProfile.objects.active_profile().knobs, with_name=True, prefix="pp-new"
+    )
+    return {
+        "classes": classes,
+        "pools": pools,
+        "quotas": quotas,
+        "teams": Team.objects.all(),
+        "profiles": profiles,
+        "new_profile": new_profile,
+    }
+
+
+def _profiles_answer(
+    request: HttpRequest, override: dict[tuple[str, int], Any] | None = None
+) -> HttpResponse:
+    """After a profile change: the profiles section for HTMX, else the page (400 with the
+    form's errors, or a redirect after a change)."""
+    status = 400 if override else 200
+    if request.htmx:
+        return render(
+            request, "portal/settings.html#profiles", _settings_context(override), status=status
+        )
+    if override:
+        return render(request, "portal/settings.html", _settings_context(override), status=400)
+    return redirect(reverse("portal:settings") + "#profiles")
+
+
+@login_required
+@require_POST
+def profile_create(request: HttpRequest) -> HttpResponse:
+    access.require_admin(request.user)
+    form = PolicyProfileForm(request.POST, with_name=True, prefix="pp-new")
+    if form.is_valid():
+        try:
+            services.policy_profile_create(
+                actor=request.user,  # type: ignore[arg-type]
+                name=form.cleaned_data["name"],
+                knobs=form.knobs(),
+            )
+        except ValidationError as exc:
+            _add_errors(form, exc)
+        else:
+            return _profiles_answer(request)
+    return _profiles_answer(request, {("profile", 0): form})
+
+
+@login_required
+@require_POST
+def profile_edit(request: HttpRequest, profile_id: int) -> HttpResponse:
+    row = access.get_policy_profile_for_admin(request.user, profile_id)
+    form = PolicyProfileForm(request.POST, prefix=f"pp{row.pk}")
+    if form.is_valid():
+        try:
+            services.policy_profile_update(actor=request.user, profile=row, knobs=form.knobs())  # type: ignore[arg-type]
+        except ValidationError as exc:
+            _add_errors(form, exc)
+        else:
+            return _profiles_answer(request)
+    return _profiles_answer(request, {("profile", row.pk): form})
+
+
+@login_required
+@require_POST
+def profile_activate(request: HttpRequest, profile_id: int) -> HttpResponse:
+    row = access.get_policy_profile_for_admin(request.user, profile_id)
+    try:
+        services.policy_profile_activate(actor=request.user, profile=row)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        return HttpResponse(" ".join(exc.messages), status=400, content_type="text/plain")
+    return _profiles_answer(request)
 
 
 @login_required

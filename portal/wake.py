@@ -21,14 +21,23 @@ log = logging.getLogger(__name__)
 TICK_TASK = "portal.tasks.tick"
 
 
+_discover_lock = threading.Lock()
+
+
 def _tick() -> Any:
     try:
         return app.tasks[TICK_TASK]
     except NotRegistered:
         # Celery discovers tasks lazily (a worker imports them when it starts); a web or
-        # management process has not yet: discover them now, once.
-        app.loader.import_default_modules()
-        return app.tasks[TICK_TASK]
+        # management process has not yet: discover them now, once. Under the lock, so that a
+        # second request thread waits for the import instead of finding portal.tasks half
+        # imported and the task not yet registered (a 500 on the first submits).
+        with _discover_lock:
+            try:
+                return app.tasks[TICK_TASK]
+            except NotRegistered:
+                app.loader.import_default_modules()
+                return app.tasks[TICK_TASK]
 
 
 #: At most one tick is enqueued per this many seconds per web process; beat ticks every TICK_SECONDS anyway.

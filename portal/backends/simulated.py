@@ -45,6 +45,7 @@ from portal.backends.base import (
     member_name,
     rendezvous_env,
 )
+from portal.bulk import insert_rows
 from portal.models import SimulatedWorkload
 from scheduling import mig
 
@@ -158,42 +159,40 @@ class SimulatedBackend:
     def inventory(self) -> list[InventoryNode]:
         return inventory_from_file(self.path)
 
+    def _checkpointing(self, spec: LaunchSpec) -> tuple[tuple[tuple[str, str], ...], float]:
+        """The checkpoint env of a spec's pods and their interval in wall seconds (none: 0)."""
+        if spec.checkpoint_interval_s <= 0:
+            return (), 0
+        # One folder per request, created if missing: a retry finds its predecessor's.
+        folder = self.checkpoint_dir(spec.request_id)
+        folder.mkdir(parents=True, exist_ok=True)
+        return checkpoint_env(spec, str(folder)), checkpoint_every_s(spec.checkpoint_interval_s)
+
     def launch(self, spec: LaunchSpec) -> None:
         """One workload per pod: a gang of N runs N workloads, each on its own node."""
         now = timezone.now()
-        ckpt_env: tuple[tuple[str, str], ...] = ()
-        if spec.checkpoint_interval_s > 0:
-            # One folder per request, created if missing: a retry finds its predecessor's.
-            folder = self.checkpoint_dir(spec.request_id)
-            folder.mkdir(parents=True, exist_ok=True)
-            ckpt_env = checkpoint_env(spec, str(folder))
+        ckpt_env, every = self._checkpointing(spec)
         for member in spec.members():
             try:
                 with transaction.atomic():
-                    SimulatedWorkload.objects.create(
-                        name=member.name,
-                        namespace=member.namespace,
-                        node=member.node,
-                        spec={
-                            "image": member.image,
-                            "command": list(member.command),
-                            "attempt": member.attempt_id,
-                            "env": dict(rendezvous_env(member) + ckpt_env),
-                            "devices": [g.device for g in member.grants],
-                            "checkpoint_every_s": checkpoint_every_s(spec.checkpoint_interval_s)
-                            if ckpt_env
-                            else 0,
-                        },
-                        created_at=now,
-                        starts_at=now + START_DELAY,
-                        ends_at=now
-                        + START_DELAY
-                        + timedelta(seconds=max(1, member.simulated_duration_s)),
-                        exit_code=member.simulated_exit_code,
-                    )
+                    SimulatedWorkload.objects.create(**_workload(member, now, ckpt_env, every))
             except IntegrityError:
                 # Created before: a retried launch adopts it.
                 pass
+
+    def launch_many(self, specs: list[LaunchSpec]) -> None:
+        """`launch` for each spec, in bulk inserts (the tick launches all it admitted at once)."""
+        now = timezone.now()
+        rows = []
+        for spec in specs:
+            ckpt_env, every = self._checkpointing(spec)
+            rows += [_workload(member, now, ckpt_env, every) for member in spec.members()]
+        insert_rows(
+            SimulatedWorkload,
+            rows,
+            # Created before: a retried launch adopts it.
+            ignore_conflicts=True,
+        )
 
     def stop(self, name: str, namespace: str, grace_seconds: int = 30, pods: int = 1) -> None:
         SimulatedWorkload.objects.filter(
@@ -304,6 +303,29 @@ class SimulatedBackend:
             f"exited with code {w.exit_code}",
             exit_code=w.exit_code,
         )
+
+
+def _workload(
+    member: LaunchSpec, now: datetime, ckpt_env: tuple[tuple[str, str], ...], every: float
+) -> dict[str, Any]:
+    """The SimulatedWorkload row of one pod; `ckpt_env` and `every` from `_checkpointing`."""
+    return {
+        "name": member.name,
+        "namespace": member.namespace,
+        "node": member.node,
+        "spec": {
+            "image": member.image,
+            "command": list(member.command),
+            "attempt": member.attempt_id,
+            "env": dict(rendezvous_env(member) + ckpt_env),
+            "devices": [g.device for g in member.grants],
+            "checkpoint_every_s": every,
+        },
+        "created_at": now,
+        "starts_at": now + START_DELAY,
+        "ends_at": now + START_DELAY + timedelta(seconds=max(1, member.simulated_duration_s)),
+        "exit_code": member.simulated_exit_code,
+    }
 
 
 w_never = datetime.min.replace(tzinfo=UTC)

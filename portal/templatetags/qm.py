@@ -3,10 +3,25 @@
 from __future__ import annotations
 
 from decimal import ROUND_HALF_UP, Decimal
+from typing import Any
 
 from django import template
 
+from portal import access
+
 register = template.Library()
+
+
+@register.filter
+def sees_all(user: Any) -> bool:
+    """Admins and auditors: the platform pages (capacity, audit log, settings) in the menu."""
+    return access.sees_all(user)
+
+
+@register.filter
+def read_only(user: Any) -> bool:
+    """Auditors: pages show no buttons that change anything (the server refuses them anyway)."""
+    return access.is_read_only(user)
 
 
 @register.filter

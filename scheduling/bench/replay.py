@@ -2,8 +2,8 @@
 for every policy, so Quartermaster is measured against what a user would pick instead.
 
 `python -m scheduling.bench replay --json [--policies a,b,...] [--load L] [--seed S]
-[--estimates over3|exact|none] [--nodes CSV] [--pods CSV] [--every K] [--jobs N]
-[--teams T] [--tick-s D]`
+[--estimates over3|exact|none] [--checkpoint-s C] [--profile NAME|FILE] [--nodes CSV]
+[--pods CSV] [--every K] [--jobs N] [--teams T] [--tick-s D]`
 
 The openb pod list is a snapshot made for packing studies, not a load trace, so the
 replay keeps its request shapes and runtimes and draws the arrivals. Procedure:
@@ -29,8 +29,11 @@ replay keeps its request shapes and runtimes and draws the arrivals. Procedure:
 5. **Runtime estimates** (`--estimates`, default `over3`): `over3` tells the scheduler
    the true runtime × U(1, 3) (users over-estimate); `exact` the true runtime (a perfect
    estimate no user gives); `none` nothing. Only `quartermaster` reads them.
-6. **Policies** (`--policies`, default all five), on the same jobs and arrivals. A
-   preempted attempt loses all its work (the trace has no checkpoints) and is requeued.
+   **Checkpoints** (`--checkpoint-s`, default 1800): training jobs write a checkpoint
+   every C seconds of their run, the other classes never (`with_checkpoints`; 0 = no
+   job checkpoints). A preempted attempt keeps the work up to its last checkpoint — its
+   retry runs only what is left — and loses the rest; it is requeued.
+6. **Policies** (`--policies`, default all five), on the same jobs and arrivals.
    - `fifo-strict`: strict FIFO with head-of-line blocking, whole devices only (a shared
      request takes a whole GPU), first fit in node order, no quotas, no preemption. No
      real scheduler behaves like this; it is the floor.
@@ -72,7 +75,10 @@ replay keeps its request shapes and runtimes and draws the arrivals. Procedure:
      blocking, no quotas, no preemption.
    - `quartermaster`: `schedule()` called the way the portal's tick calls it — only
      pending requests in the snapshot, running ones as `Running`, the decayed team
-     usage as `TeamUsage` — with the portal's settings, `Policy()`, on a clock of D
+     usage as `TeamUsage`, each attempt's last checkpoint as `last_checkpoint_ms` — with
+     the `Policy` of a scheduling profile (`--profile`, default the shipped
+     `scheduling/profiles/default.toml`, which the portal loads as its active profile; no
+     knob is set here), on a clock of D
      seconds (default 10) whenever something happened since the last tick. ADMIT starts
      the job at the tick; PREEMPT stops it at once and requeues it with
      `requeue_delay_s(attempt, 60, 3600, jitter)`. Like the portal, a request whose last
@@ -82,8 +88,8 @@ replay keeps its request shapes and runtimes and draws the arrivals. Procedure:
 7. **Measurement**: the window runs from the arrival of job N/5 (after warm-up) to the
    last arrival; the replay goes on until every job has started.
    - `utilization`: requested GPU-time (milli share × time) running in the window ÷
-     capacity × window; `useful_utilization` the same for attempts whose work was not
-     thrown away (a preempted attempt counts up to its last checkpoint: nothing here);
+     capacity × window; `useful_utilization` the same for work that was not thrown
+     away (a preempted attempt counts up to its last checkpoint);
    - waits run from arrival to first start: `wait_mean_s`, `wait_p95_s`, `wait_p99_s`,
      `wait_max_s`, and `wait_p95_large_s` over requests of 8 or more GPUs;
    - `jain`: Jain's index over teams of received ÷ entitled GPU-time in the window
@@ -94,7 +100,9 @@ replay keeps its request shapes and runtimes and draws the arrivals. Procedure:
      demand is entitled to what it used up to the level every demanding team gets;
      the mean over demanding teams of |received − entitlement| ÷ window capacity,
      averaged over the windows (a fraction of capacity: 0.05 = 5 points);
-   - `preemptions` and `gpu_hours_lost` count the stopped attempts and their lost work;
+   - `preemptions` and `gpu_hours_lost` count the stopped attempts and their work since
+     their last checkpoint (or start), over the whole replay; `gpu_hours_delivered` is
+     all GPU-time given to attempts over the whole replay, the base for `gpu_hours_lost`;
      `decisions_per_s` is decisions (baselines: placement attempts) per second spent
      inside the policy's scheduling code.
 """
@@ -116,6 +124,8 @@ from pathlib import Path
 from scheduling.backoff import requeue_delay_s
 from scheduling.cycle import schedule
 from scheduling.fit import can_ever_host
+from scheduling.profile import DEFAULT_PROFILE, ProfileError
+from scheduling.profile import load as load_profile
 from scheduling.trace import TRACE_POOL, TracePod, load_nodes, load_pods
 from scheduling.types import (
     WHOLE_GPU_MILLI,
@@ -172,6 +182,11 @@ REPLAY_CLASSES = (
     ),
 )
 QOS_CLASS = {"LS": "inference", "BE": "training"}
+#: classes whose jobs checkpoint (`--checkpoint-s`): batch training does, notebooks and
+#: inference servers have nothing to resume from
+CHECKPOINTING = ("training",)
+#: the default checkpoint interval of training jobs, seconds
+CHECKPOINT_S = 1800
 BAND = {c.name: c.band for c in REPLAY_CLASSES}
 
 
@@ -185,6 +200,8 @@ class Job:
     arrival_ms: int
     #: the runtime the scheduler is told (None = no estimate); see `with_estimates`
     estimate_ms: int | None = None
+    #: how often the job writes a checkpoint (ms), None = never; see `with_checkpoints`
+    checkpoint_ms: int | None = None
 
 
 @dataclass(slots=True)
@@ -244,6 +261,40 @@ def with_estimates(jobs: Sequence[Job], mode: str, seed: int) -> list[Job]:
         rng = random.Random(seed + 7919)
         return [replace(j, estimate_ms=int(j.runtime_ms * rng.uniform(1, 3))) for j in jobs]
     raise ValueError(f"unknown estimate mode {mode!r}")
+
+
+def with_checkpoints(jobs: Sequence[Job], interval_s: int) -> list[Job]:
+    """Return the jobs with their checkpoint interval: training jobs (the classes that are
+    preempted whenever a stronger claim comes) checkpoint every `interval_s` seconds, the
+    others never; 0 = no job checkpoints."""
+    ms = interval_s * 1000 if interval_s > 0 else None
+    return [replace(j, checkpoint_ms=ms if j.cls in CHECKPOINTING else None) for j in jobs]
+
+
+def last_checkpoint_ms(started_ms: int, interval_ms: int | None, now_ms: int) -> int | None:
+    """The last checkpoint an attempt started at `started_ms` finished by `now_ms`."""
+    if not interval_ms:
+        return None
+    done = (now_ms - started_ms) // interval_ms
+    return started_ms + done * interval_ms if done > 0 else None
+
+
+def record_stop(out: Outcome, job: Job, milli: int, start: int, now: int, preempted: bool) -> int:
+    """Record an attempt's GPU-time; return the work (ms) its checkpoints kept.
+
+    A finished attempt's time is all useful. A preempted one keeps the work up to its last
+    checkpoint (the retry resumes from it) and loses the rest. The same for every policy:
+    checkpoints are the job's, not the scheduler's."""
+    if not preempted:
+        out.intervals.append((job.team, milli, start, now, True))
+        return 0
+    kept = last_checkpoint_ms(start, job.checkpoint_ms, now) or start
+    if kept > start:
+        out.intervals.append((job.team, milli, start, kept, True))
+    out.intervals.append((job.team, milli, kept, now, False))
+    out.preemptions += 1
+    out.lost_milli_ms += milli * (now - kept)
+    return kept - start
 
 
 def _runtime_ms(pod: TracePod) -> int:
@@ -395,6 +446,8 @@ class _Light:
         self.seq = 0
         self.attempts: dict[str, int] = {}
         self.waiting_since: dict[str, int] = {}
+        #: work kept by the checkpoints of a job's preempted attempts (ms)
+        self.progress: dict[str, int] = {}
         #: per shape, the nodes that could hold it empty (`fit.can_ever_host`)
         self._hosts: dict[Shape, tuple[list[int], set[int]]] = {}
 
@@ -508,7 +561,10 @@ class _Light:
         self.total_used += att.quota
         self.out.first_start_ms.setdefault(job.id, now)
         self.out.waiting.append((job.team, self.waiting_since.pop(job.id), now))
-        heapq.heappush(self.ends, (now + job.runtime_ms, self.seq, att.id))
+        # a retry resumes from the checkpoints of earlier attempts
+        heapq.heappush(
+            self.ends, (now + job.runtime_ms - self.progress.get(job.id, 0), self.seq, att.id)
+        )
         self.seq += 1
 
     def stop(self, att_id: str, now: int, preempted: bool) -> int:
@@ -522,10 +578,10 @@ class _Light:
         self.used[att.job.team] -= att.quota
         self.total_used -= att.quota
         milli = att.job.shape.gpus_milli
-        self.out.intervals.append((att.job.team, milli, att.start, now, not preempted))
+        kept = record_stop(self.out, att.job, milli, att.start, now, preempted)
+        if kept:
+            self.progress[att.job.id] = self.progress.get(att.job.id, 0) + kept
         if preempted:
-            self.out.preemptions += 1
-            self.out.lost_milli_ms += milli * (now - att.start)
             self.enqueue(att.job, now)
         return att.node
 
@@ -790,6 +846,10 @@ class _Sim:
     seq: int = 0
     #: when each pending request started waiting (arrival, or the preemption that requeued it)
     waiting_since: dict[str, int] = field(default_factory=dict)
+    #: work kept by the checkpoints of a request's preempted attempts (ms)
+    progress: dict[str, int] = field(default_factory=dict)
+    #: requests whose waiting thresholds already have a wake event
+    timed: set[str] = field(default_factory=set)
 
     def push(self, t: int, kind: int, ident: str) -> None:
         heapq.heappush(self.events, (t, self.seq, kind, ident))
@@ -798,18 +858,29 @@ class _Sim:
     def end(self, attempt: str, now: int, preempted: bool) -> None:
         run = self.running.pop(attempt)
         milli = run.shape.gpus_milli
-        self.out.intervals.append((run.team, milli, run.started_at_ms, now, not preempted))
+        job = self.jobs[run.request_id]
+        kept = record_stop(self.out, job, milli, run.started_at_ms, now, preempted)
+        if kept:
+            self.progress[job.id] = self.progress.get(job.id, 0) + kept
         value, as_of = self.usage.get(run.team, (0, now))
         h = self.policy.usage_half_life_s
         value = decay_usage(value, now - as_of, h) + interval_usage(
             milli, run.started_at_ms, now, now, h
         )
         self.usage[run.team] = (value, now)
-        if preempted:
-            self.out.preemptions += 1
-            self.out.lost_milli_ms += milli * (now - run.started_at_ms)
+
+    def _checkpoints(self, now: int) -> None:
+        """Tell the core each attempt's last checkpoint, as the portal's snapshot does."""
+        for attempt, run in self.running.items():
+            interval = self.jobs[run.request_id].checkpoint_ms
+            if interval is None:
+                continue
+            last = last_checkpoint_ms(run.started_at_ms, interval, now)
+            if last != run.last_checkpoint_ms:
+                self.running[attempt] = replace(run, last_checkpoint_ms=last)
 
     def tick(self, now: int) -> None:
+        self._checkpoints(now)
         snap = Snapshot(
             now_ms=now,
             pools=(Pool(TRACE_POOL, Partitioning.TIME_SLICING),),
@@ -837,10 +908,22 @@ class _Sim:
                 flag = d.code in ("preempting", "awaiting-stop")
                 if req.preempting != flag:
                     self.pending[d.request_id] = replace(req, preempting=flag)
+                if d.request_id not in self.timed:
+                    self.timed.add(d.request_id)
+                    self._wake_at_thresholds(req.created_at_ms, now)
             elif d.kind is DecisionKind.REJECT:
                 raise RuntimeError(f"replay job {d.request_id} rejected: {d.message}")
         if woke:
             self.push(now + 1, 2, "")
+
+    def _wake_at_thresholds(self, created_ms: int, now: int) -> None:
+        """The portal ticks every few seconds, this replay when something happens: a
+        request kept waiting gets a tick when its wait crosses a threshold of the policy
+        (preempt, reserve), as the portal's next tick would see it."""
+        for after_s in (self.policy.preempt_after_s, self.policy.reserve_after_s):
+            due = created_ms + after_s * 1000
+            if due > now:
+                self.push(due, 2, "")
 
     def admit(self, request_id: str, placement: Placement | None, now: int) -> None:
         req = self.pending.pop(request_id)
@@ -863,7 +946,8 @@ class _Sim:
         )
         self.out.first_start_ms.setdefault(request_id, now)
         self.out.waiting.append((job.team, self.waiting_since.pop(request_id), now))
-        self.push(now + job.runtime_ms, 0, attempt)
+        # a retry resumes from the checkpoints of earlier attempts
+        self.push(now + job.runtime_ms - self.progress.get(request_id, 0), 0, attempt)
 
     def preempt(self, attempt: str, now: int) -> None:
         run = self.running[attempt]
@@ -895,7 +979,8 @@ def run_quartermaster(
     seed: int,
     policy: Policy | None = None,
 ) -> Outcome:
-    """Replay the jobs through `schedule()` with the portal's settings (`Policy()`)."""
+    """Replay the jobs through `schedule()` with a profile's `Policy` (default: the
+    shipped profile, as the portal runs it)."""
     names = tuple(f"team-{i}" for i in range(teams))
     share, rest = divmod(capacity, teams)
     quotas = tuple(
@@ -906,7 +991,7 @@ def run_quartermaster(
         jobs={j.id: j for j in jobs},
         teams=tuple(Team(t) for t in names),
         quotas=quotas,
-        policy=policy or Policy(),
+        policy=policy or load_profile(DEFAULT_PROFILE).policy(),
         # the requeue jitter: the one random draw inside the simulation
         rng=random.Random(seed + 1),
     )
@@ -948,8 +1033,9 @@ def measure(out: Outcome, jobs: Sequence[Job], capacity: int, teams: int) -> dic
     w1 = jobs[-1].arrival_ms
     span = max(w1 - w0, 1)
     received: dict[str, float] = {f"team-{i}": 0.0 for i in range(teams)}
-    total = useful = 0.0
+    total = useful = delivered = 0.0
     for team, milli, start, end, kept in out.intervals:
+        delivered += milli * (end - start)
         overlap = max(0, min(end, w1) - max(start, w0))
         total += milli * overlap
         if kept:
@@ -976,6 +1062,7 @@ def measure(out: Outcome, jobs: Sequence[Job], capacity: int, teams: int) -> dic
         "share_error": round(share_error(out, capacity, teams, w0, w1), 4),
         "preemptions": out.preemptions,
         "gpu_hours_lost": round(out.lost_milli_ms / 1000 / 3_600_000, 2),
+        "gpu_hours_delivered": round(delivered / 1000 / 3_600_000, 2),
         "decisions_per_s": round(out.decisions / out.seconds, 1) if out.seconds else 0.0,
     }
 
@@ -1045,10 +1132,11 @@ def run_policy(
     teams: int,
     tick_ms: int,
     seed: int,
+    policy: Policy | None = None,
 ) -> Outcome:
-    """Run one policy of `POLICIES` on the jobs."""
+    """Run one policy of `POLICIES` on the jobs; `policy` is Quartermaster's profile."""
     if name == "quartermaster":
-        return run_quartermaster(nodes, jobs, capacity, teams, tick_ms, seed)
+        return run_quartermaster(nodes, jobs, capacity, teams, tick_ms, seed, policy)
     if name == "fifo-strict":
         return run_fifo_strict(nodes, jobs)
     if name in MODES:
@@ -1074,7 +1162,24 @@ def main(argv: Sequence[str]) -> int:
         choices=("over3", "exact", "none"),
         help="runtime estimates given to quartermaster: over3 (x U(1,3)), exact, none",
     )
+    parser.add_argument(
+        "--profile",
+        default=DEFAULT_PROFILE,
+        help="quartermaster's scheduling profile: a shipped name or a TOML file",
+    )
+    parser.add_argument(
+        "--checkpoint-s",
+        type=int,
+        default=CHECKPOINT_S,
+        help="checkpoint interval of training jobs, seconds; 0 = no checkpoints",
+    )
     args = parser.parse_args(list(argv))
+    try:
+        profile = load_profile(args.profile)
+    except ProfileError as exc:
+        parser.error(f"--profile: {exc}")
+    if args.checkpoint_s < 0:
+        parser.error("--checkpoint-s: must be 0 or more")
     names = [p.strip() for p in args.policies.split(",") if p.strip()]
     unknown = [p for p in names if p not in POLICIES]
     if unknown:
@@ -1085,13 +1190,16 @@ def main(argv: Sequence[str]) -> int:
     except OSError as exc:
         parser.error(f"cannot read the trace: {exc}")
     jobs, capacity = draw_jobs(pods, nodes, args.jobs, args.load, args.teams, args.seed)
-    jobs = with_estimates(jobs, args.estimates, args.seed)
+    jobs = with_checkpoints(with_estimates(jobs, args.estimates, args.seed), args.checkpoint_s)
     asked = sum(j.shape.gpus_milli * j.runtime_ms for j in jobs)
     whole = sum(whole_milli(j.shape) * j.runtime_ms for j in jobs)
     result: dict[str, object] = {
         "offered_load": args.load,
         "offered_load_whole_gpus": round(args.load * whole / asked, 1) if asked else 0.0,
         "estimates": args.estimates,
+        "checkpoint_s": args.checkpoint_s,
+        "profile": profile.name,
+        "profile_version": profile.version,
         "seed": args.seed,
         "gpus": capacity // 1000,
         "jobs": len(jobs),
@@ -1099,7 +1207,9 @@ def main(argv: Sequence[str]) -> int:
     policies: dict[str, dict[str, float]] = {}
     tick_ms = int(args.tick_s * 1000)
     for name in names:
-        out = run_policy(name, nodes, jobs, capacity, args.teams, tick_ms, args.seed)
+        out = run_policy(
+            name, nodes, jobs, capacity, args.teams, tick_ms, args.seed, profile.policy()
+        )
         policies[name] = measure(out, jobs, capacity, args.teams)
     result["policies"] = policies
     if args.json:

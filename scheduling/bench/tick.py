@@ -1,14 +1,16 @@
 """Tick benchmark: one `schedule()` call at portal scale.
 
 `python -m scheduling.bench tick --json [--pending N] [--teams T] [--pools P] [--gpus G]
-[--allocated PCT] [--seed S]`
+[--allocated PCT] [--seed S] [--profile NAME|FILE]`
 
 Builds one synthetic snapshot — by default 10,000 pending requests from 30 teams over
 5 pools of 8-GPU nodes (8,000 GPUs), 60 % of them already allocated to running
-attempts — and times a single tick. Prints `{"pending", "gpus", "seconds",
-"peak_rss_mb"}`; `seconds` is the wall time of `schedule()` alone, `peak_rss_mb` the
-process's peak resident memory; `cpu_seconds`, the CPU time of the tick, is the number to
-read on a machine shared with other work (building the snapshot included).
+attempts — and times a single tick with the profile's `Policy` (default: the shipped
+profile, `scheduling/profiles/default.toml`, as the portal runs it). Prints
+`{"pending", "gpus", "seconds", "cpu_seconds", "peak_rss_mb", "profile"}`; `seconds` is
+the wall time of `schedule()` alone, `peak_rss_mb` the process's peak resident memory;
+`cpu_seconds`, the CPU time of the tick, is the number to read on a machine shared with
+other work (building the snapshot included).
 
 The mix: half whole-GPU requests (1, 2, 4 or 8 GPUs), a third shared slices, the rest
 2-pod gangs; classes inference / interactive / training; a quarter name a pool, the
@@ -27,6 +29,8 @@ import time
 from collections.abc import Sequence
 
 from scheduling.cycle import schedule
+from scheduling.profile import DEFAULT_PROFILE, ProfileError
+from scheduling.profile import load as load_profile
 from scheduling.types import (
     Device,
     DeviceGrant,
@@ -156,10 +160,19 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--gpus", type=int, default=8_000)
     parser.add_argument("--allocated", type=float, default=0.6)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--profile",
+        default=DEFAULT_PROFILE,
+        help="scheduling profile: a shipped name or a TOML file (default: the shipped one)",
+    )
     args = parser.parse_args(list(argv))
+    try:
+        profile = load_profile(args.profile)
+    except ProfileError as exc:
+        parser.error(f"--profile: {exc}")
     snap = build(args.pending, args.teams, args.pools, args.gpus, args.allocated, args.seed)
     started, cpu_started = time.perf_counter(), time.process_time()
-    decisions = schedule(snap)
+    decisions = schedule(snap, policy=profile.policy())
     seconds = time.perf_counter() - started
     cpu_seconds = time.process_time() - cpu_started
     assert len({d.request_id for d in decisions if d.kind != "preempt"}) == args.pending
@@ -171,6 +184,7 @@ def main(argv: Sequence[str]) -> int:
         "seconds": round(seconds, 3),
         "cpu_seconds": round(cpu_seconds, 3),
         "peak_rss_mb": round(rss_kb / scale / 1024, 1),
+        "profile": f"{profile.name} v{profile.version}",
     }
     print(json.dumps(result) if args.json else " ".join(f"{k}={v}" for k, v in result.items()))
     return 0

@@ -80,6 +80,27 @@ CASES: dict[str, dict[str, Any]] = {
         "nodeAgent": {"enabled": False},
         "metrics": {"dashboard": {"enabled": False}},
     },
+    "sso": {
+        **EXTERNAL,
+        "config": {
+            "sso": {
+                "clientId": "quartermaster",
+                "providerName": "Example SSO",
+                "authorizationEndpoint": "https://sso.example.com/auth",
+                "tokenEndpoint": "https://sso.example.com/token",
+                "userinfoEndpoint": "https://sso.example.com/userinfo",
+                "jwksEndpoint": "https://sso.example.com/jwks",
+                "groupMap": [
+                    {"group": "gpu-team-a", "team": "team-a", "role": "member"},
+                    {"group": "gpu-leads-a", "team": "team-a", "role": "lead"},
+                    {"group": "platform-admins", "team": "*", "role": "admin"},
+                    {"group": "platform-auditors", "team": "*", "role": "auditor"},
+                ],
+                "passwordLogin": False,
+            },
+        },
+        "secrets": {"oidcClientSecret": "client-secret"},
+    },
 }
 
 

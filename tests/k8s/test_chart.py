@@ -481,3 +481,66 @@ def test_notifications_are_configured_from_values() -> None:
     assert "EMAIL_HOST_PASSWORD" not in data
     secret = next(d for d in kinds(docs, "Secret") if "EMAIL_HOST_PASSWORD" in d.get("data", {}))
     assert base64.b64decode(secret["data"]["EMAIL_HOST_PASSWORD"]) == b"hunter2"
+
+
+SSO_ENDPOINTS = {
+    "clientId": "qm",
+    "authorizationEndpoint": "https://sso.example.com/auth",
+    "tokenEndpoint": "https://sso.example.com/token",
+    "userinfoEndpoint": "https://sso.example.com/userinfo",
+    "jwksEndpoint": "https://sso.example.com/jwks",
+}
+
+
+def test_single_sign_on_values_map_onto_the_portal_environment() -> None:
+    from portal.settings import _group_map
+
+    docs = render(CASES["sso"])
+    data = one(docs, "ConfigMap", f"{FULL}-config")["data"]
+    assert data["OIDC_RP_CLIENT_ID"] == "quartermaster"
+    assert data["OIDC_OP_TOKEN_ENDPOINT"] == "https://sso.example.com/token"
+    assert data["OIDC_PROVIDER_NAME"] == "Example SSO"
+    assert data["PASSWORD_LOGIN"] == "false" and data["AUDITOR_GROUP"] == "auditors"
+    # The portal's own parser reads what the chart wrote.
+    assert _group_map(data["OIDC_GROUP_MAP"]) == [
+        ("gpu-team-a", "team-a", "member"),
+        ("gpu-leads-a", "team-a", "lead"),
+        ("platform-admins", "*", "admin"),
+        ("platform-auditors", "*", "auditor"),
+    ]
+    assert "OIDC_RP_CLIENT_SECRET" not in data
+    secret = one(docs, "Secret", f"{FULL}-app")["data"]
+    assert base64.b64decode(secret["OIDC_RP_CLIENT_SECRET"]).decode() == "client-secret"
+    web = one(docs, "Deployment", f"{FULL}-web")["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in web["containers"][0]["env"]}
+    assert env["OIDC_RP_CLIENT_SECRET_FILE"] == "/run/secrets/quartermaster/OIDC_RP_CLIENT_SECRET"
+    items = next(v for v in web["volumes"] if v["name"] == "secrets")["secret"]["items"]
+    assert {"key": "OIDC_RP_CLIENT_SECRET", "path": "OIDC_RP_CLIENT_SECRET"} in items
+    # Off by default: no OIDC_* settings, no client secret, password login on.
+    defaults = render(CASES["defaults"])
+    data = one(defaults, "ConfigMap", f"{FULL}-config")["data"]
+    assert not [k for k in data if k.startswith("OIDC_")] and data["PASSWORD_LOGIN"] == "true"
+    assert "OIDC_RP_CLIENT_SECRET" not in one(defaults, "Secret", f"{FULL}-app")["data"]
+
+
+def test_single_sign_on_needs_its_client_secret() -> None:
+    with pytest.raises(helm.HelmRenderError, match="secrets.oidcClientSecret"):
+        render({**EXTERNAL, "config": {"sso": SSO_ENDPOINTS}})
+
+
+@pytest.mark.parametrize(
+    "sso",
+    [
+        {"clientId": "qm"},  # no endpoints
+        {"passwordLogin": False},  # no way in
+        {**SSO_ENDPOINTS, "groupMap": [{"group": "admins", "team": "team-a", "role": "admin"}]},
+        {**SSO_ENDPOINTS, "groupMap": [{"group": "gpu-a", "team": "*", "role": "member"}]},
+        {**SSO_ENDPOINTS, "groupMap": [{"group": "gpu-a", "team": "team-a", "role": "owner"}]},
+        {**SSO_ENDPOINTS, "groupMap": [{"group": "a:b", "team": "team-a", "role": "member"}]},
+        {**SSO_ENDPOINTS, "tokenEndpoint": "sso.example.com/token"},
+        {**SSO_ENDPOINTS, "scopes": "email groups"},
+    ],
+)
+def test_the_schema_rejects_bad_single_sign_on_values(sso: dict) -> None:
+    with pytest.raises(helm.HelmValuesError):
+        helm.Chart.load(CHART).validate_schema({**EXTERNAL, "config": {"sso": sso}})

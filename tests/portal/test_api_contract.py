@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import pkgutil
 import subprocess
 import sys
@@ -149,9 +150,15 @@ def _call_every_list_operation(world: World, client_pkg: Any, wsgi: Any) -> None
         module = importlib.import_module(info.name)
         if not info.name.endswith("_list"):
             continue
+        # Lists under an object (a team's members) get an object both callers may see.
+        ids = {"team_id": world.vision.pk}
+        params = inspect.signature(module.sync_detailed).parameters
+        path_args = {k: v for k, v in ids.items() if k in params}
         for who, c in (("member", bob), ("admin", dave)):
-            response = module.sync_detailed(client=c)
-            if who == "member" and info.name.endswith(("capacity_list", "audit_list")):
+            response = module.sync_detailed(client=c, **path_args)
+            if who == "member" and info.name.endswith(
+                ("capacity_list", "audit_list", "profiles_list")
+            ):
                 assert response.status_code == 403
                 continue
             assert response.status_code == 200, (info.name, who, response.content[:300])
@@ -171,8 +178,12 @@ def _call_every_list_operation(world: World, client_pkg: Any, wsgi: Any) -> None
         "decisions_list",
         "audit_list",
         "teams_list",
+        "profiles_list",
+        "team_members_list",
     }, names
-    assert all(n > 0 for name, _, n in called if name in ("requests_list", "pools_list"))
+    assert all(
+        n > 0 for name, _, n in called if name in ("requests_list", "pools_list", "profiles_list")
+    )
 
 
 def test_a_team_filter_answers_alike_for_other_and_missing_teams(world: World) -> None:

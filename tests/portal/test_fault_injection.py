@@ -112,27 +112,29 @@ def test_fi05_a_submit_succeeds_with_the_broker_down(monkeypatch: pytest.MonkeyP
 def test_fi06_a_tick_that_dies_midway_leaves_nothing_half_applied(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """FI-06: the tick fails after its first admission; all of it rolls back, the next one succeeds."""
+    """FI-06: the tick fails after writing its admissions; all of it rolls back, the next one succeeds."""
     from portal import apply
+    from portal.models import Decision
 
     w = make_world()
     reqs = [submit(w.bob, w.vision) for _ in range(3)]
-    real_admit = apply._admit
-    calls = {"n": 0}
+    real_insert = apply.insert_rows
+    written: list[str] = []
 
-    def admit_then_die(*args: object, **kwargs: object) -> bool:
-        calls["n"] += 1
-        if calls["n"] == 2:
+    def insert_then_die(model: type, *args: object, **kwargs: object) -> list[int]:
+        if model is Decision:  # the attempts and allocations are in by now
             raise ConnectionError("server closed the connection unexpectedly")
-        return real_admit(*args, **kwargs)  # type: ignore[arg-type]
+        written.append(model.__name__)
+        return real_insert(model, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(apply, "_admit", admit_then_die)
+    monkeypatch.setattr(apply, "insert_rows", insert_then_die)
     with pytest.raises(ConnectionError):
         run_tick()
+    assert {"Attempt", "Allocation"} <= set(written)
     assert not Attempt.objects.exists() and not Allocation.objects.exists()
     assert set(GpuRequest.objects.values_list("state", flat=True)) == {"pending"}
     assert SchedulerState.objects.get(pk=1).failed_ticks == 1
-    monkeypatch.setattr(apply, "_admit", real_admit)
+    monkeypatch.setattr(apply, "insert_rows", real_insert)
     run_tick()
     assert GpuRequest.objects.filter(pk__in=[r.pk for r in reqs], state="admitted").count() == 3
 

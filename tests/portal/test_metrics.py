@@ -12,12 +12,12 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from portal import services
-from portal.apply import _wait, reason_key
+from portal.apply import decisions_apply, reason_key
 from portal.metrics import metrics_text
 from portal.models import Attempt, Decision, DecisionTally, GpuRequest
 from portal.reconcile import reconcile
 from portal.retention import decisions_prune
-from portal.snapshot import Context
+from portal.snapshot import build_snapshot
 from portal.tick import run_tick
 from scheduling import types as st
 from tests.base import World, make_world, submit
@@ -145,30 +145,23 @@ def test_the_decision_log_ignores_detail_that_changes_every_tick(world: World) -
     req = submit(world.bob, world.vision)
     GpuRequest.objects.filter(pk=req.pk).update(status_code="", status_message="")
     req.refresh_from_db()
-    ctx = Context(
-        now=timezone.now(), requests={str(req.pk): req}, devices={}, active_slots={},
-        attempts={}, pools={},
-    )  # fmt: skip
     base = "waiting: no node in pool a100-train has 1 GPU free right now"
     before = Decision.objects.filter(request=req, kind="wait").count()
+
+    def tick(tick_no: int, code: str, message: str) -> None:
+        d = st.Decision(
+            kind=st.DecisionKind.WAIT, request_id=str(req.pk), code=code, message=message,
+            position=1,
+        )  # fmt: skip
+        decisions_apply(decisions=[d], ctx=build_snapshot(timezone.now())[1], tick_no=tick_no)
+
     for tick_no, suffix in enumerate(["", "; 3 nodes are held for earlier large requests",
                                       "; 2 nodes are held for earlier large requests", ""]):  # fmt: skip
-        d = st.Decision(
-            kind=st.DecisionKind.WAIT, request_id=str(req.pk), code="no-capacity",
-            message=base + suffix, position=1,
-        )  # fmt: skip
-        changed: list[GpuRequest] = []
-        _wait(d, ctx, tick_no, changed)
-        for r in changed:
-            r.save()
+        tick(tick_no, "no-capacity", base + suffix)
     assert Decision.objects.filter(request=req, kind="wait").count() == before + 1
     req.refresh_from_db()
     assert req.status_message == base  # the request still shows the latest full sentence
-    d = st.Decision(
-        kind=st.DecisionKind.WAIT, request_id=str(req.pk), code="quota-exhausted",
-        message="waiting: team vision uses 16 of 16 guaranteed GPUs", position=1,
-    )  # fmt: skip
-    _wait(d, ctx, 9, [])
+    tick(9, "quota-exhausted", "waiting: team vision uses 16 of 16 guaranteed GPUs")
     assert Decision.objects.filter(request=req, kind="wait").count() == before + 2
     assert reason_key("backoff", "waiting: requeued after attempt 1; may start again in 5 s") == (
         "backoff",

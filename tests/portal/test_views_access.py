@@ -12,9 +12,12 @@ import re
 from collections.abc import Iterator
 
 import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
 from django.db import transaction
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
+from rest_framework.authtoken.models import Token
 
 from portal import tick
 from portal.models import (
@@ -24,6 +27,8 @@ from portal.models import (
     GpuRequest,
     Membership,
     Node,
+    NotificationPreference,
+    PolicyProfile,
     Pool,
     Quota,
     RequestTemplate,
@@ -38,6 +43,7 @@ SKIPPED = {
     "static/": "static files",
     "accounts/login/": "must be reachable without an account",
     "accounts/logout/": "ends the caller's own session only",
+    "oidc/": "single sign-on redirects, 404 while off (test_sso.py, tests/browser/test_sso_oidc.py)",
     "api/schema/": "the OpenAPI schema: no data, signed-in users only (tested in test_api.py)",
     "api/docs/": "Swagger UI page: no data (tested in test_api_contract.py)",
     "healthz": "liveness probe, no data",
@@ -91,6 +97,7 @@ def world(django_db_setup, django_db_blocker) -> Iterator[dict]:  # noqa: ANN001
             "device_id": quarantined.pk,
             # A workload's checkpoint report: a user's session is not the attempt's token.
             "attempt_id": running.attempts.get().pk,
+            "profile_id": PolicyProfile.objects.get(active=True).pk,
             "action": "drain",
             # bob's saved request template: only bob may use or delete it.
             "template_id": RequestTemplate.objects.create(
@@ -129,6 +136,13 @@ def state() -> tuple:
         sorted(Device.objects.filter(quarantined=True).values_list("id", flat=True)),
         sorted(Team.objects.values_list("id", "name")),
         sorted(RequestTemplate.objects.values_list("id", "name")),
+        # carol (the outsider) may save her own notification settings; nobody else's change.
+        sorted(
+            NotificationPreference.objects.exclude(user__username="carol").values_list(
+                "user_id", "email", "webhook_url"
+            )
+        ),
+        sorted(PolicyProfile.objects.values_list("id", "version", "active", "knobs")),
     )
 
 
@@ -210,7 +224,10 @@ def test_it_keeps_members_from_lead_and_admin_actions(world: dict) -> None:
     client.force_login(w.bob)
     before = state()
     for route in ROUTES:
-        if not any(k in route for k in ("quotas", "members", "ops/", "nodes", "capacity", "audit")):
+        if not any(
+            k in route
+            for k in ("quotas", "members", "ops/", "nodes", "capacity", "audit", "profiles")
+        ):
             continue
         url = fill(route, ids)
         r = client.post(url, {"nominal_milli": 0})
@@ -260,3 +277,63 @@ def test_it_accepts_the_htmx_csrf_header(world: dict) -> None:
         content_type="application/json",
     )
     assert r.status_code == 403
+
+
+@pytest.mark.django_db
+def test_it_lets_auditors_read_everything_and_change_nothing(world: dict, settings) -> None:  # noqa: ANN001
+    """An auditor (no team, not staff) reads every page and partial an admin reads; every
+    write answers 403, by session (pages and API) and by API token alike."""
+    auditor = get_user_model().objects.create_user("erin", password="pw-erin-123")
+    auditor.groups.add(Group.objects.get_or_create(name=settings.AUDITOR_GROUP)[0])
+    token = Token.objects.create(user=auditor)
+    session = Client()
+    session.force_login(auditor)
+    by_token = Client(HTTP_AUTHORIZATION=f"Token {token.key}")
+    before = state()
+    writes = 0
+    for route in ROUTES:
+        url = fill(route, world["ids"])
+        if "checkpoint" not in route:
+            for headers in ({}, {"HTTP_HX_REQUEST": "true"}):
+                r = session.get(url, **headers)
+                assert r.status_code in {200, 302, 405}, (url, r.status_code)
+        clients = [session, by_token] if route.startswith("api/") else [session]
+        for client in clients:
+            for method in ("post", "put", "patch", "delete"):
+                r = (
+                    getattr(client, method)(
+                        url,
+                        {"nominal_milli": 0, "username": "carol"},
+                        content_type="application/json",
+                    )
+                    if method != "post" or route.startswith("api/")
+                    else client.post(url, {"nominal_milli": 0, "username": "carol", "name": "x"})
+                )
+                # A workload's checkpoint report takes only POST and authenticates no user.
+                expected = {403, 405} if "checkpoint" in route and client is by_token else {403}
+                assert r.status_code in expected, (url, method, r.status_code)
+                writes += 1
+    assert writes > 100
+    assert state() == before
+    # What admins read, the auditor reads: vision's request, the audit log, capacity, settings.
+    assert MARKER in session.get(f"/requests/{world['ids']['request_id']}/").content.decode()
+    assert b"node.cordon" not in session.get("/ops/audit/").content  # nothing cordoned yet
+    assert session.get("/ops/audit/").status_code == 200
+    assert session.get("/ops/capacity/").status_code == 200
+    page = session.get("/ops/settings/").content.decode()
+    assert "<fieldset disabled" in page
+    assert "Cordon</button>" not in session.get("/ops/capacity/").content.decode()
+    # The people pages: any team's log and events; their own notification settings shown,
+    # not saved (the walker above got 403 for the POST and no preference row was made).
+    request_id = world["ids"]["request_id"]
+    assert session.get(f"/requests/{request_id}/logs/").status_code == 200
+    assert session.get(f"/requests/{request_id}/logs/download/").status_code == 200
+    prefs = session.get("/me/notifications/").content.decode()
+    assert '<fieldset disabled class="read-only">' in prefs
+    assert not NotificationPreference.objects.filter(user=auditor).exists()
+    jobs = session.get("/?scope=team").content.decode()
+    assert MARKER in jobs and ">Cancel</button>" not in jobs and "Resubmit" not in jobs
+    assert by_token.get("/api/v1/audit/").status_code == 200
+    assert by_token.get("/api/v1/capacity/").status_code == 200
+    decisions = by_token.get("/api/v1/decisions/").json()
+    assert {d["team"] for d in decisions["results"]} >= {"vision"}

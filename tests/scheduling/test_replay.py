@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import unittest
+from dataclasses import replace
 
 from scheduling.bench.replay import (
     Job,
     Outcome,
+    last_checkpoint_ms,
     measure,
+    record_stop,
     run_fifo_strict,
     run_light,
     run_quartermaster,
     share_error,
+    with_checkpoints,
     with_estimates,
 )
 from scheduling.types import Device, Node, Partitioning, ProfileKind, Shape
@@ -105,6 +109,76 @@ class MeasureTest(unittest.TestCase):
         for j in with_estimates(jobs, "over3", 1):
             assert j.estimate_ms is not None
             self.assertTrue(j.runtime_ms <= j.estimate_ms <= 3 * j.runtime_ms)
+
+
+M = 60 * 1000
+
+
+class CheckpointTest(unittest.TestCase):
+    def test_only_training_jobs_checkpoint(self) -> None:
+        jobs = with_checkpoints([job(0), job(1, cls="interactive"), job(2, cls="inference")], 600)
+        self.assertEqual([j.checkpoint_ms for j in jobs], [600_000, None, None])
+        self.assertEqual([j.checkpoint_ms for j in with_checkpoints(jobs, 0)], [None] * 3)
+
+    def test_the_last_checkpoint_is_the_last_whole_interval(self) -> None:
+        cases = {
+            "none yet": ((0, 30 * M, 29 * M), None),
+            "exactly one": ((0, 30 * M, 30 * M), 30 * M),
+            "two and some": ((5 * M, 30 * M, 70 * M), 65 * M),
+            "no interval": ((0, None, 70 * M), None),
+        }
+        for name, (args, want) in cases.items():
+            with self.subTest(name):
+                self.assertEqual(last_checkpoint_ms(*args), want)
+
+    def test_a_preempted_attempt_loses_only_the_work_since_its_checkpoint(self) -> None:
+        out = Outcome()
+        j = replace(job(0, gpus=2), checkpoint_ms=30 * M)
+        kept = record_stop(out, j, 2000, 0, 100 * M, preempted=True)
+        self.assertEqual(kept, 90 * M)
+        self.assertEqual(out.lost_milli_ms, 2000 * 10 * M)
+        self.assertEqual(
+            out.intervals,
+            [("team-0", 2000, 0, 90 * M, True), ("team-0", 2000, 90 * M, 100 * M, False)],
+        )
+        # without checkpoints everything since the start is lost
+        out = Outcome()
+        self.assertEqual(record_stop(out, job(0, gpus=2), 2000, 0, 100 * M, preempted=True), 0)
+        self.assertEqual(out.lost_milli_ms, 2000 * 100 * M)
+        self.assertEqual(out.intervals, [("team-0", 2000, 0, 100 * M, False)])
+
+    def test_useful_utilization_counts_preempted_work_up_to_the_checkpoint(self) -> None:
+        jobs = [job(i, at_s=i * 3600) for i in range(10)]
+        out = Outcome(first_start_ms={j.id: j.arrival_ms for j in jobs})
+        ckpt = replace(jobs[0], checkpoint_ms=H)
+        record_stop(out, ckpt, 1000, 0, 10 * H, preempted=False)
+        # preempted half an hour after its checkpoint at 5 h: 5 of 5.5 hours kept
+        record_stop(out, ckpt, 1000, 0, 5 * H + H // 2, preempted=True)
+        m = measure(out, jobs, 2000, 1)
+        # the window runs from 2 h to 9 h: 7 + 3.5 GPU-hours used of 14, 7 + 3 useful
+        self.assertEqual(m["utilization"], 75.0)
+        self.assertEqual(m["useful_utilization"], round(100 * 10 / 14, 2))
+        self.assertEqual(m["gpu_hours_lost"], 0.5)
+        self.assertEqual(m["gpu_hours_delivered"], 15.5)
+
+    def test_quartermaster_picks_the_victim_with_a_recent_checkpoint_and_resumes_it(self) -> None:
+        # team-1 borrows both GPUs with two training jobs; team-0 reclaims one. The job
+        # that checkpointed keeps its work, so the core takes it; its retry runs the rest.
+        first = replace(job(0, run_h=4, team="team-1"), checkpoint_ms=20 * M)
+        second = job(1, at_s=1, run_h=4, team="team-1")
+        reclaim = job(2, at_s=50 * 60, run_h=1, team="team-0", cls="interactive")
+        out = run_quartermaster([gpu_node("n1")], [first, second, reclaim], 2000, 2, 10_000, 1)
+        self.assertEqual(out.preemptions, 1)
+        lost = [i for i in out.intervals if not i[4]]
+        self.assertEqual(len(lost), 1)
+        # stopped once the reclaim waited preempt_after_s (5 minutes, the shipped profile's):
+        # 15 minutes since the 40-minute checkpoint
+        _, milli, start, end, _ = lost[0]
+        self.assertEqual((start, end), (40 * M, 55 * M))
+        self.assertEqual(out.lost_milli_ms, milli * (end - start))
+        # its work is all delivered in the end: 4 h useful, over two attempts
+        useful = sum(e - s for t, _, s, e, kept in out.intervals if kept and t == "team-1")
+        self.assertEqual(useful, 8 * H)
 
 
 if __name__ == "__main__":

@@ -95,6 +95,15 @@ seccompProfile:
   type: RuntimeDefault
 {{- end -}}
 
+{{/* OIDC_GROUP_MAP from config.sso.groupMap: "group:team:role,..." */}}
+{{- define "quartermaster.oidcGroupMap" -}}
+{{- $entries := list }}
+{{- range .groupMap }}
+{{- $entries = append $entries (printf "%s:%s:%s" .group .team .role) }}
+{{- end }}
+{{- join "," $entries }}
+{{- end -}}
+
 {{/* Environment of web, worker, beat and the migration Job: config from the ConfigMap, secrets as files. */}}
 {{- define "quartermaster.appEnv" -}}
 envFrom:
@@ -111,6 +120,10 @@ env:
     value: /run/secrets/quartermaster/NODE_AGENT_TOKEN
   - name: METRICS_TOKEN_FILE
     value: /run/secrets/quartermaster/METRICS_TOKEN
+  {{- if .Values.config.sso.clientId }}
+  - name: OIDC_RP_CLIENT_SECRET_FILE
+    value: /run/secrets/quartermaster/OIDC_RP_CLIENT_SECRET
+  {{- end }}
   # names this replica for the metrics lease (portal/metrics.py)
   - name: POD_NAME
     valueFrom:
@@ -142,6 +155,9 @@ env:
       - {key: REDIS_URL, path: REDIS_URL}
       - {key: NODE_AGENT_TOKEN, path: NODE_AGENT_TOKEN}
       - {key: METRICS_TOKEN, path: METRICS_TOKEN}
+      {{- if .Values.config.sso.clientId }}
+      - {key: OIDC_RP_CLIENT_SECRET, path: OIDC_RP_CLIENT_SECRET}
+      {{- end }}
 - name: var
   emptyDir: {}
 - name: tmp

@@ -9,7 +9,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('portal', '0008_checkpoints'),
+        ('portal', '0010_sso_teams'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

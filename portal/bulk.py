@@ -1,0 +1,154 @@
+"""Bulk writes for the tick: many rows in a fixed number of statements, no model objects.
+
+At 10,000 waiting requests a tick writes tens of thousands of rows (decisions,
+attempts, allocations, usage, simulated workloads). Building a model instance per row
+and Django's bulk_create / bulk_update compilers took most of the tick, so on
+PostgreSQL rows go in with COPY and updates with one UPDATE ... FROM (VALUES ...) per
+batch. Elsewhere (SQLite in development and tests) the same calls use Django's bulk
+methods, so both paths write the same rows.
+
+Rows are plain dicts keyed by attribute name (``team_id``, not ``team``); fields a row
+leaves out take the field's default, and ``auto_now``/``auto_now_add`` fields the time
+of the call. Every statement, COPY included, passes through the connection's execute
+wrappers, so query counters see it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from django.db import connection, models, transaction
+from django.utils import timezone
+
+#: rows per statement (PostgreSQL takes at most 65,535 parameters per statement)
+BATCH = 2000
+
+
+def _fields(model: type[models.Model]) -> list[models.Field[Any, Any]]:
+    return [f for f in model._meta.concrete_fields if not f.primary_key]
+
+
+def _defaults(fields: list[models.Field[Any, Any]]) -> dict[str, Any]:
+    now = timezone.now()
+    return {
+        f.attname: now
+        if getattr(f, "auto_now", False) or getattr(f, "auto_now_add", False)
+        # the model's own default: what a model instance would have been given
+        else f.get_default()
+        for f in fields
+    }
+
+
+def insert_rows(
+    model: type[models.Model],
+    rows: Sequence[dict[str, Any]],
+    *,
+    ids: bool = False,
+    ignore_conflicts: bool = False,
+) -> list[int]:
+    """Insert `rows`; returns their new primary keys in order when `ids` is set.
+
+    `ignore_conflicts`: rows that would break a unique constraint are left out (as
+    bulk_create's option), not `ids`.
+    """
+    assert not (ids and ignore_conflicts)
+    if not rows:
+        return []
+    fields = _fields(model)
+    defaults = _defaults(fields)
+    if connection.vendor != "postgresql":
+        objs = [model(**{**defaults, **row}) for row in rows]
+        model.objects.bulk_create(objs, batch_size=500, ignore_conflicts=ignore_conflicts)
+        return [o.pk for o in objs] if ids else []
+    pk = model._meta.pk
+    assert pk is not None
+    names = [f.column for f in fields]
+    attnames = [f.attname for f in fields]
+    json_at = [i for i, f in enumerate(fields) if isinstance(f, models.JSONField)]
+    # COPY takes text: JSON goes in serialized, everything else as psycopg writes it.
+    values = []
+    for row in rows:
+        out = [row.get(a, defaults[a]) for a in attnames]
+        for i in json_at:
+            out[i] = json.dumps(out[i])
+        values.append(out)
+    new_ids: list[int] = []
+    with connection.cursor() as cur:
+        if ids:
+            # Keys drawn from the table's own sequence: COPY returns nothing.
+            cur.execute(
+                "SELECT nextval(pg_get_serial_sequence(%s, %s)) FROM generate_series(1, %s)",
+                [model._meta.db_table, pk.column, len(rows)],
+            )
+            new_ids = [r[0] for r in cur.fetchall()]
+            names = [pk.column, *names]
+            values = [[i, *v] for i, v in zip(new_ids, values, strict=True)]
+        if not ignore_conflicts:
+            _copy(cur, model._meta.db_table, names, values)
+            return new_ids
+        # COPY has no ON CONFLICT: the rows go through a scratch table.
+        quote = connection.ops.quote_name
+        scratch = f"qm_bulk_insert_{model._meta.db_table}"
+        typed = ", ".join(f"{quote(f.column)} {f.db_type(connection)}" for f in fields)
+        columns = ", ".join(quote(n) for n in names)
+        with transaction.atomic():
+            cur.execute(f"CREATE TEMPORARY TABLE {quote(scratch)} ({typed}) ON COMMIT DROP")
+            _copy(cur, scratch, names, values)
+            cur.execute(
+                f"INSERT INTO {quote(model._meta.db_table)} ({columns}) "
+                f"SELECT {columns} FROM {quote(scratch)} ON CONFLICT DO NOTHING"
+            )
+            cur.execute(f"DROP TABLE {quote(scratch)}")
+    return new_ids
+
+
+def _copy(cur: Any, table: str, columns: list[str], rows: list[list[Any]]) -> None:
+    """COPY `rows` into `table`, through the execute wrappers (they count statements)."""
+    quote = connection.ops.quote_name
+    sql = f"COPY {quote(table)} ({', '.join(quote(c) for c in columns)}) FROM STDIN"
+
+    def copy(sql: str, params: Any, many: bool, context: Any) -> None:
+        # As Django's cursor does for execute(): psycopg's errors become Django's.
+        with connection.wrap_database_errors, cur.cursor.copy(sql) as out:
+            for row in rows:
+                out.write_row(row)
+
+    cur._execute_with_wrappers(sql, None, False, executor=copy)
+
+
+def bulk_set(
+    model: type[models.Model], fields: Sequence[str], rows: Sequence[tuple[Any, ...]]
+) -> None:
+    """Set `fields` row by row: `rows` are (pk, value, ...) in the order of `fields`.
+
+    On PostgreSQL one UPDATE ... FROM (VALUES ...) per BATCH rows; elsewhere Django's
+    bulk_update (whose CASE WHEN per row and field was most of the apply step at 10,000
+    waiting requests).
+    """
+    if not rows:
+        return
+    if connection.vendor != "postgresql":
+        objs = [model(pk=row[0], **dict(zip(fields, row[1:], strict=True))) for row in rows]
+        model.objects.bulk_update(objs, list(fields), batch_size=500)
+        return
+    meta = model._meta
+    assert meta.pk is not None
+    columns = [meta.pk, *(meta.get_field(f) for f in fields)]
+    quote = connection.ops.quote_name
+    names = [quote(c.column) for c in columns]
+    # COPY into a scratch table, then one UPDATE joins it: three statements whatever the
+    # number of rows, and no parameter lists to build or parse.
+    scratch = f"qm_bulk_set_{meta.db_table}"
+    typed = ", ".join(f"{n} {c.db_type(connection)}" for n, c in zip(names, columns, strict=True))
+    # atomic: outside a transaction ON COMMIT DROP would drop the table at once.
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute(f"CREATE TEMPORARY TABLE {quote(scratch)} ({typed}) ON COMMIT DROP")
+        _copy(cur, scratch, [c.column for c in columns], [list(r) for r in rows])
+        cur.execute(
+            f"UPDATE {quote(meta.db_table)} AS t SET "
+            + ", ".join(f"{n} = v.{n}" for n in names[1:])
+            + f" FROM {quote(scratch)} AS v WHERE t.{names[0]} = v.{names[0]}"
+        )
+        cur.execute(f"DROP TABLE {quote(scratch)}")

@@ -1,0 +1,226 @@
+"""Scheduling profiles: a named, versioned set of every `Policy` knob.
+
+A profile is a TOML file of flat keys: `name`, `version` and one key per field of
+`scheduling.types.Policy` (`scheduling/profiles/default.toml` is the shipped one). The
+portal keeps profiles in its database and runs the active one; the benchmarks load one
+by name or path (`--profile`). Both validate through here, so an unknown key, a wrong
+type or a value out of range is refused the same way everywhere, naming the key.
+
+Pure Python: no framework imports.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import tomllib
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from scheduling import packer
+from scheduling.types import Policy
+
+PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
+#: the shipped profile the portal starts with and the benchmarks run by default
+DEFAULT_PROFILE = "default"
+NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?$")
+#: keys of a profile that are not knobs
+META = ("name", "version")
+_BIG = 10**9
+
+
+class ProfileError(ValueError):
+    """A profile refused: `key` names what is wrong (a knob, `name`, `version`, `profile`)."""
+
+    def __init__(self, key: str, message: str) -> None:
+        self.key = key
+        self.message = message
+        super().__init__(f"{key}: {message}")
+
+
+@dataclass(frozen=True, slots=True)
+class Knob:
+    name: str
+    type: type
+    default: object
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple[str, ...] = ()
+    help: str = ""
+
+
+#: the bounds and one line of help per knob; a knob added to `Policy` without an entry
+#: here gets "0 or more" (numbers) and no help
+_RULES: dict[str, dict[str, Any]] = {
+    "packer": {
+        "choices": ("default", *packer.POLICIES),
+        "help": "Device packer (scheduling.packer); default is fgd-bestfit.",
+    },
+    "usage_half_life_s": {
+        "minimum": 1,
+        "help": "Half-life of the usage that orders teams for fair share, seconds.",
+    },
+    "max_preemptions_per_tick": {
+        "help": "At most this many attempts preempted per tick.",
+    },
+    "escalate_after": {
+        "maximum": 1.0,
+        "help": "Escalate a request after this fraction of its class's maximum queue time.",
+    },
+    "max_reservations": {
+        "help": "At most this many blocked requests hold nodes back per tick.",
+    },
+    "reserve_after_s": {
+        "help": "A small blocked request gets a reservation after waiting this long, seconds.",
+    },
+    "reserve_min_devices": {
+        "minimum": 1,
+        "help": "A blocked request of at least this many devices gets a reservation at once.",
+    },
+    "preempt_after_s": {
+        "help": "An entitled request preempts only after waiting this long, seconds (0 = at once).",
+    },
+    "max_victim_loss_gpu_s": {
+        "help": "No victim loses more GPU-seconds than this since its last checkpoint (0 = no limit).",
+    },
+    "starvation_after": {
+        "maximum": 100.0,
+        "help": "A request within quota that waited this fraction of its class's maximum queue "
+        "time may preempt any team's same or lower band (0 = never).",
+    },
+}
+
+
+def _knobs() -> dict[str, Knob]:
+    hints = typing.get_type_hints(Policy)
+    out = {}
+    for f in dataclasses.fields(Policy):
+        rules = dict(_RULES.get(f.name, {}))
+        kind = hints[f.name]
+        if kind in (int, float):
+            rules.setdefault("minimum", 0)
+            rules.setdefault("maximum", _BIG)
+        out[f.name] = Knob(f.name, kind, f.default, **rules)
+    return out
+
+
+#: every knob of `Policy`, in its field order
+KNOBS: dict[str, Knob] = _knobs()
+
+
+def check_knob(name: str, value: object) -> object:
+    """Return the value for knob `name`, or raise ProfileError naming it."""
+    knob = KNOBS.get(name)
+    if knob is None:
+        raise ProfileError(name, "unknown knob; the knobs are " + ", ".join(KNOBS))
+    if knob.type is str:
+        if not isinstance(value, str):
+            raise ProfileError(name, "must be a string")
+        if knob.choices and value not in knob.choices:
+            raise ProfileError(name, "must be one of " + ", ".join(knob.choices))
+        return value
+    # bool is an int in Python; a profile that says `true` for a number is wrong
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ProfileError(name, f"must be {'a whole number' if knob.type is int else 'a number'}")
+    if knob.type is int:
+        if isinstance(value, float):
+            if not value.is_integer():
+                raise ProfileError(name, "must be a whole number")
+            value = int(value)
+    else:
+        value = float(value)
+    if knob.minimum is not None and value < knob.minimum:
+        raise ProfileError(name, f"must be at least {knob.minimum:g}")
+    if knob.maximum is not None and value > knob.maximum:
+        raise ProfileError(name, f"must be at most {knob.maximum:g}")
+    return value
+
+
+def check_knobs(
+    values: Mapping[str, object], base: Mapping[str, object] | None = None
+) -> dict[str, object]:
+    """Return every knob: `base` (default: `Policy()`'s values) updated with `values`,
+    each checked. A knob missing from both takes `Policy()`'s value, so a profile saved
+    before a knob existed still loads."""
+    merged: dict[str, object] = {k.name: k.default for k in KNOBS.values()}
+    merged.update({k: v for k, v in (base or {}).items() if k in KNOBS})
+    # `values` may name an unknown knob: check_knob refuses it, naming it
+    merged.update(values)
+    return {key: check_knob(key, value) for key, value in merged.items()}
+
+
+def check_name(name: object) -> str:
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise ProfileError(
+            "name", "use 1-63 lower-case letters, digits, '-', '_' or '.', starting with one"
+        )
+    return name
+
+
+def check_version(version: object) -> int:
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= _BIG:
+        raise ProfileError("version", "must be a whole number, 1 or more")
+    return version
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    version: int
+    #: every knob of `Policy`, by name
+    knobs: Mapping[str, object]
+
+    def policy(self) -> Policy:
+        return Policy(**self.knobs)  # type: ignore[arg-type]
+
+    def dump(self) -> dict[str, object]:
+        """The profile as flat keys, as a profile file holds them."""
+        return {"name": self.name, "version": self.version, **self.knobs}
+
+    def to_toml(self) -> str:
+        lines = []
+        for key, value in self.dump().items():
+            if isinstance(value, str):
+                lines.append(f'{key} = "{value}"')
+            else:
+                lines.append(f"{key} = {value!r}")
+        return "\n".join(lines) + "\n"
+
+
+def parse(data: Mapping[str, object]) -> Profile:
+    """A profile from flat keys (a parsed file, a stored row); unknown keys are refused."""
+    for key in data:
+        if key not in META and key not in KNOBS:
+            raise ProfileError(key, "unknown key; a profile holds name, version and the knobs")
+    if "name" not in data:
+        raise ProfileError("name", "missing")
+    name = check_name(data["name"])
+    version = check_version(data.get("version", 1))
+    knobs = check_knobs({k: v for k, v in data.items() if k in KNOBS})
+    return Profile(name, version, knobs)
+
+
+def shipped() -> list[str]:
+    """Names of the profiles shipped under scheduling/profiles/."""
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.toml"))
+
+
+def load(ref: str = DEFAULT_PROFILE) -> Profile:
+    """Load a profile by shipped name (scheduling/profiles/NAME.toml) or by file path."""
+    path = Path(ref)
+    if not (ref.endswith(".toml") or "/" in ref or path.is_file()):
+        path = PROFILE_DIR / f"{ref}.toml"
+        if not path.is_file():
+            raise ProfileError(
+                "profile", f"no shipped profile {ref!r}; shipped: {', '.join(shipped())}"
+            )
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ProfileError("profile", f"cannot read {path}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ProfileError("profile", f"{path} is not valid TOML: {exc}") from None
+    return parse(data)

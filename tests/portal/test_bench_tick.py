@@ -1,0 +1,55 @@
+"""`manage.py bench_tick`: one whole tick at a small size on the test database."""
+
+from __future__ import annotations
+
+import json
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from portal.models import Allocation, Attempt, Decision, GpuRequest, SimulatedWorkload
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+KEYS = {
+    "pending",
+    "gpus",
+    "seconds",
+    "snapshot_s",
+    "schedule_s",
+    "apply_s",
+    "queries",
+    "peak_rss_mb",
+}
+
+
+def test_a_small_run_prints_one_json_object_with_the_tick_split_into_its_steps() -> None:
+    out = StringIO()
+    # --child runs in this process on the database it is given: here the test database.
+    call_command(
+        "bench_tick", "--child", "--json", "--pending", "50", "--nodes", "10", "--gpus", "80",
+        "--teams", "3", stdout=out,
+    )  # fmt: skip
+    result = json.loads(out.getvalue())
+    assert set(result) >= KEYS
+    assert result["pending"] == 50 and result["gpus"] == 80
+    assert result["queries"] > 0 and result["peak_rss_mb"] > 0
+    for key in ("seconds", "snapshot_s", "schedule_s", "apply_s"):
+        assert result[key] > 0, key
+    assert result["seconds"] >= result["snapshot_s"] + result["schedule_s"] + result["apply_s"]
+    # The tick really ran: 60 % of the devices were held, the rest went to the queue.
+    assert result["admitted"] > 0
+    assert Allocation.objects.filter(active=True).values("device").distinct().count() <= 80
+    assert GpuRequest.objects.filter(state="admitted").count() == result["admitted"]
+    assert Attempt.objects.filter(state="admitted").count() == result["admitted"]
+    # Launched after commit (the simulated backend), and every request got a decision.
+    assert SimulatedWorkload.objects.count() >= result["admitted"]
+    assert Decision.objects.filter(tick=1).count() >= 50
+
+
+def test_bad_sizes_are_refused_with_one_line() -> None:
+    with pytest.raises(CommandError, match="--gpus"):
+        call_command("bench_tick", "--child", "--nodes", "10", "--gpus", "5")
+    with pytest.raises(CommandError, match="--database-url"):
+        call_command("bench_tick", "--database-url", "sqlite:///x.db")
