@@ -29,6 +29,7 @@ from portal.models import (
     Node,
     PolicyProfile,
     Pool,
+    RequestTemplate,
     Team,
     WorkloadClass,
 )
@@ -129,6 +130,14 @@ def get_gpu_request_for_user(user: AnyUser, pk: int | str, *, write: bool = Fals
                 "Only the submitter or a team lead may change this request.",
             )
     return req
+
+
+def get_template_for_user(user: AnyUser, pk: int | str) -> RequestTemplate:
+    """One of the user's own saved request templates (nobody else's, admins included)."""
+    try:
+        return RequestTemplate.objects.get(pk=int(pk), user_id=user.pk)
+    except (RequestTemplate.DoesNotExist, ValueError, TypeError):
+        raise _denied(user, "template", pk, Http404, "No such template.") from None
 
 
 def require_admin(user: AnyUser) -> None:

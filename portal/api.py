@@ -58,6 +58,8 @@ FORBIDDEN_KEYS = {
     "state",
     "submitted_by",
     "queue_position",
+    "position_note",
+    "queue_position_note",
     "status_code",
     "status_message",
     "allocated_devices",
@@ -154,6 +156,8 @@ class GpuRequestOutputSerializer(serializers.Serializer):
     estimated_runtime_s = serializers.IntegerField()
     state = serializers.CharField()
     queue_position = serializers.IntegerField(allow_null=True)
+    #: why the queue position last changed, in words ("" until it does)
+    queue_position_note = serializers.CharField(source="position_note")
     reason_code = serializers.CharField(source="status_code")
     reason = serializers.CharField(source="status_message")
     escalated = serializers.BooleanField()

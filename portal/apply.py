@@ -4,12 +4,14 @@ rejections) in the tick's transaction, and launch what was admitted once it comm
 Writes are batched, a fixed number of statements whatever the queue's length: the
 admitted requests are claimed in one statement, their attempts, allocations and usage
 records inserted in bulk, the decision log in one insert, and the waiting requests whose
-status changed updated together. Only what changed is written.
+status changed updated together (their queue position notes with them). Only what
+changed is written. The owners of rejected requests are told once the tick commits.
 """
 
 from __future__ import annotations
 
 import logging
+from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Iterable
 from datetime import datetime
@@ -18,13 +20,14 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.db.models import Count, F
 
-from portal import services
+from portal import notify, services
 from portal.bulk import bulk_set, insert_rows
 from portal.models import (
     Allocation,
     Attempt,
     Decision,
     GpuRequest,
+    NotificationPreference,
     SchedulerState,
     UsageRecord,
 )
@@ -121,11 +124,12 @@ def _admit_all(ds: list[st.Decision], ctx: Context, tick_no: int) -> dict[str, i
             "queue_position",
             "escalated",
             "estimated_start",
+            "position_note",
             "updated_at",
         ),
         [
             (reqs[d.request_id].pk, GpuRequest.State.ADMITTED, "admitted", d.message)
-            + (None, False, None, ctx.now)
+            + (None, False, None, "", ctx.now)
             for d in ds
         ],
     )
@@ -225,7 +229,14 @@ def reason_key(code: str, message: str) -> tuple[str, str]:
     return code, message.split("; ", 1)[0]
 
 
-WAIT_FIELDS = ("status_code", "status_message", "queue_position", "escalated", "estimated_start")
+WAIT_FIELDS = (
+    "status_code",
+    "status_message",
+    "queue_position",
+    "escalated",
+    "estimated_start",
+    "position_note",
+)
 
 
 def _wait(
@@ -234,6 +245,7 @@ def _wait(
     tick_no: int,
     log_rows: list[dict[str, Any]],
     changed: list[tuple[Any, ...]],
+    notes: dict[str, str] | None = None,
 ) -> None:
     req = ctx.requests[d.request_id]
     new_message = d.message[:500]
@@ -257,13 +269,19 @@ def _wait(
                 **_profile(ctx),
             }
         )
-    fields = (d.code, new_message, d.position or None, d.escalated, estimated_start)
+    position = d.position or None
+    # A note explains the last move: kept while the position holds, dropped when the
+    # request comes back without one (new, requeued) or moves with no note computed.
+    kept = req.position_note if position == req.queue_position else ""
+    note = (notes or {}).get(d.request_id, kept)
+    fields = (d.code, new_message, position, d.escalated, estimated_start, note)
     if (
         req.status_code,
         req.status_message,
         req.queue_position,
         req.escalated,
         req.estimated_start,
+        req.position_note,
     ) != fields:
         (
             req.status_code,
@@ -271,8 +289,88 @@ def _wait(
             req.queue_position,
             req.escalated,
             req.estimated_start,
+            req.position_note,
         ) = fields
         changed.append((req.pk, *fields))
+
+
+def _plural(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+class _Counts:
+    """A Fenwick tree over queue positions: how many added positions are below a bound."""
+
+    def __init__(self, size: int) -> None:
+        self.tree = [0] * (size + 1)
+
+    def add(self, position: int) -> None:
+        while position < len(self.tree):
+            self.tree[position] += 1
+            position += position & -position
+
+    def below(self, bound: int) -> int:
+        """How many added positions are < bound."""
+        i, total = min(bound - 1, len(self.tree) - 1), 0
+        while i > 0:
+            total += self.tree[i]
+            i -= i & -i
+        return total
+
+
+def position_notes(old: dict[Any, int | None], new: dict[Any, int]) -> dict[Any, str]:
+    """Why each queued request's position changed since the last tick, in words.
+
+    `old`: positions stored after the last tick (None: not waiting then); `new`: this
+    tick's positions of the waiting requests (admitted ones keep none). Of the `o - 1`
+    requests ahead before, some are still ahead, some fell behind, and the rest started
+    or left (unseen now); of the `n - 1` ahead now, the others arrived (new, or back
+    after a requeue) or passed it (a stronger class, priority or fair share, an
+    escalation). Only requests whose position changed get a note.
+
+    Every request behind one that starts moves, so this runs in O(q log q) for a
+    queue of q: requests that waited both times are points (old, new), and a sweep
+    over old positions with a Fenwick tree over new ones counts those ahead both times.
+    """
+    placed = {rid: n for rid, n in new.items() if n}
+    moved = sorted((o, n, rid) for rid, n in placed.items() if (o := old.get(rid)) and o != n)
+    if not moved:
+        return {}
+    ahead_now = sorted(placed.values())
+    arrived_at = sorted(n for rid, n in placed.items() if not old.get(rid))
+    # Requests that waited then and now, by their old position.
+    both = sorted((o, n) for rid, n in placed.items() if (o := old.get(rid)))
+    tree = _Counts(ahead_now[-1] + 1)
+    added = 0
+    notes: dict[Any, str] = {}
+    for o, n, rid in moved:
+        while added < len(both) and both[added][0] < o:
+            tree.add(both[added][1])
+            added += 1
+        stayed = tree.below(n)  # ahead then and now
+        fell = added - tree.below(n + 1)  # ahead then, behind now
+        arrived = bisect_left(arrived_at, n)
+        passed = bisect_left(ahead_now, n) - stayed - arrived
+        left = max(0, (o - 1) - stayed - fell)
+        why = []
+        if left:
+            why.append(
+                _plural(left, "request", "requests") + " ahead of it started or left the queue"
+            )
+        if fell:
+            why.append(_plural(fell, "request", "requests") + " fell behind it")
+        if arrived:
+            why.append(
+                _plural(arrived, "request", "requests")
+                + " of higher class, priority or fair share arrived"
+            )
+        if passed:
+            why.append(
+                _plural(passed, "request", "requests")
+                + " moved ahead (priority, fair share or escalation)"
+            )
+        notes[rid] = f"moved from #{o} to #{n}" + (f": {'; '.join(why)}" if why else "")
+    return notes
 
 
 def duration_words(seconds: float) -> str:
@@ -348,10 +446,14 @@ def _preempt_all(ds: list[st.Decision], ctx: Context, tick_no: int) -> list[dict
 
 
 def _reject_all(ds: Iterable[st.Decision], ctx: Context) -> None:
-    """Fail the rejected requests still pending: one statement per distinct reason."""
+    """Fail the rejected requests still pending: one statement per distinct reason; their
+    owners are told after the commit (one hook for the tick)."""
     by_reason: dict[tuple[str, str], list[int]] = defaultdict(list)
     for d in ds:
         by_reason[(d.code, d.message)].append(ctx.requests[d.request_id].pk)
+    notify.notify_many_later(
+        [pk for pks in by_reason.values() for pk in pks], NotificationPreference.Event.FAILURE
+    )
     for (code, message), pks in by_reason.items():
         GpuRequest.objects.filter(pk__in=pks, state=GpuRequest.State.PENDING).update(
             state=GpuRequest.State.FAILED,
@@ -377,6 +479,10 @@ def decisions_apply(*, decisions: list[st.Decision], ctx: Context, tick_no: int)
     made = _admit_all(by_kind[st.DecisionKind.ADMIT], ctx, tick_no)
     _reject_all(by_kind[st.DecisionKind.REJECT], ctx)
     changed: list[tuple[Any, ...]] = []
+    notes = position_notes(
+        {rid: r.queue_position for rid, r in ctx.requests.items()},
+        {d.request_id: d.position for d in by_kind[st.DecisionKind.WAIT] if d.position},
+    )
     for d in ordered:
         if d.kind == st.DecisionKind.ADMIT and d.request_id in made:
             assert d.placement is not None
@@ -398,7 +504,7 @@ def decisions_apply(*, decisions: list[st.Decision], ctx: Context, tick_no: int)
                 }
             )
         elif d.kind == st.DecisionKind.WAIT:
-            _wait(d, ctx, tick_no, log_rows, changed)
+            _wait(d, ctx, tick_no, log_rows, changed, notes)
             counts["wait"] += 1
         elif d.kind == st.DecisionKind.REJECT and d.code != "not-a-member":
             req = ctx.requests[d.request_id]

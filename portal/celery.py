@@ -22,6 +22,9 @@ def _schedule_tick(sender: Celery, **kwargs: object) -> None:
     sender.add_periodic_task(
         3600.0, sender.signature("portal.tasks.decisions_prune"), name="decisions-prune"
     )
+    sender.add_periodic_task(
+        60.0, sender.signature("portal.tasks.notify_long_waits"), name="notify-long-waits"
+    )
     if settings.DEMO_TRICKLE:
         sender.add_periodic_task(
             4.0, sender.signature("portal.tasks.demo_trickle"), name="demo-trickle"

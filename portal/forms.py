@@ -10,7 +10,15 @@ from django import forms
 from django.core.exceptions import ValidationError
 
 from portal import selectors, services, shapes
-from portal.models import Decision, DeviceProfile, Pool, Team, WorkloadClass
+from portal.models import (
+    Decision,
+    DeviceProfile,
+    GpuRequest,
+    NotificationPreference,
+    Pool,
+    Team,
+    WorkloadClass,
+)
 from scheduling import profile as scheduling_profile
 
 
@@ -33,6 +41,11 @@ class GpuField(forms.DecimalField):
         super().__init__(**kwargs)
 
 
+class ProfileChoiceField(forms.ModelChoiceField):  # type: ignore[type-arg]
+    def label_from_instance(self, obj: Any) -> str:
+        return str(obj.label)
+
+
 class SubmitForm(forms.Form):
     team = forms.ModelChoiceField(queryset=Team.objects.none())
     name = forms.CharField(max_length=100, required=False)
@@ -42,7 +55,7 @@ class SubmitForm(forms.Form):
         required=False,
         empty_label="any pool",
     )
-    profile = forms.ModelChoiceField(queryset=DeviceProfile.objects.none(), label="Device profile")
+    profile = ProfileChoiceField(queryset=DeviceProfile.objects.none(), label="Device profile")
     count = forms.IntegerField(min_value=1, max_value=16, initial=1, label="Devices per pod")
     pods = forms.IntegerField(
         min_value=1,
@@ -313,6 +326,107 @@ class CapacityFilterForm(forms.Form):
         queryset=Pool.objects.all(), required=False, empty_label="all pools"
     )
     node = forms.CharField(required=False, max_length=253, label="Node name contains")
+
+
+class RequestFilterForm(forms.Form):
+    """My jobs: search and filters."""
+
+    q = forms.CharField(
+        required=False, max_length=100, label="Search", help_text="name, image or #"
+    )
+    state = forms.ChoiceField(
+        choices=[("", "all states"), *GpuRequest.State.choices], required=False
+    )
+    team = forms.ModelChoiceField(
+        queryset=Team.objects.all(), required=False, empty_label="all teams"
+    )
+    workload_class = forms.ModelChoiceField(
+        queryset=WorkloadClass.objects.all(), required=False, empty_label="all classes"
+    )
+
+    def __init__(self, *args: Any, teams: Any = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if teams is not None:
+            self.fields["team"].queryset = teams  # type: ignore[attr-defined]
+
+
+class NotificationPreferenceForm(forms.ModelForm):  # type: ignore[type-arg]
+    webhook_url = forms.URLField(
+        required=False,
+        max_length=500,
+        assume_scheme="https",
+        label="Webhook URL",
+        help_text=NotificationPreference._meta.get_field("webhook_url").help_text,
+    )
+
+    class Meta:
+        model = NotificationPreference
+        fields = [
+            "email",
+            "webhook_url",
+            "on_start",
+            "on_end",
+            "on_failure",
+            "on_preemption",
+            "on_long_wait",
+        ]
+
+
+class TemplateSaveForm(forms.Form):
+    template_name = forms.CharField(max_length=100, label="Save as template")
+
+
+#: the submit form's fields a template keeps (the same names, as posted)
+TEMPLATE_FIELDS = [
+    "team",
+    "name",
+    "workload_class",
+    "pool",
+    "profile",
+    "count",
+    "pods",
+    "cpu_milli",
+    "memory_mib",
+    "image",
+    "command",
+    "env",
+    "checkpoint_interval_s",
+    "max_runtime_s",
+    "estimated_runtime_s",
+    "priority",
+]
+
+
+def initial_from_request(req: GpuRequest) -> dict[str, Any]:
+    """The submit form filled from an earlier request (resubmit)."""
+    profile = (
+        DeviceProfile.objects.filter(
+            kind=req.profile_kind,
+            mig_profile=req.mig_profile,
+            milli=req.milli,
+            gpu_memory_mib=req.gpu_memory_mib if req.profile_kind == "shared" else 0,
+        )
+        .values_list("pk", flat=True)
+        .first()
+    )
+    return {
+        "team": req.team_id,
+        "name": req.name,
+        "workload_class": req.workload_class_id,
+        "pool": req.pool_id or "",
+        "profile": profile,
+        "count": req.count,
+        "pods": req.pods,
+        "cpu_milli": req.cpu_milli,
+        "memory_mib": req.memory_mib,
+        "image": req.image,
+        "command": " ".join(str(c) for c in req.command),
+        "env": "\n".join(f"{k}={v}" for k, v in sorted(req.env.items())),
+        "checkpoint_interval_s": req.checkpoint_interval_s,
+        "max_runtime_s": req.max_runtime_s,
+        "estimated_runtime_s": req.estimated_runtime_s,
+        "priority": req.priority,
+    }
 
 
 def _knob_form_field(knob: scheduling_profile.Knob) -> forms.Field:

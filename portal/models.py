@@ -91,6 +91,17 @@ class DeviceProfile(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    @property
+    def label(self) -> str:
+        """For people: "whole GPU", "MIG 3g.40gb: 3/7 of a GPU, 40 GB", "shared: 0.5 GPU, 10 GB"."""
+        if self.kind == self.Kind.MIG:
+            compute, _, memory = self.mig_profile.partition(".")
+            return f"MIG {self.mig_profile}: {compute.rstrip('g')}/7 of a GPU, {memory.upper().replace('GB', ' GB')}"
+        if self.kind == self.Kind.SHARED:
+            cap = f", {self.gpu_memory_mib / 1024:g} GB memory" if self.gpu_memory_mib else ""
+            return f"shared: {self.milli / 1000:g} GPU{cap}"
+        return "whole GPU"
+
     def clean(self) -> None:
         if self.kind == self.Kind.MIG and not self.mig_profile:
             raise ValidationError(
@@ -436,6 +447,10 @@ class GpuRequest(models.Model):
     status_code = models.CharField(max_length=50, blank=True)
     status_message = models.CharField(max_length=500, blank=True)
     queue_position = models.PositiveIntegerField(null=True, blank=True)
+    #: why the queue position last changed ("moved from #4 to #6: 2 requests … arrived")
+    position_note = models.CharField(max_length=300, blank=True)
+    #: when the one "still waiting" notification went out (portal/notify.py)
+    long_wait_notified_at = models.DateTimeField(null=True, blank=True)
     escalated = models.BooleanField(default=False)
     estimated_start = models.DateTimeField(null=True, blank=True)
     #: when the request's checkpoint storage (a PVC, a folder) was deleted after it ended
@@ -518,6 +533,8 @@ class Attempt(models.Model):
     launch_tries = models.PositiveIntegerField(default=0)
     #: no relaunch before this (exponential backoff between tries)
     next_launch_at = models.DateTimeField(null=True, blank=True)
+    #: the last lines the workload printed, read when the attempt ended (the workload may be gone)
+    log_tail = models.TextField(blank=True)
 
     class Meta:
         ordering = ["request_id", "number"]
@@ -777,3 +794,60 @@ class MetricsLease(models.Model):
     id = models.PositiveSmallIntegerField(primary_key=True, default=1)
     holder = models.CharField(max_length=253, blank=True)
     until = models.DateTimeField(null=True, blank=True)
+
+
+class NotificationPreference(models.Model):
+    """What a user is told about their requests, and how (portal/notify.py).
+
+    A user without a row gets the defaults below (email, if they have an address).
+    """
+
+    class Event(models.TextChoices):
+        START = "start", "started"
+        END = "end", "finished"
+        FAILURE = "failure", "failed"
+        PREEMPTION = "preemption", "preempted"
+        LONG_WAIT = "long_wait", "still waiting"
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="notification_preference"
+    )
+    email = models.BooleanField(default=True, help_text="to the address on your account")
+    webhook_url = models.URLField(
+        max_length=500,
+        blank=True,
+        help_text='Slack or Teams incoming webhook: a POST of {"text": …}',
+        validators=[validation.webhook_url],
+    )
+    on_start = models.BooleanField(default=False, verbose_name="when a request starts")
+    on_end = models.BooleanField(default=True, verbose_name="when it finishes")
+    on_failure = models.BooleanField(default=True, verbose_name="when it fails")
+    on_preemption = models.BooleanField(default=True, verbose_name="when it is preempted")
+    on_long_wait = models.BooleanField(default=True, verbose_name="when it waits long")
+
+    def __str__(self) -> str:
+        return f"notifications of {self.user}"
+
+    def wants(self, event: str) -> bool:
+        return bool(getattr(self, f"on_{event}", False))
+
+
+class RequestTemplate(models.Model):
+    """A submit form saved under a name, to fill the form again later."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="request_templates"
+    )
+    name = models.CharField(max_length=100)
+    #: the submit form's fields as posted (team and class by id, env as text)
+    fields = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(fields=["user", "name"], name="request_template_unique")
+        ]
+
+    def __str__(self) -> str:
+        return self.name

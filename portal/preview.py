@@ -115,7 +115,8 @@ def gpu_request_preview(
             borrowing=d.borrowing,
         )
     if d.kind == st.DecisionKind.REJECT:
-        return Preview("rejected", d.message, code=d.code)
+        # The page says "would be rejected: …"; the core's message starts with the word too.
+        return Preview("rejected", d.message.removeprefix("rejected: "), code=d.code)
     pool_ids = [
         p.pk for p in candidate_pools if p.lifecycle == Pool.Lifecycle.PRODUCTION or p == pool
     ]

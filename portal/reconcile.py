@@ -8,6 +8,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
+from typing import Any
 
 from django.conf import settings
 from django.db import connection
@@ -15,6 +16,7 @@ from django.utils import timezone
 
 from portal import services
 from portal.apply import count
+from portal.backends.base import STORED_LOG_LINES
 from portal.models import Attempt
 
 log = logging.getLogger(__name__)
@@ -106,9 +108,33 @@ def _reconcile(now: datetime | None) -> dict[str, int]:
                 pods,
             )
             count("reconciler_repairs")
-        new_state = services.attempt_observe(attempt_id=attempt.pk, status=status, now=now)
+        new_state = services.attempt_observe(
+            attempt_id=attempt.pk,
+            status=status,
+            now=now,
+            log_tail=_log_tail(backend, attempt, status),
+        )
         counts[new_state] += 1
     released = services.checkpoints_release()
     if released:
         counts["checkpoints_deleted"] = released
     return dict(counts)
+
+
+def _log_tail(backend: Any, attempt: Attempt, status: Any) -> str:
+    """The workload's last lines once it has ended (kept on the attempt), read before the
+    observe's transaction; "" while it runs, or if the backend cannot say."""
+    if status.outcome.value in ("running", "pending"):
+        return ""
+    try:
+        return str(
+            backend.logs(
+                attempt.workload_name,
+                attempt.namespace,
+                STORED_LOG_LINES,
+                max(1, len(attempt.nodes)),
+            )
+        )
+    except Exception:  # noqa: BLE001 - the log is a courtesy; the ending must still be recorded
+        log.warning("could not read the log of %s", attempt.workload_name, exc_info=True)
+        return ""

@@ -20,9 +20,10 @@ from django.db.models import Count, F, Model, Q
 from django.forms.models import model_to_dict
 from django.utils import timezone
 
-from portal import contract, shapes, wake
+from portal import contract, notify, shapes, validation, wake
 from portal.backends import get_backend
 from portal.backends.base import (
+    STORED_LOG_LINES,
     GrantSpec,
     LaunchRefused,
     LaunchSpec,
@@ -40,9 +41,11 @@ from portal.models import (
     GpuRequest,
     Membership,
     Node,
+    NotificationPreference,
     PolicyProfile,
     Pool,
     Quota,
+    RequestTemplate,
     ShapeHistory,
     Team,
     UsageRecord,
@@ -669,6 +672,7 @@ def attempt_end_unlaunched(
             req.status_code, req.status_message = code, reason[:500]
             req.queue_position = None
             req.save()
+            notify.notify_later(req.pk, NotificationPreference.Event.FAILURE)
     return True
 
 
@@ -800,6 +804,7 @@ def requeue_delay_s(attempt_number: int) -> float:
 
 
 def _requeue(req: GpuRequest, *, now: datetime, why: str) -> None:
+    """Back to the queue with backoff, or failed past REQUEUE_LIMIT (then the owner is told)."""
     req.requeue_count += 1
     if req.requeue_count > settings.REQUEUE_LIMIT:
         req.state = GpuRequest.State.FAILED
@@ -817,6 +822,8 @@ def _requeue(req: GpuRequest, *, now: datetime, why: str) -> None:
     Decision.objects.create(
         request=req, team=req.team, kind=kind, code=code, message=req.status_message
     )
+    if req.state == GpuRequest.State.FAILED:
+        notify.notify_later(req.pk, NotificationPreference.Event.FAILURE)
 
 
 # How each backend outcome ends an attempt: (attempt state, request state or None to requeue, charged).
@@ -841,8 +848,14 @@ _REASONS = {
 }
 
 
-def attempt_observe(*, attempt_id: int, status: WorkloadStatus, now: datetime | None = None) -> str:
-    """Move an attempt (and its request) forward from what the backend reports. Returns the new state."""
+def attempt_observe(
+    *, attempt_id: int, status: WorkloadStatus, now: datetime | None = None, log_tail: str = ""
+) -> str:
+    """Move an attempt (and its request) forward from what the backend reports. Returns the new state.
+
+    `log_tail`: the workload's last log lines, read by the caller (outside this
+    transaction) when the status says it ended; kept on the attempt if it ends now.
+    """
     now = now or timezone.now()
     with transaction.atomic():
         attempt = (
@@ -862,13 +875,13 @@ def attempt_observe(*, attempt_id: int, status: WorkloadStatus, now: datetime | 
             # A gang being stopped ends once none of its pods runs any more, whatever
             # each one's ending: until then its devices stay held.
             if status.active_pods == 0:
-                return _end_stopped(attempt, req, now=now)
+                return _end_stopped(attempt, req, now=now, log_tail=log_tail)
             return str(attempt.state)
         if attempt.state == Attempt.State.STOPPING and outcome in (
             Outcome.MISSING,
             Outcome.PREEMPTED,
         ):
-            return _end_stopped(attempt, req, now=now)
+            return _end_stopped(attempt, req, now=now, log_tail=log_tail)
         if outcome == Outcome.MISSING and attempt.state == Attempt.State.RUNNING:
             outcome = Outcome.NODE_LOST
         if gang and outcome in _ENDINGS and outcome != Outcome.SUCCEEDED:
@@ -876,7 +889,8 @@ def attempt_observe(*, attempt_id: int, status: WorkloadStatus, now: datetime | 
             # pod's outcome once all are gone (a gang runs whole or not at all).
             attempt.end_reason = (status.message or status.reason)[:300]
             attempt.exit_code = status.exit_code
-            attempt.save(update_fields=["end_reason", "exit_code"])
+            attempt.log_tail = log_tail or attempt.log_tail
+            attempt.save(update_fields=["end_reason", "exit_code", "log_tail"])
             attempt_stop(attempt, reason=f"{GANG_STOP}{outcome.value}")
             return str(attempt.state)
         if outcome == Outcome.RUNNING and attempt.state == Attempt.State.ADMITTED:
@@ -889,20 +903,59 @@ def attempt_observe(*, attempt_id: int, status: WorkloadStatus, now: datetime | 
                     f"running on {', '.join(attempt.nodes)}",
                 )
                 req.save()
+                notify.notify_later(req.pk, NotificationPreference.Event.START)
             return str(attempt.state)
         if outcome not in _ENDINGS:
             return str(attempt.state)
-        return _end_attempt(attempt, req, outcome=outcome, status=status, now=now)
+        return _end_attempt(
+            attempt, req, outcome=outcome, status=status, now=now, log_tail=log_tail
+        )
+
+
+def ending_words(outcome: Outcome, status: WorkloadStatus, log_tail: str = "") -> str:
+    """Why an attempt ended, in words: what happened, the exit code, the cluster's reason,
+    and for a failure the last line the workload printed."""
+    detail = status.message
+    if status.reason and status.reason not in detail and outcome != Outcome.SUCCEEDED:
+        detail = f"{status.reason}: {detail}" if detail else status.reason
+    if status.exit_code not in (None, 0) and f"code {status.exit_code}" not in detail:
+        detail = f"exit code {status.exit_code}" + (f", {detail}" if detail else "")
+    words = _REASONS[outcome] + (f" ({detail})" if detail else "")
+    last = [line for line in log_tail.strip().splitlines() if line.strip()][-1:]
+    if last and outcome in (Outcome.FAILED, Outcome.OOM, Outcome.DEVICE_ERROR):
+        words += f"; last log line: {last[0].strip()[:150]}"
+    return words
+
+
+def _notify_ending(req: GpuRequest, outcome: Outcome, requeued: bool) -> None:
+    """Tell the owner how the attempt ended (a requeue past the limit was told by _requeue)."""
+    Event = NotificationPreference.Event
+    if not requeued:
+        event = Event.END if req.state == GpuRequest.State.SUCCEEDED else Event.FAILURE
+        notify.notify_later(req.pk, event)
+    elif req.state == GpuRequest.State.PENDING and outcome in (
+        Outcome.PREEMPTED,
+        Outcome.NODE_LOST,
+    ):
+        notify.notify_later(req.pk, Event.PREEMPTION)
 
 
 def _end_attempt(
-    attempt: Attempt, req: GpuRequest, *, outcome: Outcome, status: WorkloadStatus, now: datetime
+    attempt: Attempt,
+    req: GpuRequest,
+    *,
+    outcome: Outcome,
+    status: WorkloadStatus,
+    now: datetime,
+    log_tail: str = "",
 ) -> str:
     attempt_state, request_state, charged = _ENDINGS[outcome]
-    reason = _REASONS[outcome] + (f" ({status.message})" if status.message else "")
+    if log_tail:
+        attempt.log_tail = _last_lines(log_tail)
+    reason = ending_words(outcome, status, attempt.log_tail)
     attempt.state, attempt.ended_at, attempt.exit_code = attempt_state, now, status.exit_code
     attempt.end_reason = reason[:300]
-    attempt.save(update_fields=["state", "ended_at", "exit_code", "end_reason"])
+    attempt.save(update_fields=["state", "ended_at", "exit_code", "end_reason", "log_tail"])
     release_attempt(attempt, now=now, charged=charged)
     Decision.objects.create(
         request=req,
@@ -923,10 +976,15 @@ def _end_attempt(
         req.state, req.end_reason = request_state, reason[:300]
         req.status_code, req.status_message = outcome.value, reason[:500]
         req.save()
+    _notify_ending(req, outcome, requeued=request_state is None)
     return str(attempt.state)
 
 
-def _end_stopped(attempt: Attempt, req: GpuRequest, *, now: datetime) -> str:
+def _last_lines(text: str) -> str:
+    return "\n".join(text.rstrip("\n").splitlines()[-STORED_LOG_LINES:])[-20_000:]
+
+
+def _end_stopped(attempt: Attempt, req: GpuRequest, *, now: datetime, log_tail: str = "") -> str:
     reason = attempt.stop_reason or "stopped"
     if reason.startswith(GANG_STOP):
         # Every pod of the gang is gone now: end it as its first ended pod ended.
@@ -938,11 +996,15 @@ def _end_stopped(attempt: Attempt, req: GpuRequest, *, now: datetime) -> str:
             message=attempt.end_reason,
             exit_code=attempt.exit_code,
         )
-        return _end_attempt(attempt, req, outcome=outcome, status=status, now=now)
+        return _end_attempt(
+            attempt, req, outcome=outcome, status=status, now=now, log_tail=log_tail
+        )
     cancelled = reason == "cancelled"
     attempt.state = Attempt.State.CANCELLED if cancelled else Attempt.State.PREEMPTED
     attempt.ended_at, attempt.end_reason = now, reason
-    attempt.save(update_fields=["state", "ended_at", "end_reason"])
+    if log_tail:
+        attempt.log_tail = _last_lines(log_tail)
+    attempt.save(update_fields=["state", "ended_at", "end_reason", "log_tail"])
     # Cancelled work is the user's choice and is charged; preempted and drained work is not.
     release_attempt(attempt, now=now, charged=cancelled)
     if not cancelled and req.state not in GpuRequest.TERMINAL_STATES:
@@ -952,6 +1014,8 @@ def _end_stopped(attempt: Attempt, req: GpuRequest, *, now: datetime) -> str:
             else f"stopped ({reason})"
         )
         _requeue(req, now=now, why=why)
+        if req.state == GpuRequest.State.PENDING:
+            notify.notify_later(req.pk, NotificationPreference.Event.PREEMPTION)
     return str(attempt.state)
 
 
@@ -1596,3 +1660,48 @@ def policy_profile_ensure() -> PolicyProfile:
 
 def _real(actor: Any) -> Any:
     return actor if actor is not None and getattr(actor, "is_authenticated", False) else None
+
+
+# ---------------------------------------------------------------------------
+# A user's own settings: notification preferences, saved request templates
+
+
+def notification_preference_set(*, user: AbstractBaseUser, **fields: Any) -> NotificationPreference:
+    pref, _ = NotificationPreference.objects.get_or_create(user=user)
+    for key, value in fields.items():
+        setattr(pref, key, value)
+    pref.full_clean()
+    pref.save()
+    return pref
+
+
+#: most saved templates per user
+MAX_TEMPLATES = 50
+
+
+def request_template_save(
+    *, user: AbstractBaseUser, name: str, fields: dict[str, Any]
+) -> RequestTemplate:
+    """Save (or replace) the user's template of this name: the submit form's fields as posted."""
+    name = name.strip()
+    if not name:
+        raise ValidationError({"template_name": "Give the template a name."})
+    problem = validation.json_problem(fields)
+    if problem:
+        raise ValidationError({"template_name": problem})
+    with transaction.atomic():
+        existing = RequestTemplate.objects.select_for_update().filter(user=user, name=name).first()
+        if existing is None and RequestTemplate.objects.filter(user=user).count() >= MAX_TEMPLATES:
+            raise ValidationError(
+                {"template_name": f"At most {MAX_TEMPLATES} templates: delete one first."}
+            )
+        tpl, _ = RequestTemplate.objects.update_or_create(
+            user=user, name=name, defaults={"fields": fields}
+        )
+    return tpl
+
+
+def request_template_delete(*, user: AbstractBaseUser, template: RequestTemplate) -> None:
+    if template.user_id != user.pk:
+        raise PermissionDenied("Not your template.")
+    template.delete()

@@ -313,6 +313,8 @@ SIMULATED_SECONDS_PER_HOUR = envint("SIMULATED_SECONDS_PER_HOUR", "60")
 # Checkpoint storage (docs/checkpoints.md): a folder per request on the simulated cluster,
 # a PersistentVolumeClaim per request on Kubernetes ("" = the cluster's default class).
 SIMULATED_CHECKPOINT_DIR = env("SIMULATED_CHECKPOINT_DIR", str(VAR_DIR / "checkpoints"))
+# The simulated workloads' logs, a file each (docs/portal.md, "Logs and events").
+SIMULATED_LOG_DIR = env("SIMULATED_LOG_DIR", str(VAR_DIR / "logs"))
 CHECKPOINT_STORAGE_CLASS = env("CHECKPOINT_STORAGE_CLASS")
 CHECKPOINT_SIZE = env("CHECKPOINT_SIZE", "50Gi")
 CHECKPOINT_ACCESS_MODE = env("CHECKPOINT_ACCESS_MODE", "ReadWriteOnce")
@@ -373,6 +375,24 @@ LAUNCH_RETRY_MAX_SECONDS = envint("LAUNCH_RETRY_MAX_SECONDS", "300")
 MAX_PENDING_PER_USER = envint("MAX_PENDING_PER_USER", "50")
 MAX_PENDING_PER_TEAM = envint("MAX_PENDING_PER_TEAM", "500")
 DEMO_TRICKLE = envbool("DEMO_TRICKLE", "false")
+
+# Notifications (portal/notify.py): email through Django's backend, webhooks as {"text": ...}.
+EMAIL_BACKEND = env("EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")
+EMAIL_HOST = env("EMAIL_HOST", "localhost")
+EMAIL_PORT = envint("EMAIL_PORT", "25")
+EMAIL_HOST_USER = env("EMAIL_HOST_USER")
+EMAIL_HOST_PASSWORD = env("EMAIL_HOST_PASSWORD")
+EMAIL_USE_TLS = envbool("EMAIL_USE_TLS", "false")
+EMAIL_USE_SSL = envbool("EMAIL_USE_SSL", "false")
+EMAIL_TIMEOUT = envint("EMAIL_TIMEOUT", "10")
+DEFAULT_FROM_EMAIL = env("DEFAULT_FROM_EMAIL", "quartermaster@localhost")
+# Where links in notifications point ("" = no link).
+PORTAL_URL = env("PORTAL_URL")
+# A request pending longer than this gets one "still waiting" notification.
+NOTIFY_LONG_WAIT_SECONDS = envint("NOTIFY_LONG_WAIT_SECONDS", "3600")
+NOTIFY_WEBHOOK_TIMEOUT_SECONDS = envint("NOTIFY_WEBHOOK_TIMEOUT_SECONDS", "5")
+# Webhooks to loopback, private and link-local addresses are refused unless this is set.
+NOTIFY_WEBHOOK_ALLOW_PRIVATE = envbool("NOTIFY_WEBHOOK_ALLOW_PRIVATE", "false")
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

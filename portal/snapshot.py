@@ -57,6 +57,8 @@ class QueuedRow:
     escalated: bool
     estimated_start: datetime | None
     gpus_milli: int
+    #: why its queue position last moved (`portal.apply.position_notes`)
+    position_note: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,6 +374,7 @@ def _pending(
             "queue_position",
             "escalated",
             "estimated_start",
+            "position_note",
             "estimated_runtime_s",
             "max_runtime_s",
             *SHAPE_FIELDS,
@@ -391,6 +394,7 @@ def _pending(
         queue_position,
         escalated,
         estimated_start,
+        position_note,
         estimated_runtime_s,
         max_runtime_s,
         *fields,
@@ -427,6 +431,7 @@ def _pending(
             escalated,
             estimated_start,
             shape.gpus_milli,
+            position_note,
         )
     return tuple(pending), queued
 

@@ -27,6 +27,26 @@ def reconcile() -> dict[str, int]:
     return counts
 
 
+@shared_task(
+    name="portal.tasks.notify",
+    ignore_result=True,
+    autoretry_for=(OSError,),
+    retry_backoff=True,
+    max_retries=3,
+)
+def notify(request_id: int, event: str) -> dict[str, int]:
+    from portal.notify import deliver
+
+    return deliver(request_id, event)
+
+
+@shared_task(name="portal.tasks.notify_long_waits", ignore_result=True)
+def notify_long_waits() -> int:
+    from portal.notify import long_waits
+
+    return long_waits()
+
+
 @shared_task(name="portal.tasks.decisions_prune", ignore_result=True)
 def decisions_prune() -> int:
     from portal.retention import decisions_prune as prune

@@ -7,7 +7,7 @@ from django.urls import include, path, register_converter
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.permissions import IsAuthenticated
 
-from portal import agent_api, api, metrics, views
+from portal import agent_api, api, metrics, views, views_people
 
 
 class NodeActionConverter:
@@ -28,6 +28,18 @@ portal_patterns = [
     path("requests/preview/", views.request_preview, name="request-preview"),
     path("requests/<int:request_id>/", views.request_detail, name="request-detail"),
     path("requests/<int:request_id>/cancel/", views.request_cancel, name="request-cancel"),
+    path("requests/<int:request_id>/logs/", views_people.request_logs, name="request-logs"),
+    path(
+        "requests/<int:request_id>/logs/download/",
+        views_people.request_logs_download,
+        name="request-logs-download",
+    ),
+    path("me/notifications/", views_people.notification_settings, name="notifications"),
+    path(
+        "me/templates/<int:template_id>/delete/",
+        views_people.template_delete,
+        name="template-delete",
+    ),
     path("queue/", views.queue, name="queue"),
     path("decisions/", views.decision_log, name="decisions"),
     path("teams/", views.team_list, name="team-list"),
@@ -137,3 +149,4 @@ urlpatterns = [
 ]
 
 handler404 = "portal.views.not_found"
+handler403 = "portal.views_people.permission_denied"

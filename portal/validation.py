@@ -182,3 +182,9 @@ def validate_agent_report(report: Any) -> None:
             for key in ("memory_total_mib", "memory_used_mib"):
                 _opt_int(m, key, mw)
             _processes(m, mw)
+
+
+def webhook_url(value: str) -> None:
+    """A notification webhook: http or https only (no file:, ftp:, gopher:)."""
+    if value and not re.match(r"^https?://", value, re.IGNORECASE):
+        raise ValidationError("A webhook URL starts with https:// (or http://).")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
+from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -16,12 +17,14 @@ from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from portal import access, selectors, services
 from portal.estimates import request_estimates
 from portal.forms import (
+    TEMPLATE_FIELDS,
     CapacityFilterForm,
     DecisionFilterForm,
     MemberAddForm,
@@ -30,9 +33,12 @@ from portal.forms import (
     PoolForm,
     QueueFilterForm,
     QuotaForm,
+    RequestFilterForm,
     SubmitForm,
     TeamCreateForm,
+    TemplateSaveForm,
     WorkloadClassForm,
+    initial_from_request,
 )
 from portal.models import (
     GpuRequest,
@@ -149,9 +155,12 @@ def _next_url(request: HttpRequest, default: str) -> str:
 def home(request: HttpRequest) -> HttpResponse:
     """My jobs (or, with ?scope=team, every request of my teams)."""
     scope = "team" if request.GET.get("scope") == "team" else "mine"
-    qs = selectors.request_list(request.user, mine=scope == "mine")
+    filters = RequestFilterForm(request.GET or None, teams=access.teams_for(request.user))
+    wanted = {k: v for k, v in filters.cleaned_data.items() if v} if filters.is_valid() else {}
+    qs = selectors.request_list(request.user, mine=scope == "mine", with_counts=False, **wanted)
     page = Paginator(qs, PAGE_SIZE).get_page(request.GET.get("page"))
     rows = list(page.object_list)
+    selectors.request_attempt_facts(rows)
     estimates = request_estimates(rows)
     for r in rows:
         r.estimate = estimates.get(r.pk)  # type: ignore[attr-defined]
@@ -159,8 +168,18 @@ def home(request: HttpRequest) -> HttpResponse:
     template = "portal/home.html"
     if request.htmx:
         template += "#request-table"
-    query = "scope=team" if scope == "team" else ""
-    return render(request, template, {"page": page, "rows": rows, "scope": scope, "query": query})
+    query = request.GET.copy()
+    query.pop("page", None)
+    context = {
+        "page": page,
+        "rows": rows,
+        "scope": scope,
+        "query": query.urlencode(),
+        "filters": filters,
+        "templates": request.user.request_templates.all(),  # type: ignore[union-attr]
+        "now": timezone.now(),
+    }
+    return render(request, template, context)
 
 
 @login_required
@@ -170,19 +189,67 @@ def request_submit(request: HttpRequest) -> HttpResponse:
     if request.method == "GET" and request.htmx and "pool" in request.GET:
         # The pool changed: offer the device profiles it really has.
         form = SubmitForm(request.GET, teams=teams)
-        return render(request, "portal/submit.html#profile-field", {"form": form})
-    form = SubmitForm(request.POST or None, teams=teams)
+        # Only the choices change: the profile is not wrong for being unchosen yet.
+        response = render(
+            request, "portal/submit.html#profile-field", {"form": form, "profiles_only": True}
+        )
+        # The new profiles are in: the form asks for a fresh preview (not before, see submit.html).
+        response["HX-Trigger-After-Swap"] = "qm-profiles"
+        return response
+    initial = _submit_initial(request) if request.method == "GET" else None
+    form = SubmitForm(request.POST or None, teams=teams, initial=initial)
+    save_as = TemplateSaveForm(request.POST if "save_template" in request.POST else None)
+    if request.method == "POST" and "save_template" in request.POST:
+        if save_as.is_valid():
+            fields = {k: request.POST.get(k, "") for k in TEMPLATE_FIELDS}
+            try:
+                services.request_template_save(
+                    user=request.user,  # type: ignore[arg-type]
+                    name=save_as.cleaned_data["template_name"],
+                    fields=fields,
+                )
+            except ValidationError as exc:
+                _add_errors(save_as, exc)
+            else:
+                messages.success(
+                    request, f"Saved as template “{save_as.cleaned_data['template_name']}”."
+                )
+        status = 400 if save_as.errors else 200
+        context = {"form": form, "no_team": not teams.exists(), "save_as": save_as}
+        return render(request, "portal/submit.html", context, status=status)
     if request.method == "POST" and form.is_valid():
-        try:
-            req = services.gpu_request_submit(user=request.user, **form.service_kwargs())  # type: ignore[arg-type]
-        except ValidationError as exc:
-            _add_errors(form, exc)
+        # What the preview says is rejected is refused here too, before anything is stored.
+        verdict = gpu_request_preview(**form.preview_kwargs())
+        if verdict.outcome == "rejected":
+            form.add_error(None, f"This request would be rejected: {verdict.message}")
         else:
-            return redirect("portal:request-detail", request_id=req.pk)
+            try:
+                req = services.gpu_request_submit(user=request.user, **form.service_kwargs())  # type: ignore[arg-type]
+            except ValidationError as exc:
+                _add_errors(form, exc)
+            else:
+                messages.success(
+                    request,
+                    f"Request {req.pk} submitted"
+                    + (f" ({req.name})" if req.name else "")
+                    + ": it is in the queue; this page follows it.",
+                )
+                return redirect("portal:request-detail", request_id=req.pk)
     status = 400 if form.errors else 200
-    return render(
-        request, "portal/submit.html", {"form": form, "no_team": not teams.exists()}, status=status
-    )
+    context = {"form": form, "no_team": not teams.exists(), "save_as": save_as}
+    return render(request, "portal/submit.html", context, status=status)
+
+
+def _submit_initial(request: HttpRequest) -> dict[str, Any] | None:
+    """The form prefilled from `?from=<request>` (resubmit) or `?template=<id>` (saved)."""
+    if request.GET.get("from"):
+        return initial_from_request(
+            access.get_gpu_request_for_user(request.user, request.GET["from"])
+        )
+    if request.GET.get("template"):
+        tpl = access.get_template_for_user(request.user, request.GET["template"])
+        return {k: v for k, v in tpl.fields.items() if k in TEMPLATE_FIELDS}
+    return None
 
 
 @login_required

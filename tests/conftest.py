@@ -35,6 +35,9 @@ def _test_settings(tmp_path_factory: pytest.TempPathFactory) -> object:
         SIMULATED_CLUSTER=WORLD_CLUSTER,
         # The simulated cluster's checkpoint folders, out of the checkout's var/.
         SIMULATED_CHECKPOINT_DIR=str(tmp_path_factory.mktemp("checkpoints")),
+        SIMULATED_LOG_DIR=str(tmp_path_factory.mktemp("logs")),
+        # Mail goes to django.core.mail.outbox unless a test points it at an SMTP server.
+        EMAIL_BACKEND="django.core.mail.backends.locmem.EmailBackend",
         # API throttles count in the cache: one per process, emptied per test.
         CACHES={"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}},
     ):

@@ -235,6 +235,23 @@ class WorkloadStatus:
     last_checkpoint_at: datetime | None = None
 
 
+@dataclass(frozen=True)
+class WorkloadEvent:
+    """One event about a workload (a Kubernetes Event of its Job or pods, or the simulation's)."""
+
+    at: datetime | None
+    #: "Normal" or "Warning"
+    type: str
+    reason: str
+    message: str
+    #: what it is about, e.g. "Job/qm-4-1" or "Pod/qm-4-1-x7k2p"
+    object: str = ""
+
+
+#: log lines kept on an attempt when it ends (the failure message shows them)
+STORED_LOG_LINES = 40
+
+
 class ClusterBackend(Protocol):
     name: str
 
@@ -256,6 +273,14 @@ class ClusterBackend(Protocol):
 
     def checkpoints_delete(self, request_id: int, namespace: str) -> None:
         """Delete a request's checkpoint storage once it has ended for good; missing is fine."""
+        ...
+
+    def logs(self, name: str, namespace: str, tail_lines: int = 200, pods: int = 1) -> str:
+        """The last `tail_lines` lines the workload printed ("" if none or gone); a gang's rank 0."""
+        ...
+
+    def events(self, name: str, namespace: str, pods: int = 1) -> list[WorkloadEvent]:
+        """Events about the workload and its pods, oldest first ([] if none or gone)."""
         ...
 
 

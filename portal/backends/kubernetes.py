@@ -21,6 +21,7 @@ from kubernetes.client.exceptions import ApiException
 from portal.backends.base import (
     InventoryNode,
     LaunchSpec,
+    WorkloadEvent,
     WorkloadStatus,
     checkpoint_claim,
     gang_status,
@@ -40,6 +41,7 @@ from portal.k8s.jobs import (
     service_create,
     service_delete,
 )
+from portal.k8s.logs import pod_log, workload_events
 from portal.k8s.status import workload_status
 from portal.k8s.watch import WorkloadWatcher
 
@@ -251,6 +253,15 @@ class KubernetesBackend:
 
     def checkpoints_delete(self, request_id: int, namespace: str) -> None:
         pvc_delete(self.core, checkpoint_claim(request_id), namespace)
+
+    def logs(self, name: str, namespace: str, tail_lines: int = 200, pods: int = 1) -> str:
+        """The main container's log of the workload's newest pod; a gang's rank 0."""
+        return pod_log(self.core, _member_names(name, pods)[0], namespace, tail_lines)
+
+    def events(self, name: str, namespace: str, pods: int = 1) -> list[WorkloadEvent]:
+        return [
+            e for m in _member_names(name, pods) for e in workload_events(self.core, m, namespace)
+        ]
 
     def status(self, name: str, namespace: str, pods: int = 1) -> WorkloadStatus:
         if pods > 1:

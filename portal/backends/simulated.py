@@ -9,14 +9,20 @@ A request with a checkpoint interval gets a folder of its own under
 SIMULATED_CHECKPOINT_DIR, kept across its attempts; its workload writes a
 checkpoint file there at the interval (scaled like its runtime) and reports
 the last one in its status, as a real workload would POST it.
+
+Each workload also writes a log, a file under SIMULATED_LOG_DIR
+(`<namespace>/<name>.log`): the lines a training script prints, one step per
+wall second, ending as the workload ends (a traceback when it fails). Like the
+checkpoints, the lines are written when the portal looks.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import shutil
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +37,7 @@ from portal.backends.base import (
     InventoryNode,
     LaunchSpec,
     Outcome,
+    WorkloadEvent,
     WorkloadStatus,
     checkpoint_claim,
     checkpoint_env,
@@ -43,6 +50,8 @@ from portal.models import SimulatedWorkload
 from scheduling import mig
 
 START_DELAY = timedelta(seconds=1)
+#: a simulated workload prints at most this many step lines (one per wall second)
+MAX_LOG_STEPS = 5000
 
 
 def _names(name: str, pods: int) -> list[str]:
@@ -207,7 +216,45 @@ class SimulatedBackend:
         w = SimulatedWorkload.objects.filter(name=name, namespace=namespace).first()
         if w is None:
             return WorkloadStatus(name, namespace, Outcome.MISSING)
+        self._write_log(w)
         return replace(self._outcome(w, name, namespace), last_checkpoint_at=self._checkpoint(w))
+
+    # -- logs and events -------------------------------------------------------------
+
+    @property
+    def log_root(self) -> Path:
+        return Path(settings.SIMULATED_LOG_DIR)
+
+    def log_path(self, name: str, namespace: str) -> Path:
+        return self.log_root / namespace / f"{name}.log"
+
+    def logs(self, name: str, namespace: str, tail_lines: int = 200, pods: int = 1) -> str:
+        member = _names(name, pods)[0]
+        w = SimulatedWorkload.objects.filter(name=member, namespace=namespace).first()
+        if w is not None:
+            self._write_log(w)
+        try:
+            lines = self.log_path(member, namespace).read_text().splitlines()
+        except OSError:
+            return ""
+        return "\n".join(lines[-tail_lines:]) + ("\n" if lines else "")
+
+    def events(self, name: str, namespace: str, pods: int = 1) -> list[WorkloadEvent]:
+        rows = SimulatedWorkload.objects.filter(name__in=_names(name, pods), namespace=namespace)
+        events = [e for w in rows for e in _workload_events(w, timezone.now())]
+        return sorted(events, key=lambda e: (e.at or w_never, e.object))
+
+    def _write_log(self, w: SimulatedWorkload) -> None:
+        lines = log_lines(w, timezone.now())
+        path = self.log_path(w.name, w.namespace)
+        try:
+            if path.exists() and path.stat().st_size == sum(len(x) + 1 for x in lines):
+                return
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("".join(f"{x}\n" for x in lines))
+        except OSError:
+            # A read-only or full disk loses the log, not the demo.
+            pass
 
     def _checkpoint(self, w: SimulatedWorkload) -> datetime | None:
         """Write the checkpoints the workload has finished by now; return the last one's time.
@@ -279,3 +326,77 @@ def _workload(
         "ends_at": now + START_DELAY + timedelta(seconds=max(1, member.simulated_duration_s)),
         "exit_code": member.simulated_exit_code,
     }
+
+
+w_never = datetime.min.replace(tzinfo=UTC)
+
+
+def log_lines(w: SimulatedWorkload, now: datetime) -> list[str]:
+    """What the workload has printed by `now`: a header, a step a second, how it ended."""
+    if now < w.starts_at:
+        return []
+    rng = random.Random(f"{w.namespace}/{w.name}")
+    env = w.spec.get("env", {})
+    lines = [
+        f"[qm] {w.name} on {w.node}, devices {w.spec.get('devices', [])}",
+        f"[qm] image {w.spec.get('image', '')}",
+        f"[qm] command {' '.join(w.spec.get('command', [])) or '(image default)'}",
+    ]
+    if "WORLD_SIZE" in env:
+        lines.append(
+            f"rank {env.get('RANK')} of {env['WORLD_SIZE']}, master {env.get('MASTER_ADDR')}"
+        )
+    if env.get("QM_RESUME") == "1":
+        lines.append(f"resuming from the last checkpoint in {env.get('QM_CHECKPOINT_DIR')}")
+    until = min(now, w.ends_at, w.stopped_at or w.ends_at)
+    steps = min(MAX_LOG_STEPS, int((until - w.starts_at).total_seconds()))
+    loss = 2.5 + rng.random()
+    for step in range(1, steps + 1):
+        loss *= 0.97 + rng.random() * 0.02
+        lines.append(
+            f"epoch {1 + (step - 1) // 100} step {step} loss {loss:.4f} "
+            f"lr 3.0e-04 {900 + rng.randint(0, 200)} samples/s"
+        )
+    if w.stopped_at is not None and w.stopped_at <= now and w.stopped_at < w.ends_at:
+        lines.append("received SIGTERM: saving state and exiting")
+    elif now >= w.ends_at:
+        if w.exit_code == 0:
+            lines.append(f"training finished after {steps} steps, final loss {loss:.4f}")
+        elif w.exit_code == 137:
+            lines.append("Killed")
+        else:
+            lines += [
+                "Traceback (most recent call last):",
+                '  File "/app/train.py", line 212, in <module>',
+                "    loss.backward()",
+                "RuntimeError: CUDA error: an illegal memory access was encountered",
+                f"exited with code {w.exit_code}",
+            ]
+    return lines
+
+
+def _workload_events(w: SimulatedWorkload, now: datetime) -> list[WorkloadEvent]:
+    """The events a Job's pod would get, from the row's times."""
+    obj = f"Pod/{w.name}"
+    out = [WorkloadEvent(w.created_at, "Normal", "Scheduled", f"assigned to {w.node}", obj)]
+    if now >= w.starts_at:
+        out += [
+            WorkloadEvent(w.starts_at, "Normal", "Pulled", f"image {w.spec.get('image', '')}", obj),
+            WorkloadEvent(w.starts_at, "Normal", "Started", "started container main", obj),
+        ]
+    if w.stopped_at is not None and w.stopped_at <= now:
+        out.append(WorkloadEvent(w.stopped_at, "Normal", "Killing", "stopped by the portal", obj))
+    elif now >= w.ends_at:
+        if w.exit_code == 0:
+            out.append(WorkloadEvent(w.ends_at, "Normal", "Completed", "Job completed", obj))
+        else:
+            out.append(
+                WorkloadEvent(
+                    w.ends_at,
+                    "Warning",
+                    "BackoffLimitExceeded",
+                    f"container main exited with code {w.exit_code}",
+                    obj,
+                )
+            )
+    return out

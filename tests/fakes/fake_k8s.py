@@ -173,6 +173,10 @@ class FakeCluster:
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     #: namespaces the service account may read pods in; None = cluster-wide
     pod_read_namespaces: set[str] | None = None
+    #: what each pod's main container printed: {(namespace, pod): text}
+    pod_logs: dict[tuple[str, str], str] = field(default_factory=dict)
+    #: Kubernetes Event objects (core/v1), as the list API answers them
+    object_events: list[client.CoreV1Event] = field(default_factory=list)
     #: Jobs deleted with Foreground keep their pods Terminating until `finish_deletions()`
     slow_deletions: bool = False
     _rv: itertools.count = field(default_factory=lambda: itertools.count(1))
@@ -235,6 +239,23 @@ class FakeCluster:
     def add_pod(self, pod: client.V1Pod) -> None:
         self._emit("pods", pod.metadata.namespace, "ADDED", pod)
         self.pods[(pod.metadata.namespace, pod.metadata.name)] = pod
+
+    def record_event(
+        self, kind: str, name: str, namespace: str, reason: str, message: str, etype: str = "Normal"
+    ) -> None:
+        """An Event about an object, as the kubelet or the Job controller would post it."""
+        self.object_events.append(
+            client.CoreV1Event(
+                metadata=client.V1ObjectMeta(
+                    name=f"{name}.{len(self.object_events):x}", namespace=namespace
+                ),
+                involved_object=client.V1ObjectReference(kind=kind, name=name, namespace=namespace),
+                reason=reason,
+                message=message,
+                type=etype,
+                last_timestamp=self.now,
+            )
+        )
 
     # -- the Job controller and kubelet, scripted --------------------------------
 
@@ -599,6 +620,38 @@ class FakeCoreV1Api:
         if allowed is not None and namespace not in allowed:
             raise api_error(403, "Forbidden")
         return self._pods(namespace, label_selector, field_selector)
+
+    def read_namespaced_pod_log(
+        self, name: str, namespace: str, tail_lines: int | None = None, **kw: Any
+    ) -> str:
+        self.cluster.call(
+            "read_namespaced_pod_log", name=name, namespace=namespace, tail_lines=tail_lines, **kw
+        )
+        if (namespace, name) not in self.cluster.pods:
+            raise api_error(404, "NotFound")
+        pod = self.cluster.pods[(namespace, name)]
+        if pod.status.phase == "Pending":
+            raise api_error(400, "BadRequest")
+        lines = self.cluster.pod_logs.get((namespace, name), "").splitlines(keepends=True)
+        return "".join(lines[-tail_lines:] if tail_lines else lines)
+
+    def list_namespaced_event(
+        self, namespace: str, field_selector: str | None = None, **kw: Any
+    ) -> client.CoreV1EventList:
+        self.cluster.call(
+            "list_namespaced_event", namespace=namespace, field_selector=field_selector
+        )
+        want = dict(p.split("=", 1) for p in (field_selector or "").split(",") if p)
+        items = [
+            e
+            for e in self.cluster.object_events
+            if e.metadata.namespace == namespace
+            and all(
+                getattr(e.involved_object, k.removeprefix("involvedObject.")) == v
+                for k, v in want.items()
+            )
+        ]
+        return client.CoreV1EventList(items=items, metadata=_list_meta(self.cluster))
 
 
 class FakeBatchV1Api:

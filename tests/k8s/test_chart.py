@@ -433,6 +433,56 @@ def test_the_schema_rejects_bad_checkpoint_values(bad: dict) -> None:
         )
 
 
+def test_team_namespaces_grant_reading_pod_logs_and_events() -> None:
+    """The request page shows a workload's log tail and events (portal/k8s/logs.py)."""
+    docs = render(CASES["everything"])
+    for role in kinds(docs, "Role"):
+        rules = {tuple(r["resources"]): set(r["verbs"]) for r in role["rules"]}
+        assert "get" in rules[("pods/log",)], role["metadata"]["namespace"]
+        assert "list" in rules[("events",)], role["metadata"]["namespace"]
+
+
+def test_notifications_are_configured_from_values() -> None:
+    """No mail host: the dummy backend (webhooks still go); a host: SMTP, password in the Secret."""
+    docs = render(CASES["defaults"])
+    config = next(d for d in kinds(docs, "ConfigMap") if d["metadata"]["name"].endswith("-config"))
+    assert config["data"]["EMAIL_BACKEND"] == "django.core.mail.backends.dummy.EmailBackend"
+    values = {
+        **CASES["defaults"],
+        "config": {
+            **CASES["defaults"].get("config", {}),
+            "notifications": {
+                "portalURL": "https://gpus.example.com",
+                "longWaitSeconds": 1800,
+                "email": {
+                    "host": "smtp.example.com",
+                    "port": 587,
+                    "useTLS": True,
+                    "useSSL": False,
+                    "user": "qm",
+                    "from": "gpus@example.com",
+                },
+            },
+        },
+        "secrets": {**CASES["defaults"].get("secrets", {}), "emailPassword": "hunter2"},
+    }
+    docs = render(values)
+    data = next(d for d in kinds(docs, "ConfigMap") if d["metadata"]["name"].endswith("-config"))[
+        "data"
+    ]
+    assert data["EMAIL_BACKEND"] == "django.core.mail.backends.smtp.EmailBackend"
+    assert (data["EMAIL_HOST"], data["EMAIL_PORT"], data["EMAIL_USE_TLS"]) == (
+        "smtp.example.com",
+        "587",
+        "true",
+    )
+    assert data["PORTAL_URL"] == "https://gpus.example.com"
+    assert data["NOTIFY_LONG_WAIT_SECONDS"] == "1800"
+    assert "EMAIL_HOST_PASSWORD" not in data
+    secret = next(d for d in kinds(docs, "Secret") if "EMAIL_HOST_PASSWORD" in d.get("data", {}))
+    assert base64.b64decode(secret["data"]["EMAIL_HOST_PASSWORD"]) == b"hunter2"
+
+
 SSO_ENDPOINTS = {
     "clientId": "qm",
     "authorizationEndpoint": "https://sso.example.com/auth",

@@ -158,3 +158,133 @@ def test_every_kind_of_decision_records_the_profile_and_a_preemption_its_lost_wo
     preempt = rows.get(kind="preempt")
     assert preempt.message.startswith("reclaimed; it has not checkpointed, so it loses all")
     assert preempt.facts["lost_seconds"] >= 0 and preempt.facts["last_checkpoint_at"] is None
+
+
+def _notes_by_definition(old: dict, new: dict) -> dict:
+    """The rule position_notes counts, request by request (quadratic: the reference)."""
+    from portal.apply import _plural
+
+    notes = {}
+    for rid, n in new.items():
+        o = old.get(rid)
+        if not o or not n or o == n:
+            continue
+        ahead_now = [x for x, p in new.items() if x != rid and p < n]
+        stayed = sum(1 for x in ahead_now if old.get(x) and old[x] < o)
+        arrived = sum(1 for x in ahead_now if not old.get(x))
+        passed = len(ahead_now) - stayed - arrived
+        fell = sum(1 for x, p in new.items() if old.get(x) and old[x] < o and p > n)
+        left = max(0, (o - 1) - stayed - fell)
+        why = [
+            _plural(left, "request", "requests") + " ahead of it started or left the queue"
+            if left
+            else "",
+            _plural(fell, "request", "requests") + " fell behind it" if fell else "",
+            _plural(arrived, "request", "requests")
+            + " of higher class, priority or fair share arrived"
+            if arrived
+            else "",
+            _plural(passed, "request", "requests")
+            + " moved ahead (priority, fair share or escalation)"
+            if passed
+            else "",
+        ]
+        why = [w for w in why if w]
+        notes[rid] = f"moved from #{o} to #{n}" + (f": {'; '.join(why)}" if why else "")
+    return notes
+
+
+@pytest.mark.django_db(transaction=False)
+@pytest.mark.parametrize("seed", range(30))
+def test_position_notes_count_as_the_rule_says(seed: int) -> None:
+    import random
+
+    from portal.apply import position_notes
+
+    rng = random.Random(seed)
+    ids = [f"r{i}" for i in range(rng.randint(1, 60))]
+    waited = rng.sample(ids, rng.randint(0, len(ids)))
+    old = {rid: p for p, rid in enumerate(rng.sample(waited, len(waited)), start=1)}
+    # Some leave (admitted, cancelled), some arrive; admitted ones leave gaps in the order.
+    placed = [rid for rid in rng.sample(ids, len(ids)) if rng.random() < 0.8]
+    new, p = {}, 0
+    for rid in placed:
+        p += rng.choice((1, 1, 1, 2))
+        new[rid] = p
+    assert position_notes(old, new) == _notes_by_definition(old, new)
+
+
+def test_waits_write_their_notes_in_the_one_bulk_update() -> None:
+    """A queue of 12 moves up by one: every note goes out with the wait fields, and the
+    number of statements does not grow with the queue."""
+    from django.test.utils import CaptureQueriesContext
+
+    w = make_world()
+    reqs = [submit(w.bob, w.vision) for _ in range(12)]
+    for i, r in enumerate(reqs, start=1):
+        GpuRequest.objects.filter(pk=r.pk).update(
+            status_code="no-capacity", status_message="waiting: full", queue_position=i + 1
+        )
+    snapshot, ctx = build_snapshot(timezone.now())
+    decisions = [
+        st.Decision(st.DecisionKind.WAIT, str(r.pk), "no-capacity", "waiting: full", position=i)
+        for i, r in enumerate(reqs, start=1)
+    ]
+    with CaptureQueriesContext(connection) as queries, transaction.atomic():
+        decisions_apply(decisions=decisions, ctx=ctx, tick_no=3)
+    notes = dict(
+        GpuRequest.objects.filter(pk__in=[r.pk for r in reqs]).values_list("pk", "position_note")
+    )
+    assert (
+        notes[reqs[0].pk] == "moved from #2 to #1: 1 request ahead of it started or left the queue"
+    )
+    assert notes[reqs[-1].pk].startswith("moved from #13 to #12: 1 request ahead")
+    touching = [q["sql"] for q in queries.captured_queries if "portal_gpurequest" in q["sql"]]
+    assert len(touching) <= 3, touching
+    # Nothing moved the next tick: the notes stay, and nothing is written.
+    snapshot, ctx = build_snapshot(timezone.now())
+    with CaptureQueriesContext(connection) as queries, transaction.atomic():
+        decisions_apply(decisions=decisions, ctx=ctx, tick_no=4)
+    assert not [q for q in queries.captured_queries if q["sql"].startswith("UPDATE")]
+    assert GpuRequest.objects.get(pk=reqs[0].pk).position_note == notes[reqs[0].pk]
+
+
+def test_a_request_back_in_the_queue_drops_its_old_note() -> None:
+    w = make_world()
+    req = submit(w.bob, w.vision)
+    GpuRequest.objects.filter(pk=req.pk).update(
+        status_code="no-capacity",
+        status_message="waiting: full",
+        position_note="moved from #5 to #3",
+    )
+    snapshot, ctx = build_snapshot(timezone.now())
+    wait = st.Decision(
+        st.DecisionKind.WAIT, str(req.pk), "no-capacity", "waiting: full", position=7
+    )
+    with transaction.atomic():
+        decisions_apply(decisions=[wait], ctx=ctx, tick_no=5)
+    req.refresh_from_db()
+    assert (req.queue_position, req.position_note) == (7, "")
+
+
+def test_rejections_are_told_after_the_commit_through_one_hook(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    w = make_world()
+    a, b = submit(w.bob, w.vision), submit(w.alice, w.vision)
+    sent: list[tuple[int, str]] = []
+    monkeypatch.setattr("portal.notify._enqueue", lambda pk, event: sent.append((pk, event)))
+    snapshot, ctx = build_snapshot(timezone.now())
+    decisions = [
+        st.Decision(st.DecisionKind.REJECT, str(a.pk), "too-big", "never fits"),
+        st.Decision(st.DecisionKind.REJECT, str(b.pk), "too-big", "never fits"),
+    ]
+    with transaction.atomic():
+        hooks = len(connection.run_on_commit)
+        decisions_apply(decisions=decisions, ctx=ctx, tick_no=6)
+        assert len(connection.run_on_commit) - hooks == 1
+        assert sent == []
+    assert sorted(sent) == sorted([(a.pk, "failure"), (b.pk, "failure")])
+    assert set(GpuRequest.objects.filter(pk__in=[a.pk, b.pk]).values_list("state", flat=True)) == {
+        "failed"
+    }

@@ -108,11 +108,14 @@ def test_it_offers_only_profiles_the_pool_has(world: World) -> None:
     mig = Pool.objects.get(name="h100-mig")
     r = c.get(reverse("portal:request-submit"), {"pool": mig.pk}, HTTP_HX_REQUEST="true")
     assert r.status_code == 200
+    # Profiles by what they are: "MIG 3g.40gb: 3/7 of a GPU, 40 GB", not their slugs.
     assert (
-        b"mig-3g.40gb" in r.content
-        and b"shared-250m" not in r.content
-        and b">whole<" not in r.content
+        b"MIG 3g.40gb: 3/7 of a GPU, 40 GB" in r.content
+        and b"shared:" not in r.content
+        and b">whole GPU<" not in r.content
     )
+    # The profiles came: the form asks for a fresh preview once they are swapped in.
+    assert r["HX-Trigger-After-Swap"] == "qm-profiles"
     # A profile the pool does not offer is refused.
     r = c.post(reverse("portal:request-submit"), form_data(world, pool=mig.pk))
     assert r.status_code == 400 and "profile" in r.context["form"].errors

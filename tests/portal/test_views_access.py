@@ -27,9 +27,11 @@ from portal.models import (
     GpuRequest,
     Membership,
     Node,
+    NotificationPreference,
     PolicyProfile,
     Pool,
     Quota,
+    RequestTemplate,
     Team,
     WorkloadClass,
 )
@@ -97,6 +99,10 @@ def world(django_db_setup, django_db_blocker) -> Iterator[dict]:  # noqa: ANN001
             "attempt_id": running.attempts.get().pk,
             "profile_id": PolicyProfile.objects.get(active=True).pk,
             "action": "drain",
+            # bob's saved request template: only bob may use or delete it.
+            "template_id": RequestTemplate.objects.create(
+                user=w.bob, name=MARKER, fields={"name": MARKER}
+            ).pk,
         }
         yield {"world": w, "ids": ids, "running": running}
         transaction.set_rollback(True)
@@ -129,6 +135,13 @@ def state() -> tuple:
         sorted(Membership.objects.values_list("id", "role", "gpu_cap_milli")),
         sorted(Device.objects.filter(quarantined=True).values_list("id", flat=True)),
         sorted(Team.objects.values_list("id", "name")),
+        sorted(RequestTemplate.objects.values_list("id", "name")),
+        # carol (the outsider) may save her own notification settings; nobody else's change.
+        sorted(
+            NotificationPreference.objects.exclude(user__username="carol").values_list(
+                "user_id", "email", "webhook_url"
+            )
+        ),
         sorted(PolicyProfile.objects.values_list("id", "version", "active", "knobs")),
     )
 
@@ -310,6 +323,16 @@ def test_it_lets_auditors_read_everything_and_change_nothing(world: dict, settin
     page = session.get("/ops/settings/").content.decode()
     assert "<fieldset disabled" in page
     assert "Cordon</button>" not in session.get("/ops/capacity/").content.decode()
+    # The people pages: any team's log and events; their own notification settings shown,
+    # not saved (the walker above got 403 for the POST and no preference row was made).
+    request_id = world["ids"]["request_id"]
+    assert session.get(f"/requests/{request_id}/logs/").status_code == 200
+    assert session.get(f"/requests/{request_id}/logs/download/").status_code == 200
+    prefs = session.get("/me/notifications/").content.decode()
+    assert '<fieldset disabled class="read-only">' in prefs
+    assert not NotificationPreference.objects.filter(user=auditor).exists()
+    jobs = session.get("/?scope=team").content.decode()
+    assert MARKER in jobs and ">Cancel</button>" not in jobs and "Resubmit" not in jobs
     assert by_token.get("/api/v1/audit/").status_code == 200
     assert by_token.get("/api/v1/capacity/").status_code == 200
     decisions = by_token.get("/api/v1/decisions/").json()

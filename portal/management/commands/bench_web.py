@@ -422,6 +422,9 @@ def _time_pages(*, admin: Any, runs: int) -> dict[str, dict[str, Any]]:
         "capacity map (page 10)": "/ops/capacity/?page=10",
         "decision log": "/decisions/",
         "decision log (filtered)": "/decisions/?kind=wait&page=50",
+        "my jobs (all teams)": "/?scope=team",
+        "my jobs (search, htmx partial)": "/?scope=team&q=a&state=pending&page=20",
+        "request form": "/requests/new/",
     }
     out = {}
     for label, url in pages.items():
