@@ -699,13 +699,28 @@ class _Light:
         freed: dict[str, int] = {}
         used_total = self.total_used
         # Where it fits already, any victims that free the quota do; else only the nodes
-        # the victims free can change the answer.
+        # the victims free can change the answer. The victims' room is given back on their
+        # nodes as they are chosen (and taken again below), and `fitting` holds the touched
+        # nodes where the shape fits now: each step changes one node, so one check a step.
         anywhere = self._place(job.shape) is not None
+        _, able = self.hosts(job.shape)
+        fitting: set[int] = set()
+
+        def release(a: _Att, sign: int) -> None:
+            ln = self.nodes[a.node]
+            ln.cpu += sign * a.job.shape.cpu_milli
+            ln.mem += sign * a.job.shape.memory_mib
+            for p, m in a.grants:
+                ln.free[p] += sign * m
+            if a.node in able and self._fit_on(a.node, job.shape) is not None:
+                fitting.add(a.node)
+            else:
+                fitting.discard(a.node)
 
         def fits_now() -> bool:
             if used_total + need > self.capacity:
                 return False
-            return anywhere or self._place_without(job.shape, chosen) is not None
+            return anywhere or bool(fitting)
 
         ok = False
         for a in cands:
@@ -713,21 +728,27 @@ class _Light:
             if t != team and self.used[t] - freed.get(t, 0) <= self.nominal[t]:
                 continue  # no longer borrowing
             chosen.append(a)
+            release(a, +1)
             freed[t] = freed.get(t, 0) + a.quota
             used_total -= a.quota
             if fits_now():
                 ok = True
                 break
+        if ok:
+            for a in list(reversed(chosen)):
+                chosen.remove(a)
+                release(a, -1)
+                freed[a.job.team] -= a.quota
+                used_total += a.quota
+                if not fits_now():
+                    chosen.append(a)
+                    release(a, +1)
+                    freed[a.job.team] += a.quota
+                    used_total -= a.quota
+        for a in chosen:
+            release(a, -1)  # the nodes as they were; `stop` frees the room for real
         if not ok:
             return False
-        for a in list(reversed(chosen)):
-            chosen.remove(a)
-            freed[a.job.team] -= a.quota
-            used_total += a.quota
-            if not fits_now():
-                chosen.append(a)
-                freed[a.job.team] += a.quota
-                used_total -= a.quota
         for a in chosen:
             self.stop(a.id, now, preempted=True)
         found = self._place(job.shape)
@@ -736,24 +757,6 @@ class _Light:
         self._remove_pending(job)
         self.start(job, found[0], found[1], now)
         return True
-
-    def _place_without(
-        self, shape: Shape, victims: list[_Att]
-    ) -> tuple[int, tuple[tuple[int, int], ...]] | None:
-        touched = {a.node for a in victims}
-        saved = {
-            k: (self.nodes[k].cpu, self.nodes[k].mem, list(self.nodes[k].free)) for k in touched
-        }
-        for a in victims:
-            ln = self.nodes[a.node]
-            ln.cpu += a.job.shape.cpu_milli
-            ln.mem += a.job.shape.memory_mib
-            for p, m in a.grants:
-                ln.free[p] += m
-        found = self._place(shape, sorted(touched))
-        for k, (c, m, f) in saved.items():
-            self.nodes[k].cpu, self.nodes[k].mem, self.nodes[k].free = c, m, f
-        return found
 
     def run(self) -> Outcome:
         jobs = self.jobs
