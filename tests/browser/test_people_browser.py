@@ -42,7 +42,12 @@ def test_the_preview_follows_the_form_and_refuses_what_would_be_rejected(
     page.select_option("#id_workload_class", label="training")
     # The pool narrows the profiles: MIG slices only, named for people.
     page.select_option("#id_pool", label="h100-mig")
-    page.wait_for_selector("#id_profile option:text('MIG 3g.40gb')", state="attached")
+    # The unfiltered list has the MIG slices too: wait for the swap that drops the rest.
+    page.wait_for_function(
+        "() => { const o = [...document.querySelectorAll('#id_profile option')]"
+        ".map(e => e.textContent);"
+        " return o.some(t => t.startsWith('MIG 3g.40gb')) && !o.some(t => t.startsWith('whole GPU')); }"
+    )
     labels = page.locator("#id_profile option").all_inner_texts()
     assert not any(label.startswith("whole GPU") for label in labels), labels
     page.select_option("#id_profile", label="MIG 1g.10gb: 1/7 of a GPU, 10 GB")
