@@ -16,6 +16,7 @@ into the packer's integer target (`target_workload`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from typing import Any
 from scheduling import fit
 from scheduling.types import (
     WHOLE_GPU_MILLI,
+    Device,
     Node,
     Partitioning,
     PoolWorkload,
@@ -187,17 +189,23 @@ def offered_shapes(node: Node) -> set[Shape]:
     profiles of its MIG devices, and shares of its time-sliced devices (one replica's
     share when the replica count is set, else `PRIOR_SHARES`). A node without healthy
     devices offers a CPU-only request."""
-    tol = _tolerations(node)
+    return set(_offered(_tolerations(node), node.devices))
+
+
+# Every tick asks again for every node, and nodes rarely change: remember the answer per
+# (tolerations, devices).
+@functools.lru_cache(maxsize=4096)
+def _offered(tol: tuple[Taint, ...], devices: tuple[Device, ...]) -> frozenset[Shape]:
     out: set[Shape] = set()
     whole = [
         d
-        for d in node.devices
+        for d in devices
         if d.healthy and d.partitioning in (Partitioning.EXCLUSIVE, Partitioning.TIME_SLICING)
     ]
     for n in PRIOR_WHOLE_COUNTS:
         if n <= len(whole):
             out.add(Shape(count=n, tolerations=tol))
-    for d in node.devices:
+    for d in devices:
         if not d.healthy:
             continue
         if d.partitioning is Partitioning.TIME_SLICING:
@@ -215,7 +223,7 @@ def offered_shapes(node: Node) -> set[Shape]:
                 out.add(Shape(kind=ProfileKind.MIG, mig_profile=name, tolerations=tol))
     if not out:
         out.add(Shape(count=0, tolerations=tol))
-    return out
+    return frozenset(out)
 
 
 def prior(nodes: Iterable[Node], total: float = PRIOR_WEIGHT) -> dict[Shape, float]:
