@@ -280,5 +280,23 @@ def pool_targets(
     out: dict[str, list[tuple[Shape, int]]] = {}
     for pool, members in by_pool.items():
         target = target_workload(given[pool]) if pool in given else []
-        out[pool] = target or target_workload(prior(members))
+        out[pool] = target or _prior_target(pool, members)
     return out
+
+
+#: per pool, the last nodes a prior was built from and its target: a caller that passes the
+#: same node objects tick after tick (the replay) does not rebuild it every tick
+_PRIORS: dict[str, tuple[list[Node], list[tuple[Shape, int]]]] = {}
+
+
+def _prior_target(pool: str, members: list[Node]) -> list[tuple[Shape, int]]:
+    hit = _PRIORS.get(pool)
+    if (
+        hit is not None
+        and len(hit[0]) == len(members)
+        and all(a is b for a, b in zip(hit[0], members, strict=True))
+    ):
+        return list(hit[1])
+    target = target_workload(prior(members))
+    _PRIORS[pool] = (members, target)
+    return list(target)
