@@ -147,6 +147,7 @@ from scheduling.types import (
     WorkloadClass,
 )
 from scheduling.usage_decay import decay_usage, interval_usage
+from scheduling.workload import ShapeHistory
 
 TRACE_DIR = Path(__file__).resolve().parents[2] / ".." / "shared" / "traces" / "alibaba-gpu-v2023"
 RUNTIME_CAP_S = 6 * 3600
@@ -853,6 +854,9 @@ class _Sim:
     progress: dict[str, int] = field(default_factory=dict)
     #: requests whose waiting thresholds already have a wake event
     timed: set[str] = field(default_factory=set)
+    #: the pool's learned request shapes, fed at each arrival as the portal feeds its
+    #: `ShapeHistory` at each submit (FGD's target; empty: the nodes' prior)
+    history: ShapeHistory | None = None
 
     def push(self, t: int, kind: int, ident: str) -> None:
         heapq.heappush(self.events, (t, self.seq, kind, ident))
@@ -894,6 +898,7 @@ class _Sim:
             quotas=self.quotas,
             classes=REPLAY_CLASSES,
             usage=tuple(TeamUsage(t, v, a) for t, (v, a) in self.usage.items()),
+            workloads=(self.history.to_workload(TRACE_POOL),) if self.history else (),
         )
         started = time.perf_counter()
         decisions = schedule(snap, now, self.policy)
@@ -998,6 +1003,7 @@ def run_quartermaster(
         # the requeue jitter: the one random draw inside the simulation
         rng=random.Random(seed + 1),
     )
+    sim.history = ShapeHistory(half_life_s=sim.policy.shape_half_life_s)
     i = 0
     while i < len(jobs) or sim.pending or sim.events:
         t_next = min(
@@ -1022,6 +1028,7 @@ def run_quartermaster(
                 expected_runtime_ms=job.estimate_ms,
             )
             sim.waiting_since[job.id] = job.arrival_ms
+            sim.history.observe(job.shape, job.arrival_ms)
             i += 1
         if sim.pending:
             sim.tick(now)
