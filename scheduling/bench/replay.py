@@ -637,7 +637,9 @@ class _Light:
         every, able = self.hosts(job.shape)
         for k in every if nodes is None else [k for k in nodes if k in able]:
             ln = self.nodes[k]
-            lower = [self.running[a] for a in ln.running if BAND[self.running[a].job.cls] < band]
+            lower = [
+                self.running[a] for a in sorted(ln.running) if BAND[self.running[a].job.cls] < band
+            ]
             if not lower:
                 continue
             victims = self._minimal(k, job.shape, lower)
