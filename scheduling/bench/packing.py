@@ -94,6 +94,26 @@ PUBLISHED_NAMES = {
 BINS = 131
 
 
+class _Curve:
+    """Allocation (% of capacity) averaged per bin of arrived GPU request (% of capacity)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.sums = [0.0] * BINS
+        self.counts = [0] * BINS
+        self.arrived = 0
+
+    def add(self, request_milli: int, allocated: int) -> None:
+        self.arrived += request_milli
+        b = (self.arrived * 200 + self.capacity) // (2 * self.capacity)
+        if b < BINS:
+            self.sums[b] += allocated * 100 / self.capacity
+            self.counts[b] += 1
+
+    def points(self) -> list[float | None]:
+        return [round(s / c, 3) if c else None for s, c in zip(self.sums, self.counts, strict=True)]
+
+
 @dataclass(frozen=True, slots=True)
 class RunResult:
     policy: str
@@ -157,9 +177,7 @@ def run_once(
     state = ClusterState(
         nodes, policy, seed=seed, tie_break=tie_break, shape_weights=target_shapes(pods)
     )
-    sums = [0.0] * BINS
-    counts = [0] * BINS
-    arrived = 0
+    curve_of = _Curve(capacity)
     allocated = 0
     failed = 0
     placements: list[tuple[str, Placement | None]] = []
@@ -175,13 +193,9 @@ def run_once(
             allocated += pod.gpu_request_milli
         if keep_placements:
             placements.append((pod.name, placement))
-        arrived += pod.gpu_request_milli
-        b = (arrived * 200 + capacity) // (2 * capacity)
-        if b < BINS:
-            sums[b] += allocated * 100 / capacity
-            counts[b] += 1
+        curve_of.add(pod.gpu_request_milli, allocated)
     seconds = time.perf_counter() - start
-    curve = [round(s / c, 3) if c else None for s, c in zip(sums, counts, strict=True)]
+    curve = curve_of.points()
     return RunResult(policy, seed, workload, curve, len(sequence), failed, seconds, placements)
 
 
@@ -228,9 +242,7 @@ def run_per_tick(
             for p in pods:
                 h.observe(shapes[p.name], START_MS)
         histories[pool.name] = h
-    sums = [0.0] * BINS
-    counts = [0] * BINS
-    arrived = 0
+    curve_of = _Curve(capacity)
     allocated = 0
     failed = 0
     placements: list[tuple[str, Placement | None]] = []
@@ -277,13 +289,9 @@ def run_per_tick(
                 )
             if keep_placements:
                 placements.append((pod.name, placement))
-            arrived += pod.gpu_request_milli
-            b = (arrived * 200 + capacity) // (2 * capacity)
-            if b < BINS:
-                sums[b] += allocated * 100 / capacity
-                counts[b] += 1
+            curve_of.add(pod.gpu_request_milli, allocated)
     seconds = time.perf_counter() - start
-    curve = [round(s / c, 3) if c else None for s, c in zip(sums, counts, strict=True)]
+    curve = curve_of.points()
     name = policy.packer if policy.packer != "default" else DEFAULT_POLICY
     return RunResult(name, seed, workload, curve, len(sequence), failed, seconds, placements)
 
