@@ -34,11 +34,14 @@ from portal import services
 from portal.models import AuditEvent, GpuRequest, Membership
 from portal.settings import _group_map
 from tests.base import make_world, submit
+from tests.browser import test_portal_browser as base
+
+# The one Chromium fixture, shared by name with test_portal_browser.py.
+browser = base.browser
 
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
-CHROMIUM = "/usr/bin/chromium"
 RESULTS = Path(__file__).resolve().parents[2] / "test-results"
 PROVIDER_DIR = Path(__file__).resolve().parent / "oidc"
 CLIENT_ID, CLIENT_SECRET = "quartermaster", "browser-test-secret"
@@ -63,22 +66,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    if not Path(CHROMIUM).exists():
-        pytest.skip("no /usr/bin/chromium (apt-get install chromium)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(
-            executable_path=CHROMIUM,
-            headless=True,
-            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
-        )
-        yield b
-        b.close()
 
 
 @pytest.fixture
