@@ -9,7 +9,7 @@ from typing import Any
 from django import forms
 from django.core.exceptions import ValidationError
 
-from portal import selectors, services, shapes
+from portal import selectors, services, shapes, validation
 from portal.models import (
     Decision,
     DeviceProfile,
@@ -211,11 +211,23 @@ class QuotaForm(forms.Form):
     )
     lending_limit = GpuField(required=False, label="May lend (GPUs)", help_text="empty = no limit")
     granted = GpuField(required=False, label="Granted by admins (GPUs)")
+    reason = forms.CharField(
+        max_length=500,
+        label="Reason for the change",
+        help_text="goes into the audit log",
+        error_messages={"required": "Say why: the reason goes into the audit log."},
+    )
 
     def __init__(self, *args: Any, admin: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if not admin:
             del self.fields["granted"]
+
+    def clean_reason(self) -> str:
+        reason = self.cleaned_data["reason"].strip()
+        if not reason:
+            raise forms.ValidationError("Say why: the reason goes into the audit log.")
+        return reason
 
     @classmethod
     def initial_for(cls, quota: Any) -> dict[str, Any]:
@@ -234,6 +246,7 @@ class QuotaForm(forms.Form):
             "nominal_milli": _milli(d["nominal"]),
             "borrowing_limit_milli": _milli(d.get("borrowing_limit")),
             "lending_limit_milli": _milli(d.get("lending_limit")),
+            "reason": d["reason"],
         }
         if "granted" in self.fields and d.get("granted") is not None:
             out["granted_milli"] = _milli(d["granted"])
@@ -264,6 +277,13 @@ class WorkloadClassForm(forms.ModelForm):  # type: ignore[type-arg]
         model = WorkloadClass
         fields = [*services.CLASS_FIELDS, "teams"]
         widgets = {"teams": forms.CheckboxSelectMultiple}
+        labels = {
+            "band": "Priority band",
+            "min_runtime_s": "Minimum runtime before preemption (seconds)",
+            "max_queue_s": "Maximum queue time (seconds)",
+            "latency_objective_ms": "Latency objective (milliseconds)",
+            "priority_class_name": "Kubernetes priority class",
+        }
 
 
 class TeamCreateForm(forms.Form):
@@ -284,10 +304,126 @@ class MemberAddForm(forms.Form):
             del self.fields["role"]
 
 
+class TaintsField(forms.CharField):
+    """Taints as kubectl writes them, one a line: `key=value:Effect` (value optional)."""
+
+    widget = forms.Textarea(attrs={"rows": 2})
+
+    def prepare_value(self, value: Any) -> Any:
+        if isinstance(value, list):
+            return "\n".join(
+                f"{t.get('key', '')}{'=' + t['value'] if t.get('value') else ''}:{t.get('effect', 'NoSchedule')}"
+                for t in value
+                if isinstance(t, dict)
+            )
+        return value
+
+    def to_python(self, value: Any) -> list[dict[str, str]]:
+        text = super().to_python(value) or ""
+        out = []
+        for n, line in enumerate(text.splitlines(), start=1):
+            line = line.strip()
+            if not line:
+                continue
+            head, sep, effect = line.rpartition(":")
+            if not sep:
+                head, effect = line, "NoSchedule"
+            key, _, val = head.partition("=")
+            taint = {"key": key.strip(), "value": val.strip(), "effect": effect.strip()}
+            try:
+                validation.validate_taints([taint], "taints")
+            except ValidationError as exc:
+                raise ValidationError(
+                    f"Line {n} ({line}): {' '.join(exc.messages)} Write key=value:Effect."
+                ) from None
+            out.append(taint)
+        return out
+
+
+class NodeSelectorField(forms.CharField):
+    """Node labels as `key=value`, separated by commas or new lines."""
+
+    def prepare_value(self, value: Any) -> Any:
+        if isinstance(value, dict):
+            return ", ".join(f"{k}={v}" for k, v in value.items())
+        return value
+
+    def to_python(self, value: Any) -> dict[str, str]:
+        text = super().to_python(value) or ""
+        out: dict[str, str] = {}
+        for item in text.replace("\n", ",").split(","):
+            item = item.strip()
+            if not item:
+                continue
+            key, sep, val = item.partition("=")
+            if not sep:
+                raise ValidationError(f"{item!r}: write label=value.")
+            out[key.strip()] = val.strip()
+        try:
+            validation.validate_node_selector(out, "node_selector")
+        except ValidationError as exc:
+            raise ValidationError(" ".join(exc.messages)) from None
+        return out
+
+
+class MigLayoutField(forms.CharField):
+    """MIG profiles each GPU is cut into, separated by commas: `3g.40gb, 2g.20gb`."""
+
+    def prepare_value(self, value: Any) -> Any:
+        if isinstance(value, list):
+            return ", ".join(str(p) for p in value)
+        return value
+
+    def to_python(self, value: Any) -> list[str]:
+        text = super().to_python(value) or ""
+        out = [p.strip() for p in text.replace("\n", ",").split(",") if p.strip()]
+        try:
+            validation.validate_mig_layout(out, "mig_layout")
+        except ValidationError as exc:
+            raise ValidationError(" ".join(exc.messages)) from None
+        return out
+
+
 class PoolForm(forms.ModelForm):  # type: ignore[type-arg]
+    """A pool's settings in plain fields (no JSON): taints, labels and MIG layout as text
+    in the forms kubectl and nvidia-smi use, the inference floor in GPUs."""
+
+    taints = TaintsField(
+        required=False,
+        label="Taints",
+        help_text="one a line: key=value:Effect (NoSchedule, PreferNoSchedule or NoExecute)",
+    )
+    node_selector = NodeSelectorField(
+        required=False,
+        label="Node selector",
+        help_text="node labels, e.g. qm.example.com/pool=a100, gpu=a100 (comma-separated)",
+    )
+    mig_layout = MigLayoutField(
+        required=False,
+        label="MIG layout",
+        help_text="profiles each GPU is cut into, e.g. 3g.40gb, 2g.20gb, 1g.10gb, 1g.10gb",
+    )
+    inference_floor_milli = GpuField(
+        label="Inference floor (GPUs)",
+        help_text="kept for production inference; training uses it only preemptibly",
+    )
+
     class Meta:
         model = Pool
         fields = services.POOL_FIELDS
+        labels = {
+            "time_slicing_replicas": "Time-slicing replicas (per GPU)",
+            "interconnect": "Interconnect",
+            "architecture": "Architecture",
+        }
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not self.is_bound and self.instance.pk:
+            self.initial["inference_floor_milli"] = _gpus(self.instance.inference_floor_milli)
+
+    def clean_inference_floor_milli(self) -> int:
+        return _milli(self.cleaned_data["inference_floor_milli"]) or 0
 
 
 class DecisionFilterForm(forms.Form):
@@ -456,3 +592,75 @@ class PolicyProfileForm(forms.Form):
 
     def knobs(self) -> dict[str, Any]:
         return {k: self.cleaned_data[k] for k in scheduling_profile.KNOBS}
+
+
+# ---------------------------------------------------------------------------
+# Admin and lead pages: the audit log's filters, reasons, bulk actions
+
+
+class AuditFilterForm(forms.Form):
+    q = forms.CharField(
+        required=False,
+        max_length=100,
+        label="Search",
+        help_text="who, what, pool, node, team, reason or value",
+    )
+    date_from = forms.DateField(
+        required=False, label="From", widget=forms.DateInput(attrs={"type": "date"})
+    )
+    date_to = forms.DateField(
+        required=False, label="To", widget=forms.DateInput(attrs={"type": "date"})
+    )
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        start, end = data.get("date_from"), data.get("date_to")
+        if start and end and end < start:
+            self.add_error("date_to", "“To” is before “From”.")
+        return data
+
+    def bounds(self) -> dict[str, Any]:
+        """The selector's filters: whole UTC days, `to` included."""
+        from datetime import UTC, datetime, time, timedelta
+
+        d = self.cleaned_data
+        out: dict[str, Any] = {"q": d.get("q") or ""}
+        if d.get("date_from"):
+            out["since"] = datetime.combine(d["date_from"], time.min, tzinfo=UTC)
+        if d.get("date_to"):
+            out["until"] = datetime.combine(d["date_to"] + timedelta(days=1), time.min, tzinfo=UTC)
+        return out
+
+
+class ReasonForm(forms.Form):
+    """The confirmation of cancel, cordon, drain and quota changes: why, in words."""
+
+    reason = forms.CharField(
+        max_length=500,
+        label="Reason",
+        help_text="goes into the audit log",
+        error_messages={"required": "Say why: the reason goes into the audit log."},
+    )
+
+    def clean_reason(self) -> str:
+        reason = self.cleaned_data["reason"].strip()
+        if not reason:
+            raise forms.ValidationError("Say why: the reason goes into the audit log.")
+        return reason
+
+
+class BulkIdsForm(ReasonForm):
+    """Bulk actions: the selected ids (each checked on the server) and one reason."""
+
+    ids = forms.TypedMultipleChoiceField(
+        coerce=int,
+        choices=[],
+        label="Selected",
+        error_messages={"required": "Select at least one."},
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Any id is a valid choice here; access checks each one.
+        raw = self.data.getlist("ids") if hasattr(self.data, "getlist") else []
+        self.fields["ids"].choices = [(v, v) for v in raw if str(v).isdigit()]  # type: ignore[attr-defined]

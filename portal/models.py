@@ -711,6 +711,8 @@ class AuditEvent(models.Model):
     before = models.JSONField(null=True, blank=True)
     after = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    #: why, in the actor's words (asked for cancel, cordon, drain and quota changes)
+    reason = models.CharField(max_length=500, blank=True, default="")
 
     objects = AuditEventQuerySet.as_manager()
 

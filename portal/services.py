@@ -79,10 +79,12 @@ def audit(
     before: dict[str, Any] | None = None,
     after: dict[str, Any] | None = None,
     actor_name: str = "",
+    reason: str = "",
 ) -> AuditEvent:
     """Record who changed what; call inside the transaction that made the change.
 
     With no signed-in actor, `actor_name` says what acted ("sso"; default "system").
+    `reason` is the actor's own words on why.
     """
     real = actor if actor is not None and getattr(actor, "is_authenticated", False) else None
     return AuditEvent.objects.create(
@@ -94,6 +96,7 @@ def audit(
         team=team,
         before=_jsonable(before),
         after=_jsonable(after),
+        reason=reason[:500],
     )
 
 
@@ -320,8 +323,10 @@ def _wake_scheduler() -> None:
     transaction.on_commit(wake.wake_tick)
 
 
-def gpu_request_cancel(*, user: AbstractBaseUser, gpu_request: GpuRequest) -> GpuRequest:
-    """Cancel a pending request, or stop a running one."""
+def gpu_request_cancel(
+    *, user: AbstractBaseUser, gpu_request: GpuRequest, reason: str = ""
+) -> GpuRequest:
+    """Cancel a pending request, or stop a running one; `reason` goes into the audit log."""
     with transaction.atomic():
         req = GpuRequest.objects.select_for_update().get(pk=gpu_request.pk)
         if req.state in GpuRequest.TERMINAL_STATES:
@@ -349,6 +354,7 @@ def gpu_request_cancel(*, user: AbstractBaseUser, gpu_request: GpuRequest) -> Gp
             team=req.team,
             before=before,
             after={"state": req.state},
+            reason=reason,
         )
     return req
 
@@ -1035,6 +1041,7 @@ def quota_set(
     borrowing_limit_milli: int | None = None,
     lending_limit_milli: int | None = None,
     granted_milli: int | None = None,
+    reason: str = "",
 ) -> Quota:
     """Set a team's quota in a pool. Lowering it never stops running work; it only blocks new admissions."""
     is_admin = bool(getattr(actor, "is_staff", False))
@@ -1074,6 +1081,7 @@ def quota_set(
             team=team,
             before=before,
             after=_snapshot(quota, QUOTA_FIELDS),
+            reason=reason,
         )
     return quota
 
@@ -1373,23 +1381,23 @@ def sso_sync(*, user: AbstractBaseUser, groups: Any) -> dict[str, list[str]]:
     return changes
 
 
-def node_cordon(*, actor: AbstractBaseUser, node: Node) -> Node:
+def node_cordon(*, actor: AbstractBaseUser, node: Node, reason: str = "") -> Node:
     return _node_maintenance(
-        actor=actor, node=node, cordoned=True, draining=False, action="node.cordon"
+        actor=actor, node=node, cordoned=True, draining=False, action="node.cordon", reason=reason
     )
 
 
-def node_return(*, actor: AbstractBaseUser, node: Node) -> Node:
+def node_return(*, actor: AbstractBaseUser, node: Node, reason: str = "") -> Node:
     return _node_maintenance(
-        actor=actor, node=node, cordoned=False, draining=False, action="node.return"
+        actor=actor, node=node, cordoned=False, draining=False, action="node.return", reason=reason
     )
 
 
-def node_drain(*, actor: AbstractBaseUser, node: Node) -> Node:
+def node_drain(*, actor: AbstractBaseUser, node: Node, reason: str = "") -> Node:
     """Cordon the node and stop what runs there; stopped work requeues, not charged."""
     with transaction.atomic():
         node = _node_maintenance(
-            actor=actor, node=node, cordoned=True, draining=True, action="node.drain"
+            actor=actor, node=node, cordoned=True, draining=True, action="node.drain", reason=reason
         )
         attempt_ids = Allocation.objects.filter(device__node=node, active=True).values_list(
             "attempt_id", flat=True
@@ -1402,7 +1410,13 @@ def node_drain(*, actor: AbstractBaseUser, node: Node) -> Node:
 
 
 def _node_maintenance(
-    *, actor: AbstractBaseUser, node: Node, cordoned: bool, draining: bool, action: str
+    *,
+    actor: AbstractBaseUser,
+    node: Node,
+    cordoned: bool,
+    draining: bool,
+    action: str,
+    reason: str = "",
 ) -> Node:
     with transaction.atomic():
         node = Node.objects.select_for_update().get(pk=node.pk)
@@ -1415,6 +1429,7 @@ def _node_maintenance(
             obj=node,
             before=before,
             after=_snapshot(node, ["cordoned", "draining"]),
+            reason=reason,
         )
     return node
 

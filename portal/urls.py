@@ -7,7 +7,7 @@ from django.urls import include, path, register_converter
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.permissions import IsAuthenticated
 
-from portal import agent_api, api, metrics, views, views_people
+from portal import agent_api, api, metrics, views, views_admin, views_people
 
 
 class NodeActionConverter:
@@ -27,7 +27,7 @@ portal_patterns = [
     path("requests/new/", views.request_submit, name="request-submit"),
     path("requests/preview/", views.request_preview, name="request-preview"),
     path("requests/<int:request_id>/", views.request_detail, name="request-detail"),
-    path("requests/<int:request_id>/cancel/", views.request_cancel, name="request-cancel"),
+    path("requests/<int:request_id>/cancel/", views_admin.request_cancel, name="request-cancel"),
     path("requests/<int:request_id>/logs/", views_people.request_logs, name="request-logs"),
     path(
         "requests/<int:request_id>/logs/download/",
@@ -54,7 +54,7 @@ portal_patterns = [
     path("teams/<int:team_id>/quotas/<int:pool_id>/", views.quota_edit, name="quota-edit"),
     path("teams/<int:team_id>/members/<int:membership_id>/", views.member_edit, name="member-edit"),
     path("ops/capacity/", views.capacity, name="capacity"),
-    path("ops/audit/", views.audit_log, name="audit"),
+    path("ops/audit/", views_admin.audit_log, name="audit"),
     path("ops/settings/", views.settings_page, name="settings"),
     path("ops/classes/<int:class_id>/", views.workload_class_edit, name="class-edit"),
     path("ops/pools/<int:pool_id>/", views.pool_edit, name="pool-edit"),
@@ -65,12 +65,19 @@ portal_patterns = [
         views.profile_activate,
         name="profile-activate",
     ),
-    path("ops/nodes/<int:node_id>/<node_action:action>/", views.node_action, name="node-action"),
+    path(
+        "ops/nodes/<int:node_id>/<node_action:action>/",
+        views_admin.node_action,
+        name="node-action",
+    ),
     path(
         "ops/devices/<int:device_id>/clear-quarantine/",
         views.device_clear_quarantine,
         name="device-clear-quarantine",
     ),
+    path("ops/audit.csv", views_admin.audit_csv, name="audit-csv"),
+    path("requests/bulk-cancel/", views_admin.requests_bulk_cancel, name="requests-bulk-cancel"),
+    path("ops/nodes/bulk/", views_admin.nodes_bulk_action, name="nodes-bulk-action"),
 ]
 
 api_patterns = [

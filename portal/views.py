@@ -281,18 +281,6 @@ def request_detail(request: HttpRequest, request_id: int) -> HttpResponse:
 
 
 @login_required
-@require_POST
-def request_cancel(request: HttpRequest, request_id: int) -> HttpResponse:
-    req = access.get_gpu_request_for_user(request.user, request_id, write=True)
-    try:
-        services.gpu_request_cancel(user=request.user, gpu_request=req)  # type: ignore[arg-type]
-    except ValidationError:
-        # Already over: nothing to cancel, the page shows its final state.
-        pass
-    return redirect(_next_url(request, reverse("portal:request-detail", args=[req.pk])))
-
-
-@login_required
 @require_GET
 def decision_log(request: HttpRequest) -> HttpResponse:
     """Decisions of the user's teams (all for admins), filtered and paginated."""
@@ -543,19 +531,6 @@ def capacity(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_POST
-def node_action(request: HttpRequest, node_id: int, action: str) -> HttpResponse:
-    node = access.get_node_for_admin(request.user, node_id)
-    service = {
-        "cordon": services.node_cordon,
-        "drain": services.node_drain,
-        "return": services.node_return,
-    }[action]
-    service(actor=request.user, node=node)  # type: ignore[arg-type]
-    return redirect(_next_url(request, reverse("portal:capacity")))
-
-
-@login_required
-@require_POST
 def device_clear_quarantine(request: HttpRequest, device_id: int) -> HttpResponse:
     """Admins return a quarantined device to service; audited."""
     device = access.get_device_for_admin(request.user, device_id)
@@ -564,26 +539,6 @@ def device_clear_quarantine(request: HttpRequest, device_id: int) -> HttpRespons
     except ValidationError as exc:
         return HttpResponse(" ".join(exc.messages), status=400, content_type="text/plain")
     return redirect(_next_url(request, reverse("portal:capacity")))
-
-
-@login_required
-@require_GET
-def audit_log(request: HttpRequest) -> HttpResponse:
-    access.require_admin_read(request.user)
-    action = request.GET.get("action", "")[:50]
-    actor = request.GET.get("actor", "")[:150]
-    qs = selectors.audit_list(action=action, actor=actor)
-    page = Paginator(qs, PAGE_SIZE).get_page(request.GET.get("page"))
-    query = request.GET.copy()
-    query.pop("page", None)
-    template = "portal/audit.html"
-    if request.htmx:
-        template += "#audit-log"
-    return render(
-        request,
-        template,
-        {"page": page, "action": action, "actor": actor, "query": query.urlencode()},
-    )
 
 
 @login_required

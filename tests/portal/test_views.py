@@ -154,7 +154,14 @@ def test_it_lists_my_jobs_with_position_reason_and_cancel(world: World) -> None:
     body = r.content.decode()
     assert f"#{waiting.queue_position}" in body
     assert waiting.status_message in body
+    # Without a reason: the confirmation again, 400, nothing cancelled.
     r = c.post(reverse("portal:request-cancel", args=[waiting.pk]), {"next": "/"})
+    assert r.status_code == 400 and "Say why" in r.content.decode()
+    waiting.refresh_from_db()
+    assert waiting.state == "pending"
+    r = c.post(
+        reverse("portal:request-cancel", args=[waiting.pk]), {"next": "/", "reason": "wrong image"}
+    )
     assert r.status_code == 302 and r["Location"] == "/"
     waiting.refresh_from_db()
     assert waiting.state == "cancelled"
@@ -180,14 +187,20 @@ def test_it_lets_a_lead_change_the_quota_within_the_grant(world: World) -> None:
     c = login(world.alice)
     url = reverse("portal:quota-edit", args=[world.vision.pk, a100.pk])
     p = f"pool{a100.pk}-"
-    r = c.post(url, {p + "nominal": "12", p + "borrowing_limit": "4", p + "lending_limit": ""})
+    change = {p + "nominal": "12", p + "borrowing_limit": "4", p + "lending_limit": ""}
+    # A quota change needs a reason: refused on the field, nothing changes.
+    r = c.post(url, change)
+    assert r.status_code == 400 and "Say why" in r.content.decode()
+    assert Quota.objects.get(team=world.vision, pool=a100).nominal_milli == 16000
+    r = c.post(url, {**change, p + "reason": "new project"})
     assert r.status_code == 302
     q = Quota.objects.get(team=world.vision, pool=a100)
     assert (q.nominal_milli, q.borrowing_limit_milli, q.lending_limit_milli) == (12000, 4000, None)
     event = AuditEvent.objects.filter(action="quota.set").first()
     assert event.actor == world.alice and event.after["nominal_milli"] == 12000
+    assert event.reason == "new project"
     # Beyond what admins granted: refused on the field, nothing changes.
-    r = c.post(url, {p + "nominal": "17"})
+    r = c.post(url, {p + "nominal": "17", p + "reason": "more"})
     assert r.status_code == 400
     q.refresh_from_db()
     assert q.nominal_milli == 12000
@@ -224,7 +237,7 @@ def test_it_lets_an_admin_grant_and_edit_classes_pools_and_nodes(world: World) -
     p = f"pool{a100.pk}-"
     r = c.post(
         reverse("portal:quota-edit", args=[world.vision.pk, a100.pk]),
-        {p + "nominal": "20", p + "granted": "24"},
+        {p + "nominal": "20", p + "granted": "24", p + "reason": "grant for Q1"},
     )
     assert r.status_code == 302
     q = Quota.objects.get(team=world.vision, pool=a100)
@@ -253,10 +266,10 @@ def test_it_lets_an_admin_grant_and_edit_classes_pools_and_nodes(world: World) -
         for k, v in {
             "lifecycle": "maintenance",
             "inference_floor_milli": 0,
-            "taints": "[]",
-            "node_selector": "{}",
+            "taints": "",
+            "node_selector": "",
             "time_slicing_replicas": 1,
-            "mig_layout": "[]",
+            "mig_layout": "",
             "interconnect": "nvswitch",
             "architecture": "ampere",
         }.items()
@@ -269,6 +282,8 @@ def test_it_lets_an_admin_grant_and_edit_classes_pools_and_nodes(world: World) -
     node = a100.nodes.first()
     for action, cordoned in [("cordon", True), ("return", False), ("drain", True)]:
         r = c.post(reverse("portal:node-action", args=[node.pk, action]))
+        assert r.status_code == 400  # a reason is required
+        r = c.post(reverse("portal:node-action", args=[node.pk, action]), {"reason": "firmware"})
         assert r.status_code == 302
         node.refresh_from_db()
         assert node.cordoned is cordoned

@@ -266,7 +266,7 @@ def test_it_accepts_the_htmx_csrf_header(world: dict) -> None:
     page = client.get("/").content.decode()
     token = re.search(r'hx-headers=\'\{"X-CSRFToken": "([^"]+)"\}\'', page).group(1)
     req = GpuRequest.objects.get(name=MARKER)
-    r = client.post(f"/requests/{req.pk}/cancel/", {}, HTTP_X_CSRFTOKEN=token)
+    r = client.post(f"/requests/{req.pk}/cancel/", {"reason": "done"}, HTTP_X_CSRFTOKEN=token)
     assert r.status_code == 302
     req.refresh_from_db()
     assert req.state == "cancelled"
