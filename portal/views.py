@@ -22,6 +22,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from portal import access, selectors, services
+from portal.audit_words import describe
 from portal.estimates import request_estimates
 from portal.forms import (
     TEMPLATE_FIELDS,
@@ -428,7 +429,7 @@ def _team_context(request: HttpRequest, team: Team) -> dict[str, Any]:
         "usage": usage,
         "members": members,
         "auditor": access.is_read_only(request.user),
-        "audit": selectors.audit_list(team=team)[:20]
+        "audit": describe(list(selectors.audit_list(team=team)[:20]))
         if can_edit or access.sees_all(request.user)
         else [],
         "pending": GpuRequest.objects.filter(team=team, state=GpuRequest.State.PENDING).count(),

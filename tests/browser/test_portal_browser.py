@@ -128,15 +128,18 @@ def test_a_lead_changes_a_quota_and_sees_it_in_the_audit_log(page, world: World)
     form = page.locator("form.quota-form[data-pool=a100-train]")
     form.locator("input[name$=-nominal]").fill("12")
     form.locator("input[name$=-borrowing_limit]").fill("2")
+    form.locator("input[name$=-reason]").fill("a new project")
     form.locator("button[type=submit]").click()
-    page.wait_for_selector("#team-audit td:has-text('quota.set')")
+    page.wait_for_selector("#team-audit tr[data-action='quota.set']")
     audit = page.locator("#team-audit").inner_text()
-    assert "alice" in audit and "12000" in audit
+    assert "alice" in audit and "guaranteed: 16 GPUs → 12 GPUs" in audit
+    assert "a new project" in audit
     q = Quota.objects.get(team=world.vision, pool__name="a100-train")
     assert (q.nominal_milli, q.borrowing_limit_milli) == (12000, 2000)
     # Beyond what admins granted: the form says why, nothing changes.
     form = page.locator("form.quota-form[data-pool=a100-train]")
     form.locator("input[name$=-nominal]").fill("40")
+    form.locator("input[name$=-reason]").fill("more")
     form.locator("button[type=submit]").click()
     page.wait_for_selector("text=were granted to vision")
     shot(page, "lead-team-page")
@@ -194,7 +197,7 @@ def test_an_admin_filters_decisions_and_sees_the_capacity_map(page, world: World
     assert page.locator("#queue-table tbody tr").count() >= 1
     shot(page, "admin-queue")
     page.goto("/ops/audit/")
-    assert "node.cordon" in page.locator("#audit-log").inner_text()
+    assert "cordoned a node" in page.locator("#audit-log").inner_text()
     shot(page, "admin-audit")
     page.goto("/ops/settings/")
     shot(page, "admin-settings")

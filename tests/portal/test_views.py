@@ -206,7 +206,8 @@ def test_it_lets_a_lead_change_the_quota_within_the_grant(world: World) -> None:
     assert q.nominal_milli == 12000
     # The team page shows the change in its recent changes.
     r = c.get(reverse("portal:team-detail", args=[world.vision.pk]))
-    assert "quota.set" in r.content.decode()
+    assert "changed a quota: vision in pool a100-train" in r.content.decode()
+    assert "guaranteed: 16 GPUs → 12 GPUs" in r.content.decode()
 
 
 def test_it_refuses_quota_changes_from_a_member(world: World) -> None:
