@@ -27,8 +27,9 @@ def read_only(user: Any) -> bool:
 @register.filter
 def gpus(milli: int | None) -> str:
     """Milli-GPU for people, to two decimals: 16000 -> "16", 1500 -> "1.5", 4666 -> "4.67",
-    None -> "". Below 0.01 GPU the third decimal stays (5 -> "0.005")."""
-    if milli is None:
+    None -> "". Below 0.01 GPU the third decimal stays (5 -> "0.005"). A missing value
+    (a template variable that does not resolve, such as a quota a team has not got) is ""."""
+    if milli is None or milli == "":
         return ""
     value = Decimal(int(milli)) / 1000
     step = Decimal("0.01") if value >= Decimal("0.01") or not value else Decimal("0.001")
@@ -39,7 +40,7 @@ def gpus(milli: int | None) -> str:
 @register.filter
 def gpu_count(milli: int | None) -> str:
     """With the unit, singular when it is one: "1 GPU", "0.5 GPU", "2 GPUs", "1.5 GPUs"."""
-    if milli is None:
+    if milli is None or milli == "":
         return ""
     text = gpus(milli)
     return f"{text} GPU" if float(text) <= 1 else f"{text} GPUs"
