@@ -322,15 +322,27 @@ class GpuRequestDetailApi(ApiView):
         return Response(self.OutputSerializer(req).data)
 
 
+class ReasonInputSerializer(StrictSerializer):
+    reason = serializers.CharField(
+        required=False, allow_blank=True, max_length=500, help_text="why; goes into the audit log"
+    )
+
+
 class GpuRequestCancelApi(ApiView):
     OutputSerializer = GpuRequestOutputSerializer
 
     @extend_schema(
-        operation_id="requests_cancel", request=None, responses=GpuRequestOutputSerializer
+        operation_id="requests_cancel",
+        request=ReasonInputSerializer,
+        responses=GpuRequestOutputSerializer,
     )
     def post(self, request: Request, request_id: int) -> Response:
         req = access.get_gpu_request_for_user(request.user, request_id, write=True)
-        req = services.gpu_request_cancel(user=request.user, gpu_request=req)
+        serializer = ReasonInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        req = services.gpu_request_cancel(
+            user=request.user, gpu_request=req, reason=serializer.validated_data.get("reason", "")
+        )
         return Response(self.OutputSerializer(req).data)
 
 
@@ -485,7 +497,7 @@ class NodeActionApi(ApiView):
 
     @extend_schema(
         operation_id="nodes_action",
-        request=None,
+        request=ReasonInputSerializer,
         responses=OutputSerializer,
         parameters=[
             OpenApiParameter(
@@ -495,12 +507,17 @@ class NodeActionApi(ApiView):
     )
     def post(self, request: Request, node_id: int, action: str) -> Response:
         node = access.get_node_for_admin(request.user, node_id)
+        serializer = ReasonInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
         service = {
             "cordon": services.node_cordon,
             "drain": services.node_drain,
             "return": services.node_return,
         }[action]
-        return Response(self.OutputSerializer(service(actor=request.user, node=node)).data)
+        reason = serializer.validated_data.get("reason", "")
+        return Response(
+            self.OutputSerializer(service(actor=request.user, node=node, reason=reason)).data
+        )
 
 
 class DeviceClearQuarantineApi(ApiView):
@@ -819,6 +836,12 @@ class QuotaSetApi(ApiView):
         )
         granted_milli = serializers.IntegerField(
             min_value=0, max_value=10**9, required=False, allow_null=True
+        )
+        reason = serializers.CharField(
+            required=False,
+            allow_blank=True,
+            max_length=500,
+            help_text="why; goes into the audit log",
         )
 
     OutputSerializer = QuotaOutputSerializer

@@ -239,3 +239,30 @@ def test_it_edits_pool_settings_as_plain_fields(world: World) -> None:
     text = next(row.changes_text for row in rows if row.event.pk == event.pk)
     assert "inference floor: 0 GPU → 2.5 GPUs" in text
     assert "taints: none → nvidia.com/gpu=present:NoSchedule, team-only:NoExecute" in text
+
+
+def test_the_api_takes_a_reason_into_the_audit_log(world: World) -> None:
+    from rest_framework.test import APIClient
+
+    req = submit(world.bob, world.vision)
+    c = APIClient()
+    c.force_authenticate(world.bob)
+    r = c.post(f"/api/v1/requests/{req.pk}/cancel/", {"reason": "x" * 501}, format="json")
+    assert r.status_code == 400 and "reason" in r.json()
+    assert GpuRequest.objects.get(pk=req.pk).state == "pending"
+    r = c.post(f"/api/v1/requests/{req.pk}/cancel/", {"reason": "typo"}, format="json")
+    assert r.status_code == 200
+    assert AuditEvent.objects.get(action="request.cancel").reason == "typo"
+    c.force_authenticate(world.dave)
+    node = Node.objects.first()
+    r = c.post(f"/api/v1/nodes/{node.pk}/drain/", {"reason": "PSU"}, format="json")
+    assert r.status_code == 200
+    assert AuditEvent.objects.get(action="node.drain").reason == "PSU"
+    a100 = Pool.objects.get(name="a100-train")
+    r = c.put(
+        f"/api/v1/teams/{world.vision.pk}/quotas/{a100.pk}/",
+        {"nominal_milli": 8000, "reason": "rebalance"},
+        format="json",
+    )
+    assert r.status_code == 200
+    assert AuditEvent.objects.get(action="quota.set").reason == "rebalance"
