@@ -55,8 +55,8 @@ def test_it_shows_the_audit_log_in_words(world: World) -> None:
     assert r.status_code == 200
     assert "changed a quota" in body and "vision in pool a100-train" in body
     # GPUs, not thousandths; old → new; the reason.
-    assert "16 GPUs</span> → <span class=\"new\">12 GPUs" in body
-    assert "borrowing limit: <span class=\"old\">16 GPUs</span> → <span class=\"new\">4.5 GPUs" in body
+    assert '16 GPUs</span> → <span class="new">12 GPUs' in body
+    assert 'borrowing limit: <span class="old">16 GPUs</span> → <span class="new">4.5 GPUs' in body
     assert "new project" in body
     assert f"cordoned a node: <strong>node {node.name} (pool a100-train)" in body
     assert "fan noise" in body
