@@ -61,7 +61,7 @@ def test_an_admin_confirms_with_a_reason_and_finds_it_in_the_audit_log(page, wor
     page.goto("/ops/capacity/")
     node = page.locator(".node[data-node=a100-01]")
     node.locator("summary:has-text('Cordon')").click()
-    node.locator("input[name=reason]").fill("fan noise")
+    node.locator("#reason-cordon-" + str(Node.objects.get(name="a100-01").pk)).fill("fan noise")
     shot(page, "admin-cordon-confirm")
     node.locator("button:has-text('Confirm cordon')").click()
     page.wait_for_selector(".node[data-node=a100-01] .badge:has-text('cordoned')")
