@@ -71,8 +71,16 @@ UNLIMITED = {"borrowing_limit_milli", "lending_limit_milli", "gpu_cap_milli"}
 @dataclass
 class Change:
     label: str
+    #: "" where the event has no value before (created) or after (removed)
     old: str
     new: str
+
+    def __str__(self) -> str:
+        if self.old and self.new:
+            return f"{self.label}: {self.old} → {self.new}"
+        if self.old:
+            return f"{self.label}: was {self.old}"
+        return f"{self.label}: {self.new}"
 
 
 @dataclass
@@ -85,12 +93,7 @@ class AuditRow:
 
     @property
     def changes_text(self) -> str:
-        return "; ".join(
-            f"{c.label}: {c.old} → {c.new}"
-            if c.old != c.new or not c.old
-            else f"{c.label}: {c.new}"
-            for c in self.changes
-        )
+        return "; ".join(str(c) for c in self.changes)
 
 
 def value_words(key: str, value: Any) -> str:

@@ -267,7 +267,7 @@ def test_a_lead_adds_caps_and_removes_members_on_the_team_page(
     )
     assert GpuRequest.objects.get(name="bob-pending").state == "cancelled"
     audit = page.locator("#team-audit").inner_text()
-    assert "membership.remove" in audit and "membership.set" in audit
+    assert "removed a member: bob in team vision" in audit and "set a membership" in audit
     shot(page, "lead-team-members")
     page.context.close()
 
