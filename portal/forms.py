@@ -565,9 +565,18 @@ def initial_from_request(req: GpuRequest) -> dict[str, Any]:
     }
 
 
+def _knob_label(name: str) -> str:
+    """The knob's own name (as in the profile file), with its unit where the name has one."""
+    if name.endswith("_gpu_s"):
+        return f"{name} (GPU-seconds)"
+    if name.endswith("_s"):
+        return f"{name} (seconds)"
+    return name
+
+
 def _knob_form_field(knob: scheduling_profile.Knob) -> forms.Field:
     """A form field with the core's own bounds for one knob (`scheduling.profile`)."""
-    kw: dict[str, Any] = {"label": knob.name, "help_text": knob.help}
+    kw: dict[str, Any] = {"label": _knob_label(knob.name), "help_text": knob.help}
     if knob.choices:
         return forms.ChoiceField(choices=[(c, c) for c in knob.choices], **kw)
     if knob.type is str:
