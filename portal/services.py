@@ -20,7 +20,7 @@ from django.db.models import Count, F, Model, Q
 from django.forms.models import model_to_dict
 from django.utils import timezone
 
-from portal import contract, notify, shapes, validation, wake
+from portal import contract, notify, serving_spec, shapes, validation, wake
 from portal.backends import get_backend
 from portal.backends.base import (
     STORED_LOG_LINES,
@@ -29,6 +29,7 @@ from portal.backends.base import (
     LaunchSpec,
     Outcome,
     PodLaunch,
+    ServingSpec,
     WorkloadStatus,
 )
 from portal.models import (
@@ -200,8 +201,15 @@ def gpu_request_submit(
     estimated_runtime_s: int = 3600,
     name: str = "",
     priority: int = 0,
+    kind: str = "batch",
+    model_name: str = "",
+    model_revision: str = "",
+    runtime: str = "",
 ) -> GpuRequest:
-    """Queue a request for `team`; the tick picks it up on commit."""
+    """Queue a request for `team`; the tick picks it up on commit.
+
+    `kind` "serving": `pods` replicas of a `runtime` server for `model_name` at
+    `model_revision`, running until stopped (`serving_spec.check`)."""
     role = Membership.objects.filter(user=user, team=team).values_list("role", flat=True).first()
     if role is None:
         raise ValidationError({"team": "You are not a member of this team."})
@@ -221,6 +229,17 @@ def gpu_request_submit(
         where = f"pool {pool.name}" if pool else "any production pool"
         field = "mig_profile" if profile_kind == DeviceProfile.Kind.MIG else "profile_kind"
         raise ValidationError({field: f"No {where} offers this device profile."})
+    serving_fields = serving_spec.check(
+        kind=kind,
+        model_name=model_name,
+        model_revision=model_revision,
+        runtime=runtime,
+        max_runtime_s=max_runtime_s,
+        checkpoint_interval_s=checkpoint_interval_s,
+    )
+    if kind == GpuRequest.Kind.SERVING:
+        # runs until stopped: no runtime estimate for backfilling or start estimates
+        estimated_runtime_s = 0
     image = validate_image(image)
     command = _validate_command(list(command) if isinstance(command, tuple) else command)
     env = validate_env(env or {})
@@ -261,6 +280,7 @@ def gpu_request_submit(
             priority=priority,
             status_code="queued",
             status_message="queued: waiting for the next scheduling pass",
+            **serving_fields,
         )
         # team, user, class and pool are rows fetched above, and every value was checked
         # above (the database enforces the check constraints too): skipping the per-row
@@ -494,7 +514,15 @@ def launch_spec(
         pods=pods if len(pods) > 1 else (),
         checkpoint_interval_s=req.checkpoint_interval_s,
         resume=resume,
+        serving=_serving(req),
     )
+
+
+def _serving(req: GpuRequest) -> ServingSpec | None:
+    if req.kind != GpuRequest.Kind.SERVING:
+        return None
+    objective = req.workload_class.latency_objective_ms or 0
+    return ServingSpec(req.model_name, req.model_revision, req.runtime, objective / 1000)
 
 
 def _lost_numbers(attempts: list[Attempt]) -> dict[int, list[int]]:

@@ -7,7 +7,7 @@ from django.urls import include, path, register_converter
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.permissions import IsAuthenticated
 
-from portal import agent_api, api, metrics, views, views_people
+from portal import agent_api, api, api_serving, metrics, views, views_people, views_serving
 
 
 class NodeActionConverter:
@@ -71,6 +71,15 @@ portal_patterns = [
         views.device_clear_quarantine,
         name="device-clear-quarantine",
     ),
+    path("requests/<int:request_id>/serving/", views_serving.serving_panel, name="request-serving"),
+    path(
+        "requests/<int:request_id>/serving/change/",
+        views_serving.serving_change,
+        name="request-serving-change",
+    ),
+    path("pools/<int:pool_id>/history/", views_serving.pool_history, name="pool-history"),
+    path("ops/nodes/<int:node_id>/history/", views_serving.node_history, name="node-history"),
+    path("teams/<int:team_id>/history/", views_serving.team_history, name="team-history"),
 ]
 
 api_patterns = [
@@ -115,6 +124,16 @@ api_patterns = [
         "profiles/<int:profile_id>/activate/",
         api.ProfileActivateApi.as_view(),
         name="profile-activate",
+    ),
+    path(
+        "requests/<int:request_id>/serving/",
+        api_serving.ServingUpdateApi.as_view(),
+        name="request-serving",
+    ),
+    path(
+        "requests/<int:request_id>/metrics/",
+        api_serving.RequestMetricsApi.as_view(),
+        name="request-metrics",
     ),
 ]
 
