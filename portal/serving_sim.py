@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import threading
 import time
@@ -323,8 +324,11 @@ def main(argv: list[str] | None = None) -> None:
         a.runtime, labels, max_batch=a.max_batch, rps=a.rps, warmup_s=a.warmup_s, seed=a.seed
     )
     serve(engine, a.host, a.port)
-    while True:
-        time.sleep(3600)
+    parent = os.getppid()
+    # A replica lives as long as the portal process that started it (no orphans after
+    # the portal stops; the simulated backend starts it again when it is gone).
+    while os.getppid() == parent:
+        time.sleep(1)
 
 
 if __name__ == "__main__":

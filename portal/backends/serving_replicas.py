@@ -92,7 +92,6 @@ def start(serving: dict[str, Any], seed: int = 0) -> dict[str, Any]:
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        start_new_session=True,
     )
     return {**serving, "port": port, "pid": proc.pid}
 
