@@ -59,10 +59,24 @@ def serving_fields(member: LaunchSpec) -> dict[str, Any] | None:
             "class": member.workload_class,
             "model_name": s.model,
             "node": member.node,
+            "memory_mib": str(_memory_mib(member)),
         },
         "port": 0,
         "pid": 0,
     }
+
+
+def _memory_mib(member: LaunchSpec) -> int:
+    """GPU memory the replica may use: its slices' caps, its MIG instances' memory, or a
+    whole 80 GB device per grant."""
+    total = 0
+    for g in member.grants:
+        if g.mig_profile:
+            size = g.mig_profile.split(".")[-1].removesuffix("gb")
+            total += int(size) * 1024 if size.isdigit() else 10 * 1024
+        else:
+            total += g.gpu_memory_mib or 80 * 1024
+    return total or 80 * 1024
 
 
 def start(serving: dict[str, Any], seed: int = 0) -> dict[str, Any]:

@@ -1,0 +1,101 @@
+"""Issue 13 §1 on Kubernetes: a serving workload is a Deployment and a Service; a
+revision change rolls the replicas over; readiness is the model warmed up."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from portal.backends.base import GrantSpec, Outcome, PodLaunch, ServingSpec
+from portal.k8s.jobs import job_to_dict
+from portal.k8s.serving import L_REVISION, L_WORKLOAD, deployment_build
+from tests.k8s.builders import OPTIONS, backend, cluster_with_nodes, spec
+
+
+def serving_spec() -> Any:
+    return replace(
+        spec(),
+        name="qm-42-1",
+        workload_class="inference",
+        max_runtime_s=0,
+        pods=(
+            PodLaunch(0, "gpu-a", (GrantSpec(0, 1000),)),
+            PodLaunch(1, "gpu-b", (GrantSpec(0, 1000),)),
+        ),
+        serving=ServingSpec("llama-3-8b", "r1", "vllm", 0.5),
+    )
+
+
+class FakeApps:
+    """AppsV1Api's Deployment calls, kept in a dict."""
+
+    def __init__(self) -> None:
+        self.deployments: dict[tuple[str, str], client.V1Deployment] = {}
+        self.patches: list[dict[str, Any]] = []
+
+    def create_namespaced_deployment(self, namespace: str, body: Any) -> Any:
+        key = (namespace, body.metadata.name)
+        if key in self.deployments:
+            raise ApiException(status=409)
+        body.status = client.V1DeploymentStatus(ready_replicas=0)
+        self.deployments[key] = body
+        return body
+
+    def read_namespaced_deployment(self, name: str, namespace: str) -> Any:
+        if (namespace, name) not in self.deployments:
+            raise ApiException(status=404)
+        return self.deployments[(namespace, name)]
+
+    def patch_namespaced_deployment(self, name: str, namespace: str, body: Any) -> Any:
+        self.read_namespaced_deployment(name, namespace)
+        self.patches.append(body)
+        return self.deployments[(namespace, name)]
+
+    def delete_namespaced_deployment(self, name: str, namespace: str) -> Any:
+        self.read_namespaced_deployment(name, namespace)
+        del self.deployments[(namespace, name)]
+
+
+def test_the_deployment_spreads_pinned_replicas_with_a_warm_up_readiness_probe() -> None:
+    deployment, service = deployment_build(serving_spec(), OPTIONS, lambda n: None)
+    d = job_to_dict(deployment)
+    assert d["kind"] == "Deployment" and d["spec"]["replicas"] == 2
+    pod = d["spec"]["template"]["spec"]
+    assert pod["restartPolicy"] == "Always"
+    term = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == ["gpu-a", "gpu-b"]
+    spread = pod["topologySpreadConstraints"][0]
+    assert spread["maxSkew"] == 1 and spread["whenUnsatisfiable"] == "DoNotSchedule"
+    main = pod["containers"][0]
+    assert main["readinessProbe"]["httpGet"] == {"path": "/health", "port": 8000}
+    env = {e["name"]: e["value"] for e in main["env"]}
+    assert env["QM_MODEL_REVISION"] == "r1" and env["QM_MODEL_NAME"] == "llama-3-8b"
+    labels = d["spec"]["template"]["metadata"]["labels"]
+    assert labels[L_WORKLOAD] == "qm-42" and labels[L_REVISION] == "r1"
+    # never more pods than devices granted during a rollover
+    assert d["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    assert job_to_dict(service)["spec"]["selector"] == d["spec"]["selector"]["matchLabels"]
+
+
+def test_launch_rollout_status_and_stop_through_the_backend() -> None:
+    cluster = cluster_with_nodes()
+    apps = FakeApps()
+    b = backend(cluster, apps=apps)
+    s = serving_spec()
+    b.launch(s)
+    b.launch(s)  # a retried launch adopts it
+    dep = apps.deployments[(s.namespace, s.name)]
+    assert dep.metadata.owner_references[0].kind == "Service"
+    assert b.status(s.name, s.namespace, pods=2).outcome is Outcome.PENDING  # warming up
+    dep.status.ready_replicas = 1
+    assert b.status(s.name, s.namespace, pods=2).outcome is Outcome.RUNNING
+    b.rollout(s.name, s.namespace, 2, "r2")
+    patch = apps.patches[-1]["spec"]["template"]
+    assert patch["metadata"]["labels"][L_REVISION] == "r2"
+    assert patch["spec"]["containers"][0]["env"] == [{"name": "QM_MODEL_REVISION", "value": "r2"}]
+    b.stop(s.name, s.namespace, pods=2)
+    assert not apps.deployments
+    assert b.status(s.name, s.namespace, pods=2).outcome is Outcome.MISSING
