@@ -284,8 +284,10 @@ class KubernetesBackend:
         workload's Deployment and Service."""
         for member in _member_names(name, pods):
             job_delete(self.batch, member, namespace, grace_seconds=grace_seconds)
-        if pods > 1 or self._serving_deployment(name, namespace) is not None:
+        serving = self._serving_deployment(name, namespace) is not None
+        if serving:
             self._delete_deployment(name, namespace)
+        if pods > 1 or serving:
             service_delete(self.core, name, namespace)
 
     def _serving_deployment(self, name: str, namespace: str) -> Any | None:
