@@ -43,7 +43,8 @@ class ServingUpdateApi(ApiView):
 
 class RequestMetricsApi(ApiView):
     """The request path of a serving workload over a window: `ttft_p95_seconds`,
-    `batch_size`, `queue_depth`, `gpu_utilization`, `model_revision` … (docs/metrics.md)."""
+    `batch_size`, `queue_depth`, `gpu_utilization`, `model_revision` … (docs/metrics.md).
+    A batch request has none of them: its series are empty."""
 
     @extend_schema(
         operation_id="requests_metrics",
@@ -57,8 +58,6 @@ class RequestMetricsApi(ApiView):
             raise ValidationError(
                 {"window": [f"Choose one of {', '.join(serving_metrics.WINDOWS)}."]}
             )
-        if req.kind != "serving":
-            raise ValidationError({"kind": ["Only a serving workload has request-path metrics."]})
         return Response(
             serving_metrics.request_metrics(req, window_s=serving_metrics.WINDOWS[window])
         )

@@ -33,8 +33,6 @@ def _points(series: list[list[Any]]) -> list[tuple[float, float | None]]:
 def serving_panel(request: HttpRequest, request_id: int) -> HttpResponse:
     """The request path beside the GPU: TTFT, batch, queue, tokens/s, utilization, memory."""
     req = access.get_gpu_request_for_user(request.user, request_id)
-    if req.kind != GpuRequest.Kind.SERVING:
-        return HttpResponse("Not a serving workload.", status=404)
     window = request.GET.get("window", "1h")
     window = window if window in serving_metrics.WINDOWS else "1h"
     m = serving_metrics.request_metrics(req, window_s=serving_metrics.WINDOWS[window])
@@ -133,6 +131,8 @@ def _history_page(request: HttpRequest, title: str, scope: str, key: str) -> Htt
 @login_required
 @require_GET
 def pool_history(request: HttpRequest, pool_id: int) -> HttpResponse:
+    # Beside the capacity map: which pools run hot is for admins and auditors.
+    access.require_admin_read(request.user)
     pool = access.get_pool(request.user, pool_id)
     return _history_page(request, f"Pool {pool.name}", "pool", pool.name)
 
