@@ -408,6 +408,18 @@ def log_lines(w: SimulatedWorkload, now: datetime) -> list[str]:
         f"[qm] image {w.spec.get('image', '')}",
         f"[qm] command {' '.join(w.spec.get('command', [])) or '(image default)'}",
     ]
+    serving = w.spec.get("serving")
+    if serving:
+        # A model server prints its start, not training steps.
+        return (
+            lines
+            + [
+                f"[qm] serving {serving.get('model')} revision {serving.get('revision')} "
+                f"with {serving.get('runtime')} on port {serving.get('port')}",
+                "loading weights; the readiness probe answers once the model is warmed up",
+            ]
+            + (["received SIGTERM: draining and exiting"] if w.stopped_at else [])
+        )
     if "WORLD_SIZE" in env:
         lines.append(
             f"rank {env.get('RANK')} of {env['WORLD_SIZE']}, master {env.get('MASTER_ADDR')}"

@@ -225,3 +225,15 @@ def test_scaling_from_the_page_places_the_new_count() -> None:
     second = req.attempts.get(number=2)
     assert len(second.nodes) == 1
     assert len(_replicas(second)) == 1
+
+
+def test_a_replicas_log_says_what_it_serves() -> None:
+    w = make_world()
+    req = _serve(w.bob, w.vision, replicas=1)
+    run_tick()
+    time.sleep(1.2)  # a simulated workload starts a moment after it is created
+    api = Client()
+    api.force_login(w.bob)
+    body = api.get(f"/requests/{req.pk}/logs/").content.decode()
+    assert "serving meta-llama/Llama-3.1-8B-Instruct revision r1 with vllm" in body
+    assert "loss" not in body
