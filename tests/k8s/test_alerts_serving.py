@@ -36,43 +36,63 @@ def _minute(engine: Engine, clock: list[float]) -> None:
 def test_the_ttft_slo_burn_rate_alert_fires_on_real_series(
     tmp_path: Path, client: Client, settings: Any
 ) -> None:
+    """A vLLM and a Triton workload, both overloaded from minute 10."""
     settings.SIMULATED_SERVING_PROCESSES = False
     w = make_world()
-    req = submit(
-        w.bob,
-        w.vision,
-        cls="inference",
-        pool_name="h100-mig",
-        profile_kind="mig",
-        mig_profile="1g.10gb",
-        kind="serving",
-        model_name="llama",
-        model_revision="r1",
-        runtime="vllm",
-        command=[],
-    )
+    engines = []
+    for runtime in ("vllm", "triton"):
+        req = submit(
+            w.bob,
+            w.vision,
+            cls="inference",
+            pool_name="h100-mig",
+            profile_kind="mig",
+            mig_profile="1g.10gb",
+            kind="serving",
+            model_name="llama",
+            model_revision="r1",
+            runtime=runtime,
+            command=[],
+        )
+        labels = {
+            "team": "vision",
+            "workload": f"qm-{req.pk}",
+            "pool": "h100-mig",
+            "class": "inference",
+            "model_name": "llama",
+            "model_revision": "r1",
+        }
+        engines.append((req, Engine(runtime, labels, max_batch=16, rps=2.0, warmup_s=0.0, seed=3)))
     run_tick()
-    assert Attempt.objects.filter(request=req).exists()
-    labels = {
-        "team": "vision",
-        "workload": f"qm-{req.pk}",
-        "pool": "h100-mig",
-        "class": "inference",
-        "model_name": "llama",
-        "model_revision": "r1",
-    }
-    engine = Engine("vllm", labels, max_batch=16, rps=2.0, warmup_s=0.0, seed=3)
+    assert Attempt.objects.filter(request__kind="serving").count() == 2
     clock = [time.monotonic()]
     scrapes = []
     for minute in range(31):
         if minute == 10:
-            engine.rps = 14.0  # twice what 16 sequences decode: the queue grows
-        at, portal = _scrape(client)
-        scrapes.append((at, portal + engine.metrics().decode()))
-        _minute(engine, clock)
+            for _, engine in engines:
+                engine.rps = 14.0  # twice what 16 sequences decode: the queue grows
+        at, text = _scrape(client)
+        for _, engine in engines:
+            text += engine.metrics().decode()
+        scrapes.append((at, text))
+        start = clock[0]
+        for _, engine in engines:
+            clock[0] = start
+            _minute(engine, clock)
     first = scrapes[0][1]
     assert 'quartermaster_serving_ttft_slo_le{class="inference",le="0.5"' in first
-    workload = {"team": "vision", "workload": f"qm-{req.pk}", "class": "inference"}
+    assert 'quartermaster_serving_ttft_slo_le{class="inference",le="500.0"' in first
+    fired = [
+        {
+            "exp_labels": {
+                "severity": "critical",
+                "team": "vision",
+                "workload": f"qm-{r.pk}",
+                "class": "inference",
+            }
+        }
+        for r, _ in engines
+    ]
     checks = [
         {
             "eval_time": "9m",
@@ -82,7 +102,7 @@ def test_the_ttft_slo_burn_rate_alert_fires_on_real_series(
         {
             "eval_time": "30m",
             "alertname": "QuartermasterServingTTFTBudgetBurnFast",
-            "exp_alerts": [{"exp_labels": {"severity": "critical", **workload}}],
+            "exp_alerts": fired,
         },
     ]
     result = _promtool_on(tmp_path, scrapes, "1m", checks)
