@@ -180,7 +180,12 @@ def render() -> str:
     ]
     for alert, expr in sorted(alerts.items()):
         found = sorted(
-            set(re.findall(r"\b(?:quartermaster_[a-z_]+|DCGM_[A-Z_]+|kube_[a-z_]+)", expr))
+            set(
+                re.findall(
+                    r"\b(?:quartermaster_[a-z_]+|DCGM_[A-Z_]+|kube_[a-z_]+|nv_inference_[a-z_]+)",
+                    expr,
+                )
+            )
             | set(re.findall(r"vllm:[a-z_]+", expr))
         )
         lines.append(f"| {alert} | {', '.join(f'`{n}`' for n in found) or '—'} |")
