@@ -122,10 +122,31 @@ def _history(scope: str, key: str, span: str) -> Any:
     )
 
 
-def _history_page(request: HttpRequest, title: str, scope: str, key: str) -> HttpResponse:
+def _history_page(
+    request: HttpRequest, title: str, scope: str, key: str, serving: Any = ()
+) -> HttpResponse:
     span = _span(request)
-    context = {"title": title, "chart": _history(scope, key, span), "span": span, "spans": SPANS}
+    context = {
+        "title": title,
+        "chart": _history(scope, key, span),
+        "span": span,
+        "spans": SPANS,
+        # busy is not healthy: each serving workload's utilization against its latency
+        "serving": [
+            (r, serving_metrics.request_metrics(r, window_s=3600)["health"]) for r in serving
+        ],
+    }
     return render(request, "portal/history.html", context)
+
+
+def _serving_in(**where: Any) -> Any:
+    return (
+        GpuRequest.objects.filter(
+            kind=GpuRequest.Kind.SERVING, state=GpuRequest.State.RUNNING, **where
+        )
+        .select_related("workload_class")
+        .order_by("pk")[:50]
+    )
 
 
 @login_required
@@ -134,7 +155,8 @@ def pool_history(request: HttpRequest, pool_id: int) -> HttpResponse:
     # Beside the capacity map: which pools run hot is for admins and auditors.
     access.require_admin_read(request.user)
     pool = access.get_pool(request.user, pool_id)
-    return _history_page(request, f"Pool {pool.name}", "pool", pool.name)
+    serving = _serving_in(attempts__pool=pool, attempts__state__in=["admitted", "running"])
+    return _history_page(request, f"Pool {pool.name}", "pool", pool.name, serving)
 
 
 @login_required
@@ -151,4 +173,4 @@ def node_history(request: HttpRequest, node_id: int) -> HttpResponse:
 @require_GET
 def team_history(request: HttpRequest, team_id: int) -> HttpResponse:
     team = access.get_team_for_user(request.user, team_id)
-    return _history_page(request, f"Team {team.name}", "team", team.name)
+    return _history_page(request, f"Team {team.name}", "team", team.name, _serving_in(team=team))

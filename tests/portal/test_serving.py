@@ -237,3 +237,31 @@ def test_a_replicas_log_says_what_it_serves() -> None:
     body = api.get(f"/requests/{req.pk}/logs/").content.decode()
     assert "serving meta-llama/Llama-3.1-8B-Instruct revision r1 with vllm" in body
     assert "loss" not in body
+
+
+def test_a_saturated_workload_is_flagged_on_its_team_page() -> None:
+    """High utilization with rising latency is not healthy."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    w = make_world()
+    req = _serve(w.bob, w.vision, replicas=1)
+    run_tick()
+    GpuRequest.objects.filter(pk=req.pk).update(state=GpuRequest.State.RUNNING)
+    now = timezone.now()
+    for i in range(12):
+        ServingSample.objects.create(
+            request=req,
+            at=now - timedelta(minutes=12 - i),
+            model_revision="r1",
+            ttft_p95_seconds=0.2 + i * 0.2,
+            gpu_utilization=96,
+        )
+    c = Client()
+    c.force_login(w.bob)
+    body = c.get(f"/teams/{w.vision.pk}/history/").content.decode()
+    assert 'class="health saturated"' in body
+    ServingSample.objects.filter(request=req).update(ttft_p95_seconds=0.2)
+    body = c.get(f"/teams/{w.vision.pk}/history/").content.decode()
+    assert 'class="health ok"' in body
