@@ -85,6 +85,11 @@ def deployment_build(
         client.V1EnvVar(name="QM_SERVING_RUNTIME", value=s.runtime),
     ]
     main.ports = [client.V1ContainerPort(name="http", container_port=SERVING_PORT)]
+    if METRICS_PORT[s.runtime] != SERVING_PORT:
+        # Triton serves /metrics on a port of its own; the PodMonitor scrapes "metrics".
+        main.ports.append(
+            client.V1ContainerPort(name="metrics", container_port=METRICS_PORT[s.runtime])
+        )
     main.readiness_probe = client.V1Probe(
         http_get=client.V1HTTPGetAction(path=HEALTH_PATH[s.runtime], port=SERVING_PORT),
         period_seconds=5,

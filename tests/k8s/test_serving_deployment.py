@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import kubernetes_validate
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -13,6 +14,7 @@ from portal.backends.base import GrantSpec, Outcome, PodLaunch, ServingSpec
 from portal.k8s.jobs import job_to_dict
 from portal.k8s.serving import L_REVISION, L_WORKLOAD, deployment_build
 from tests.k8s.builders import OPTIONS, backend, cluster_with_nodes, spec
+from tests.k8s.test_job_build import KUBE_VERSION
 
 
 def serving_spec() -> Any:
@@ -62,6 +64,8 @@ class FakeApps:
 def test_the_deployment_spreads_pinned_replicas_with_a_warm_up_readiness_probe() -> None:
     deployment, service = deployment_build(serving_spec(), OPTIONS, lambda n: None)
     d = job_to_dict(deployment)
+    kubernetes_validate.validate(d, KUBE_VERSION, strict=True)
+    kubernetes_validate.validate(job_to_dict(service), KUBE_VERSION, strict=True)
     assert d["kind"] == "Deployment" and d["spec"]["replicas"] == 2
     pod = d["spec"]["template"]["spec"]
     assert pod["restartPolicy"] == "Always"
@@ -99,3 +103,18 @@ def test_launch_rollout_status_and_stop_through_the_backend() -> None:
     b.stop(s.name, s.namespace, pods=2)
     assert not apps.deployments
     assert b.status(s.name, s.namespace, pods=2).outcome is Outcome.MISSING
+
+
+def test_the_chart_scrapes_replicas_with_the_labels_the_queries_select() -> None:
+    from tests.k8s.chart import CASES, one, render
+
+    monitor = one(render(CASES["everything"]), "PodMonitor", "qm-quartermaster-serving")
+    endpoints = monitor["spec"]["podMetricsEndpoints"]
+    assert [e["port"] for e in endpoints] == ["http", "metrics"]
+    targets = {r["targetLabel"]: r["sourceLabels"][0] for r in endpoints[0]["relabelings"]}
+    assert targets["workload"] == "__meta_kubernetes_pod_label_quartermaster_io_workload"
+    assert set(targets) == {"team", "workload", "pool", "class", "model_name", "model_revision"}
+    triton = replace(serving_spec(), serving=ServingSpec("m", "r1", "triton"))
+    deployment, _ = deployment_build(triton, OPTIONS, lambda n: None)
+    ports = job_to_dict(deployment)["spec"]["template"]["spec"]["containers"][0]["ports"]
+    assert {p["name"]: p["containerPort"] for p in ports} == {"http": 8000, "metrics": 8002}
