@@ -265,3 +265,34 @@ def test_a_saturated_workload_is_flagged_on_its_team_page() -> None:
     ServingSample.objects.filter(request=req).update(ttft_p95_seconds=0.2)
     body = c.get(f"/teams/{w.vision.pk}/history/").content.decode()
     assert 'class="health ok"' in body
+
+
+def test_the_submit_form_starts_a_serving_workload_and_names_a_bad_field() -> None:
+    from portal.models import DeviceProfile, Pool, WorkloadClass
+
+    w = make_world()
+    page = Client()
+    page.force_login(w.bob)
+    fields = {
+        "team": w.vision.pk,
+        "workload_class": WorkloadClass.objects.get(name="inference").pk,
+        "pool": Pool.objects.get(name="h100-mig").pk,
+        "profile": DeviceProfile.objects.get(name="mig-1g.10gb").pk,
+        "count": 1,
+        "pods": 2,
+        "image": "vllm/vllm-openai:v0.6.3",
+        "checkpoint_interval_s": 0,
+        "max_runtime_s": 0,
+        "estimated_runtime_s": 3600,
+        "kind": "serving",
+        "model_name": "llama",
+        "model_revision": "r1",
+        "runtime": "",
+    }
+    bad = page.post("/requests/new/", fields)
+    assert bad.status_code == 400 and "Choose one of vllm, tgi, triton." in bad.content.decode()
+    assert not GpuRequest.objects.exists()
+    r = page.post("/requests/new/", {**fields, "runtime": "vllm"})
+    assert r.status_code == 302, r.content.decode()[-2000:]
+    req = GpuRequest.objects.get()
+    assert (req.kind, req.model_revision, req.runtime, req.pods) == ("serving", "r1", "vllm", 2)
