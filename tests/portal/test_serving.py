@@ -296,3 +296,14 @@ def test_the_submit_form_starts_a_serving_workload_and_names_a_bad_field() -> No
     assert r.status_code == 302, r.content.decode()[-2000:]
     req = GpuRequest.objects.get()
     assert (req.kind, req.model_revision, req.runtime, req.pods) == ("serving", "r1", "vllm", 2)
+
+
+def test_start_estimates_never_expect_a_serving_workloads_devices_back() -> None:
+    from portal.estimates import running_ends
+
+    w = make_world()
+    _serve(w.bob, w.vision, replicas=1)
+    submit(w.bob, w.vision)
+    run_tick()
+    ends = running_ends()
+    assert len(ends) == 1  # the training request only
