@@ -65,6 +65,8 @@ MAX_GPUS_PER_NODE = shapes.MAX_GPUS_PER_NODE
 STOP_GRACE_SECONDS = 30
 #: stop_reason prefix of a gang stopped because one of its pods ended ("gang:failed")
 GANG_STOP = "gang:"
+#: stop_reason of a serving workload stopped to place a new replica count (portal/serving.py)
+RESCALE = "rescale"
 
 
 # ---------------------------------------------------------------------------
@@ -831,8 +833,23 @@ def requeue_delay_s(attempt_number: int) -> float:
     return backoff.requeue_delay_s(attempt_number, base, settings.REQUEUE_MAX_SECONDS, jitter)
 
 
-def _requeue(req: GpuRequest, *, now: datetime, why: str) -> None:
-    """Back to the queue with backoff, or failed past REQUEUE_LIMIT (then the owner is told)."""
+def _requeue(req: GpuRequest, *, now: datetime, why: str, counted: bool = True) -> None:
+    """Back to the queue with backoff, or failed past REQUEUE_LIMIT (then the owner is told).
+
+    Not `counted` (a serving workload stopped to place a new replica count, the owner's
+    choice): back at once, no backoff, no step towards the limit."""
+    if not counted:
+        req.state, req.requeue_at = GpuRequest.State.PENDING, None
+        req.status_code, req.status_message = "requeued", f"requeued: {why}"
+        req.save()
+        Decision.objects.create(
+            request=req,
+            team=req.team,
+            kind=Decision.Kind.REQUEUE,
+            code="requeued",
+            message=req.status_message,
+        )
+        return
     req.requeue_count += 1
     if req.requeue_count > settings.REQUEUE_LIMIT:
         req.state = GpuRequest.State.FAILED
@@ -1041,6 +1058,9 @@ def _end_stopped(attempt: Attempt, req: GpuRequest, *, now: datetime, log_tail: 
             if reason == "preempted"
             else f"stopped ({reason})"
         )
+        if reason == RESCALE:
+            _requeue(req, now=now, why="placing the new replica count", counted=False)
+            return str(attempt.state)
         _requeue(req, now=now, why=why)
         if req.state == GpuRequest.State.PENDING:
             notify.notify_later(req.pk, NotificationPreference.Event.PREEMPTION)

@@ -19,12 +19,9 @@ from django.utils import timezone
 from portal import serving_spec
 from portal.backends import get_backend
 from portal.models import Attempt, Decision, GpuRequest, Pool, RevisionChange
-from portal.services import attempt_stop, audit
+from portal.services import RESCALE, attempt_stop, audit
 
 log = logging.getLogger(__name__)
-
-#: stop_reason of an attempt stopped to place a new replica count
-RESCALE = "rescale"
 
 
 def _locked_serving(gpu_request: GpuRequest) -> GpuRequest:

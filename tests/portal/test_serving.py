@@ -219,8 +219,9 @@ def test_scaling_from_the_page_places_the_new_count() -> None:
     first.refresh_from_db()
     assert first.state == Attempt.State.PREEMPTED
     req.refresh_from_db()
+    # back at once, and no step towards the requeue limit: scaling is the owner's choice
     assert req.state == GpuRequest.State.PENDING
-    GpuRequest.objects.filter(pk=req.pk).update(requeue_at=None)
+    assert req.requeue_at is None and req.requeue_count == 0
     run_tick()
     second = req.attempts.get(number=2)
     assert len(second.nodes) == 1
