@@ -49,6 +49,7 @@ CASES: dict[str, dict[str, Any]] = {
         },
         "metrics": {
             "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+            "podMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
             "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
         },
         "nodeAgent": {"runtimeClassName": "nvidia", "priorityClassName": "system-node-critical"},
