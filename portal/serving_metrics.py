@@ -440,7 +440,7 @@ def sample_from(
 
 def _scrape(url: str) -> str | None:
     try:
-        with urllib.request.urlopen(url, timeout=2) as resp:  # noqa: S310 - loopback replica
+        with urllib.request.urlopen(url, timeout=2) as resp:  # noqa: S310 - a replica we run
             return str(resp.read().decode())
     except (urllib.error.URLError, OSError, ValueError):
         return None
@@ -448,10 +448,12 @@ def _scrape(url: str) -> str | None:
 
 def sample_serving(now: datetime | None = None) -> int:
     """Read every running serving workload's replicas and store one sample each; returns
-    how many were stored. Only backends that run replicas here (the simulated cluster)
-    have them to read; on Kubernetes, Prometheus scrapes the Services."""
+    how many were stored: the simulated cluster's server processes, or on Kubernetes each
+    ready replica pod's metrics port (the portal's pods reach pod IPs)."""
     from portal.backends import get_backend
 
+    if settings.PROMETHEUS_URL and settings.CLUSTER_BACKEND == "kubernetes":
+        return 0  # Prometheus scrapes the replicas; the pages read it
     backend = get_backend()
     replicas_of = getattr(backend, "serving_replicas", None)
     if replicas_of is None:
@@ -466,7 +468,8 @@ def sample_serving(now: datetime | None = None) -> int:
         req = attempt.request
         scrapes = []
         for replica in replicas_of(attempt.workload_name, attempt.namespace, req.pods):
-            text = _scrape(f"http://127.0.0.1:{replica['port']}/metrics")
+            host = replica.get("host", "127.0.0.1")
+            text = _scrape(f"http://{host}:{replica['port']}/metrics")
             if text is not None:
                 scrapes.append(parse_scrape(text, req.runtime))
         if not scrapes:

@@ -37,13 +37,19 @@ from portal.k8s.jobs import (
     job_create,
     job_delete,
     owner_reference,
+    pods_for_workload,
     pvc_create,
     pvc_delete,
     service_create,
     service_delete,
 )
 from portal.k8s.logs import pod_log, workload_events
-from portal.k8s.serving import deployment_build, rollout_patch, serving_status
+from portal.k8s.serving import (
+    deployment_build,
+    rollout_patch,
+    serving_replica_endpoints,
+    serving_status,
+)
 from portal.k8s.status import workload_status
 from portal.k8s.watch import WorkloadWatcher
 
@@ -289,6 +295,11 @@ class KubernetesBackend:
             self._delete_deployment(name, namespace)
         if pods > 1 or serving:
             service_delete(self.core, name, namespace)
+
+    def serving_replicas(self, name: str, namespace: str, pods: int = 1) -> list[dict[str, Any]]:
+        """The ready replicas of a serving workload, for the portal's own samples when no
+        Prometheus is configured: where each serves /metrics and its revision."""
+        return serving_replica_endpoints(pods_for_workload(self.core, name, namespace))
 
     def _serving_deployment(self, name: str, namespace: str) -> Any | None:
         if self.apps is None:

@@ -176,3 +176,24 @@ def serving_status(deployment: Any, name: str, namespace: str) -> WorkloadStatus
     return WorkloadStatus(
         name, namespace, Outcome.PENDING, message=f"0/{want} replicas ready: warming up"
     )
+
+
+def serving_replica_endpoints(pods: list[Any]) -> list[dict[str, Any]]:
+    """host, port (the metrics port) and revision of each ready replica pod."""
+    out = []
+    for pod in pods:
+        st = pod.status
+        ready = any(c.type == "Ready" and c.status == "True" for c in (st.conditions or []) if st)
+        if not ready or not st.pod_ip or pod.metadata.deletion_timestamp:
+            continue
+        ports = {p.name: p.container_port for c in pod.spec.containers for p in (c.ports or [])}
+        port = ports.get("metrics") or ports.get("http")
+        if port:
+            out.append(
+                {
+                    "host": st.pod_ip,
+                    "port": port,
+                    "revision": (pod.metadata.labels or {}).get(L_REVISION, ""),
+                }
+            )
+    return out

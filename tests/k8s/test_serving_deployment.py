@@ -118,3 +118,48 @@ def test_the_chart_scrapes_replicas_with_the_labels_the_queries_select() -> None
     deployment, _ = deployment_build(triton, OPTIONS, lambda n: None)
     ports = job_to_dict(deployment)["spec"]["template"]["spec"]["containers"][0]["ports"]
     assert {p["name"]: p["containerPort"] for p in ports} == {"http": 8000, "metrics": 8002}
+
+
+def test_without_prometheus_the_portal_reads_ready_replica_pods() -> None:
+    """The fallback samples on Kubernetes: each ready replica's metrics port, by pod IP."""
+    import socket
+    import urllib.request
+
+    from portal import serving_metrics
+    from portal.k8s.serving import serving_replica_endpoints
+    from portal.serving_sim import Engine, serve
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = serve(
+        Engine("vllm", {"model_revision": "r2"}, max_batch=8, rps=5, warmup_s=0), "127.0.0.1", port
+    )
+
+    def pod(name: str, ready: str, ip: str | None) -> client.V1Pod:
+        return client.V1Pod(
+            metadata=client.V1ObjectMeta(name=name, labels={L_REVISION: "r2"}),
+            spec=client.V1PodSpec(
+                containers=[
+                    client.V1Container(
+                        name="main",
+                        ports=[client.V1ContainerPort(name="http", container_port=port)],
+                    )
+                ]
+            ),
+            status=client.V1PodStatus(
+                pod_ip=ip, conditions=[client.V1PodCondition(type="Ready", status=ready)]
+            ),
+        )
+
+    try:
+        endpoints = serving_replica_endpoints(
+            [pod("a", "True", "127.0.0.1"), pod("b", "False", "10.0.0.2"), pod("c", "True", None)]
+        )
+        assert endpoints == [{"host": "127.0.0.1", "port": port, "revision": "r2"}]
+        url = f"http://{endpoints[0]['host']}:{endpoints[0]['port']}/metrics"
+        with urllib.request.urlopen(url) as resp:
+            scraped = serving_metrics.parse_scrape(resp.read().decode(), "vllm")
+        assert scraped["revision"] == "r2" and "ttft" in scraped and "waiting" in scraped
+    finally:
+        server.shutdown()
