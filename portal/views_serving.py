@@ -28,13 +28,7 @@ def _points(series: list[list[Any]]) -> list[tuple[float, float | None]]:
     return [(float(t), v) for t, v in series]
 
 
-@login_required
-@require_GET
-def serving_panel(request: HttpRequest, request_id: int) -> HttpResponse:
-    """The request path beside the GPU: TTFT, batch, queue, tokens/s, utilization, memory."""
-    req = access.get_gpu_request_for_user(request.user, request_id)
-    window = request.GET.get("window", "1h")
-    window = window if window in serving_metrics.WINDOWS else "1h"
+def _panel_context(req: GpuRequest, window: str) -> dict[str, Any]:
     m = serving_metrics.request_metrics(req, window_s=serving_metrics.WINDOWS[window])
     s = m["series"]
     markers = [(c["at"], f"→ {c['after']}") for c in m["revision_changes"]]
@@ -71,7 +65,7 @@ def serving_panel(request: HttpRequest, request_id: int) -> HttpResponse:
             markers=markers,
         ),
     ]
-    context = {
+    return {
         "req": req,
         "m": m,
         "figures": figures,
@@ -79,13 +73,23 @@ def serving_panel(request: HttpRequest, request_id: int) -> HttpResponse:
         "windows": list(serving_metrics.WINDOWS),
         "can_change": req.state not in GpuRequest.TERMINAL_STATES,
     }
-    return render(request, "portal/serving_panel.html", context)
+
+
+@login_required
+@require_GET
+def serving_panel(request: HttpRequest, request_id: int) -> HttpResponse:
+    """The request path beside the GPU: TTFT, batch, queue, tokens/s, utilization, memory."""
+    req = access.get_gpu_request_for_user(request.user, request_id)
+    window = request.GET.get("window", "1h")
+    window = window if window in serving_metrics.WINDOWS else "1h"
+    return render(request, "portal/serving_panel.html", _panel_context(req, window))
 
 
 @login_required
 @require_POST
 def serving_change(request: HttpRequest, request_id: int) -> HttpResponse:
-    """Scale (replicas) or change revision (model_revision) from the request page."""
+    """Scale (replicas) or change revision (model_revision) from the request page; bad
+    input answers 400 with the panel and the error on its field."""
     req = access.get_gpu_request_for_user(request.user, request_id, write=True)
     try:
         if "model_revision" in request.POST:
@@ -99,12 +103,9 @@ def serving_change(request: HttpRequest, request_id: int) -> HttpResponse:
             serving.serving_scale(user=request.user, gpu_request=req, replicas=replicas)
             messages.success(request, "Replica count changed: the workload is placed again.")
     except ValidationError as exc:
-        for field, errors in exc.message_dict.items():
-            for e in errors:
-                messages.error(request, f"{field}: {e}")
-        response = redirect(reverse("portal:request-detail", args=[req.pk]))
-        response.status_code = 303
-        return response
+        req.refresh_from_db()
+        context = {**_panel_context(req, "1h"), "errors": exc.message_dict}
+        return render(request, "portal/serving_change.html", context, status=400)
     return redirect(reverse("portal:request-detail", args=[req.pk]))
 
 

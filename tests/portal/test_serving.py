@@ -191,11 +191,14 @@ def test_scaling_from_the_page_places_the_new_count() -> None:
     page = Client()
     page.force_login(w.bob)
     assert page.get(f"/requests/{req.pk}/serving/").status_code == 200
-    bad = page.post(f"/requests/{req.pk}/serving/change/", {"replicas": "0"}, follow=True)
+    bad = page.post(f"/requests/{req.pk}/serving/change/", {"replicas": "0"})
+    assert bad.status_code == 400
     assert "replicas: Between 1 and 64 replicas." in bad.content.decode()
     # one replica per node: the pool has two
-    bad = page.post(f"/requests/{req.pk}/serving/change/", {"replicas": "3"}, follow=True)
-    assert "replicas: At most 2 replicas" in bad.content.decode()
+    bad = page.post(f"/requests/{req.pk}/serving/change/", {"replicas": "3"})
+    assert bad.status_code == 400 and "replicas: At most 2 replicas" in bad.content.decode()
+    bad = page.post(f"/requests/{req.pk}/serving/change/", {"model_revision": "a b"})
+    assert bad.status_code == 400 and "model_revision: A revision is" in bad.content.decode()
     req.refresh_from_db()
     assert req.pods == 2
     # a member of another team may not scale it
