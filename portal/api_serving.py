@@ -46,10 +46,24 @@ class RequestMetricsApi(ApiView):
     `batch_size`, `queue_depth`, `gpu_utilization`, `model_revision` … (docs/metrics.md).
     A batch request has none of them: its series are empty."""
 
+    class RequestMetricsSerializer(serializers.Serializer):
+        request = serializers.IntegerField()
+        source = serializers.ChoiceField(choices=["prometheus", "samples"])
+        window_s = serializers.IntegerField()
+        step_s = serializers.IntegerField()
+        series = serializers.DictField(
+            child=serializers.ListField(child=serializers.ListField()),
+            help_text="name -> [[epoch seconds, value or null], …]; model_revision's values "
+            "are strings",
+        )
+        revision_changes = serializers.ListField(child=serializers.DictField())
+        slo = serializers.DictField(help_text="objective_seconds, compliance, met")
+        health = serializers.DictField(help_text='status ("ok", "saturated", "unknown"), message')
+
     @extend_schema(
         operation_id="requests_metrics",
         parameters=[OpenApiParameter("window", str, enum=list(serving_metrics.WINDOWS))],
-        responses=serializers.JSONField(),
+        responses=RequestMetricsSerializer,
     )
     def get(self, request: Request, request_id: int) -> Response:
         req = access.get_gpu_request_for_user(request.user, request_id)
