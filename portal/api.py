@@ -167,6 +167,10 @@ class GpuRequestOutputSerializer(serializers.Serializer):
     end_reason = serializers.CharField()
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
+    kind = serializers.CharField(help_text='"batch", or "serving" (runs until stopped)')
+    model_name = serializers.CharField()
+    model_revision = serializers.CharField()
+    runtime = serializers.CharField()
 
     def get_attempts(self, obj: GpuRequest) -> int:
         n = getattr(obj, "attempt_count", None)
@@ -252,6 +256,10 @@ class GpuRequestListSubmitApi(ListApiView):
         max_runtime_s = serializers.IntegerField(default=0, min_value=0, max_value=10**9)
         estimated_runtime_s = serializers.IntegerField(default=3600, min_value=1, max_value=10**9)
         priority = serializers.IntegerField(default=0, min_value=-100, max_value=100)
+        kind = serializers.ChoiceField(choices=GpuRequest.Kind.values, default="batch")
+        model_name = serializers.CharField(required=False, default="", max_length=200)
+        model_revision = serializers.CharField(required=False, default="", max_length=100)
+        runtime = serializers.CharField(required=False, default="", max_length=10)
 
     OutputSerializer = GpuRequestOutputSerializer
 

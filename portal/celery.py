@@ -25,6 +25,10 @@ def _schedule_tick(sender: Celery, **kwargs: object) -> None:
     sender.add_periodic_task(
         60.0, sender.signature("portal.tasks.notify_long_waits"), name="notify-long-waits"
     )
+    sender.add_periodic_task(
+        15.0, sender.signature("portal.tasks.serving_sample"), name="serving-sample"
+    )
+    sender.add_periodic_task(60.0, sender.signature("portal.tasks.utilization"), name="utilization")
     if settings.DEMO_TRICKLE:
         sender.add_periodic_task(
             4.0, sender.signature("portal.tasks.demo_trickle"), name="demo-trickle"

@@ -152,7 +152,33 @@ def seed(*, path: str | None = None) -> dict[str, Any]:
             services.membership_set(
                 actor=None, team=teams[team_name], user=user, role=role or "member"
             )
+    serving_demo()
     return {"users": [u[0] for u in DEMO_USERS], "password": DEMO_PASSWORD}
+
+
+def serving_demo() -> GpuRequest | None:
+    """One serving workload (vision's chat model, two replicas), unless one is live already."""
+    live = GpuRequest.objects.filter(kind=GpuRequest.Kind.SERVING).exclude(
+        state__in=GpuRequest.TERMINAL_STATES
+    )
+    if live.exists():
+        return None
+    lead = get_user_model().objects.get(username="lead")
+    return services.gpu_request_submit(
+        user=lead,
+        team=Team.objects.get(name="vision"),
+        workload_class=WorkloadClass.objects.get(name="inference"),
+        pool=Pool.objects.get(name="h100-mig"),
+        profile_kind="mig",
+        mig_profile="1g.10gb",
+        pods=2,
+        image="vllm/vllm-openai:v0.6.3",
+        kind="serving",
+        model_name="meta-llama/Llama-3.1-8B-Instruct",
+        model_revision="2024-07-23",
+        runtime="vllm",
+        name="vision-chat",
+    )
 
 
 # (class, profile kind, mig profile, milli, memory cap, count, pool or None, minutes)

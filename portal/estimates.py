@@ -38,7 +38,8 @@ def running_ends(
 ) -> list[tuple[datetime, int, int]]:
     """(expected end, pool id, GPU milli) of every active attempt, soonest first."""
     now = timezone.now()
-    qs = Attempt.objects.filter(state__in=Attempt.ACTIVE_STATES)
+    # A serving workload runs until stopped: its devices are never expected back.
+    qs = Attempt.objects.filter(state__in=Attempt.ACTIVE_STATES).exclude(request__kind="serving")
     if pool_ids is not None:
         qs = qs.filter(pool_id__in=list(pool_ids))
     if team is not None:

@@ -114,6 +114,17 @@ class SubmitForm(forms.Form):
         required=False,
         help_text="within the class band; members may lower it, leads raise it within limits",
     )
+    kind = forms.ChoiceField(
+        choices=GpuRequest.Kind.choices,
+        initial=GpuRequest.Kind.BATCH,
+        required=False,
+        help_text="serving: runs until stopped, pods = replicas, one per node (docs/serving.md)",
+    )
+    model_name = forms.CharField(max_length=200, required=False, label="Model")
+    model_revision = forms.CharField(max_length=100, required=False, label="Model revision")
+    runtime = forms.ChoiceField(
+        choices=[("", "—"), *GpuRequest.Runtime.choices], required=False, label="Runtime"
+    )
 
     def __init__(self, *args: Any, teams: Any = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -178,6 +189,10 @@ class SubmitForm(forms.Form):
             "max_runtime_s": d["max_runtime_s"],
             "estimated_runtime_s": d["estimated_runtime_s"],
             "priority": d.get("priority") or 0,
+            "kind": d.get("kind") or GpuRequest.Kind.BATCH,
+            "model_name": d.get("model_name") or "",
+            "model_revision": d.get("model_revision") or "",
+            "runtime": d.get("runtime") or "",
         }
 
     def preview_kwargs(self) -> dict[str, Any]:
@@ -530,6 +545,10 @@ TEMPLATE_FIELDS = [
     "max_runtime_s",
     "estimated_runtime_s",
     "priority",
+    "kind",
+    "model_name",
+    "model_revision",
+    "runtime",
 ]
 
 
@@ -560,8 +579,13 @@ def initial_from_request(req: GpuRequest) -> dict[str, Any]:
         "env": "\n".join(f"{k}={v}" for k, v in sorted(req.env.items())),
         "checkpoint_interval_s": req.checkpoint_interval_s,
         "max_runtime_s": req.max_runtime_s,
-        "estimated_runtime_s": req.estimated_runtime_s,
+        # a serving workload has no estimate (0): the form asks for one all the same
+        "estimated_runtime_s": req.estimated_runtime_s or 3600,
         "priority": req.priority,
+        "kind": req.kind,
+        "model_name": req.model_name,
+        "model_revision": req.model_revision,
+        "runtime": req.runtime,
     }
 
 

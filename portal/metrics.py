@@ -34,6 +34,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from portal import metrics_serving
 from portal.models import (
     Allocation,
     Attempt,
@@ -96,6 +97,8 @@ class PortalCollector(Collector):
         yield from self._capacity()
         yield from self._teams()
         yield from self._outcomes()
+        # serving SLOs, class queue limits, the node agent's device readings
+        yield from metrics_serving.collect()
 
     def _queue(self) -> Iterator[Metric]:
         now = timezone.now()
@@ -164,12 +167,6 @@ class PortalCollector(Collector):
                 max(0.0, seconds),
             )
         yield wait
-        # Filled by inference serving; declared so that dashboards and alerts resolve.
-        yield HistogramMetricFamily(
-            "quartermaster_inference_time_to_first_token_seconds",
-            "Inference time to first token",
-            labels=["team"],
-        )
 
     def _scheduler(self) -> Iterator[Metric]:
         state = SchedulerState.objects.filter(pk=1).first() or SchedulerState()

@@ -458,6 +458,22 @@ class GpuRequest(models.Model):
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     updated_at = models.DateTimeField(auto_now=True)
 
+    class Kind(models.TextChoices):
+        BATCH = "batch"
+        #: runs until stopped, `pods` replicas placed apart (docs/serving.md)
+        SERVING = "serving"
+
+    class Runtime(models.TextChoices):
+        VLLM = "vllm", "vLLM"
+        TGI = "tgi", "TGI"
+        TRITON = "triton", "Triton"
+
+    kind = models.CharField(max_length=10, choices=Kind.choices, default=Kind.BATCH)
+    #: serving: the model served, its revision (a change rolls the replicas over), its server
+    model_name = models.CharField(max_length=200, blank=True)
+    model_revision = models.CharField(max_length=100, blank=True)
+    runtime = models.CharField(max_length=10, choices=Runtime.choices, blank=True)
+
     class Meta:
         ordering = ["-created_at", "-id"]
         indexes = [
@@ -853,3 +869,85 @@ class RequestTemplate(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class RevisionChange(models.Model):
+    """A serving workload's model revision changed: a mark on its timeline."""
+
+    request = models.ForeignKey(
+        GpuRequest, on_delete=models.CASCADE, related_name="revision_changes"
+    )
+    before = models.CharField(max_length=100, blank=True)
+    after = models.CharField(max_length=100)
+    at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        ordering = ["at", "id"]
+
+
+class UtilizationSample(models.Model):
+    """One device's utilization at one minute, as the node agent (or the simulated cluster)
+    read it. Kept UTILIZATION_RAW_HOURS, then folded into `UtilizationRollup`."""
+
+    device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="samples")
+    at = models.DateTimeField()
+    #: denormalised so that rollups group without joins
+    node = models.CharField(max_length=253)
+    pool = models.CharField(max_length=63)
+    #: the team holding the device then ("" = idle)
+    team = models.CharField(max_length=63, blank=True)
+    utilization_pct = models.PositiveSmallIntegerField(default=0)
+    memory_used_mib = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        indexes = [models.Index(fields=["at"]), models.Index(fields=["pool", "at"])]
+
+
+class UtilizationRollup(models.Model):
+    """Mean and peak utilization of a node, pool or team over one bucket (5 min or 1 h)."""
+
+    class Scope(models.TextChoices):
+        NODE = "node"
+        POOL = "pool"
+        TEAM = "team"
+
+    scope = models.CharField(max_length=4, choices=Scope.choices)
+    key = models.CharField(max_length=253)
+    resolution_s = models.PositiveIntegerField()
+    start = models.DateTimeField()
+    utilization_avg = models.FloatField(default=0.0)
+    utilization_max = models.FloatField(default=0.0)
+    memory_used_mib_avg = models.FloatField(default=0.0)
+    #: device-minutes folded in
+    samples = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["scope", "key", "resolution_s", "start"], name="rollup_unique"
+            )
+        ]
+
+
+class ServingSample(models.Model):
+    """A serving workload's request path at one moment, read from its replicas' /metrics:
+    the fallback history when no Prometheus is configured (portal/serving_metrics.py)."""
+
+    request = models.ForeignKey(
+        GpuRequest, on_delete=models.CASCADE, related_name="serving_samples"
+    )
+    at = models.DateTimeField()
+    model_revision = models.CharField(max_length=100, blank=True)
+    ttft_p50_seconds = models.FloatField(null=True)
+    ttft_p95_seconds = models.FloatField(null=True)
+    e2e_p95_seconds = models.FloatField(null=True)
+    batch_size = models.FloatField(null=True)
+    queue_depth = models.FloatField(null=True)
+    running = models.FloatField(null=True)
+    tokens_per_second = models.FloatField(null=True)
+    gpu_utilization = models.FloatField(null=True)
+    gpu_memory_used_mib = models.FloatField(null=True)
+
+    class Meta:
+        ordering = ["at"]
+        indexes = [models.Index(fields=["request", "at"])]

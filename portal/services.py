@@ -20,7 +20,7 @@ from django.db.models import Count, F, Model, Q
 from django.forms.models import model_to_dict
 from django.utils import timezone
 
-from portal import contract, notify, shapes, validation, wake
+from portal import contract, notify, serving_spec, shapes, validation, wake
 from portal.backends import get_backend
 from portal.backends.base import (
     STORED_LOG_LINES,
@@ -29,6 +29,7 @@ from portal.backends.base import (
     LaunchSpec,
     Outcome,
     PodLaunch,
+    ServingSpec,
     WorkloadStatus,
 )
 from portal.models import (
@@ -64,6 +65,8 @@ MAX_GPUS_PER_NODE = shapes.MAX_GPUS_PER_NODE
 STOP_GRACE_SECONDS = 30
 #: stop_reason prefix of a gang stopped because one of its pods ended ("gang:failed")
 GANG_STOP = "gang:"
+#: stop_reason of a serving workload stopped to place a new replica count (portal/serving.py)
+RESCALE = "rescale"
 
 
 # ---------------------------------------------------------------------------
@@ -203,8 +206,15 @@ def gpu_request_submit(
     estimated_runtime_s: int = 3600,
     name: str = "",
     priority: int = 0,
+    kind: str = "batch",
+    model_name: str = "",
+    model_revision: str = "",
+    runtime: str = "",
 ) -> GpuRequest:
-    """Queue a request for `team`; the tick picks it up on commit."""
+    """Queue a request for `team`; the tick picks it up on commit.
+
+    `kind` "serving": `pods` replicas of a `runtime` server for `model_name` at
+    `model_revision`, running until stopped (`serving_spec.check`)."""
     role = Membership.objects.filter(user=user, team=team).values_list("role", flat=True).first()
     if role is None:
         raise ValidationError({"team": "You are not a member of this team."})
@@ -224,6 +234,17 @@ def gpu_request_submit(
         where = f"pool {pool.name}" if pool else "any production pool"
         field = "mig_profile" if profile_kind == DeviceProfile.Kind.MIG else "profile_kind"
         raise ValidationError({field: f"No {where} offers this device profile."})
+    serving_fields = serving_spec.check(
+        kind=kind,
+        model_name=model_name,
+        model_revision=model_revision,
+        runtime=runtime,
+        max_runtime_s=max_runtime_s,
+        checkpoint_interval_s=checkpoint_interval_s,
+    )
+    if kind == GpuRequest.Kind.SERVING:
+        # runs until stopped: no runtime estimate for backfilling or start estimates
+        estimated_runtime_s = 0
     image = validate_image(image)
     command = _validate_command(list(command) if isinstance(command, tuple) else command)
     env = validate_env(env or {})
@@ -264,6 +285,7 @@ def gpu_request_submit(
             priority=priority,
             status_code="queued",
             status_message="queued: waiting for the next scheduling pass",
+            **serving_fields,
         )
         # team, user, class and pool are rows fetched above, and every value was checked
         # above (the database enforces the check constraints too): skipping the per-row
@@ -500,7 +522,15 @@ def launch_spec(
         pods=pods if len(pods) > 1 else (),
         checkpoint_interval_s=req.checkpoint_interval_s,
         resume=resume,
+        serving=_serving(req),
     )
+
+
+def _serving(req: GpuRequest) -> ServingSpec | None:
+    if req.kind != GpuRequest.Kind.SERVING:
+        return None
+    objective = req.workload_class.latency_objective_ms or 0
+    return ServingSpec(req.model_name, req.model_revision, req.runtime, objective / 1000)
 
 
 def _lost_numbers(attempts: list[Attempt]) -> dict[int, list[int]]:
@@ -809,8 +839,23 @@ def requeue_delay_s(attempt_number: int) -> float:
     return backoff.requeue_delay_s(attempt_number, base, settings.REQUEUE_MAX_SECONDS, jitter)
 
 
-def _requeue(req: GpuRequest, *, now: datetime, why: str) -> None:
-    """Back to the queue with backoff, or failed past REQUEUE_LIMIT (then the owner is told)."""
+def _requeue(req: GpuRequest, *, now: datetime, why: str, counted: bool = True) -> None:
+    """Back to the queue with backoff, or failed past REQUEUE_LIMIT (then the owner is told).
+
+    Not `counted` (a serving workload stopped to place a new replica count, the owner's
+    choice): back at once, no backoff, no step towards the limit."""
+    if not counted:
+        req.state, req.requeue_at = GpuRequest.State.PENDING, None
+        req.status_code, req.status_message = "requeued", f"requeued: {why}"
+        req.save()
+        Decision.objects.create(
+            request=req,
+            team=req.team,
+            kind=Decision.Kind.REQUEUE,
+            code="requeued",
+            message=req.status_message,
+        )
+        return
     req.requeue_count += 1
     if req.requeue_count > settings.REQUEUE_LIMIT:
         req.state = GpuRequest.State.FAILED
@@ -1019,6 +1064,9 @@ def _end_stopped(attempt: Attempt, req: GpuRequest, *, now: datetime, log_tail: 
             if reason == "preempted"
             else f"stopped ({reason})"
         )
+        if reason == RESCALE:
+            _requeue(req, now=now, why="placing the new replica count", counted=False)
+            return str(attempt.state)
         _requeue(req, now=now, why=why)
         if req.state == GpuRequest.State.PENDING:
             notify.notify_later(req.pk, NotificationPreference.Event.PREEMPTION)

@@ -439,3 +439,21 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env("LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }
+
+# Serving workloads (docs/serving.md, docs/metrics.md)
+#: the simulated cluster runs a synthetic model server process per serving replica
+SIMULATED_SERVING_PROCESSES = env("SIMULATED_SERVING_PROCESSES", "1") == "1"
+SIMULATED_SERVING_WARMUP_S = float(env("SIMULATED_SERVING_WARMUP_S", "3"))
+#: offered load of each simulated replica, requests per second
+SIMULATED_SERVING_RPS = float(env("SIMULATED_SERVING_RPS", "2"))
+#: Prometheus's HTTP API ("" = read the portal's own stored samples)
+PROMETHEUS_URL = env("PROMETHEUS_URL", "")
+PROMETHEUS_TIMEOUT_S = float(env("PROMETHEUS_TIMEOUT_S", "5"))
+#: raw per-minute device samples are kept this long, then only their rollups
+UTILIZATION_RAW_HOURS = envint("UTILIZATION_RAW_HOURS", "2")
+#: 5-minute rollups are kept this long (the 24 h charts)
+UTILIZATION_5M_DAYS = envint("UTILIZATION_5M_DAYS", "2")
+#: hourly rollups are kept this long (the 7 d and 30 d charts)
+UTILIZATION_1H_DAYS = envint("UTILIZATION_1H_DAYS", "35")
+#: serving samples (the fallback request-path history) are kept this long
+SERVING_SAMPLE_DAYS = envint("SERVING_SAMPLE_DAYS", "7")

@@ -111,8 +111,11 @@ def shape_build(
     cpu_milli: int = 1000,
     memory_mib: int = 4096,
     tolerations: tuple[st.Taint, ...] = (),
+    kind: str = "batch",
 ) -> st.Shape:
     """The core's Shape of a request with these fields, keeping what its kind uses.
+
+    Serving replicas (`kind` "serving") are placed with the `spread` policy.
 
     Builds, never refuses: the submit service checked the fields (`normalize`).
     """
@@ -129,6 +132,7 @@ def shape_build(
         memory_mib=memory_mib,
         tolerations=tolerations,
         pods=pods,
+        placement="spread" if kind == "serving" else "",
     )
 
 
@@ -144,4 +148,5 @@ def request_shape(r: Any, tolerations: tuple[st.Taint, ...] = ()) -> st.Shape:
         cpu_milli=r.cpu_milli,
         memory_mib=r.memory_mib,
         tolerations=tolerations,
+        kind=getattr(r, "kind", "batch"),
     )

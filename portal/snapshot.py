@@ -316,7 +316,7 @@ class _Shapes:
         key = (fields, tolerations)
         shape = self._seen.get(key)
         if shape is None:
-            kind, mig_profile, milli, memory, count, pods, cpu, mem = fields
+            kind, mig_profile, milli, memory, count, pods, cpu, mem, request_kind = fields
             shape = self._seen[key] = shapes.shape_build(
                 profile_kind=kind,
                 mig_profile=mig_profile,
@@ -327,6 +327,7 @@ class _Shapes:
                 cpu_milli=cpu,
                 memory_mib=mem,
                 tolerations=tolerations,
+                kind=request_kind,
             )
         return shape
 
@@ -340,6 +341,7 @@ SHAPE_FIELDS = (
     "pods",
     "cpu_milli",
     "memory_mib",
+    "kind",
 )
 
 

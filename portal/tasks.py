@@ -62,3 +62,21 @@ def demo_trickle() -> int:
     from portal.demo import submit_synthetic
 
     return submit_synthetic(rng=random.Random())
+
+
+@shared_task(name="portal.tasks.serving_sample", ignore_result=True)
+def serving_sample() -> int:
+    """Read the serving replicas' /metrics into stored samples (docs/metrics.md)."""
+    from portal import serving_metrics
+
+    stored = serving_metrics.sample_serving()
+    serving_metrics.serving_prune()
+    return stored
+
+
+@shared_task(name="portal.tasks.utilization", ignore_result=True)
+def utilization() -> dict[str, object]:
+    """The minute's device samples, their rollups and retention (portal/utilization.py)."""
+    from portal import utilization as history
+
+    return history.utilization_tick()

@@ -7,7 +7,16 @@ from django.urls import include, path, register_converter
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.permissions import IsAuthenticated
 
-from portal import agent_api, api, metrics, views, views_admin, views_people
+from portal import (
+    agent_api,
+    api,
+    api_serving,
+    metrics,
+    views,
+    views_admin,
+    views_people,
+    views_serving,
+)
 
 
 class NodeActionConverter:
@@ -78,6 +87,15 @@ portal_patterns = [
     path("ops/audit.csv", views_admin.audit_csv, name="audit-csv"),
     path("requests/bulk-cancel/", views_admin.requests_bulk_cancel, name="requests-bulk-cancel"),
     path("ops/nodes/bulk/", views_admin.nodes_bulk_action, name="nodes-bulk-action"),
+    path("requests/<int:request_id>/serving/", views_serving.serving_panel, name="request-serving"),
+    path(
+        "requests/<int:request_id>/serving/change/",
+        views_serving.serving_change,
+        name="request-serving-change",
+    ),
+    path("pools/<int:pool_id>/history/", views_serving.pool_history, name="pool-history"),
+    path("ops/nodes/<int:node_id>/history/", views_serving.node_history, name="node-history"),
+    path("teams/<int:team_id>/history/", views_serving.team_history, name="team-history"),
 ]
 
 api_patterns = [
@@ -122,6 +140,16 @@ api_patterns = [
         "profiles/<int:profile_id>/activate/",
         api.ProfileActivateApi.as_view(),
         name="profile-activate",
+    ),
+    path(
+        "requests/<int:request_id>/serving/",
+        api_serving.ServingUpdateApi.as_view(),
+        name="request-serving",
+    ),
+    path(
+        "requests/<int:request_id>/metrics/",
+        api_serving.RequestMetricsApi.as_view(),
+        name="request-metrics",
     ),
 ]
 

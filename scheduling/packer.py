@@ -51,7 +51,8 @@ Policies (`POLICIES`; every policy ranks candidate nodes by a score tuple, lower
   share is a multiple of the slice (it likely holds the same slices), whole devices on a
   node with fully used devices; 2. a node in use; 3. an idle node; then as `packing`.
 * `spread` — for inference replicas: the least allocated node (GPU, then CPU), the most
-  free device.
+  free device. A shape may ask for it alone (`Shape.placement`, serving replicas) whatever
+  the state's policy.
 * `random` — any node that fits (always a random tie-break).
 * `firstfit` — the first node that fits in tie-break order.
 
@@ -389,7 +390,7 @@ class ClusterState:
         return sid
 
     def _observe(self, shape: Shape) -> None:
-        self._seen[dataclasses.replace(shape, pods=1)] += 1
+        self._seen[dataclasses.replace(shape, pods=1, placement="")] += 1
         self._seen_total += 1
         if self._seen_total >= self._next_refresh:
             self._next_refresh = (
@@ -580,8 +581,9 @@ class ClusterState:
         cpu_a = g.cpu - shape.cpu_milli
         mem_a = g.mem - shape.memory_mib
         pre: Score = (cls.interconnect,) if shape.count > 1 else ()
+        node_len = None if shape.placement else cls.target.node_len
         if shape.count <= 0:
-            return pre + self._score(g, shape, cpu_a, mem_a, g.devs, ())[: cls.target.node_len], ()
+            return pre + self._score(g, shape, cpu_a, mem_a, g.devs, ())[:node_len], ()
         devs = list(g.devs)
         if shape.kind is ProfileKind.WHOLE:
             picks: list[Pick] = []
@@ -594,9 +596,9 @@ class ClusterState:
             if len(picks) < shape.count:
                 return None
             after = tuple(sorted(devs)) if cls.uniform else tuple(devs)
-            return pre + self._score(g, shape, cpu_a, mem_a, after, tuple(picks))[
-                : cls.target.node_len
-            ], tuple(picks)
+            return pre + self._score(g, shape, cpu_a, mem_a, after, tuple(picks))[:node_len], tuple(
+                picks
+            )
         chosen: list[Pick] = []
         best: Score = ()
         for _ in range(shape.count):
@@ -614,7 +616,7 @@ class ClusterState:
             best, pick, state = step
             devs[pick[0]] = state
             chosen.append(pick)
-        return pre + best[: cls.target.node_len], tuple(chosen)
+        return pre + best[:node_len], tuple(chosen)
 
     def _unit_options(
         self, cls: _Class, devs: list[DevState], shape: Shape, ok: tuple[bool, ...], used: set[int]
@@ -675,7 +677,7 @@ class ClusterState:
         after: tuple[DevState, ...],
         picks: Choice,
     ) -> Score:
-        policy = self.policy
+        policy = shape.placement or self.policy
         cls = g.cls
         if policy.startswith("fgd"):
             delta = self._frag(cls, cpu_a, mem_a, after) - self._frag(cls, g.cpu, g.mem, g.devs)

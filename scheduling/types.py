@@ -131,6 +131,9 @@ class Shape:
     gpu_models: frozenset[str] = frozenset()
     tolerations: tuple[Taint, ...] = ()
     pods: int = 1
+    #: a packer policy for this shape alone ("" = the tick's): serving replicas ask for
+    #: "spread" so that one node's loss takes as few replicas as possible
+    placement: str = ""
 
     @property
     def gpus_milli(self) -> int:

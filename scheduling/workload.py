@@ -55,9 +55,9 @@ def shape_key(shape: Shape) -> Shape:
 
     Gangs count per pod (each pod lands on a node like a single request); host memory is
     left out as in FGD (it keys shapes by CPU, devices, share and models), which keeps
-    the histogram small.
+    the histogram small. The placement policy is the request's, not part of its shape.
     """
-    return dataclasses.replace(shape, pods=1, memory_mib=0)
+    return dataclasses.replace(shape, pods=1, memory_mib=0, placement="")
 
 
 @dataclass

@@ -129,6 +129,19 @@ def checkpoint_env(
 
 
 @dataclass(frozen=True)
+class ServingSpec:
+    """What makes an attempt a serving workload: replicas of a model server that run until
+    stopped (a Deployment and a Service on Kubernetes; docs/serving.md)."""
+
+    model: str
+    revision: str
+    #: "vllm", "tgi" or "triton": the metric names its /metrics serves
+    runtime: str
+    #: the class's TTFT p95 objective, seconds (0 = none)
+    ttft_objective_s: float = 0.0
+
+
+@dataclass(frozen=True)
 class LaunchSpec:
     """Everything needed to start one attempt, built by the server from stored rows only.
 
@@ -172,6 +185,8 @@ class LaunchSpec:
     checkpoint_interval_s: int = 0
     #: an earlier attempt was preempted or lost its node: resume from the checkpoint storage
     resume: bool = False
+    #: set for a serving workload (replicas of a model server, `pods` of them)
+    serving: ServingSpec | None = None
 
     @property
     def checkpoint_claim(self) -> str:

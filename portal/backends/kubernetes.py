@@ -21,6 +21,7 @@ from kubernetes.client.exceptions import ApiException
 from portal.backends.base import (
     InventoryNode,
     LaunchSpec,
+    Outcome,
     WorkloadEvent,
     WorkloadStatus,
     checkpoint_claim,
@@ -36,12 +37,19 @@ from portal.k8s.jobs import (
     job_create,
     job_delete,
     owner_reference,
+    pods_for_workload,
     pvc_create,
     pvc_delete,
     service_create,
     service_delete,
 )
 from portal.k8s.logs import pod_log, workload_events
+from portal.k8s.serving import (
+    deployment_build,
+    rollout_patch,
+    serving_replica_endpoints,
+    serving_status,
+)
 from portal.k8s.status import workload_status
 from portal.k8s.watch import WorkloadWatcher
 
@@ -85,9 +93,11 @@ class KubernetesBackend:
         auto_watch: bool = False,
         now: Callable[[], datetime] | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        apps: Any = None,
     ) -> None:
         self._core = core
         self._batch = batch
+        self._apps = apps
         self.job_options = job_options or JobOptions()
         self._pool_selectors = pool_selectors
         self.pod_namespaces = list(pod_namespaces) if pod_namespaces is not None else None
@@ -192,6 +202,18 @@ class KubernetesBackend:
         self._load()
         return self._batch
 
+    @property
+    def apps(self) -> Any:
+        """AppsV1Api: the Deployments of serving workloads."""
+        if self._apps is None:
+            from kubernetes import client
+
+            self._load()
+            # Clients passed in without an API client (test fakes) have no Deployments.
+            api_client = getattr(self._core, "api_client", None)
+            self._apps = client.AppsV1Api(api_client) if api_client is not None else None
+        return self._apps
+
     def pool_selectors(self) -> PoolSelectors | None:
         sel = self._pool_selectors
         return sel() if callable(sel) else sel
@@ -229,6 +251,9 @@ class KubernetesBackend:
         A checkpointing request's PVC is created first (if missing), owned by nothing:
         it outlives the attempt, and its retries mount the same one.
         """
+        if spec.serving is not None:
+            self._launch_serving(spec)
+            return
         pvc = checkpoint_pvc_build(spec, self.job_options) if spec.checkpoint_interval_s else None
         if not spec.is_gang:
             job = job_build(spec, self.job_options, self._node_facts(spec.node))
@@ -244,12 +269,54 @@ class KubernetesBackend:
             job.metadata.owner_references = [owner]
             job_create(self.batch, job, sleep=self._sleep)
 
+    def _launch_serving(self, spec: LaunchSpec) -> None:
+        """A Deployment of the replicas and its Service (portal/k8s/serving.py); the Service
+        owns the Deployment, so deleting it (`stop`) deletes everything."""
+        deployment, service = deployment_build(spec, self.job_options, self._node_facts)
+        owner = owner_reference(service_create(self.core, service))
+        deployment.metadata.owner_references = [owner]
+        try:
+            self.apps.create_namespaced_deployment(spec.namespace, deployment)
+        except ApiException as exc:
+            if exc.status != 409:  # created before: a retried launch adopts it
+                raise
+
+    def rollout(self, name: str, namespace: str, pods: int, revision: str) -> None:
+        """Move a serving workload to `revision`: the Deployment rolls its replicas over."""
+        self.apps.patch_namespaced_deployment(name, namespace, rollout_patch(revision))
+
     def stop(self, name: str, namespace: str, grace_seconds: int = 30, pods: int = 1) -> None:
-        """Delete every Job (all pods of a gang together), then a gang's Service."""
+        """Delete every Job (all pods of a gang together), then a gang's Service; a serving
+        workload's Deployment and Service."""
         for member in _member_names(name, pods):
             job_delete(self.batch, member, namespace, grace_seconds=grace_seconds)
-        if pods > 1:
+        serving = self._serving_deployment(name, namespace) is not None
+        if serving:
+            self._delete_deployment(name, namespace)
+        if pods > 1 or serving:
             service_delete(self.core, name, namespace)
+
+    def serving_replicas(self, name: str, namespace: str, pods: int = 1) -> list[dict[str, Any]]:
+        """The ready replicas of a serving workload, for the portal's own samples when no
+        Prometheus is configured: where each serves /metrics and its revision."""
+        return serving_replica_endpoints(pods_for_workload(self.core, name, namespace))
+
+    def _serving_deployment(self, name: str, namespace: str) -> Any | None:
+        if self.apps is None:
+            return None
+        try:
+            return self.apps.read_namespaced_deployment(name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def _delete_deployment(self, name: str, namespace: str) -> None:
+        try:
+            self.apps.delete_namespaced_deployment(name, namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
 
     def checkpoints_delete(self, request_id: int, namespace: str) -> None:
         pvc_delete(self.core, checkpoint_claim(request_id), namespace)
@@ -264,6 +331,15 @@ class KubernetesBackend:
         ]
 
     def status(self, name: str, namespace: str, pods: int = 1) -> WorkloadStatus:
+        status = self._status_jobs(name, namespace, pods)
+        if status.outcome is Outcome.MISSING:
+            # No Job: a serving workload is a Deployment, running until stopped.
+            deployment = self._serving_deployment(name, namespace)
+            if deployment is not None:
+                return serving_status(deployment, name, namespace)
+        return status
+
+    def _status_jobs(self, name: str, namespace: str, pods: int) -> WorkloadStatus:
         if pods > 1:
             members = [self._status(m, namespace) for m in _member_names(name, pods)]
             return gang_status(name, namespace, members)

@@ -31,6 +31,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from portal.backends import serving_replicas
 from portal.backends.base import (
     InventoryDevice,
     InventoryMig,
@@ -173,9 +174,14 @@ class SimulatedBackend:
         now = timezone.now()
         ckpt_env, every = self._checkpointing(spec)
         for member in spec.members():
+            if SimulatedWorkload.objects.filter(
+                name=member.name, namespace=member.namespace
+            ).exists():
+                continue  # created before: a retried launch adopts it
+            row = _with_server(_workload(member, now, ckpt_env, every))
             try:
                 with transaction.atomic():
-                    SimulatedWorkload.objects.create(**_workload(member, now, ckpt_env, every))
+                    SimulatedWorkload.objects.create(**row)
             except IntegrityError:
                 # Created before: a retried launch adopts it.
                 pass
@@ -187,6 +193,14 @@ class SimulatedBackend:
         for spec in specs:
             ckpt_env, every = self._checkpointing(spec)
             rows += [_workload(member, now, ckpt_env, every) for member in spec.members()]
+        if any(r["spec"].get("serving") for r in rows):
+            # Only new replicas start a server: a retried launch adopts the running one.
+            have = set(
+                SimulatedWorkload.objects.filter(
+                    name__in=[r["name"] for r in rows if r["spec"].get("serving")]
+                ).values_list("namespace", "name")
+            )
+            rows = [r if (r["namespace"], r["name"]) in have else _with_server(r) for r in rows]
         insert_rows(
             SimulatedWorkload,
             rows,
@@ -195,9 +209,42 @@ class SimulatedBackend:
         )
 
     def stop(self, name: str, namespace: str, grace_seconds: int = 30, pods: int = 1) -> None:
-        SimulatedWorkload.objects.filter(
+        rows = SimulatedWorkload.objects.filter(
             name__in=_names(name, pods), namespace=namespace, stopped_at__isnull=True
-        ).update(stopped_at=timezone.now())
+        )
+        for spec in rows.values_list("spec", flat=True):
+            serving_replicas.stop(spec.get("serving"))
+        rows.update(stopped_at=timezone.now())
+
+    def rollout(self, name: str, namespace: str, pods: int, revision: str) -> None:
+        """Roll a serving workload's replicas over to `revision`, one after another: each
+        restarts with it and is ready again once it has warmed up."""
+        for w in SimulatedWorkload.objects.filter(
+            name__in=_names(name, pods), namespace=namespace, stopped_at__isnull=True
+        ).order_by("name"):
+            serving = w.spec.get("serving")
+            if not serving or serving.get("revision") == revision:
+                continue
+            serving_replicas.stop(serving)
+            w.spec["serving"] = serving_replicas.start({**serving, "revision": revision})
+            w.save(update_fields=["spec"])
+
+    def serving_replicas(self, name: str, namespace: str, pods: int = 1) -> list[dict[str, Any]]:
+        """The live replicas of a serving workload (their `serving` spec: port, revision …).
+
+        A replica whose server process is gone is started again, as a Deployment would."""
+        out = []
+        for w in SimulatedWorkload.objects.filter(
+            name__in=_names(name, pods), namespace=namespace, stopped_at__isnull=True
+        ).order_by("name"):
+            serving = w.spec.get("serving")
+            if not serving or not settings.SIMULATED_SERVING_PROCESSES:
+                continue
+            if not serving_replicas.alive(int(serving.get("pid") or 0)):
+                w.spec["serving"] = serving = serving_replicas.start(serving)
+                w.save(update_fields=["spec"])
+            out.append(serving)
+        return out
 
     def checkpoints_delete(self, request_id: int, namespace: str) -> None:
         shutil.rmtree(self.checkpoint_dir(request_id), ignore_errors=True)
@@ -320,13 +367,32 @@ def _workload(
             "env": dict(rendezvous_env(member) + ckpt_env),
             "devices": [g.device for g in member.grants],
             "checkpoint_every_s": every,
+            "serving": serving_replicas.serving_fields(member),
         },
         "created_at": now,
         "starts_at": now + START_DELAY,
-        "ends_at": now + START_DELAY + timedelta(seconds=max(1, member.simulated_duration_s)),
+        # a serving workload runs until stopped
+        "ends_at": now
+        + START_DELAY
+        + (
+            SERVING_RUNS_FOR
+            if member.serving is not None
+            else timedelta(seconds=max(1, member.simulated_duration_s))
+        ),
         "exit_code": member.simulated_exit_code,
     }
 
+
+def _with_server(row: dict[str, Any]) -> dict[str, Any]:
+    """A replica's row with its server process started (rows of other workloads unchanged)."""
+    serving = row["spec"].get("serving")
+    if not serving:
+        return row
+    return {**row, "spec": {**row["spec"], "serving": serving_replicas.start(serving)}}
+
+
+#: "until stopped", as a row's end time
+SERVING_RUNS_FOR = timedelta(days=3650)
 
 w_never = datetime.min.replace(tzinfo=UTC)
 
@@ -342,6 +408,18 @@ def log_lines(w: SimulatedWorkload, now: datetime) -> list[str]:
         f"[qm] image {w.spec.get('image', '')}",
         f"[qm] command {' '.join(w.spec.get('command', [])) or '(image default)'}",
     ]
+    serving = w.spec.get("serving")
+    if serving:
+        # A model server prints its start, not training steps.
+        return (
+            lines
+            + [
+                f"[qm] serving {serving.get('model')} revision {serving.get('revision')} "
+                f"with {serving.get('runtime')} on port {serving.get('port')}",
+                "loading weights; the readiness probe answers once the model is warmed up",
+            ]
+            + (["received SIGTERM: draining and exiting"] if w.stopped_at else [])
+        )
     if "WORLD_SIZE" in env:
         lines.append(
             f"rank {env.get('RANK')} of {env['WORLD_SIZE']}, master {env.get('MASTER_ADDR')}"

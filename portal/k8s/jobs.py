@@ -236,9 +236,9 @@ def job_build(
     to completion once, and a Job gives exactly that with the failure handling
     this needs — `podFailurePolicy` (preemption does not count as a failure,
     listed exit codes fail at once), a small `backoffLimit`, a deadline and
-    garbage collection after it finishes. Inference, which serves until
-    stopped and may span replicas, will use a Deployment (or a LeaderWorkerSet
-    for multi-node models) built the same way.
+    garbage collection after it finishes. A serving workload, which serves
+    until stopped, is a Deployment of replicas built from this pod
+    (portal/k8s/serving.py).
     """
     if not _DNS_LABEL.match(spec.name):
         raise LaunchRefused(

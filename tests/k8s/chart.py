@@ -14,7 +14,7 @@ CHART = Path(__file__).resolve().parents[2] / "charts" / "quartermaster"
 RELEASE = "qm"
 NAMESPACE = "quartermaster"
 #: kinds from CRDs: kubernetes-validate has no schema for them; checked by their own tests
-CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
+CRD_KINDS = {"ServiceMonitor", "PrometheusRule", "PodMonitor"}
 
 EXTERNAL = {
     "externalDatabase": {"url": "postgres://qm:pw@db.example.com:5432/quartermaster"},
@@ -49,6 +49,7 @@ CASES: dict[str, dict[str, Any]] = {
         },
         "metrics": {
             "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+            "podMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
             "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
         },
         "nodeAgent": {"runtimeClassName": "nvidia", "priorityClassName": "system-node-critical"},

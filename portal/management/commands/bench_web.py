@@ -75,11 +75,18 @@ class Command(BaseCommand):
         parser.add_argument(
             "--keep", action="store_true", help="keep the temp dir (SQLite file) afterwards"
         )
+        parser.add_argument(
+            "--history",
+            action="store_true",
+            help="instead: seed utilization history and time the pool page (docs/metrics.md)",
+        )
+        parser.add_argument("--history-devices", type=int, default=1_000)
+        parser.add_argument("--history-days", type=int, default=30)
         parser.add_argument("--child", action="store_true", help=__import__("argparse").SUPPRESS)
 
     def handle(self, *args: Any, **opts: Any) -> None:
         if opts["child"]:
-            result = _child(opts)
+            result = _history_child(opts) if opts["history"] else _child(opts)
             self.stdout.write(json.dumps(result, indent=2, default=str))
             return
         if opts["database_url"] and not opts["yes"]:
@@ -124,6 +131,14 @@ class Command(BaseCommand):
             argv += [f"--{key.replace('_', '-')}", str(opts[key])]
         if opts["new_connections"]:
             argv.append("--new-connections")
+        if opts["history"]:
+            argv += [
+                "--history",
+                "--history-devices",
+                str(opts["history_devices"]),
+                "--history-days",
+                str(opts["history_days"]),
+            ]
         try:
             done = subprocess.run(
                 argv, env=env, cwd=_root(), capture_output=True, text=True, check=False
@@ -181,6 +196,138 @@ def _child(opts: dict[str, Any]) -> dict[str, Any]:
         )
         and api["rate_per_s"] >= TARGET_SUBMITS_PER_S
         and api["errors"] == 0,
+    }
+
+
+def _history_child(opts: dict[str, Any]) -> dict[str, Any]:
+    """Utilization history at scale: `--history-devices` devices (8 per node, one pool)
+    with `--history-days` of history as the minute sampler and the rollups leave it: the
+    raw minutes still kept (UTILIZATION_RAW_HOURS, through `record_samples`), 5-minute
+    and hourly rollups of per-minute readings for the days before, then the real `rollup`
+    of the newest hour. Times the pool page (all three ranges), p50 and p95."""
+    from datetime import UTC, datetime
+
+    from django.conf import settings
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+    from django.db.models import Max
+
+    from portal import utilization
+    from portal.models import Device, Node, Pool, UtilizationRollup, UtilizationSample
+
+    call_command("migrate", verbosity=0)
+    started = time.perf_counter()
+    rng = random.Random(7)
+    pool = Pool.objects.create(name="bench", gpu_model="NVIDIA-H100", gpu_memory_mib=81920)
+    n_nodes = max(1, opts["history_devices"] // 8)
+    Node.objects.bulk_create(
+        [
+            Node(name=f"bench-{i:04d}", pool=pool, cpu_milli=128000, memory_mib=1 << 20)
+            for i in range(n_nodes)
+        ]
+    )
+    nodes = list(Node.objects.filter(pool=pool).order_by("name"))
+    Device.objects.bulk_create(
+        [
+            Device(node=n, index=d, model="NVIDIA-H100", memory_mib=81920)
+            for n in nodes
+            for d in range(8)
+        ],
+        batch_size=2000,
+    )
+    devices = list(Device.objects.values_list("pk", flat=True))
+    now = datetime.now(tz=UTC).replace(second=0, microsecond=0)
+    hour = now.replace(minute=0)
+    raw_from = hour - timedelta(hours=1)
+    # The raw minutes still kept: the newest hour and the one before, through the sampler.
+    minute = raw_from
+    while minute < now:
+        Device.objects.update(utilization_pct=rng.randint(40, 95), memory_used_mib=50000)
+        utilization.record_samples(minute)
+        minute += timedelta(minutes=1)
+    # Older buckets, as the rollup writes them from per-minute readings: per node, the pool.
+    rows: list[UtilizationRollup] = []
+    for res, days in (
+        (300, min(opts["history_days"], settings.UTILIZATION_5M_DAYS)),
+        (3600, opts["history_days"]),
+    ):
+        start = utilization._floor(raw_from - timedelta(days=days), res)
+        while start < raw_from:
+            level = 60 + 25 * ((start.hour % 24) / 24)
+            for n in nodes:
+                avg = min(100.0, level + rng.uniform(-10, 10))
+                rows.append(
+                    UtilizationRollup(
+                        scope="node",
+                        key=n.name,
+                        resolution_s=res,
+                        start=start,
+                        utilization_avg=avg,
+                        utilization_max=min(100.0, avg + 10),
+                        memory_used_mib_avg=50000,
+                        samples=8 * res // 60,
+                    )
+                )
+            rows.append(
+                UtilizationRollup(
+                    scope="pool",
+                    key=pool.name,
+                    resolution_s=res,
+                    start=start,
+                    utilization_avg=level,
+                    utilization_max=min(100.0, level + 15),
+                    memory_used_mib_avg=50000,
+                    samples=len(devices) * res // 60,
+                )
+            )
+            start += timedelta(seconds=res)
+            if len(rows) >= 20000:
+                UtilizationRollup.objects.bulk_create(rows, batch_size=5000)
+                rows = []
+    UtilizationRollup.objects.bulk_create(rows, batch_size=5000)
+    seed_s = time.perf_counter() - started
+    t = time.perf_counter()
+    written = utilization.rollup(now)
+    rollup_s = time.perf_counter() - t
+    User = get_user_model()
+    admin = User.objects.create_user("bench-history", password="bench-history-pw", is_staff=True)
+    from django.test import Client
+
+    client = Client()
+    client.force_login(admin)
+    pages = {}
+    runs = max(20, opts["runs"])
+    for span in utilization.RANGES:
+        url = f"/pools/{pool.pk}/history/?range={span}"
+        assert client.get(url).status_code == 200, url
+        times = []
+        for _ in range(runs):
+            t = time.perf_counter()
+            r = client.get(url)
+            times.append((time.perf_counter() - t) * 1000)
+            assert r.status_code == 200
+        times.sort()
+        pages[f"pool history {span}"] = {
+            "p50_ms": round(statistics.median(times), 1),
+            "p95_ms": round(times[min(len(times) - 1, int(len(times) * 0.95))], 1),
+            "points": r.content.count(b",") // 2,
+            "bytes": len(r.content),
+        }
+    last = UtilizationRollup.objects.aggregate(t=Max("start"))["t"]
+    return {
+        "database": _db_label(),
+        "seeded": {
+            "devices": len(devices),
+            "nodes": len(nodes),
+            "days": opts["history_days"],
+            "raw_samples": UtilizationSample.objects.count(),
+            "rollups": UtilizationRollup.objects.count(),
+            "seconds": round(seed_s, 1),
+        },
+        "rollup_newest_hour": {"rows": written, "seconds": round(rollup_s, 2), "last": last},
+        "pages_ms": pages,
+        "targets": {"pool_page_p95_ms": TARGET_PAGE_MS},
+        "ok": all(p["p95_ms"] <= TARGET_PAGE_MS for p in pages.values()),
     }
 
 
