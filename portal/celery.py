@@ -25,6 +25,11 @@ def _schedule_tick(sender: Celery, **kwargs: object) -> None:
     sender.add_periodic_task(
         60.0, sender.signature("portal.tasks.notify_long_waits"), name="notify-long-waits"
     )
+    sender.add_periodic_task(
+        float(settings.TICK_SECONDS),
+        sender.signature("portal.tasks.rollouts_tick"),
+        name="rollouts-tick",
+    )
     if settings.DEMO_TRICKLE:
         sender.add_periodic_task(
             4.0, sender.signature("portal.tasks.demo_trickle"), name="demo-trickle"

@@ -20,7 +20,7 @@ from django.db.models import Count, F, Model, Q
 from django.forms.models import model_to_dict
 from django.utils import timezone
 
-from portal import contract, notify, shapes, validation, wake
+from portal import contract, lifecycle, notify, shapes, validation, wake
 from portal.backends import get_backend
 from portal.backends.base import (
     STORED_LOG_LINES,
@@ -1443,6 +1443,7 @@ def inventory_sync(*, nodes: list[Any] | None = None) -> int:
                     "taints": [{"key": k, "value": v, "effect": e} for k, v, e in inv.taints],
                     "ready": inv.ready,
                     "interconnect": inv.interconnect,
+                    "software": lifecycle.node_software(inv.labels),
                 },
             )
             if inv.cordoned and not node.cordoned:

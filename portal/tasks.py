@@ -62,3 +62,11 @@ def demo_trickle() -> int:
     from portal.demo import submit_synthetic
 
     return submit_synthetic(rng=random.Random())
+
+
+@shared_task(name="portal.tasks.rollouts_tick", ignore_result=True)
+def rollouts_tick() -> dict[str, int]:
+    """Advance running rollouts and judge finished node validations (docs/lifecycle.md)."""
+    from portal.rollouts import rollouts_advance
+
+    return rollouts_advance()
