@@ -46,6 +46,7 @@ from portal.models import (
     RolloutNode,
     ValidationRun,
 )
+from portal.readiness import attempt_token, ready_token_key
 
 log = logging.getLogger(__name__)
 
@@ -73,12 +74,18 @@ def validation_spec(run: ValidationRun) -> ValidationSpec:
                 counts[key] = counts.get(key, 0) + 1
         else:
             counts["nvidia.com/gpu"] = counts.get("nvidia.com/gpu", 0) + max(1, d.replicas)
+    base = settings.K8S_PORTAL_URL.rstrip("/")
     return ValidationSpec(
         name=run.name,
         namespace=settings.VALIDATION_NAMESPACE,
         node=run.node.name,
         resources=tuple(sorted(counts.items())),
         devices=len(devices),
+        # The pod reports its figures like a checkpoint, with a token of its own.
+        report_url=f"{base}/api/v1/validations/{run.pk}/result" if base else "",
+        token=attempt_token(ready_token_key(), settings.VALIDATION_NAMESPACE, run.name, run.pk)
+        if base
+        else "",
     )
 
 

@@ -366,6 +366,8 @@ VALIDATION_IMAGE = env("VALIDATION_IMAGE", "nvcr.io/nvidia/pytorch:24.05-py3")
 VALIDATION_NAMESPACE = env("VALIDATION_NAMESPACE", "quartermaster-validation")
 #: a burn-in with no result by then fails its node
 VALIDATION_TIMEOUT_SECONDS = envint("VALIDATION_TIMEOUT_SECONDS", "1800")
+#: MIG pools whose layout a rollout may change to the proposed one ("*": every MIG pool)
+MIG_RELAYOUT_POOLS = envlist("MIG_RELAYOUT_POOLS", "")
 REQUEUE_BASE_SECONDS = envint("REQUEUE_BASE_SECONDS", "60")
 REQUEUE_MAX_SECONDS = envint("REQUEUE_MAX_SECONDS", "3600")
 REQUEUE_LIMIT = envint("REQUEUE_LIMIT", "5")

@@ -7,7 +7,7 @@ from django.urls import include, path, register_converter
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.permissions import IsAuthenticated
 
-from portal import agent_api, api, metrics, views, views_people
+from portal import agent_api, api, api_lifecycle, metrics, views, views_lifecycle, views_people
 
 
 class NodeActionConverter:
@@ -71,6 +71,14 @@ portal_patterns = [
         views.device_clear_quarantine,
         name="device-clear-quarantine",
     ),
+    path("ops/pools/<int:pool_id>/lifecycle/", views_lifecycle.pool_detail, name="pool-detail"),
+    path(
+        "ops/pools/<int:pool_id>/rollouts/",
+        views_lifecycle.rollout_create,
+        name="rollout-create",
+    ),
+    path("ops/nodes/<int:node_id>/validate/", views_lifecycle.node_validate, name="node-validate"),
+    path("ops/rollouts/<int:rollout_id>/", views_lifecycle.rollout_detail, name="rollout-detail"),
 ]
 
 api_patterns = [
@@ -115,6 +123,17 @@ api_patterns = [
         "profiles/<int:profile_id>/activate/",
         api.ProfileActivateApi.as_view(),
         name="profile-activate",
+    ),
+    path("rollouts/", api_lifecycle.RolloutListCreateApi.as_view(), name="rollouts"),
+    path(
+        "rollouts/<int:rollout_id>/",
+        api_lifecycle.RolloutDetailApi.as_view(),
+        name="rollout-detail",
+    ),
+    path(
+        "validations/<int:validation_id>/result",
+        api_lifecycle.ValidationResultApi.as_view(),
+        name="validation-result",
     ),
 ]
 

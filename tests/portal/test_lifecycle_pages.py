@@ -1,0 +1,234 @@
+"""Pool lifecycle through the API and the pages: node software and drift, rollouts (admins
+start them, auditors read them), the burn-in's result report, the MIG layout proposal."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from django.test import Client
+
+from portal import lifecycle, rollouts
+from portal.api_lifecycle import validation_token
+from portal.mig_relayout import config_name, mig_demand, proposal_for
+from portal.models import AuditEvent, Node, Pool, Rollout, ValidationRun
+from scheduling import mig, relayout
+from tests.base import World, make_world, submit
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def world() -> World:
+    return make_world()
+
+
+def client_for(user: Any) -> Client:
+    c = Client()
+    c.force_login(user)
+    return c
+
+
+def auditor(settings: Any) -> Any:
+    user = get_user_model().objects.create_user("erin", password="pw-erin-123")
+    user.groups.add(Group.objects.get_or_create(name=settings.AUDITOR_GROUP)[0])
+    return user
+
+
+# -- software inventory ------------------------------------------------------------------
+
+
+def test_node_software_is_read_from_gfd_labels_new_and_deprecated() -> None:
+    assert lifecycle.node_software(
+        {
+            "nvidia.com/cuda.driver.major": "535",
+            "nvidia.com/cuda.driver.minor": "104",
+            "nvidia.com/cuda.driver.rev": "05",
+            "nvidia.com/cuda.runtime-version.major": "12",
+            "nvidia.com/cuda.runtime-version.minor": "2",
+            "quartermaster.io/gpu-operator-version": "v24.9.0",
+        }
+    ) == {
+        "driver": "535.104.05",
+        "cuda": "12.2",
+        "device_plugin": "",
+        "gpu_operator": "v24.9.0",
+        "mig_config": "",
+    }
+
+
+def test_synced_nodes_store_their_software_and_the_capacity_page_flags_drift(
+    world: World,
+) -> None:
+    a1 = Node.objects.get(name="a100-01")
+    assert a1.software["driver"] == "550.107.02" and a1.software["cuda"] == "12.4"
+    assert a1.software["device_plugin"] == "v0.17.0"
+    assert Node.objects.get(name="a100-04").software["driver"] == "535.183.01"
+    page = client_for(world.dave).get("/ops/capacity/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "drift: driver" in html
+    assert "driver 550.107.02" in html
+
+
+def test_the_pool_page_lists_versions_flags_the_odd_node_and_shows_the_impact(
+    world: World,
+) -> None:
+    pool = Pool.objects.get(name="a100-train")
+    r = client_for(world.dave).get(f"/ops/pools/{pool.pk}/lifecycle/")
+    assert r.status_code == 200
+    html = r.content.decode()
+    assert 'data-node="a100-04" class="drift"' in html
+    assert "535.183.01 on 1 node" in html and "550.107.02 on 3 nodes" in html
+    assert 'id="impact"' in html and "25.0 %" in html
+    # A preview shows the waves without starting anything.
+    r = client_for(world.dave).post(
+        f"/ops/pools/{pool.pk}/rollouts/",
+        {
+            "kind": "driver",
+            "target": "550.127.05",
+            "canary_nodes": 1,
+            "wave_percent": 50,
+            "max_failed_nodes": 0,
+            "drain_timeout_s": 3600,
+            "apply_timeout_s": 900,
+            "nccl_busbw_gbps": 100,
+            "warmup_max_s": 120,
+            "preview": "1",
+        },
+    )
+    assert r.status_code == 200 and "a100-02, a100-03" in r.content.decode()
+    assert Rollout.objects.count() == 0
+
+
+def test_members_may_not_see_the_pool_page(world: World) -> None:
+    pool = Pool.objects.get(name="a100-train")
+    assert client_for(world.bob).get(f"/ops/pools/{pool.pk}/lifecycle/").status_code == 403
+    r = client_for(world.bob).post(f"/ops/nodes/{Node.objects.first().pk}/validate/")
+    assert r.status_code == 403 and not ValidationRun.objects.exists()
+
+
+# -- rollouts API ------------------------------------------------------------------------
+
+
+def test_admins_start_a_rollout_over_the_api_and_auditors_read_it(
+    world: World, settings: Any
+) -> None:
+    r = client_for(world.dave).post(
+        "/api/v1/rollouts/",
+        {"pool": "a100-train", "kind": "driver", "target": "550.127.05", "wave_percent": 50},
+        content_type="application/json",
+    )
+    assert r.status_code == 201, r.content
+    body = r.json()
+    assert body["waves"] == [["a100-01"], ["a100-02", "a100-03"], ["a100-04"]]
+    assert [n["step"] for n in body["nodes"]] == ["waiting"] * 4
+    assert AuditEvent.objects.filter(action="rollout.start", actor=world.dave).count() == 1
+    erin = auditor(settings)
+    got = client_for(erin).get(f"/api/v1/rollouts/{body['id']}/")
+    assert got.status_code == 200 and got.json()["target"] == "550.127.05"
+    assert client_for(erin).get("/api/v1/rollouts/").json()["count"] == 1
+    page = client_for(erin).get(f"/ops/rollouts/{body['id']}/")
+    assert page.status_code == 200 and "Rollback criteria" in page.content.decode()
+    denied = client_for(erin).post(
+        "/api/v1/rollouts/",
+        {"pool": "l4-shared", "kind": "driver", "target": "1"},
+        content_type="application/json",
+    )
+    assert denied.status_code == 403
+    assert client_for(world.bob).get(f"/api/v1/rollouts/{body['id']}/").status_code == 403
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        ({"pool": "nope", "kind": "driver", "target": "1.2"}, "pool"),
+        ({"pool": "a100-train", "kind": "bios", "target": "1.2"}, "kind"),
+        ({"pool": "a100-train", "kind": "mig-layout", "target": "all-1g.10gb"}, "kind"),
+        ({"pool": "a100-train", "kind": "driver", "target": "a b"}, "target"),
+        (
+            {"pool": "a100-train", "kind": "driver", "target": "1", "wave_percent": 0},
+            "wave_percent",
+        ),
+        (
+            {"pool": "a100-train", "kind": "driver", "target": "1", "thresholds": {"x": 1}},
+            "thresholds",
+        ),
+        ({"pool": "a100-train", "kind": "driver", "target": "1", "nodeName": "x"}, "nodeName"),
+    ],
+)
+def test_a_bad_rollout_is_refused_naming_the_field(world: World, data: dict, field: str) -> None:
+    r = client_for(world.dave).post("/api/v1/rollouts/", data, content_type="application/json")
+    assert r.status_code == 400 and field in r.json(), r.content
+    assert not Rollout.objects.exists()
+
+
+def test_a_burn_in_reports_its_results_with_its_own_token(world: World) -> None:
+    node = Node.objects.get(name="a100-01")
+    run = rollouts.validation_start(actor=world.dave, node=node)
+    url = f"/api/v1/validations/{run.pk}/result"
+    results = {"devices_visible": 8, "nccl_busbw_gbps": 20, "dcgm_diag": "pass", "warmup_s": 9}
+    wrong = Client().post(
+        url, results, content_type="application/json", HTTP_AUTHORIZATION="Bearer x"
+    )
+    assert wrong.status_code == 403
+    ok = Client().post(
+        url,
+        results,
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {validation_token(run)}",
+    )
+    assert ok.status_code == 200, ok.content
+    rollouts.rollouts_advance()
+    run.refresh_from_db()
+    node.refresh_from_db()
+    # The reported figures are judged, not the simulation's: 20 GB/s fails.
+    assert run.state == "failed" and "20 GB/s" in run.reason
+    assert node.cordoned and "validation failed" in node.maintenance_reason
+
+
+# -- MIG re-layout -------------------------------------------------------------------------
+
+
+def test_the_layout_search_follows_the_demand_and_leaves_nothing_idle() -> None:
+    fam = mig.H100_80GB
+    only_small = relayout.propose(fam, {"1g.10gb": 10})
+    assert only_small is not None and only_small.profiles == ("1g.10gb",) * 7
+    assert only_small.idle == 0
+    mixed = relayout.propose(fam, {"3g.40gb": 1, "1g.10gb": 3})
+    # 3 + 4 slices against a target of 3.5 each: as close as 3 + 3, and nothing idle.
+    assert mixed is not None and mixed.profiles == ("3g.40gb",) + ("1g.10gb",) * 4
+    assert mixed.idle == 0
+    assert mig.layout(fam, mixed.profiles) is not None
+    assert relayout.propose(fam, {}) is None
+
+
+def test_the_pool_page_proposes_a_mig_layout_from_pending_demand(
+    world: World, settings: Any
+) -> None:
+    settings.MIG_RELAYOUT_POOLS = ["h100-mig"]
+    for _ in range(6):
+        submit(
+            world.carol,
+            world.nlp,
+            cls="inference",
+            pool_name="h100-mig",
+            profile_kind="mig",
+            mig_profile="1g.10gb",
+        )
+    pool = Pool.objects.get(name="h100-mig")
+    demand = mig_demand(pool)
+    assert demand.get("1g.10gb", 0) >= 6
+    proposal = proposal_for(pool)
+    assert proposal is not None and proposal["allowed"]
+    assert proposal["profiles"].count("1g.10gb") >= 4
+    assert proposal["config_name"] == config_name(tuple(proposal["profiles"]))
+    html = client_for(world.dave).get(f"/ops/pools/{pool.pk}/lifecycle/").content.decode()
+    assert "Proposed MIG layout" in html and proposal["config_name"] in html
+    # It applies through a MIG-layout rollout of that config.
+    r = rollouts.rollout_start(
+        actor=world.dave, pool=pool, kind="mig-layout", target=proposal["config_name"]
+    )
+    assert r.kind == "mig-layout"
