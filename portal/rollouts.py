@@ -447,6 +447,10 @@ def _advance(rollout: Rollout, now: datetime) -> None:
             rollout.finished_at = now
             rollout.save(update_fields=["state", "finished_at"])
             _audit(rollout, "rollout.succeed", failed=failed)
+            layout = rollout.impact.get("mig_layout")
+            if rollout.kind == Rollout.Kind.MIG_LAYOUT and layout:
+                # Every node runs the new layout: the pool offers its profiles from now on.
+                services.pool_update(actor=None, pool=rollout.pool, mig_layout=layout)  # type: ignore[arg-type]
 
 
 def _move(m: RolloutNode, step: str, now: datetime, reason: str = "") -> None:
@@ -610,3 +614,23 @@ def _validate(rollout: Rollout, m: RolloutNode, now: datetime) -> None:
 
 def rollout_active_for(pool: Pool) -> Rollout | None:
     return Rollout.objects.filter(pool=pool, state=Rollout.State.RUNNING).first()
+
+
+def mig_relayout_start(*, actor: AbstractBaseUser, pool: Pool, **options: Any) -> Rollout:
+    """Roll the pool's proposed MIG layout out (`portal.mig_relayout`), where the pool allows
+    it; on success the pool's `mig_layout` becomes it. 400 `pool` otherwise."""
+    from portal import mig_relayout
+
+    proposal = mig_relayout.proposal_for(pool)
+    if proposal is None:
+        raise ValidationError({"pool": f"No MIG layout to propose for {pool.name}."})
+    if not proposal["allowed"]:
+        raise ValidationError({"pool": f"Pool {pool.name} is not open to MIG re-layout."})
+    if proposal["same"]:
+        raise ValidationError({"pool": f"Pool {pool.name} runs the proposed layout already."})
+    rollout = rollout_start(
+        actor=actor, pool=pool, kind="mig-layout", target=proposal["config_name"], **options
+    )
+    rollout.impact = {**rollout.impact, "mig_layout": proposal["profiles"]}
+    rollout.save(update_fields=["impact"])
+    return rollout

@@ -1380,9 +1380,18 @@ def node_cordon(*, actor: AbstractBaseUser, node: Node) -> Node:
 
 
 def node_return(*, actor: AbstractBaseUser, node: Node) -> Node:
-    return _node_maintenance(
-        actor=actor, node=node, cordoned=False, draining=False, action="node.return"
-    )
+    with transaction.atomic():
+        node = _node_maintenance(
+            actor=actor, node=node, cordoned=False, draining=False, action="node.return"
+        )
+        if node.maintenance_reason:
+            # Cordoned on the cluster too by a validation or rollout (docs/lifecycle.md):
+            # uncordon it there, or the next inventory sync would cordon it again.
+            node.maintenance_reason = ""
+            node.save(update_fields=["maintenance_reason", "updated_at"])
+            name = node.name
+            transaction.on_commit(lambda: backend_call("node_patch", name, {}, False))
+    return node
 
 
 def node_drain(*, actor: AbstractBaseUser, node: Node) -> Node:

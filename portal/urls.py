@@ -78,6 +78,11 @@ portal_patterns = [
         name="rollout-create",
     ),
     path("ops/nodes/<int:node_id>/validate/", views_lifecycle.node_validate, name="node-validate"),
+    path(
+        "ops/pools/<int:pool_id>/mig-relayout/",
+        views_lifecycle.mig_relayout,
+        name="mig-relayout",
+    ),
     path("ops/rollouts/<int:rollout_id>/", views_lifecycle.rollout_detail, name="rollout-detail"),
 ]
 

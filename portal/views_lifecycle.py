@@ -127,3 +127,15 @@ def rollout_detail(request: HttpRequest, rollout_id: int) -> HttpResponse:
     if request.htmx:  # type: ignore[attr-defined]
         template += "#rollout-progress"
     return render(request, template, context)
+
+
+@login_required
+@require_POST
+def mig_relayout(request: HttpRequest, pool_id: int) -> HttpResponse:
+    """Roll the proposed MIG layout out (one canary node, then waves of 25 %)."""
+    pool = access.get_pool_for_admin(request.user, pool_id)
+    try:
+        rollout = rollouts.mig_relayout_start(actor=request.user, pool=pool)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        return HttpResponse(" ".join(exc.messages), status=400, content_type="text/plain")
+    return redirect(reverse("portal:rollout-detail", args=[rollout.pk]))

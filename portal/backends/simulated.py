@@ -168,7 +168,12 @@ class SimulatedBackend:
             sim = changed.get(inv.name)
             if sim is not None:
                 labels = operators_act({**inv.labels, **sim.labels})
-                inv = replace(inv, labels=labels, cordoned=inv.cordoned or sim.unschedulable)
+                inv = replace(
+                    inv,
+                    labels=labels,
+                    cordoned=inv.cordoned or sim.unschedulable,
+                    devices=_relaid(inv.devices, labels.get("nvidia.com/mig.config", "")),
+                )
             out.append(inv)
         return out
 
@@ -483,3 +488,20 @@ def simulated_results(path: str | Path, spec: ValidationSpec) -> dict[str, objec
             "warmup_s": 410.0 if failing == "warmup" else 42.0,
         }
     return {"devices_visible": 0, "nccl_busbw_gbps": 0.0, "dcgm_diag": "node not found"}
+
+
+def _relaid(devices: tuple[InventoryDevice, ...], config: str) -> tuple[InventoryDevice, ...]:
+    """mig-manager applying a layout Quartermaster proposed (`qm-<profiles>`) to MIG devices."""
+    if not config.startswith("qm-"):
+        return devices
+    profiles = [p.replace("_me", "+me") for p in config[3:].split("-") if p]
+    out = []
+    for d in devices:
+        if d.partitioning != "mig":
+            out.append(d)
+            continue
+        try:
+            out.append(replace(d, mig_instances=mig_instances(profiles, d.model, d.memory_mib)))
+        except ClusterFileError:
+            out.append(replace(d, healthy=False))
+    return tuple(out)

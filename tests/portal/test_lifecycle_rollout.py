@@ -221,3 +221,50 @@ def test_a_lone_validation_returns_a_passing_node_and_keeps_a_failing_one_cordon
     rollouts.rollouts_advance()
     good.refresh_from_db()
     assert good.cordoned and "below 300" in good.maintenance_reason
+
+
+def test_an_admin_returns_a_node_that_failed_validation_for_good(world: World) -> None:
+    bad = Node.objects.get(name="a100-02")
+    rollouts.validation_start(actor=world.dave, node=bad)
+    rollouts.rollouts_advance()
+    reconcile()  # the inventory sync sees the cluster's cordon
+    bad.refresh_from_db()
+    assert bad.cordoned and bad.maintenance_reason
+    services.node_return(actor=world.dave, node=bad)
+    reconcile()
+    bad.refresh_from_db()
+    assert not bad.cordoned and bad.maintenance_reason == ""
+    assert AuditEvent.objects.filter(action="node.return", object_id=str(bad.pk)).exists()
+
+
+def test_the_proposed_mig_layout_rolls_out_and_becomes_the_pools(
+    world: World, settings: pytest.FixtureRequest
+) -> None:
+    pool = Pool.objects.get(name="h100-mig")
+    # Learned demand: small inference slices (the requests are gone; their shapes stay).
+    for _ in range(6):
+        req = submit(
+            world.carol,
+            world.nlp,
+            cls="inference",
+            pool_name="h100-mig",
+            profile_kind="mig",
+            mig_profile="1g.10gb",
+        )
+        services.gpu_request_cancel(user=world.carol, gpu_request=req)
+    _step(3)
+    with pytest.raises(ValidationError) as exc:
+        rollouts.mig_relayout_start(actor=world.dave, pool=pool)
+    assert "not open to MIG re-layout" in exc.value.message_dict["pool"][0]
+    settings.MIG_RELAYOUT_POOLS = ["h100-mig"]  # type: ignore[attr-defined]
+    rollout = rollouts.mig_relayout_start(actor=world.dave, pool=pool)
+    assert rollout.kind == "mig-layout" and rollout.target == "qm-" + "-".join(["1g.10gb"] * 7)
+    _step(12)
+    rollout.refresh_from_db()
+    assert rollout.state == Rollout.State.SUCCEEDED, rollout.halt_reason
+    pool.refresh_from_db()
+    assert pool.mig_layout == ["1g.10gb"] * 7
+    node = Node.objects.get(name="h100-01")
+    assert node.labels["nvidia.com/mig.config"] == rollout.target
+    assert [m["profile"] for m in node.devices.first().mig_instances] == ["1g.10gb"] * 7
+    assert AuditEvent.objects.filter(action="pool.update", object_id=str(pool.pk)).exists()
