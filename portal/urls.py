@@ -80,7 +80,7 @@ portal_patterns = [
     path("ops/nodes/<int:node_id>/validate/", views_lifecycle.node_validate, name="node-validate"),
     path(
         "ops/pools/<int:pool_id>/mig-relayout/",
-        views_lifecycle.mig_relayout,
+        views_lifecycle.pool_mig_relayout,
         name="mig-relayout",
     ),
     path("ops/rollouts/<int:rollout_id>/", views_lifecycle.rollout_detail, name="rollout-detail"),

@@ -131,7 +131,7 @@ def rollout_detail(request: HttpRequest, rollout_id: int) -> HttpResponse:
 
 @login_required
 @require_POST
-def mig_relayout(request: HttpRequest, pool_id: int) -> HttpResponse:
+def pool_mig_relayout(request: HttpRequest, pool_id: int) -> HttpResponse:
     """Roll the proposed MIG layout out (one canary node, then waves of 25 %)."""
     pool = access.get_pool_for_admin(request.user, pool_id)
     try:

@@ -227,8 +227,12 @@ def test_the_pool_page_proposes_a_mig_layout_from_pending_demand(
     assert proposal["config_name"] == config_name(tuple(proposal["profiles"]))
     html = client_for(world.dave).get(f"/ops/pools/{pool.pk}/lifecycle/").content.decode()
     assert "Proposed MIG layout" in html and proposal["config_name"] in html
-    # It applies through a MIG-layout rollout of that config.
-    r = rollouts.rollout_start(
-        actor=world.dave, pool=pool, kind="mig-layout", target=proposal["config_name"]
-    )
-    assert r.kind == "mig-layout"
+    # It applies through a MIG-layout rollout of that config, from the page.
+    assert f"Roll out {proposal['config_name']}</button>" in html
+    r = client_for(world.dave).post(f"/ops/pools/{pool.pk}/mig-relayout/")
+    rollout = Rollout.objects.get()
+    assert r.status_code == 302 and r["Location"] == f"/ops/rollouts/{rollout.pk}/"
+    assert rollout.kind == "mig-layout" and rollout.target == proposal["config_name"]
+    settings.MIG_RELAYOUT_POOLS = []
+    again = client_for(world.dave).post(f"/ops/pools/{pool.pk}/mig-relayout/")
+    assert again.status_code == 400 and Rollout.objects.count() == 1
