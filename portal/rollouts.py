@@ -162,6 +162,26 @@ def validation_start(
     return run
 
 
+def pool_validate(
+    *, actor: AbstractBaseUser, pool: Pool, thresholds: Any = None
+) -> list[ValidationRun]:
+    """Validate every node of the pool that runs nothing now and is not being validated or
+    rolled out (busy nodes are left in service: validate them when they drain)."""
+    busy = set(
+        Allocation.objects.filter(
+            active=True, device__node__pool=pool, attempt__state__in=Attempt.ACTIVE_STATES
+        ).values_list("device__node_id", flat=True)
+    )
+    if rollout_active_for(pool) is not None:
+        raise ValidationError({"pool": f"A rollout is running on {pool.name}; it validates."})
+    runs = []
+    for node in pool.nodes.exclude(pk__in=busy).order_by("name"):
+        if node.validations.filter(state=ValidationRun.State.RUNNING).exists():
+            continue
+        runs.append(validation_start(actor=actor, node=node, thresholds=thresholds))
+    return runs
+
+
 def _launch(spec: ValidationSpec, now: datetime) -> None:
     try:
         get_backend().validation_launch(spec, now)

@@ -78,6 +78,7 @@ portal_patterns = [
         name="rollout-create",
     ),
     path("ops/nodes/<int:node_id>/validate/", views_lifecycle.node_validate, name="node-validate"),
+    path("ops/pools/<int:pool_id>/validate/", views_lifecycle.pool_validate, name="pool-validate"),
     path(
         "ops/pools/<int:pool_id>/mig-relayout/",
         views_lifecycle.pool_mig_relayout,

@@ -139,3 +139,15 @@ def pool_mig_relayout(request: HttpRequest, pool_id: int) -> HttpResponse:
     except ValidationError as exc:
         return HttpResponse(" ".join(exc.messages), status=400, content_type="text/plain")
     return redirect(reverse("portal:rollout-detail", args=[rollout.pk]))
+
+
+@login_required
+@require_POST
+def pool_validate(request: HttpRequest, pool_id: int) -> HttpResponse:
+    """Validate every idle node of the pool."""
+    pool = access.get_pool_for_admin(request.user, pool_id)
+    try:
+        rollouts.pool_validate(actor=request.user, pool=pool)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        return HttpResponse(" ".join(exc.messages), status=400, content_type="text/plain")
+    return redirect(reverse("portal:pool-detail", args=[pool.pk]))

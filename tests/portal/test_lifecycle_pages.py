@@ -14,6 +14,7 @@ from portal import lifecycle, rollouts
 from portal.api_lifecycle import validation_token
 from portal.mig_relayout import config_name, mig_demand, proposal_for
 from portal.models import AuditEvent, Node, Pool, Rollout, ValidationRun
+from portal.tick import run_tick
 from scheduling import mig, relayout
 from tests.base import World, make_world, submit
 
@@ -236,3 +237,19 @@ def test_the_pool_page_proposes_a_mig_layout_from_pending_demand(
     settings.MIG_RELAYOUT_POOLS = []
     again = client_for(world.dave).post(f"/ops/pools/{pool.pk}/mig-relayout/")
     assert again.status_code == 400 and Rollout.objects.count() == 1
+
+
+def test_a_pool_is_validated_node_by_idle_node(world: World, settings: Any) -> None:
+    settings.SIMULATED_VALIDATION_SECONDS = 0
+    submit(world.alice, world.vision, count=8)  # busy: one a100 node
+    run_tick()
+    pool = Pool.objects.get(name="a100-train")
+    r = client_for(world.dave).post(f"/ops/pools/{pool.pk}/validate/")
+    assert r.status_code == 302
+    validated = sorted(ValidationRun.objects.values_list("node__name", flat=True))
+    assert len(validated) == 3 and all(n.startswith("a100-") for n in validated)
+    assert AuditEvent.objects.filter(action="node.validate").count() == 3
+    rollouts.rollouts_advance()
+    states = dict(ValidationRun.objects.values_list("node__name", "state"))
+    assert states.get("a100-02", "failed") == "failed"
+    assert sum(1 for s in states.values() if s == "passed") >= 2
