@@ -182,6 +182,16 @@ def verdict(
     results: Mapping[str, Any], thresholds: Mapping[str, float], expected_devices: int
 ) -> tuple[bool, str]:
     """Pass or fail a node's burn-in results, with the first reason it failed."""
+    try:
+        return _verdict(results, thresholds, expected_devices)
+    except (TypeError, ValueError, OverflowError):
+        # Figures reported by a pod are not trusted to be numbers.
+        return False, "the results could not be read as numbers"
+
+
+def _verdict(
+    results: Mapping[str, Any], thresholds: Mapping[str, float], expected_devices: int
+) -> tuple[bool, str]:
     seen = int(results.get("devices_visible", 0))
     if seen < expected_devices:
         return False, f"device visibility: {seen} of {expected_devices} GPUs visible"

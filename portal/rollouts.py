@@ -220,6 +220,9 @@ def validation_observe(run: ValidationRun, *, now: datetime | None = None) -> st
             if now - run.started_at > timedelta(seconds=settings.VALIDATION_TIMEOUT_SECONDS):
                 error = f"no result within {settings.VALIDATION_TIMEOUT_SECONDS} s"
             else:
+                if status.missing:
+                    # Its launch was lost (it runs after commit): start it again.
+                    _launch(spec, run.started_at)
                 return run.state
         results, error = dict(status.results), error or status.error
     if error:

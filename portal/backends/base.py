@@ -276,6 +276,8 @@ class ValidationStatus:
     results: dict[str, object] = field(default_factory=dict)
     #: the workload itself failed (it never produced results): why
     error: str = ""
+    #: not done because the workload does not exist (a launch lost): start it again
+    missing: bool = False
 
 
 #: the line a burn-in workload prints its results on, JSON after the prefix

@@ -89,7 +89,7 @@ def results_from_log(text: str) -> dict[str, Any] | None:
 def validation_status_from_job(job: Any, log_text: str) -> ValidationStatus:
     """Done when the Job finished: with the figures of its log, or failed with its reason."""
     if job is None:
-        return ValidationStatus(done=True, error="the validation Job is gone")
+        return ValidationStatus(done=False, missing=True)
     for cond in job.status.conditions or () if job.status else ():
         if cond.status != "True":
             continue

@@ -253,3 +253,22 @@ def test_a_pool_is_validated_node_by_idle_node(world: World, settings: Any) -> N
     states = dict(ValidationRun.objects.values_list("node__name", "state"))
     assert states.get("a100-02", "failed") == "failed"
     assert sum(1 for s in states.values() if s == "passed") >= 2
+
+
+@pytest.mark.parametrize(
+    "figures",
+    [
+        {"devices_visible": "eight"},
+        {"devices_visible": 8, "nccl_busbw_gbps": [1]},
+        {"devices_visible": 8, "nccl_busbw_gbps": 200, "dcgm_diag": "pass", "warmup_s": "x"},
+    ],
+)
+def test_unreadable_reported_figures_fail_the_node_not_the_step(
+    world: World, figures: dict
+) -> None:
+    node = Node.objects.get(name="a100-01")
+    run = rollouts.validation_start(actor=world.dave, node=node)
+    rollouts.validation_report(run=run, results=figures)
+    rollouts.rollouts_advance()
+    run.refresh_from_db()
+    assert run.state == "failed" and run.reason == "the results could not be read as numbers"
