@@ -110,6 +110,20 @@ def validation_token(run: ValidationRun) -> str:
     return attempt_token(ready_token_key(), settings.VALIDATION_NAMESPACE, run.name, run.pk)
 
 
+class ValidationFiguresSerializer(serializers.Serializer):
+    """What a burn-in reports (docs/lifecycle.md); the portal judges the figures."""
+
+    devices_visible = serializers.IntegerField(required=False)
+    nccl_busbw_gbps = serializers.FloatField(required=False)
+    dcgm_diag = serializers.CharField(required=False)
+    warmup_s = serializers.FloatField(required=False)
+
+
+class ValidationStateSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    state = serializers.CharField()
+
+
 class ValidationResultApi(ApiView):
     """A node's burn-in pod reports its figures (docs/lifecycle.md); 403 for a wrong token
     or an unknown run alike, 400 naming `results` when it has finished."""
@@ -117,14 +131,10 @@ class ValidationResultApi(ApiView):
     authentication_classes: list[type] = []
     permission_classes = [AllowAny]
 
-    class OutputSerializer(serializers.Serializer):
-        id = serializers.IntegerField()
-        state = serializers.CharField()
-
     @extend_schema(
         operation_id="validations_result",
-        request=serializers.DictField(),
-        responses=OutputSerializer,
+        request=ValidationFiguresSerializer,
+        responses=ValidationStateSerializer,
         parameters=[OpenApiParameter("Authorization", str, OpenApiParameter.HEADER, required=True)],
         auth=[],
     )
@@ -136,4 +146,4 @@ class ValidationResultApi(ApiView):
             raise PermissionDenied("Wrong token.")
         data = request.data if isinstance(request.data, dict) else None
         run = rollouts.validation_report(run=run, results=data)
-        return Response(self.OutputSerializer(run).data)
+        return Response(ValidationStateSerializer(run).data)
