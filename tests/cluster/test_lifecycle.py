@@ -74,8 +74,46 @@ def lc(
     try:
         yield backend
     finally:
+        # Leave nothing for the session's other tests: the team's GPU quota is shared.
+        batch = cluster.batch()
+        selector = "app.kubernetes.io/managed-by=quartermaster,quartermaster.io/pool=lc"
+        for job in batch.list_namespaced_job("team-a", label_selector=selector).items:
+            batch.delete_namespaced_job(
+                job.metadata.name, "team-a", propagation_policy="Background", grace_period_seconds=0
+            )
+        for job in batch.list_namespaced_job(VALIDATION_NS).items:
+            batch.delete_namespaced_job(
+                job.metadata.name, VALIDATION_NS, propagation_policy="Background"
+            )
+        for ns in ("team-a", VALIDATION_NS):
+            for pod in core.list_namespaced_pod(ns).items:
+                if pod.spec.node_name in NODES:
+                    core.delete_namespaced_pod(pod.metadata.name, ns, grace_period_seconds=0)
+        wait_for(
+            "the rollout test's pods gone",
+            lambda: (
+                not [
+                    p
+                    for ns in ("team-a", VALIDATION_NS)
+                    for p in core.list_namespaced_pod(ns).items
+                    if p.spec.node_name in NODES
+                ]
+            ),
+            60,
+        )
         for name in NODES:
             core.delete_node(name)
+
+        # A busy machine can let a kwok heartbeat lapse meanwhile: leave every other node as
+        # the session's later tests expect it, Ready and without the node controller's taints.
+        def settled() -> bool:
+            return all(
+                node_ready(n)
+                and not any(t.key.startswith("node.kubernetes.io/") for t in (n.spec.taints or ()))
+                for n in core.list_node().items
+            )
+
+        wait_for("the other nodes Ready and untainted", settled, 90)
 
 
 def _world() -> dict[str, Any]:
