@@ -105,6 +105,34 @@ class RolloutDetailApi(ApiView):
         return Response(RolloutDetailSerializer(rollout).data)
 
 
+class RolloutHaltSerializer(StrictSerializer):
+    reason = serializers.CharField(max_length=200, required=False, allow_blank=True)
+
+
+class RolloutHaltApi(ApiView):
+    """Admins: stop a running rollout now (audited); 400 `state` when it is not running."""
+
+    InputSerializer = RolloutHaltSerializer
+
+    @extend_schema(
+        operation_id="rollouts_halt",
+        request=RolloutHaltSerializer,
+        responses=RolloutDetailSerializer,
+    )
+    def post(self, request: Request, rollout_id: int) -> Response:
+        access.require_admin(request.user)
+        try:
+            rollout = Rollout.objects.get(pk=rollout_id)
+        except Rollout.DoesNotExist:
+            raise Http404("No such rollout.") from None
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        rollout = rollouts.rollout_halt(
+            actor=request.user, rollout=rollout, reason=serializer.validated_data.get("reason", "")
+        )
+        return Response(RolloutDetailSerializer(rollout).data)
+
+
 def validation_token(run: ValidationRun) -> str:
     """The run's own bearer token (an HMAC, nothing stored), as attempts have theirs."""
     return attempt_token(ready_token_key(), settings.VALIDATION_NAMESPACE, run.name, run.pk)

@@ -412,9 +412,12 @@ def rollouts_advance(*, now: datetime | None = None) -> dict[str, int]:
     """Advance every running rollout by one step per node; also judge lone validations."""
     now = now or timezone.now()
     counts = {"rollouts": 0, "validations": 0}
-    for run in ValidationRun.objects.filter(
-        state=ValidationRun.State.RUNNING, rollout__isnull=True
-    ).select_related("node"):
+    for run in (
+        ValidationRun.objects.filter(state=ValidationRun.State.RUNNING)
+        .exclude(rollout__state=Rollout.State.RUNNING)
+        .select_related("node")
+    ):
+        # Lone validations, and those a halted rollout left running.
         validation_observe(run, now=now)
         counts["validations"] += 1
     running = list(Rollout.objects.filter(state=Rollout.State.RUNNING).select_related("pool"))
@@ -656,4 +659,28 @@ def mig_relayout_start(*, actor: AbstractBaseUser, pool: Pool, **options: Any) -
     )
     rollout.impact = {**rollout.impact, "mig_layout": proposal["profiles"]}
     rollout.save(update_fields=["impact"])
+    return rollout
+
+
+def rollout_halt(*, actor: AbstractBaseUser, rollout: Rollout, reason: str = "") -> Rollout:
+    """An admin stops a running rollout now (audited). Nodes it has taken stay cordoned with
+    their reason; burn-ins under way finish and are recorded. 400 `state` if not running."""
+    reason = str(reason or "")[:200]
+    with transaction.atomic():
+        rollout = Rollout.objects.select_for_update().get(pk=rollout.pk)
+        if rollout.state != Rollout.State.RUNNING:
+            raise ValidationError({"state": f"The rollout has {rollout.state} already."})
+        who = getattr(actor, "get_username", lambda: "an admin")()
+        rollout.state = Rollout.State.HALTED
+        rollout.halt_reason = f"halted by {who} in wave {rollout.current_wave}" + (
+            f": {reason}" if reason else ""
+        )
+        rollout.finished_at = timezone.now()
+        rollout.save(update_fields=["state", "halt_reason", "finished_at"])
+        services.audit(
+            actor=actor,
+            action="rollout.halt",
+            obj=rollout,
+            after={"wave": rollout.current_wave, "reason": rollout.halt_reason},
+        )
     return rollout

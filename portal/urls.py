@@ -85,6 +85,7 @@ portal_patterns = [
         name="mig-relayout",
     ),
     path("ops/rollouts/<int:rollout_id>/", views_lifecycle.rollout_detail, name="rollout-detail"),
+    path("ops/rollouts/<int:rollout_id>/halt/", views_lifecycle.rollout_halt, name="rollout-halt"),
 ]
 
 api_patterns = [
@@ -135,6 +136,11 @@ api_patterns = [
         "rollouts/<int:rollout_id>/",
         api_lifecycle.RolloutDetailApi.as_view(),
         name="rollout-detail",
+    ),
+    path(
+        "rollouts/<int:rollout_id>/halt/",
+        api_lifecycle.RolloutHaltApi.as_view(),
+        name="rollout-halt",
     ),
     path(
         "validations/<int:validation_id>/result",

@@ -151,3 +151,22 @@ def pool_validate(request: HttpRequest, pool_id: int) -> HttpResponse:
     except ValidationError as exc:
         return HttpResponse(" ".join(exc.messages), status=400, content_type="text/plain")
     return redirect(reverse("portal:pool-detail", args=[pool.pk]))
+
+
+@login_required
+@require_POST
+def rollout_halt(request: HttpRequest, rollout_id: int) -> HttpResponse:
+    access.require_admin(request.user)
+    try:
+        rollout = Rollout.objects.get(pk=rollout_id)
+    except Rollout.DoesNotExist:
+        raise Http404("No such rollout.") from None
+    try:
+        rollouts.rollout_halt(
+            actor=request.user,  # type: ignore[arg-type]
+            rollout=rollout,
+            reason=request.POST.get("reason", ""),
+        )
+    except ValidationError as exc:
+        return HttpResponse(" ".join(exc.messages), status=400, content_type="text/plain")
+    return redirect(reverse("portal:rollout-detail", args=[rollout.pk]))

@@ -272,3 +272,30 @@ def test_unreadable_reported_figures_fail_the_node_not_the_step(
     rollouts.rollouts_advance()
     run.refresh_from_db()
     assert run.state == "failed" and run.reason == "the results could not be read as numbers"
+
+
+@pytest.mark.django_db(transaction=True)  # the node changes are written after commit
+def test_an_admin_halts_a_running_rollout_and_its_burn_ins_still_finish(
+    world: World, settings: Any
+) -> None:
+    settings.SIMULATED_VALIDATION_SECONDS = 3600  # the canary's burn-in runs on
+    pool = Pool.objects.get(name="l4-shared")
+    rollout = rollouts.rollout_start(actor=world.dave, pool=pool, kind="driver", target="1.2")
+    for _ in range(4):  # cordon, drain (nothing runs), apply, the change took: validate
+        rollouts.rollouts_advance()
+    assert ValidationRun.objects.filter(state="running").count() == 1
+    assert client_for(world.bob).post(f"/api/v1/rollouts/{rollout.pk}/halt/").status_code == 403
+    r = client_for(world.dave).post(
+        f"/api/v1/rollouts/{rollout.pk}/halt/",
+        {"reason": "bad batch"},
+        content_type="application/json",
+    )
+    assert r.status_code == 200 and r.json()["state"] == "halted"
+    assert r.json()["halt_reason"] == "halted by dave in wave 0: bad batch"
+    again = client_for(world.dave).post(f"/api/v1/rollouts/{rollout.pk}/halt/")
+    assert again.status_code == 400 and "state" in again.json()
+    assert AuditEvent.objects.filter(action="rollout.halt", actor=world.dave).count() == 1
+    settings.SIMULATED_VALIDATION_SECONDS = 0
+    rollouts.rollouts_advance()
+    assert ValidationRun.objects.get().state == "passed"
+    assert Node.objects.get(name="l4-01").cordoned  # left for an admin to return
