@@ -29,6 +29,11 @@ def _schedule_tick(sender: Celery, **kwargs: object) -> None:
         15.0, sender.signature("portal.tasks.serving_sample"), name="serving-sample"
     )
     sender.add_periodic_task(60.0, sender.signature("portal.tasks.utilization"), name="utilization")
+    sender.add_periodic_task(
+        float(settings.TICK_SECONDS),
+        sender.signature("portal.tasks.rollouts_tick"),
+        name="rollouts-tick",
+    )
     if settings.DEMO_TRICKLE:
         sender.add_periodic_task(
             4.0, sender.signature("portal.tasks.demo_trickle"), name="demo-trickle"

@@ -20,7 +20,7 @@ from django.db.models import Count, F, Model, Q
 from django.forms.models import model_to_dict
 from django.utils import timezone
 
-from portal import contract, notify, serving_spec, shapes, validation, wake
+from portal import contract, lifecycle, notify, serving_spec, shapes, validation, wake
 from portal.backends import get_backend
 from portal.backends.base import (
     STORED_LOG_LINES,
@@ -1436,9 +1436,23 @@ def node_cordon(*, actor: AbstractBaseUser, node: Node, reason: str = "") -> Nod
 
 
 def node_return(*, actor: AbstractBaseUser, node: Node, reason: str = "") -> Node:
-    return _node_maintenance(
-        actor=actor, node=node, cordoned=False, draining=False, action="node.return", reason=reason
-    )
+    with transaction.atomic():
+        node = _node_maintenance(
+            actor=actor,
+            node=node,
+            cordoned=False,
+            draining=False,
+            action="node.return",
+            reason=reason,
+        )
+        if node.maintenance_reason:
+            # Cordoned on the cluster too by a validation or rollout (docs/lifecycle.md):
+            # uncordon it there, or the next inventory sync would cordon it again.
+            node.maintenance_reason = ""
+            node.save(update_fields=["maintenance_reason", "updated_at"])
+            name = node.name
+            transaction.on_commit(lambda: backend_call("node_patch", name, {}, False))
+    return node
 
 
 def node_drain(*, actor: AbstractBaseUser, node: Node, reason: str = "") -> Node:
@@ -1506,6 +1520,7 @@ def inventory_sync(*, nodes: list[Any] | None = None) -> int:
                     "taints": [{"key": k, "value": v, "effect": e} for k, v, e in inv.taints],
                     "ready": inv.ready,
                     "interconnect": inv.interconnect,
+                    "software": lifecycle.node_software(inv.labels),
                 },
             )
             if inv.cordoned and not node.cordoned:

@@ -310,6 +310,8 @@ if CLUSTER_BACKEND not in ("simulated", "kubernetes"):
 SIMULATED_CLUSTER = env("SIMULATED_CLUSTER", str(BASE_DIR / "portal" / "demo_cluster.yaml"))
 # Simulated workloads run this many real seconds per requested hour (demo speed).
 SIMULATED_SECONDS_PER_HOUR = envint("SIMULATED_SECONDS_PER_HOUR", "60")
+#: how long a simulated node burn-in (validation) runs, wall seconds
+SIMULATED_VALIDATION_SECONDS = envint("SIMULATED_VALIDATION_SECONDS", "3")
 # Checkpoint storage (docs/checkpoints.md): a folder per request on the simulated cluster,
 # a PersistentVolumeClaim per request on Kubernetes ("" = the cluster's default class).
 SIMULATED_CHECKPOINT_DIR = env("SIMULATED_CHECKPOINT_DIR", str(VAR_DIR / "checkpoints"))
@@ -359,6 +361,13 @@ K8S_WATCH_NAMESPACES = envlist("K8S_WATCH_NAMESPACES", "")
 #: offer MIG instances only where mig-manager reports `nvidia.com/mig.config.state=success`;
 #: false for clusters that partition GPUs without mig-manager (the label never appears)
 K8S_REQUIRE_MIG_CONFIG_STATE = envbool("K8S_REQUIRE_MIG_CONFIG_STATE", "true")
+# Node validation (docs/lifecycle.md): the burn-in image, and the namespace its Jobs run in.
+VALIDATION_IMAGE = env("VALIDATION_IMAGE", "nvcr.io/nvidia/pytorch:24.05-py3")
+VALIDATION_NAMESPACE = env("VALIDATION_NAMESPACE", "quartermaster-validation")
+#: a burn-in with no result by then fails its node
+VALIDATION_TIMEOUT_SECONDS = envint("VALIDATION_TIMEOUT_SECONDS", "1800")
+#: MIG pools whose layout a rollout may change to the proposed one ("*": every MIG pool)
+MIG_RELAYOUT_POOLS = envlist("MIG_RELAYOUT_POOLS", "")
 REQUEUE_BASE_SECONDS = envint("REQUEUE_BASE_SECONDS", "60")
 REQUEUE_MAX_SECONDS = envint("REQUEUE_MAX_SECONDS", "3600")
 REQUEUE_LIMIT = envint("REQUEUE_LIMIT", "5")

@@ -80,3 +80,11 @@ def utilization() -> dict[str, object]:
     from portal import utilization as history
 
     return history.utilization_tick()
+
+
+@shared_task(name="portal.tasks.rollouts_tick", ignore_result=True)
+def rollouts_tick() -> dict[str, int]:
+    """Advance running rollouts and judge finished node validations (docs/lifecycle.md)."""
+    from portal.rollouts import rollouts_advance
+
+    return rollouts_advance()

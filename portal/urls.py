@@ -10,10 +10,12 @@ from rest_framework.permissions import IsAuthenticated
 from portal import (
     agent_api,
     api,
+    api_lifecycle,
     api_serving,
     metrics,
     views,
     views_admin,
+    views_lifecycle,
     views_people,
     views_serving,
 )
@@ -96,6 +98,21 @@ portal_patterns = [
     path("pools/<int:pool_id>/history/", views_serving.pool_history, name="pool-history"),
     path("ops/nodes/<int:node_id>/history/", views_serving.node_history, name="node-history"),
     path("teams/<int:team_id>/history/", views_serving.team_history, name="team-history"),
+    path("ops/pools/<int:pool_id>/lifecycle/", views_lifecycle.pool_detail, name="pool-detail"),
+    path(
+        "ops/pools/<int:pool_id>/rollouts/",
+        views_lifecycle.rollout_create,
+        name="rollout-create",
+    ),
+    path("ops/nodes/<int:node_id>/validate/", views_lifecycle.node_validate, name="node-validate"),
+    path("ops/pools/<int:pool_id>/validate/", views_lifecycle.pool_validate, name="pool-validate"),
+    path(
+        "ops/pools/<int:pool_id>/mig-relayout/",
+        views_lifecycle.pool_mig_relayout,
+        name="mig-relayout",
+    ),
+    path("ops/rollouts/<int:rollout_id>/", views_lifecycle.rollout_detail, name="rollout-detail"),
+    path("ops/rollouts/<int:rollout_id>/halt/", views_lifecycle.rollout_halt, name="rollout-halt"),
 ]
 
 api_patterns = [
@@ -150,6 +167,22 @@ api_patterns = [
         "requests/<int:request_id>/metrics/",
         api_serving.RequestMetricsApi.as_view(),
         name="request-metrics",
+    ),
+    path("rollouts/", api_lifecycle.RolloutListCreateApi.as_view(), name="rollouts"),
+    path(
+        "rollouts/<int:rollout_id>/",
+        api_lifecycle.RolloutDetailApi.as_view(),
+        name="rollout-detail",
+    ),
+    path(
+        "rollouts/<int:rollout_id>/halt/",
+        api_lifecycle.RolloutHaltApi.as_view(),
+        name="rollout-halt",
+    ),
+    path(
+        "validations/<int:validation_id>/result",
+        api_lifecycle.ValidationResultApi.as_view(),
+        name="validation-result",
     ),
 ]
 

@@ -21,7 +21,7 @@ from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from portal import access, selectors, services
+from portal import access, lifecycle_selectors, selectors, services
 from portal.audit_words import describe
 from portal.estimates import request_estimates
 from portal.forms import (
@@ -517,12 +517,18 @@ def capacity(request: HttpRequest) -> HttpResponse:
     page = Paginator(nodes, NODES_PER_PAGE).get_page(request.GET.get("page"))
     query = request.GET.copy()
     query.pop("page", None)
+    summaries = selectors.pool_summaries()
+    # Node software from GFD labels: a pool whose nodes disagree is flagged (docs/lifecycle.md).
+    drift = lifecycle_selectors.drift_by_pool()
+    for s in summaries:
+        s["drift"] = drift.get(s["pool"].pk, {}).get("fields", {})
     context = {
         "form": form,
         "page": page,
         "nodes": selectors.capacity_nodes(list(page.object_list)),
-        "summaries": selectors.pool_summaries(),
+        "summaries": summaries,
         "query": query.urlencode(),
+        "drifted": {n for d in drift.values() for n in d["odd"]},
     }
     template = "portal/capacity.html"
     if request.htmx:

@@ -267,6 +267,38 @@ class WorkloadEvent:
 STORED_LOG_LINES = 40
 
 
+@dataclass(frozen=True)
+class ValidationSpec:
+    """One node's burn-in workload (docs/lifecycle.md): all its GPUs, pinned to it, tolerating
+    its cordon. `resources` are the extended resources it takes (e.g. {"nvidia.com/gpu": 8})."""
+
+    name: str
+    namespace: str
+    node: str
+    resources: tuple[tuple[str, int], ...]
+    #: physical GPUs on the node: the device-visibility check expects them all
+    devices: int = 0
+    #: where the workload reports its results (empty: the results are read from its log)
+    report_url: str = ""
+    token: str = ""
+
+
+@dataclass(frozen=True)
+class ValidationStatus:
+    """How a burn-in stands: not done yet, or done with its results (or a failure message)."""
+
+    done: bool
+    results: dict[str, object] = field(default_factory=dict)
+    #: the workload itself failed (it never produced results): why
+    error: str = ""
+    #: not done because the workload does not exist (a launch lost): start it again
+    missing: bool = False
+
+
+#: the line a burn-in workload prints its results on, JSON after the prefix
+VALIDATION_RESULT_PREFIX = "QM_VALIDATION "
+
+
 class ClusterBackend(Protocol):
     name: str
 
@@ -296,6 +328,24 @@ class ClusterBackend(Protocol):
 
     def events(self, name: str, namespace: str, pods: int = 1) -> list[WorkloadEvent]:
         """Events about the workload and its pods, oldest first ([] if none or gone)."""
+        ...
+
+    def node_patch(
+        self, name: str, labels: dict[str, str | None], unschedulable: bool | None = None
+    ) -> None:
+        """Set (None: remove) node labels, and cordon or uncordon the node."""
+        ...
+
+    def validation_launch(self, spec: ValidationSpec, started_at: datetime) -> None:
+        """Start a node's burn-in; starting one that exists already is not an error."""
+        ...
+
+    def validation_status(self, spec: ValidationSpec, started_at: datetime) -> ValidationStatus:
+        """The burn-in's state; done with results, or with `error` if it failed to run."""
+        ...
+
+    def validation_stop(self, spec: ValidationSpec) -> None:
+        """Delete the burn-in workload; missing is fine."""
         ...
 
 

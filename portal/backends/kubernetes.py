@@ -22,6 +22,8 @@ from portal.backends.base import (
     InventoryNode,
     LaunchSpec,
     Outcome,
+    ValidationSpec,
+    ValidationStatus,
     WorkloadEvent,
     WorkloadStatus,
     checkpoint_claim,
@@ -36,6 +38,7 @@ from portal.k8s.jobs import (
     job_build,
     job_create,
     job_delete,
+    job_read,
     owner_reference,
     pods_for_workload,
     pvc_create,
@@ -51,6 +54,7 @@ from portal.k8s.serving import (
     serving_status,
 )
 from portal.k8s.status import workload_status
+from portal.k8s.validation import validation_job_build, validation_status_from_job
 from portal.k8s.watch import WorkloadWatcher
 
 log = logging.getLogger(__name__)
@@ -94,8 +98,11 @@ class KubernetesBackend:
         now: Callable[[], datetime] | None = None,
         sleep: Callable[[float], None] = time.sleep,
         apps: Any = None,
+        validation_image: str = "",
     ) -> None:
         self._core = core
+        #: the burn-in image (nvidia-smi, nccl-tests, dcgmi, PyTorch): VALIDATION_IMAGE
+        self.validation_image = validation_image
         self._batch = batch
         self._apps = apps
         self.job_options = job_options or JobOptions()
@@ -167,6 +174,7 @@ class KubernetesBackend:
             image_pull_timeout_s=int(setting("IMAGE_PULL_TIMEOUT_SECONDS", 600)),
             require_mig_state=bool(setting("K8S_REQUIRE_MIG_CONFIG_STATE", True)),
             auto_watch=True,
+            validation_image=setting("VALIDATION_IMAGE", ""),
         )
 
     def _forget_if_forked(self) -> None:
@@ -329,6 +337,33 @@ class KubernetesBackend:
         return [
             e for m in _member_names(name, pods) for e in workload_events(self.core, m, namespace)
         ]
+
+    # -- node changes and burn-in (docs/lifecycle.md) ------------------------------------
+
+    def node_patch(
+        self, name: str, labels: dict[str, str | None], unschedulable: bool | None = None
+    ) -> None:
+        """A merge patch: labels set (None removes them), and `spec.unschedulable`."""
+        body: dict[str, Any] = {"metadata": {"labels": labels}}
+        if unschedulable is not None:
+            body["spec"] = {"unschedulable": unschedulable}
+        self.core.patch_node(name, body)
+
+    def validation_launch(self, spec: ValidationSpec, started_at: datetime) -> None:
+        job = validation_job_build(spec, self.validation_image)
+        try:
+            self.batch.create_namespaced_job(spec.namespace, job)
+        except ApiException as exc:
+            if exc.status != 409:  # created before: a retried launch adopts it
+                raise
+
+    def validation_status(self, spec: ValidationSpec, started_at: datetime) -> ValidationStatus:
+        job = job_read(self.batch, spec.name, spec.namespace)
+        text = pod_log(self.core, spec.name, spec.namespace, 50) if job is not None else ""
+        return validation_status_from_job(job, text)
+
+    def validation_stop(self, spec: ValidationSpec) -> None:
+        job_delete(self.batch, spec.name, spec.namespace, grace_seconds=0)
 
     def status(self, name: str, namespace: str, pods: int = 1) -> WorkloadStatus:
         status = self._status_jobs(name, namespace, pods)

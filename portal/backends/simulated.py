@@ -38,6 +38,8 @@ from portal.backends.base import (
     InventoryNode,
     LaunchSpec,
     Outcome,
+    ValidationSpec,
+    ValidationStatus,
     WorkloadEvent,
     WorkloadStatus,
     checkpoint_claim,
@@ -47,7 +49,7 @@ from portal.backends.base import (
     rendezvous_env,
 )
 from portal.bulk import insert_rows
-from portal.models import SimulatedWorkload
+from portal.models import SimulatedNode, SimulatedWorkload
 from scheduling import mig
 
 START_DELAY = timedelta(seconds=1)
@@ -103,6 +105,8 @@ def inventory_from_file(path: str | Path) -> list[InventoryNode]:
         for i in range(int(spec.get("count", 1))):
             name = f"{spec.get('prefix', pool['name'])}-{i + 1:02d}"
             unhealthy = set(spec.get("unhealthy", {}).get(name, []))
+            # Software labels (GFD, GPU Operator) for the whole pool, then per node (drift).
+            extra = {**pool.get("labels", {}), **spec.get("labels", {}).get(name, {})}
             devices = tuple(
                 InventoryDevice(
                     index=d,
@@ -125,6 +129,7 @@ def inventory_from_file(path: str | Path) -> list[InventoryNode]:
                     devices=devices,
                     labels={
                         "nvidia.com/gpu.product": pool["gpu_model"],
+                        **{k: str(v) for k, v in extra.items()},
                         **pool.get("node_selector", {}),
                     },
                     taints=tuple(
@@ -158,7 +163,48 @@ class SimulatedBackend:
         return self.checkpoint_root / checkpoint_claim(request_id)
 
     def inventory(self) -> list[InventoryNode]:
-        return inventory_from_file(self.path)
+        changed = {n.name: n for n in SimulatedNode.objects.all()}
+        out = []
+        for inv in inventory_from_file(self.path):
+            sim = changed.get(inv.name)
+            if sim is not None:
+                labels = operators_act({**inv.labels, **sim.labels})
+                inv = replace(
+                    inv,
+                    labels=labels,
+                    cordoned=inv.cordoned or sim.unschedulable,
+                    devices=_relaid(inv.devices, labels.get("nvidia.com/mig.config", "")),
+                )
+            out.append(inv)
+        return out
+
+    # -- node changes and burn-in (docs/lifecycle.md) ----------------------------------
+
+    def node_patch(
+        self, name: str, labels: dict[str, str | None], unschedulable: bool | None = None
+    ) -> None:
+        with transaction.atomic():
+            sim, _ = SimulatedNode.objects.select_for_update().get_or_create(name=name)
+            merged = {**sim.labels}
+            for k, v in labels.items():
+                # None removes: kept as None so that it hides a label the YAML file sets.
+                merged[k] = v
+            sim.labels = {k: v for k, v in merged.items()}
+            if unschedulable is not None:
+                sim.unschedulable = unschedulable
+            sim.save()
+
+    def validation_launch(self, spec: ValidationSpec, started_at: datetime) -> None:
+        # Nothing runs: the results are worked out from the cluster file when asked for.
+        return None
+
+    def validation_status(self, spec: ValidationSpec, started_at: datetime) -> ValidationStatus:
+        if timezone.now() < started_at + timedelta(seconds=settings.SIMULATED_VALIDATION_SECONDS):
+            return ValidationStatus(done=False)
+        return ValidationStatus(done=True, results=simulated_results(self.path, spec))
+
+    def validation_stop(self, spec: ValidationSpec) -> None:
+        return None
 
     def _checkpointing(self, spec: LaunchSpec) -> tuple[tuple[tuple[str, str], ...], float]:
         """The checkpoint env of a spec's pods and their interval in wall seconds (none: 0)."""
@@ -478,3 +524,62 @@ def _workload_events(w: SimulatedWorkload, now: datetime) -> list[WorkloadEvent]
                 )
             )
     return out
+
+
+def operators_act(labels: dict[str, str | None]) -> dict[str, str]:
+    """What the GPU Operator, mig-manager and GFD would do with the labels a rollout wrote:
+    the driver upgrade completes to the requested version, a MIG config applies."""
+    out = {k: v for k, v in labels.items() if v is not None}
+    if out.get("nvidia.com/gpu-driver-upgrade-state") == "upgrade-required":
+        target = out.get("quartermaster.io/rollout-target", "")
+        if target:
+            out["nvidia.com/cuda.driver-version.full"] = target
+            for part, value in zip(("major", "minor", "revision"), target.split("."), strict=False):
+                out[f"nvidia.com/cuda.driver-version.{part}"] = value
+        out["nvidia.com/gpu-driver-upgrade-state"] = "upgrade-done"
+    if "nvidia.com/mig.config" in out:
+        out["nvidia.com/mig.config.state"] = "success"
+    return out
+
+
+#: simulated burn-in figures per interconnect: NCCL all-reduce bus bandwidth, GB/s
+SIMULATED_BUSBW = {"nvswitch": 235.0, "nvlink": 180.0, "pcie": 140.0}
+
+
+def simulated_results(path: str | Path, spec: ValidationSpec) -> dict[str, object]:
+    """A node's burn-in results; the cluster file's `validation_failures` (node -> check:
+    visibility, nccl, dcgm or warmup) say which nodes fail, and how."""
+    data = load_cluster(path)
+    for pool in data["pools"]:
+        fails = pool["nodes"].get("validation_failures", {})
+        prefix = pool["nodes"].get("prefix", pool["name"])
+        if not spec.node.startswith(f"{prefix}-"):
+            continue
+        devices = spec.devices or int(pool["nodes"].get("gpus", 8))
+        failing = fails.get(spec.node, "")
+        return {
+            "devices_visible": devices - (1 if failing == "visibility" else 0),
+            "nccl_busbw_gbps": 38.5
+            if failing == "nccl"
+            else SIMULATED_BUSBW.get(pool.get("interconnect", "pcie"), 140.0),
+            "dcgm_diag": "fail: PCIe replay counter rising" if failing == "dcgm" else "pass",
+            "warmup_s": 410.0 if failing == "warmup" else 42.0,
+        }
+    return {"devices_visible": 0, "nccl_busbw_gbps": 0.0, "dcgm_diag": "node not found"}
+
+
+def _relaid(devices: tuple[InventoryDevice, ...], config: str) -> tuple[InventoryDevice, ...]:
+    """mig-manager applying a layout Quartermaster proposed (`qm-<profiles>`) to MIG devices."""
+    if not config.startswith("qm-"):
+        return devices
+    profiles = [p.replace("_me", "+me") for p in config[3:].split("-") if p]
+    out = []
+    for d in devices:
+        if d.partitioning != "mig":
+            out.append(d)
+            continue
+        try:
+            out.append(replace(d, mig_instances=mig_instances(profiles, d.model, d.memory_mib)))
+        except ClusterFileError:
+            out.append(replace(d, healthy=False))
+    return tuple(out)

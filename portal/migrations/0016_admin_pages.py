@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('portal', '0013_serving'),
+        ('portal', '0015_lifecycle'),
     ]
 
     operations = [

@@ -19,7 +19,7 @@ from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 from rest_framework.authtoken.models import Token
 
-from portal import tick
+from portal import rollouts, tick
 from portal.models import (
     AuditEvent,
     Decision,
@@ -102,6 +102,13 @@ def world(django_db_setup, django_db_blocker) -> Iterator[dict]:  # noqa: ANN001
             # bob's saved request template: only bob may use or delete it.
             "template_id": RequestTemplate.objects.create(
                 user=w.bob, name=MARKER, fields={"name": MARKER}
+            ).pk,
+            # Admins' and auditors' only; a node's burn-in reports with its own token.
+            "rollout_id": rollouts.rollout_start(
+                actor=w.dave, pool=Pool.objects.get(name="l4-shared"), kind="driver", target="1"
+            ).pk,
+            "validation_id": rollouts.validation_start(
+                actor=w.dave, node=Node.objects.get(name="l4-01")
             ).pk,
         }
         yield {"world": w, "ids": ids, "running": running}
@@ -293,7 +300,8 @@ def test_it_lets_auditors_read_everything_and_change_nothing(world: dict, settin
     writes = 0
     for route in ROUTES:
         url = fill(route, world["ids"])
-        if "checkpoint" not in route:
+        workload_report = "checkpoint" in route or route.endswith("/result")
+        if not workload_report:
             for headers in ({}, {"HTTP_HX_REQUEST": "true"}):
                 r = session.get(url, **headers)
                 assert r.status_code in {200, 302, 405}, (url, r.status_code)
@@ -309,8 +317,9 @@ def test_it_lets_auditors_read_everything_and_change_nothing(world: dict, settin
                     if method != "post" or route.startswith("api/")
                     else client.post(url, {"nominal_milli": 0, "username": "carol", "name": "x"})
                 )
-                # A workload's checkpoint report takes only POST and authenticates no user.
-                expected = {403, 405} if "checkpoint" in route and client is by_token else {403}
+                # A workload's checkpoint (or burn-in) report takes only POST and authenticates
+                # no user.
+                expected = {403, 405} if workload_report and client is by_token else {403}
                 assert r.status_code in expected, (url, method, r.status_code)
                 writes += 1
     assert writes > 100

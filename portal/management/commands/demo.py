@@ -6,6 +6,7 @@ from typing import Any
 from django.core.management.base import BaseCommand
 
 from portal.demo import seed, submit_synthetic
+from portal.demo_lifecycle import start_demo_rollouts
 
 
 class Command(BaseCommand):
@@ -15,11 +16,19 @@ class Command(BaseCommand):
         parser.add_argument(
             "--requests", type=int, default=6, help="synthetic requests to submit now"
         )
+        parser.add_argument(
+            "--no-rollouts",
+            action="store_true",
+            help="do not start the demo driver rollouts (docs/lifecycle.md)",
+        )
 
-    def handle(self, *args: Any, requests: int, **options: Any) -> None:
+    def handle(self, *args: Any, requests: int, no_rollouts: bool, **options: Any) -> None:
         info = seed()
         rng = random.Random(7)
         submitted = sum(submit_synthetic(rng=rng) for _ in range(requests))
+        if not no_rollouts:
+            for r in start_demo_rollouts():
+                self.stdout.write(f"rollout {r.pk} started: /ops/rollouts/{r.pk}/")
         self.stdout.write(
             f"demo ready: users {', '.join(info['users'])} (password {info['password']}); {submitted} requests submitted"
         )

@@ -1,0 +1,105 @@
+"""The per-node burn-in Job (docs/lifecycle.md): device visibility, an NCCL all-reduce test,
+DCGM diagnostics level 1 and a short model warm-up, on every GPU of one cordoned node.
+
+The pod prints one line `QM_VALIDATION {json}` with its figures and, when the portal is
+reachable, POSTs the same JSON to its report URL; the portal judges them against the
+thresholds (`portal.lifecycle.verdict`), never the pod.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kubernetes import client
+
+from portal.backends.base import VALIDATION_RESULT_PREFIX, ValidationSpec, ValidationStatus
+from portal.k8s.names import L_COMPONENT, L_INSTANCE, L_MANAGED_BY, MAIN_CONTAINER, MANAGED_BY
+
+#: what the burn-in runs; the image carries nvidia-smi, nccl-tests, dcgmi and PyTorch
+SCRIPT = r"""
+set -u
+visible=$(nvidia-smi -L | grep -c '^GPU ')
+busbw=$(all_reduce_perf -b 64M -e 1G -f 2 -g "$visible" | awk '/Avg bus bandwidth/ {print $NF}')
+if dcgmi diag -r 1 >/tmp/diag 2>&1; then diag=pass; else diag="fail: $(grep -m1 -i fail /tmp/diag)"; fi
+start=$(date +%s)
+python -c 'import torch; m=torch.nn.Linear(4096,4096).cuda(); [m(torch.randn(64,4096,device="cuda")).sum().backward() for _ in range(200)]; torch.cuda.synchronize()'
+warm=$(( $(date +%s) - start ))
+result=$(printf '{"devices_visible": %s, "nccl_busbw_gbps": %s, "dcgm_diag": "%s", "warmup_s": %s}' \
+  "$visible" "${busbw:-0}" "$diag" "$warm")
+echo "QM_VALIDATION $result"
+if [ -n "${QM_REPORT_URL:-}" ]; then
+  curl -fsS -X POST -H "Authorization: Bearer $QM_REPORT_TOKEN" \
+    -H 'Content-Type: application/json' -d "$result" "$QM_REPORT_URL" || true
+fi
+"""
+
+
+def validation_job_build(spec: ValidationSpec, image: str) -> client.V1Job:
+    """One pod on `spec.node` (by hostname, tolerating the cordon and any taint), all its GPUs."""
+    counts = {k: str(v) for k, v in spec.resources}
+    labels = {L_MANAGED_BY: MANAGED_BY, L_INSTANCE: spec.name, L_COMPONENT: "validation"}
+    env = [
+        client.V1EnvVar(name="QM_REPORT_URL", value=spec.report_url),
+        client.V1EnvVar(name="QM_REPORT_TOKEN", value=spec.token),
+    ]
+    pod = client.V1PodSpec(
+        restart_policy="Never",
+        automount_service_account_token=False,
+        node_selector={"kubernetes.io/hostname": spec.node},
+        # The node is cordoned for its validation; its GPU taints are the pool's.
+        tolerations=[client.V1Toleration(operator="Exists")],
+        containers=[
+            client.V1Container(
+                name=MAIN_CONTAINER,
+                image=image,
+                command=["/bin/bash", "-c", SCRIPT],
+                env=env,
+                resources=client.V1ResourceRequirements(requests=counts, limits=counts),
+            )
+        ],
+    )
+    return client.V1Job(
+        api_version="batch/v1",
+        kind="Job",
+        metadata=client.V1ObjectMeta(name=spec.name, namespace=spec.namespace, labels=labels),
+        spec=client.V1JobSpec(
+            backoff_limit=0,
+            ttl_seconds_after_finished=86400,
+            active_deadline_seconds=1800,
+            template=client.V1PodTemplateSpec(
+                metadata=client.V1ObjectMeta(labels=labels), spec=pod
+            ),
+        ),
+    )
+
+
+def results_from_log(text: str) -> dict[str, Any] | None:
+    """The figures of the last `QM_VALIDATION` line of a log (None: no such line)."""
+    for line in reversed(text.splitlines()):
+        if line.startswith(VALIDATION_RESULT_PREFIX):
+            try:
+                data = json.loads(line[len(VALIDATION_RESULT_PREFIX) :])
+            except ValueError:
+                return None
+            return data if isinstance(data, dict) else None
+    return None
+
+
+def validation_status_from_job(job: Any, log_text: str) -> ValidationStatus:
+    """Done when the Job finished: with the figures of its log, or failed with its reason."""
+    if job is None:
+        return ValidationStatus(done=False, missing=True)
+    for cond in job.status.conditions or () if job.status else ():
+        if cond.status != "True":
+            continue
+        if cond.type == "Complete":
+            results = results_from_log(log_text)
+            if results is None:
+                return ValidationStatus(done=True, error="the validation printed no results")
+            return ValidationStatus(done=True, results=results)
+        if cond.type == "Failed":
+            results = results_from_log(log_text)
+            why = cond.message or cond.reason or "failed"
+            return ValidationStatus(done=True, results=results or {}, error=f"Job failed: {why}")
+    return ValidationStatus(done=False)

@@ -1,0 +1,686 @@
+"""Node validation and rollout waves: the services, and the step the beat runs
+(`rollouts_advance`, from `portal.tasks.rollouts_tick`). docs/lifecycle.md.
+
+A rollout walks its pool wave by wave, canary first. Each node of the current wave goes
+
+    waiting -> draining -> applying -> validating -> returned | failed
+
+- draining: the node is cordoned (in the portal and on the cluster); work on it is left to
+  run until it has run its class's minimum runtime and, where it checkpoints, until it has
+  reported a checkpoint (one since the drain began, or one interval's wait); then it is
+  stopped and requeued, resuming from that checkpoint. Work that does not checkpoint is
+  waited for. Nothing is stopped that would lose more than the work since its last
+  checkpoint; past `drain_timeout_s` the node fails instead.
+- applying: the change's labels are written through the backend; the node waits until its
+  labels show the change took (`lifecycle.change_for`), or fails past `apply_timeout_s`.
+- validating: a burn-in (`validation_start`); a pass returns the node, a fail keeps it
+  cordoned with the reason.
+
+Once every node of a wave is done, more failed nodes than `max_failed_nodes` halt the
+rollout; otherwise the next wave starts. Every step is an AuditEvent.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.base_user import AbstractBaseUser
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from portal import lifecycle, services
+from portal.apply import lost_work
+from portal.backends import get_backend
+from portal.backends.base import ValidationSpec
+from portal.models import (
+    Allocation,
+    Attempt,
+    Node,
+    Pool,
+    Rollout,
+    RolloutNode,
+    ValidationRun,
+)
+from portal.readiness import attempt_token, ready_token_key
+
+log = logging.getLogger(__name__)
+
+#: what acted, in the audit log, when the beat advances a rollout
+ACTOR = "rollout"
+_TARGET = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+
+
+# ---------------------------------------------------------------------------
+# Validation
+
+
+def _mig_resource(profile: str) -> str:
+    return "nvidia.com/mig-" + profile.replace("+", ".")
+
+
+def validation_spec(run: ValidationRun) -> ValidationSpec:
+    """The burn-in of the run's node: every GPU (every MIG instance) it has."""
+    devices = list(run.node.devices.all())
+    counts: dict[str, int] = {}
+    for d in devices:
+        if d.partitioning == Pool.Partitioning.MIG:
+            for m in d.mig_instances:
+                key = _mig_resource(m["profile"])
+                counts[key] = counts.get(key, 0) + 1
+        else:
+            counts["nvidia.com/gpu"] = counts.get("nvidia.com/gpu", 0) + max(1, d.replicas)
+    base = settings.K8S_PORTAL_URL.rstrip("/")
+    return ValidationSpec(
+        name=run.name,
+        namespace=settings.VALIDATION_NAMESPACE,
+        node=run.node.name,
+        resources=tuple(sorted(counts.items())),
+        devices=len(devices),
+        # The pod reports its figures like a checkpoint, with a token of its own.
+        report_url=f"{base}/api/v1/validations/{run.pk}/result" if base else "",
+        token=attempt_token(ready_token_key(), settings.VALIDATION_NAMESPACE, run.name, run.pk)
+        if base
+        else "",
+    )
+
+
+def _cordon(node: Node, reason: str) -> None:
+    """Cordon in the portal now, and on the cluster once the transaction commits."""
+    node.cordoned = True
+    node.maintenance_reason = reason[:300]
+    node.save(update_fields=["cordoned", "maintenance_reason", "updated_at"])
+    name = node.name
+    transaction.on_commit(lambda: _backend_patch(name, {}, True))
+
+
+def _uncordon(node: Node) -> None:
+    node.cordoned = False
+    node.maintenance_reason = ""
+    node.save(update_fields=["cordoned", "maintenance_reason", "updated_at"])
+    name = node.name
+    transaction.on_commit(lambda: _backend_patch(name, {}, False))
+
+
+def _backend_patch(name: str, labels: dict[str, str | None], unschedulable: bool | None) -> bool:
+    try:
+        get_backend().node_patch(name, labels, unschedulable)
+    except Exception:  # noqa: BLE001
+        # The next step retries (a change not seen in the labels is written again).
+        log.exception("patching node %s failed", name)
+        return False
+    return True
+
+
+def validation_start(
+    *,
+    actor: AbstractBaseUser | None,
+    node: Node,
+    thresholds: Any = None,
+    rollout: Rollout | None = None,
+    now: datetime | None = None,
+) -> ValidationRun:
+    """Cordon the node and start its burn-in. 400 (`node`) if one runs already."""
+    now = now or timezone.now()
+    try:
+        limits = lifecycle.thresholds_check(
+            thresholds if thresholds is not None else (rollout.thresholds if rollout else None)
+        )
+    except ValueError as exc:
+        raise ValidationError({"thresholds": str(exc)}) from exc
+    with transaction.atomic():
+        node = Node.objects.select_for_update().get(pk=node.pk)
+        if node.validations.filter(state=ValidationRun.State.RUNNING).exists():
+            raise ValidationError({"node": f"{node.name} is being validated already."})
+        cordoned_it = not node.cordoned
+        if cordoned_it or not node.maintenance_reason:
+            _cordon(node, "validating")
+        run = ValidationRun.objects.create(
+            node=node,
+            rollout=rollout,
+            name="qm-validate",
+            thresholds=limits,
+            cordoned_it=cordoned_it and rollout is None,
+            created_by=actor if getattr(actor, "is_authenticated", False) else None,
+            started_at=now,
+        )
+        run.name = f"qm-validate-{run.pk}"
+        run.save(update_fields=["name"])
+        services.audit(
+            actor=actor,
+            actor_name=ACTOR,
+            action="node.validate",
+            obj=run,
+            after={"node": node.name, "thresholds": limits, "rollout": rollout and rollout.pk},
+        )
+        spec = validation_spec(run)
+        transaction.on_commit(lambda: _launch(spec, now))
+    return run
+
+
+def pool_validate(
+    *, actor: AbstractBaseUser, pool: Pool, thresholds: Any = None
+) -> list[ValidationRun]:
+    """Validate every node of the pool that runs nothing now and is not being validated or
+    rolled out (busy nodes are left in service: validate them when they drain)."""
+    busy = set(
+        Allocation.objects.filter(
+            active=True, device__node__pool=pool, attempt__state__in=Attempt.ACTIVE_STATES
+        ).values_list("device__node_id", flat=True)
+    )
+    if rollout_active_for(pool) is not None:
+        raise ValidationError({"pool": f"A rollout is running on {pool.name}; it validates."})
+    runs = []
+    for node in pool.nodes.exclude(pk__in=busy).order_by("name"):
+        if node.validations.filter(state=ValidationRun.State.RUNNING).exists():
+            continue
+        runs.append(validation_start(actor=actor, node=node, thresholds=thresholds))
+    return runs
+
+
+def _launch(spec: ValidationSpec, now: datetime) -> None:
+    try:
+        get_backend().validation_launch(spec, now)
+    except Exception:  # noqa: BLE001
+        log.exception("starting validation %s failed; the next step retries", spec.name)
+
+
+def validation_report(*, run: ValidationRun, results: Any) -> ValidationRun:
+    """Store the figures a burn-in pod reported (judged at the next step). 400 `results`."""
+    if not isinstance(results, dict):
+        raise ValidationError({"results": "Give the results as an object."})
+    with transaction.atomic():
+        run = ValidationRun.objects.select_for_update().get(pk=run.pk)
+        if run.state != ValidationRun.State.RUNNING:
+            raise ValidationError({"results": "This validation has finished."})
+        run.results = {k: results[k] for k in sorted(results)[:20]}
+        run.save(update_fields=["results"])
+    return run
+
+
+def validation_observe(run: ValidationRun, *, now: datetime | None = None) -> str:
+    """Ask the backend how a running burn-in stands; judge and store it once done."""
+    now = now or timezone.now()
+    if run.state != ValidationRun.State.RUNNING:
+        return run.state
+    spec = validation_spec(run)
+    error = ""
+    results: dict[str, Any] = dict(run.results)
+    if not results:
+        try:
+            status = get_backend().validation_status(spec, run.started_at)
+        except Exception:  # noqa: BLE001
+            log.exception("reading validation %s failed", run.name)
+            return run.state
+        if not status.done:
+            if now - run.started_at > timedelta(seconds=settings.VALIDATION_TIMEOUT_SECONDS):
+                error = f"no result within {settings.VALIDATION_TIMEOUT_SECONDS} s"
+            else:
+                if status.missing:
+                    # Its launch was lost (it runs after commit): start it again.
+                    _launch(spec, run.started_at)
+                return run.state
+        results, error = dict(status.results), error or status.error
+    if error:
+        passed, reason = False, error
+    else:
+        passed, reason = lifecycle.verdict(results, run.thresholds, spec.devices)
+    with transaction.atomic():
+        run = ValidationRun.objects.select_for_update().select_related("node").get(pk=run.pk)
+        if run.state != ValidationRun.State.RUNNING:
+            return run.state
+        run.state = ValidationRun.State.PASSED if passed else ValidationRun.State.FAILED
+        run.results, run.reason, run.finished_at = results, reason[:300], now
+        run.save(update_fields=["state", "results", "reason", "finished_at"])
+        node = Node.objects.select_for_update().get(pk=run.node_id)
+        if not passed:
+            # A failing node stays cordoned, with the reason, until an admin returns it.
+            _cordon(node, f"validation failed: {reason}")
+        elif run.cordoned_it:
+            _uncordon(node)
+        elif run.rollout_id is None and node.maintenance_reason == "validating":
+            node.maintenance_reason = ""
+            node.save(update_fields=["maintenance_reason", "updated_at"])
+        services.audit(
+            actor=None,
+            actor_name=ACTOR,
+            action=f"validation.{run.state}",
+            obj=run,
+            after={"node": node.name, "results": results, "reason": run.reason},
+        )
+    transaction.on_commit(lambda: _stop_validation(spec))
+    return run.state
+
+
+def _stop_validation(spec: ValidationSpec) -> None:
+    try:
+        get_backend().validation_stop(spec)
+    except Exception:  # noqa: BLE001
+        log.exception("deleting validation %s failed", spec.name)
+
+
+# ---------------------------------------------------------------------------
+# Rollouts: start
+
+
+def _node_milli(node: Node) -> int:
+    return 1000 * node.devices.count()
+
+
+def rollout_plan(
+    pool: Pool, *, canary_nodes: int, wave_percent: int
+) -> tuple[list[list[str]], list[dict[str, Any]]]:
+    """The waves and their capacity impact: GPU milli out of service per wave, and the share
+    of the pool's GPUs that is (waves run one at a time, so this is also the peak)."""
+    nodes = {n.name: n for n in pool.nodes.prefetch_related("devices")}
+    waves = lifecycle.plan_waves(list(nodes), canary=canary_nodes, wave_percent=wave_percent)
+    total = sum(_node_milli(n) for n in nodes.values()) or 1
+    impact = []
+    for i, wave in enumerate(waves):
+        out = sum(_node_milli(nodes[n]) for n in wave)
+        busy = (
+            Allocation.objects.filter(
+                active=True, device__node__name__in=wave, attempt__state__in=Attempt.ACTIVE_STATES
+            )
+            .values("attempt_id")
+            .distinct()
+            .count()
+        )
+        impact.append(
+            {
+                "wave": i,
+                "canary": i == 0 and canary_nodes > 0,
+                "nodes": wave,
+                "gpu_milli_out": out,
+                "pool_share_pct": round(100 * out / total, 1),
+                "attempts_to_drain": busy,
+            }
+        )
+    return waves, impact
+
+
+def _check(kind: str, target: str, pool: Pool, fields: dict[str, Any]) -> dict[str, str]:
+    errors: dict[str, str] = {}
+    if kind not in lifecycle.KINDS:
+        errors["kind"] = f"Choose one of {', '.join(lifecycle.KINDS)}."
+    if not isinstance(target, str) or not _TARGET.match(target or ""):
+        errors["target"] = (
+            "Give the version or config name: letters, digits, '.', '-' and '_', up to 63."
+        )
+    if kind == "mig-layout" and pool.partitioning != Pool.Partitioning.MIG:
+        errors["kind"] = f"Pool {pool.name} is not partitioned with MIG."
+    bounds = {
+        "canary_nodes": (0, 1000),
+        "wave_percent": (1, 100),
+        "max_failed_nodes": (0, 1000),
+        "drain_timeout_s": (0, 7 * 86400),
+        "apply_timeout_s": (1, 86400),
+    }
+    for name, (lo, hi) in bounds.items():
+        v = fields[name]
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            errors[name] = f"A whole number from {lo} to {hi}."
+    return errors
+
+
+def rollout_start(
+    *,
+    actor: AbstractBaseUser,
+    pool: Pool,
+    kind: str,
+    target: str,
+    canary_nodes: int = 1,
+    wave_percent: int = 25,
+    max_failed_nodes: int = 0,
+    drain_timeout_s: int = 3600,
+    apply_timeout_s: int = 900,
+    thresholds: Any = None,
+) -> Rollout:
+    """Plan and start a rollout (audited). ValidationError naming the field on bad input."""
+    fields = {
+        "canary_nodes": canary_nodes,
+        "wave_percent": wave_percent,
+        "max_failed_nodes": max_failed_nodes,
+        "drain_timeout_s": drain_timeout_s,
+        "apply_timeout_s": apply_timeout_s,
+    }
+    errors = _check(kind, target, pool, fields)
+    try:
+        limits = lifecycle.thresholds_check(thresholds)
+    except ValueError as exc:
+        errors["thresholds"] = str(exc)
+    if errors:
+        raise ValidationError(errors)
+    waves, impact = rollout_plan(pool, canary_nodes=canary_nodes, wave_percent=wave_percent)
+    if not waves:
+        raise ValidationError({"pool": f"Pool {pool.name} has no nodes."})
+    change = lifecycle.change_for(kind, target)
+    values = [n.labels.get(change.converged_label, "") for n in pool.nodes.all() if n.labels] or [
+        ""
+    ]
+    previous = max(set(values), key=lambda v: (values.count(v), v))
+    if kind == "mig-layout":
+        previous = max({n.labels.get(lifecycle.MIG_CONFIG, "") for n in pool.nodes.all()} or {""})
+    try:
+        with transaction.atomic():
+            rollout = Rollout.objects.create(
+                pool=pool,
+                kind=kind,
+                target=target,
+                thresholds=limits,
+                waves=waves,
+                impact={"waves": impact},
+                rollback_criteria=lifecycle.rollback_criteria(
+                    kind, max_failed_nodes, target, previous
+                ),
+                created_by=actor,
+                **fields,
+            )
+            nodes = {n.name: n for n in pool.nodes.all()}
+            RolloutNode.objects.bulk_create(
+                RolloutNode(rollout=rollout, node=nodes[name], wave=i)
+                for i, wave in enumerate(waves)
+                for name in wave
+            )
+            services.audit(
+                actor=actor,
+                action="rollout.start",
+                obj=rollout,
+                after={
+                    "pool": pool.name,
+                    "kind": kind,
+                    "target": target,
+                    "waves": waves,
+                    **fields,
+                    "thresholds": limits,
+                },
+            )
+    except IntegrityError as exc:
+        raise ValidationError({"pool": f"A rollout is running on {pool.name} already."}) from exc
+    return rollout
+
+
+# ---------------------------------------------------------------------------
+# Rollouts: the step
+
+
+def rollouts_advance(*, now: datetime | None = None) -> dict[str, int]:
+    """Advance every running rollout by one step per node; also judge lone validations."""
+    now = now or timezone.now()
+    counts = {"rollouts": 0, "validations": 0}
+    for run in (
+        ValidationRun.objects.filter(state=ValidationRun.State.RUNNING)
+        .exclude(rollout__state=Rollout.State.RUNNING)
+        .select_related("node")
+    ):
+        # Lone validations, and those a halted rollout left running.
+        validation_observe(run, now=now)
+        counts["validations"] += 1
+    running = list(Rollout.objects.filter(state=Rollout.State.RUNNING).select_related("pool"))
+    if any(
+        r.members.filter(wave=r.current_wave, step=RolloutNode.Step.APPLYING).exists()
+        for r in running
+    ):
+        # The labels that show a change took come with the inventory.
+        try:
+            services.inventory_sync()
+        except Exception:  # noqa: BLE001
+            log.exception("inventory sync for the rollouts failed")
+    for rollout in running:
+        _advance(rollout, now)
+        counts["rollouts"] += 1
+    return counts
+
+
+def _audit(rollout: Rollout, action: str, **after: Any) -> None:
+    services.audit(actor=None, actor_name=ACTOR, action=action, obj=rollout, after=after)
+
+
+def _advance(rollout: Rollout, now: datetime) -> None:
+    members = list(
+        rollout.members.filter(wave=rollout.current_wave).select_related("node", "validation")
+    )
+    for m in members:
+        if m.step not in RolloutNode.DONE:
+            _step(rollout, m, now)
+    if any(m.step not in RolloutNode.DONE for m in members):
+        return
+    with transaction.atomic():
+        rollout = Rollout.objects.select_for_update().get(pk=rollout.pk)
+        if rollout.state != Rollout.State.RUNNING:
+            return
+        failed = rollout.members.filter(step=RolloutNode.Step.FAILED).count()
+        wave = rollout.current_wave
+        if failed > rollout.max_failed_nodes:
+            rollout.state = Rollout.State.HALTED
+            rollout.halt_reason = (
+                f"{failed} node(s) failed, more than the {rollout.max_failed_nodes} allowed; "
+                f"halted after wave {wave}"
+            )
+            rollout.finished_at = now
+            rollout.save(update_fields=["state", "halt_reason", "finished_at"])
+            _audit(rollout, "rollout.halt", wave=wave, failed=failed, reason=rollout.halt_reason)
+        elif wave + 1 < len(rollout.waves):
+            rollout.current_wave = wave + 1
+            rollout.save(update_fields=["current_wave"])
+            _audit(rollout, "rollout.wave", wave=wave + 1, nodes=rollout.waves[wave + 1])
+        else:
+            rollout.state = Rollout.State.SUCCEEDED
+            rollout.finished_at = now
+            rollout.save(update_fields=["state", "finished_at"])
+            _audit(rollout, "rollout.succeed", failed=failed)
+            layout = rollout.impact.get("mig_layout")
+            if rollout.kind == Rollout.Kind.MIG_LAYOUT and layout:
+                # Every node runs the new layout: the pool offers its profiles from now on.
+                services.pool_update(actor=None, pool=rollout.pool, mig_layout=layout)  # type: ignore[arg-type]
+
+
+def _move(m: RolloutNode, step: str, now: datetime, reason: str = "") -> None:
+    m.step, m.reason, m.step_at = step, reason[:300], now
+    m.save(update_fields=["step", "reason", "step_at", "previous", "stopped_attempts"])
+
+
+def _step(rollout: Rollout, m: RolloutNode, now: datetime) -> None:
+    with transaction.atomic():
+        m = RolloutNode.objects.select_for_update().select_related("node").get(pk=m.pk)
+        node = m.node
+        if m.step == RolloutNode.Step.WAITING:
+            _cordon(node, f"rollout {rollout.pk}: {rollout.kind} {rollout.target}")
+            _move(m, RolloutNode.Step.DRAINING, now)
+            _audit(rollout, "rollout.cordon", node=node.name, wave=m.wave)
+        elif m.step == RolloutNode.Step.DRAINING:
+            _drain(rollout, m, now)
+        elif m.step == RolloutNode.Step.APPLYING:
+            _apply(rollout, m, now)
+        elif m.step == RolloutNode.Step.VALIDATING:
+            _validate(rollout, m, now)
+
+
+def _active_attempts(node: Node) -> list[Attempt]:
+    ids = Allocation.objects.filter(device__node=node, active=True).values_list(
+        "attempt_id", flat=True
+    )
+    return list(
+        Attempt.objects.filter(pk__in=set(ids), state__in=Attempt.ACTIVE_STATES).select_related(
+            "request__workload_class"
+        )
+    )
+
+
+def drain_verdict(attempt: Attempt, since: datetime, now: datetime) -> str:
+    """ "stop" when the attempt may be stopped now without losing more than the work since its
+    last checkpoint; otherwise why it is waited for."""
+    req = attempt.request
+    begun = attempt.started_at or attempt.admitted_at
+    min_runtime = req.workload_class.min_runtime_s
+    if (now - begun).total_seconds() < min_runtime:
+        return f"waiting for {attempt.workload_name} to run its minimum {min_runtime} s"
+    interval = req.checkpoint_interval_s
+    if interval <= 0:
+        return f"waiting for {attempt.workload_name} to finish (it does not checkpoint)"
+    last = attempt.last_checkpoint_at
+    if last is None:
+        return f"waiting for {attempt.workload_name}'s first checkpoint"
+    # Checkpoint-aware: stop right after a fresh checkpoint, or once one interval has passed.
+    if last >= since or (now - since).total_seconds() >= interval:
+        return "stop"
+    return f"waiting for {attempt.workload_name}'s next checkpoint"
+
+
+def _drain(rollout: Rollout, m: RolloutNode, now: datetime) -> None:
+    attempts = _active_attempts(m.node)
+    since = m.step_at or now
+    if not attempts:
+        change = lifecycle.change_for(rollout.kind, rollout.target)
+        m.previous = {k: m.node.labels.get(k) for k in change.labels}
+        _move(m, RolloutNode.Step.APPLYING, now)
+        _write_change(rollout, m)
+        _audit(
+            rollout,
+            "rollout.apply",
+            node=m.node.name,
+            labels=change.labels,
+            previous=m.previous,
+        )
+        return
+    waiting = []
+    for attempt in attempts:
+        if attempt.state == Attempt.State.STOPPING:
+            waiting.append(f"{attempt.workload_name} is stopping")
+            continue
+        why = drain_verdict(attempt, since, now)
+        if why != "stop":
+            waiting.append(why)
+            continue
+        clause, lost = lost_work(attempt, now)
+        services.attempt_stop(attempt, reason="drained")
+        m.stopped_attempts = [*m.stopped_attempts, attempt.pk]
+        _audit(
+            rollout,
+            "rollout.preempt",
+            node=m.node.name,
+            attempt=attempt.pk,
+            request=attempt.request_id,
+            lost=clause,
+            **lost,
+        )
+        waiting.append(f"{attempt.workload_name} is stopping")
+    if waiting and (now - since).total_seconds() > rollout.drain_timeout_s:
+        reason = f"drain timed out after {rollout.drain_timeout_s} s: {waiting[0]}"
+        _move(m, RolloutNode.Step.FAILED, now, reason)
+        m.node.maintenance_reason = f"rollout {rollout.pk}: {reason}"[:300]
+        m.node.save(update_fields=["maintenance_reason", "updated_at"])
+        _audit(rollout, "rollout.node_failed", node=m.node.name, reason=reason)
+        return
+    m.reason = "; ".join(waiting)[:300]
+    m.save(update_fields=["reason", "stopped_attempts"])
+
+
+def _write_change(rollout: Rollout, m: RolloutNode) -> None:
+    change = lifecycle.change_for(rollout.kind, rollout.target)
+    name, labels = m.node.name, dict(change.labels)
+    transaction.on_commit(lambda: _backend_patch(name, labels, None))
+
+
+def _apply(rollout: Rollout, m: RolloutNode, now: datetime) -> None:
+    change = lifecycle.change_for(rollout.kind, rollout.target)
+    node = Node.objects.get(pk=m.node_id)
+    if node.labels.get(change.converged_label) == change.converged_value:
+        run = validation_start(actor=None, node=node, rollout=rollout, now=now)
+        m.validation = run
+        m.save(update_fields=["validation"])
+        _move(m, RolloutNode.Step.VALIDATING, now)
+        _audit(rollout, "rollout.applied", node=node.name, validation=run.pk)
+        return
+    waited = (now - (m.step_at or now)).total_seconds()
+    if waited > rollout.apply_timeout_s:
+        shown = node.labels.get(change.converged_label, "(absent)")
+        reason = (
+            f"the change did not take within {rollout.apply_timeout_s} s: "
+            f"{change.converged_label} is {shown}, not {change.converged_value}"
+        )
+        _move(m, RolloutNode.Step.FAILED, now, reason)
+        node.maintenance_reason = f"rollout {rollout.pk}: {reason}"[:300]
+        node.save(update_fields=["maintenance_reason", "updated_at"])
+        _audit(rollout, "rollout.node_failed", node=node.name, reason=reason)
+        return
+    m.reason = f"waiting for {change.converged_label}={change.converged_value}"
+    m.save(update_fields=["reason"])
+    # Written again while waiting: a patch lost to a backend error is retried.
+    _write_change(rollout, m)
+
+
+def _validate(rollout: Rollout, m: RolloutNode, now: datetime) -> None:
+    run = m.validation
+    if run is None:
+        _move(m, RolloutNode.Step.APPLYING, now)
+        return
+    state = validation_observe(run, now=now)
+    if state == ValidationRun.State.RUNNING:
+        m.reason = f"validation {run.name} running"
+        m.save(update_fields=["reason"])
+        return
+    node = Node.objects.select_for_update().get(pk=m.node_id)
+    if state == ValidationRun.State.PASSED:
+        _uncordon(node)
+        _move(m, RolloutNode.Step.RETURNED, now)
+        _audit(rollout, "rollout.return", node=node.name, validation=run.pk)
+    else:
+        run.refresh_from_db()
+        reason = f"validation failed: {run.reason}"
+        _move(m, RolloutNode.Step.FAILED, now, reason)
+        node.maintenance_reason = f"rollout {rollout.pk}: {reason}"[:300]
+        node.save(update_fields=["maintenance_reason", "updated_at"])
+        _audit(rollout, "rollout.node_failed", node=node.name, reason=reason)
+
+
+def rollout_active_for(pool: Pool) -> Rollout | None:
+    return Rollout.objects.filter(pool=pool, state=Rollout.State.RUNNING).first()
+
+
+def mig_relayout_start(*, actor: AbstractBaseUser, pool: Pool, **options: Any) -> Rollout:
+    """Roll the pool's proposed MIG layout out (`portal.mig_relayout`), where the pool allows
+    it; on success the pool's `mig_layout` becomes it. 400 `pool` otherwise."""
+    from portal import mig_relayout
+
+    proposal = mig_relayout.proposal_for(pool)
+    if proposal is None:
+        raise ValidationError({"pool": f"No MIG layout to propose for {pool.name}."})
+    if not proposal["allowed"]:
+        raise ValidationError({"pool": f"Pool {pool.name} is not open to MIG re-layout."})
+    if proposal["same"]:
+        raise ValidationError({"pool": f"Pool {pool.name} runs the proposed layout already."})
+    rollout = rollout_start(
+        actor=actor, pool=pool, kind="mig-layout", target=proposal["config_name"], **options
+    )
+    rollout.impact = {**rollout.impact, "mig_layout": proposal["profiles"]}
+    rollout.save(update_fields=["impact"])
+    return rollout
+
+
+def rollout_halt(*, actor: AbstractBaseUser, rollout: Rollout, reason: str = "") -> Rollout:
+    """An admin stops a running rollout now (audited). Nodes it has taken stay cordoned with
+    their reason; burn-ins under way finish and are recorded. 400 `state` if not running."""
+    reason = str(reason or "")[:200]
+    with transaction.atomic():
+        rollout = Rollout.objects.select_for_update().get(pk=rollout.pk)
+        if rollout.state != Rollout.State.RUNNING:
+            raise ValidationError({"state": f"The rollout has {rollout.state} already."})
+        who = getattr(actor, "get_username", lambda: "an admin")()
+        rollout.state = Rollout.State.HALTED
+        rollout.halt_reason = f"halted by {who} in wave {rollout.current_wave}" + (
+            f": {reason}" if reason else ""
+        )
+        rollout.finished_at = timezone.now()
+        rollout.save(update_fields=["state", "halt_reason", "finished_at"])
+        services.audit(
+            actor=actor,
+            action="rollout.halt",
+            obj=rollout,
+            after={"wave": rollout.current_wave, "reason": rollout.halt_reason},
+        )
+    return rollout
