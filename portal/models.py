@@ -195,6 +195,17 @@ class Pool(models.Model):
         max_length=20, choices=Lifecycle.choices, default=Lifecycle.PRODUCTION
     )
     inference_floor_milli = models.PositiveIntegerField(default=0)
+    # Autoscaling (portal/autoscale.py): the pool asks for nodes of one shape, between
+    # min_nodes and max_nodes, when pending demand outgrows it.
+    autoscaled = models.BooleanField(default=False)
+    min_nodes = models.PositiveIntegerField(default=0)
+    max_nodes = models.PositiveIntegerField(default=0)
+    #: the node shape it adds: GPUs, CPU and host memory per node (the GPU is the pool's)
+    node_gpus = models.PositiveIntegerField(default=8)
+    node_cpu_milli = models.PositiveIntegerField(default=96000)
+    node_memory_mib = models.PositiveIntegerField(default=1024 * 1024)
+    #: an added node with nothing allocated is given back after this many seconds
+    idle_release_s = models.PositiveIntegerField(default=600)
 
     class Meta:
         ordering = ["name"]
@@ -457,6 +468,15 @@ class GpuRequest(models.Model):
     checkpoints_deleted_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # Where the wait went (portal/capacity.py): the reason of the open stretch of waiting,
+    # when it began, and the seconds of the closed stretches by reason.
+    wait_reason = models.CharField(max_length=20, blank=True)
+    wait_since = models.DateTimeField(null=True, blank=True)
+    wait_unschedulable_s = models.PositiveIntegerField(default=0)
+    wait_quota_s = models.PositiveIntegerField(default=0)
+    wait_capacity_s = models.PositiveIntegerField(default=0)
+    wait_provisioning_s = models.PositiveIntegerField(default=0)
+    wait_backoff_s = models.PositiveIntegerField(default=0)
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -848,6 +868,39 @@ class RequestTemplate(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["user", "name"], name="request_template_unique")
         ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class NodeProvision(models.Model):
+    """Nodes an autoscaled pool asked for, for the pending requests it names.
+
+    The Kubernetes backend turns one into a ProvisioningRequest (autoscaling.x-k8s.io/v1);
+    the simulated backend adds the nodes once `ready_at` has passed.
+    """
+
+    class State(models.TextChoices):
+        REQUESTED = "requested"
+        PROVISIONED = "provisioned"
+        FAILED = "failed"
+
+    pool = models.ForeignKey(Pool, on_delete=models.CASCADE, related_name="provisions")
+    name = models.CharField(max_length=63, unique=True)
+    nodes = models.PositiveIntegerField()
+    #: a gang's nodes come all together or not at all (best-effort-atomic-scale-up)
+    atomic = models.BooleanField(default=False)
+    #: the pending requests the nodes are for (their wait counts as `provisioning`)
+    request_ids = models.JSONField(default=list)
+    state = models.CharField(max_length=20, choices=State.choices, default=State.REQUESTED)
+    message = models.CharField(max_length=300, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    #: simulated backend: when the nodes appear
+    ready_at = models.DateTimeField(null=True, blank=True)
+    done_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
 
     def __str__(self) -> str:
         return self.name

@@ -817,6 +817,8 @@ def _requeue(req: GpuRequest, *, now: datetime, why: str) -> None:
         req.requeue_at = now + timedelta(seconds=delay)
         req.status_code = "requeued"
         req.status_message = f"requeued: {why}; back in the queue in {int(delay)} s"
+        # Its wait starts over, held by backoff (portal/capacity.py).
+        req.wait_reason, req.wait_since = "backoff", now
         kind, code = Decision.Kind.REQUEUE, "requeued"
     req.save()
     Decision.objects.create(

@@ -310,6 +310,8 @@ if CLUSTER_BACKEND not in ("simulated", "kubernetes"):
 SIMULATED_CLUSTER = env("SIMULATED_CLUSTER", str(BASE_DIR / "portal" / "demo_cluster.yaml"))
 # Simulated workloads run this many real seconds per requested hour (demo speed).
 SIMULATED_SECONDS_PER_HOUR = envint("SIMULATED_SECONDS_PER_HOUR", "60")
+# An autoscaled pool's nodes appear this many seconds after they were asked for.
+SIMULATED_PROVISIONING_SECONDS = envint("SIMULATED_PROVISIONING_SECONDS", "20")
 # Checkpoint storage (docs/checkpoints.md): a folder per request on the simulated cluster,
 # a PersistentVolumeClaim per request on Kubernetes ("" = the cluster's default class).
 SIMULATED_CHECKPOINT_DIR = env("SIMULATED_CHECKPOINT_DIR", str(VAR_DIR / "checkpoints"))

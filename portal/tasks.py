@@ -13,6 +13,11 @@ def tick() -> dict[str, object]:
     from portal.tick import run_tick
 
     result = run_tick()
+    if result.ran:
+        from portal.autoscale import autoscale_step
+
+        # Demand the tick could not place asks autoscaled pools for nodes (no-op without one).
+        autoscale_step()
     return {"ran": result.ran, "admitted": result.admitted, "preempted": result.preempted}
 
 
