@@ -31,6 +31,7 @@ from portal.models import (
     GpuRequest,
     Membership,
     Node,
+    NodeProvision,
     Pool,
     Quota,
     Team,
@@ -143,6 +144,22 @@ def queue_summary(user: AnyUser) -> list[dict[str, Any]]:
         }
         for r in rows
     ]
+
+
+def pending_demand(user: AnyUser) -> list[dict[str, Any]]:
+    """Pending demand of the requests `user` may see, per pool and device profile, with
+    the nodes each autoscaled pool is waiting for."""
+    pending = access.requests_visible(user).filter(state=GpuRequest.State.PENDING)
+    rows = capacity.pending_demand(pending)
+    waiting = dict(
+        NodeProvision.objects.filter(state=NodeProvision.State.REQUESTED)
+        .values_list("pool__name")
+        .annotate(n=Sum("nodes"))
+        .order_by()
+    )
+    for r in rows:
+        r["provisioning_nodes"] = waiting.get(r["pool"], 0)
+    return rows
 
 
 def request_wait_split(req: GpuRequest) -> list[tuple[str, int]]:

@@ -7,7 +7,7 @@ from django.urls import include, path, register_converter
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.permissions import IsAuthenticated
 
-from portal import agent_api, api, metrics, views, views_people
+from portal import agent_api, api, api_capacity, metrics, views, views_people
 
 
 class NodeActionConverter:
@@ -116,6 +116,7 @@ api_patterns = [
         api.ProfileActivateApi.as_view(),
         name="profile-activate",
     ),
+    path("capacity/demand/", api_capacity.DemandApi.as_view(), name="capacity-demand"),
 ]
 
 urlpatterns = [

@@ -265,3 +265,35 @@ def test_metrics_export_the_wait_by_reason_pending_demand_and_nodes_being_added(
     assert m['quartermaster_pending_demand_gpus{pool="l4-shared",profile="shared-500m"}'] == 0.5
     assert m['quartermaster_pending_unfit_gpus{pool="a100-train",profile="whole"}'] == 0
     assert m['quartermaster_provisioning_nodes{pool="a100-train"}'] == 2
+
+
+def test_the_api_reports_pending_demand_per_pool_and_profile_scoped_to_the_caller(
+    client: Client,
+) -> None:
+    w = make_world()
+    _autoscaled()
+    Node.objects.filter(pool__name="a100-train").update(cordoned=True)
+    submit(w.bob, w.vision, count=8)
+    big = submit(w.bob, w.vision, count=8)
+    submit(w.carol, w.nlp, count=2)
+    Pool.objects.filter(name="a100-train").update(node_gpus=16)
+    GpuRequest.objects.filter(pk=big.pk).update(count=12)
+    run_tick()
+    autoscale_step()
+    client.force_login(w.bob)
+    rows = client.get("/api/v1/capacity/demand/").json()
+    assert rows == [
+        {
+            "pool": "a100-train",
+            "profile": "whole",
+            "requests": 2,
+            "units": 20,
+            "gpus_milli": 20000,
+            "unfit_requests": 1,
+            "unfit_gpus_milli": 12000,
+            "provisioning_nodes": 2,
+        }
+    ]
+    client.force_login(w.dave)
+    (row,) = client.get("/api/v1/capacity/demand/").json()
+    assert row["requests"] == 3 and row["gpus_milli"] == 22000
