@@ -230,7 +230,7 @@ def _finish(pool: Pool, backend: Any, now: datetime) -> int:
     status = getattr(backend, "provisioning_request_status", None)
     for p in pool.provisions.filter(state=NodeProvision.State.REQUESTED):
         if status is not None:
-            state, message = status(p.name, pool)
+            state, message = status(p.name, pool, p.nodes, p.atomic)
             if state == NodeProvision.State.REQUESTED:
                 continue
         elif p.ready_at is None or p.ready_at > now:

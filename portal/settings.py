@@ -358,6 +358,8 @@ K8S_FAIL_EXIT_CODES = envlist("K8S_FAIL_EXIT_CODES", "137")
 K8S_IMAGE_PULL_SECRETS = envlist("K8S_IMAGE_PULL_SECRETS", "")
 K8S_POD_NAMESPACES = envlist("K8S_POD_NAMESPACES", "")
 K8S_WATCH_NAMESPACES = envlist("K8S_WATCH_NAMESPACES", "")
+# Autoscaled pools' PodTemplates and ProvisioningRequests go here (docs/capacity.md).
+K8S_PROVISIONING_NAMESPACE = env("K8S_PROVISIONING_NAMESPACE", "quartermaster")
 #: offer MIG instances only where mig-manager reports `nvidia.com/mig.config.state=success`;
 #: false for clusters that partition GPUs without mig-manager (the label never appears)
 K8S_REQUIRE_MIG_CONFIG_STATE = envbool("K8S_REQUIRE_MIG_CONFIG_STATE", "true")

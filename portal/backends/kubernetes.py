@@ -41,6 +41,7 @@ from portal.k8s.jobs import (
     service_create,
     service_delete,
 )
+from portal.k8s import provisioning
 from portal.k8s.logs import pod_log, workload_events
 from portal.k8s.status import workload_status
 from portal.k8s.watch import WorkloadWatcher
@@ -83,11 +84,15 @@ class KubernetesBackend:
         image_pull_timeout_s: int = 600,
         require_mig_state: bool = True,
         auto_watch: bool = False,
+        custom: Any = None,
+        provisioning_namespace: str = "quartermaster",
         now: Callable[[], datetime] | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self._core = core
         self._batch = batch
+        self._custom = custom
+        self.provisioning_namespace = provisioning_namespace
         self.job_options = job_options or JobOptions()
         self._pool_selectors = pool_selectors
         self.pod_namespaces = list(pod_namespaces) if pod_namespaces is not None else None
@@ -157,13 +162,14 @@ class KubernetesBackend:
             image_pull_timeout_s=int(setting("IMAGE_PULL_TIMEOUT_SECONDS", 600)),
             require_mig_state=bool(setting("K8S_REQUIRE_MIG_CONFIG_STATE", True)),
             auto_watch=True,
+            provisioning_namespace=setting("K8S_PROVISIONING_NAMESPACE", "quartermaster"),
         )
 
     def _forget_if_forked(self) -> None:
         if self._load_pid is not None and self._load_pid != os.getpid():
             # Connections pooled before a fork are shared with the parent: load anew.
             with self._lock:
-                self._core = self._batch = None
+                self._core = self._batch = self._custom = None
                 self._load_pid = None
 
     def _load(self) -> None:
@@ -191,6 +197,26 @@ class KubernetesBackend:
     def batch(self) -> Any:
         self._load()
         return self._batch
+
+    @property
+    def custom(self) -> Any:
+        """The CustomObjectsApi (ProvisioningRequests), on the core client's connection."""
+        if self._custom is None:
+            from kubernetes import client
+
+            self._custom = client.CustomObjectsApi(self.core.api_client)
+        return self._custom
+
+    def provisioning_request_create(self, name: str, pool: Any, nodes: int, atomic: bool) -> None:
+        """Ask the cluster autoscaler for `nodes` nodes of `pool` (portal/k8s/provisioning.py)."""
+        provisioning.create(
+            self.core, self.custom, self.provisioning_namespace, name, pool, nodes, atomic
+        )
+
+    def provisioning_request_status(
+        self, name: str, pool: Any, nodes: int, atomic: bool
+    ) -> tuple[str, str]:
+        return provisioning.status(self.custom, self.provisioning_namespace, name, nodes, atomic)
 
     def pool_selectors(self) -> PoolSelectors | None:
         sel = self._pool_selectors
