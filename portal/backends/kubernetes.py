@@ -27,6 +27,7 @@ from portal.backends.base import (
     gang_status,
     member_name,
 )
+from portal.k8s import provisioning
 from portal.k8s.inventory import inventory_from_nodes, node_facts, nodes_list_gpu, pods_list_active
 from portal.k8s.jobs import (
     JobOptions,
@@ -41,7 +42,6 @@ from portal.k8s.jobs import (
     service_create,
     service_delete,
 )
-from portal.k8s import provisioning
 from portal.k8s.logs import pod_log, workload_events
 from portal.k8s.status import workload_status
 from portal.k8s.watch import WorkloadWatcher
