@@ -5,7 +5,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from portal.demo import seed, submit_synthetic
+from portal.demo import seed, submit_burst, submit_synthetic
 
 
 class Command(BaseCommand):
@@ -15,11 +15,18 @@ class Command(BaseCommand):
         parser.add_argument(
             "--requests", type=int, default=6, help="synthetic requests to submit now"
         )
+        parser.add_argument(
+            "--burst",
+            type=int,
+            default=0,
+            help="whole-node requests for the autoscaled pool h100-burst: more than it holds",
+        )
 
-    def handle(self, *args: Any, requests: int, **options: Any) -> None:
+    def handle(self, *args: Any, requests: int, burst: int, **options: Any) -> None:
         info = seed()
         rng = random.Random(7)
         submitted = sum(submit_synthetic(rng=rng) for _ in range(requests))
+        submitted += submit_burst(requests=burst)
         self.stdout.write(
             f"demo ready: users {', '.join(info['users'])} (password {info['password']}); {submitted} requests submitted"
         )
