@@ -89,6 +89,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
+import operator
 import random
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -168,6 +169,9 @@ def target_workload(
         out.append((shape, n))
         covered += n
     return out
+
+
+_node_key = operator.attrgetter(*(f.name for f in dataclasses.fields(Node) if f.name != "name"))
 
 
 def _fresh(spec: Device) -> DevState:
@@ -265,7 +269,7 @@ class ClusterState:
         self.policy = policy
         self.tie_break = "random" if policy == "random" else tie_break
         self._rng = random.Random(seed)
-        self._classes: dict[Node, _Class] = {}
+        self._classes: dict[tuple[object, ...], _Class] = {}
         self._nodes: dict[str, _NodeFree] = {}
         self._groups: dict[tuple[object, ...], _Group] = {}
         self._shape_ids: dict[Shape, int] = {}
@@ -398,9 +402,11 @@ class ClusterState:
             self.set_shape_weights(target_workload(self._seen.elements()))
 
     def _class_of(self, node: Node) -> _Class:
-        proto = dataclasses.replace(node, name="")
-        cls = self._classes.get(proto)
+        # Every field but the name; a tuple of them is cheaper than a nameless copy.
+        key = _node_key(node)
+        cls = self._classes.get(key)
         if cls is None:
+            proto = dataclasses.replace(node, name="")
             specs = tuple(node.devices)
             first = specs[0] if specs else None
             uniform = (
@@ -429,7 +435,7 @@ class ClusterState:
                 families=families,
                 target=self._pool_targets.get(node.pool, self._default),
             )
-            self._classes[proto] = cls
+            self._classes[key] = cls
         return cls
 
     def _regroup(self, free: _NodeFree) -> None:
