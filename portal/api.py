@@ -542,6 +542,9 @@ class DecisionListApi(ListApiView):
             help_text="the scheduling profile in force (blank: not a tick's decision)"
         )
         profile_version = serializers.IntegerField(allow_null=True)
+        policy_version = serializers.IntegerField(
+            allow_null=True, help_text="the policy version in force (GET /api/v1/policy/versions/)"
+        )
         created_at = serializers.DateTimeField()
 
     @extend_schema(

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
+from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from portal import selectors
-from portal.api import ApiView
+from portal import access, selectors
+from portal.api import ApiView, ListApiView, _paginate
 
 
 class DemandApi(ApiView):
@@ -32,3 +33,24 @@ class DemandApi(ApiView):
     def get(self, request: Request) -> Response:
         rows = selectors.pending_demand(request.user)
         return Response(self.OutputSerializer(rows, many=True).data)
+
+
+class PolicyVersionListApi(ListApiView):
+    """Admins: every applied change of scheduling policy (quota, class, pool, profile),
+    newest first; decisions record the number in force (`policy_version`)."""
+
+    class OutputSerializer(serializers.Serializer):
+        number = serializers.IntegerField()
+        action = serializers.CharField()
+        object_type = serializers.CharField()
+        object_id = serializers.CharField()
+        actor = serializers.CharField(source="actor_name")
+        before = serializers.JSONField()
+        after = serializers.JSONField()
+        created_at = serializers.DateTimeField()
+
+    @extend_schema(operation_id="policy_versions_list", responses=OutputSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        if not access.is_admin(request.user):
+            raise PermissionDenied("Only platform admins read the policy history.")
+        return _paginate(self, request, selectors.policy_versions(), self.OutputSerializer)

@@ -224,7 +224,11 @@ def _facts(d: st.Decision) -> dict[str, Any]:
 
 def _profile(ctx: Context) -> dict[str, Any]:
     """The scheduling profile in force, as each of the tick's decisions records it."""
-    return {"profile_name": ctx.profile_name, "profile_version": ctx.profile_version}
+    return {
+        "profile_name": ctx.profile_name,
+        "profile_version": ctx.profile_version,
+        "policy_version": ctx.policy_version,
+    }
 
 
 def reason_key(code: str, message: str) -> tuple[str, str]:

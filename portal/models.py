@@ -647,6 +647,8 @@ class Decision(models.Model):
     #: the scheduling profile in force when the tick decided (blank: not a tick's decision)
     profile_name = models.CharField(max_length=63, blank=True)
     profile_version = models.PositiveIntegerField(null=True, blank=True)
+    #: the policy version in force (`PolicyVersion.number`): quotas, classes, pools, profiles
+    policy_version = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
 
     class Meta:
@@ -904,3 +906,26 @@ class NodeProvision(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class PolicyVersion(models.Model):
+    """One applied change of scheduling policy: a quota, a workload class, a pool's
+    settings, or a scheduling profile (created, changed, activated). Numbered in order;
+    every decision records the number in force (`Decision.policy_version`), so a decision
+    can be read against the settings it was made under. Written with the audit event
+    (`services.audit`), whose before and after it keeps."""
+
+    number = models.PositiveIntegerField(unique=True)
+    action = models.CharField(max_length=50)
+    object_type = models.CharField(max_length=50)
+    object_id = models.CharField(max_length=50)
+    actor_name = models.CharField(max_length=150, blank=True)
+    before = models.JSONField(null=True, blank=True)
+    after = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-number"]
+
+    def __str__(self) -> str:
+        return f"policy v{self.number}: {self.action}"

@@ -32,6 +32,7 @@ from portal.models import (
     Membership,
     Node,
     NodeProvision,
+    PolicyVersion,
     Pool,
     Quota,
     Team,
@@ -160,6 +161,11 @@ def pending_demand(user: AnyUser) -> list[dict[str, Any]]:
     for r in rows:
         r["provisioning_nodes"] = waiting.get(r["pool"], 0)
     return rows
+
+
+def policy_versions() -> QuerySet[PolicyVersion]:
+    """Applied policy changes, newest first (admins only: the caller checks)."""
+    return PolicyVersion.objects.order_by("-number")
 
 
 def request_wait_split(req: GpuRequest) -> list[tuple[str, int]]:

@@ -43,6 +43,7 @@ from portal.models import (
     Node,
     NotificationPreference,
     PolicyProfile,
+    PolicyVersion,
     Pool,
     Quota,
     RequestTemplate,
@@ -85,7 +86,7 @@ def audit(
     With no signed-in actor, `actor_name` says what acted ("sso"; default "system").
     """
     real = actor if actor is not None and getattr(actor, "is_authenticated", False) else None
-    return AuditEvent.objects.create(
+    event = AuditEvent.objects.create(
         actor=real,
         actor_name=getattr(real, "username", "") or actor_name or "system",
         action=action,
@@ -94,6 +95,38 @@ def audit(
         team=team,
         before=_jsonable(before),
         after=_jsonable(after),
+    )
+    if action in POLICY_ACTIONS:
+        policy_version_record(event)
+    return event
+
+
+#: audited changes that change how the scheduler decides: each is a new policy version
+POLICY_ACTIONS = frozenset(
+    {
+        "quota.set",
+        "class.update",
+        "class.teams",
+        "pool.update",
+        "profile.create",
+        "profile.update",
+        "profile.activate",
+    }
+)
+
+
+def policy_version_record(event: AuditEvent) -> PolicyVersion:
+    """The next policy version, for an audited change (in its transaction). Numbers come
+    from the latest row under a lock on it, so two changes never share one."""
+    latest = PolicyVersion.objects.select_for_update().order_by("-number").first()
+    return PolicyVersion.objects.create(
+        number=(latest.number if latest else 0) + 1,
+        action=event.action,
+        object_type=event.object_type,
+        object_id=event.object_id,
+        actor_name=event.actor_name,
+        before=event.before,
+        after=event.after,
     )
 
 

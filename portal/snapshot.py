@@ -86,6 +86,8 @@ class Context:
     #: the scheduling profile the tick runs: its name and version go on every decision
     profile_name: str = ""
     profile_version: int | None = None
+    #: the policy version in force (`PolicyVersion`): every decision records it
+    policy_version: int | None = None
     #: pending request ids that nodes are being added for (portal/autoscale.py)
     provisioning: set[str] = field(default_factory=set)
 

@@ -117,6 +117,7 @@ api_patterns = [
         name="profile-activate",
     ),
     path("capacity/demand/", api_capacity.DemandApi.as_view(), name="capacity-demand"),
+    path("policy/versions/", api_capacity.PolicyVersionListApi.as_view(), name="policy-versions"),
 ]
 
 urlpatterns = [
