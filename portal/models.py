@@ -929,3 +929,37 @@ class PolicyVersion(models.Model):
 
     def __str__(self) -> str:
         return f"policy v{self.number}: {self.action}"
+
+
+class WhatIfRun(models.Model):
+    """An admin's drafted policy change, replayed on the site's history (portal/whatif.py)
+    by a Celery task, compared, and perhaps applied (audited with this result)."""
+
+    class State(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        DONE = "done"
+        FAILED = "failed"
+
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    days = models.PositiveIntegerField(default=7)
+    #: the proposed change, KEY=VALUE as `manage.py whatif --set` takes them
+    changes = models.JSONField(default=dict)
+    state = models.CharField(max_length=10, choices=State.choices, default=State.QUEUED)
+    progress = models.PositiveIntegerField(default=0)
+    result = models.JSONField(null=True, blank=True)
+    error = models.CharField(max_length=500, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    applied_at = models.DateTimeField(null=True, blank=True)
+    applied_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"what-if {self.pk}"

@@ -67,3 +67,11 @@ def demo_trickle() -> int:
     from portal.demo import submit_synthetic
 
     return submit_synthetic(rng=random.Random())
+
+
+@shared_task(name="portal.tasks.whatif_run", ignore_result=True)
+def whatif_run(run_id: int) -> str:
+    """Replay a drafted policy change on the site's history (portal/services_whatif.py)."""
+    from portal.services_whatif import whatif_execute
+
+    return str(whatif_execute(run_id).state)

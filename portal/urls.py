@@ -7,7 +7,7 @@ from django.urls import include, path, register_converter
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.permissions import IsAuthenticated
 
-from portal import agent_api, api, api_capacity, metrics, views, views_people
+from portal import agent_api, api, api_capacity, metrics, views, views_people, views_whatif
 
 
 class NodeActionConverter:
@@ -66,6 +66,9 @@ portal_patterns = [
         name="profile-activate",
     ),
     path("ops/nodes/<int:node_id>/<node_action:action>/", views.node_action, name="node-action"),
+    path("ops/whatif/", views_whatif.whatif_list, name="whatif"),
+    path("ops/whatif/<int:run_id>/", views_whatif.whatif_detail, name="whatif-detail"),
+    path("ops/whatif/<int:run_id>/apply/", views_whatif.whatif_apply, name="whatif-apply"),
     path(
         "ops/devices/<int:device_id>/clear-quarantine/",
         views.device_clear_quarantine,
