@@ -228,6 +228,10 @@ class Pool(models.Model):
                 for key, messages in exc.message_dict.items():
                     where = "" if key == field else f"{key}: "
                     errors.setdefault(field, []).extend(where + m for m in messages)
+        if self.autoscaled and self.max_nodes < max(1, self.min_nodes):
+            errors.setdefault("max_nodes", []).append(
+                "An autoscaled pool needs max_nodes of at least 1 and at least min_nodes."
+            )
         if errors:
             raise ValidationError(errors)
 

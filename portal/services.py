@@ -1169,8 +1169,27 @@ POOL_FIELDS = [
 ]
 
 
+#: an autoscaled pool's settings (docs/capacity.md): audited with the others, not on the
+#: settings page's form
+POOL_AUTOSCALE_FIELDS = [
+    "autoscaled",
+    "min_nodes",
+    "max_nodes",
+    "node_gpus",
+    "node_cpu_milli",
+    "node_memory_mib",
+    "idle_release_s",
+]
+
+
 def pool_update(*, actor: AbstractBaseUser, pool: Pool, **changes: Any) -> Pool:
-    return _update(actor=actor, obj=pool, fields=POOL_FIELDS, action="pool.update", changes=changes)
+    return _update(
+        actor=actor,
+        obj=pool,
+        fields=POOL_FIELDS + POOL_AUTOSCALE_FIELDS,
+        action="pool.update",
+        changes=changes,
+    )
 
 
 def _update(

@@ -297,3 +297,20 @@ def test_the_api_reports_pending_demand_per_pool_and_profile_scoped_to_the_calle
     client.force_login(w.dave)
     (row,) = client.get("/api/v1/capacity/demand/").json()
     assert row["requests"] == 3 and row["gpus_milli"] == 22000
+
+
+def test_autoscale_settings_are_changed_through_the_audited_service() -> None:
+    from django.core.exceptions import ValidationError
+
+    from portal.models import AuditEvent, PolicyVersion
+
+    w = make_world()
+    pool = Pool.objects.get(name="a100-train")
+    services.pool_update(actor=w.dave, pool=pool, autoscaled=True, min_nodes=2, max_nodes=6)
+    event = AuditEvent.objects.get(action="pool.update")
+    assert event.before["autoscaled"] is False and event.after["max_nodes"] == 6
+    assert PolicyVersion.objects.filter(action="pool.update").exists()
+    with pytest.raises(ValidationError) as err:
+        services.pool_update(actor=w.dave, pool=pool, min_nodes=8)
+    assert "max_nodes" in err.value.message_dict
+    assert Pool.objects.get(pk=pool.pk).min_nodes == 2
