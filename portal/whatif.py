@@ -96,6 +96,7 @@ def run(
     tick_s: float = 10.0,
     now: datetime | None = None,
     progress: Callable[[int, int], None] | None = None,
+    parallel: bool = True,
 ) -> dict[str, Any]:
     """Replay the last `days` days under the current and the proposed settings.
 
@@ -113,4 +114,5 @@ def run(
         end_ms=end_ms,
         tick_ms=int(tick_s * 1000),
         progress=progress,
+        parallel=parallel,
     )

@@ -23,9 +23,11 @@ Keys (`apply_settings`), GPUs as decimals (0.5 = 500 milli):
 from __future__ import annotations
 
 import math
+import multiprocessing
 import random
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -311,6 +313,30 @@ def summarize(
     return {"overall": overall, "teams": teams}
 
 
+def _side(
+    site: Site,
+    *,
+    jobs: Sequence[Job],
+    start_ms: int,
+    end_ms: int,
+    tick_ms: int,
+    seed: int,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    out = replay(site, jobs, end_ms=end_ms, tick_ms=tick_ms, seed=seed, progress=progress)
+    return summarize(site, jobs, out, start_ms, end_ms)
+
+
+def _forked() -> ProcessPoolExecutor | None:
+    """A one-process pool forked from this one, or None where that is not allowed (a
+    daemon process may not have children) or possible."""
+    if multiprocessing.current_process().daemon:
+        return None
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return None
+    return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("fork"))
+
+
 def compare(
     current: Site,
     proposed: Site,
@@ -321,32 +347,39 @@ def compare(
     tick_ms: int = 10_000,
     seed: int = 1,
     progress: Callable[[int, int], None] | None = None,
+    parallel: bool = False,
 ) -> dict[str, Any]:
     """Both replays, as `{"current": {...}, "proposed": {...}, "teams": {team: {"current":
-    {...}, "proposed": {...}}}}`."""
-    total = 2 * len(jobs)
+    {...}, "proposed": {...}}}}`.
 
-    def step(offset: int) -> Callable[[int, int], None] | None:
-        if progress is None:
-            return None
-        return lambda done, _n: progress(offset + done, total)
+    `parallel`: replay the current settings in a forked process while this one replays
+    the proposed ones (they are independent; progress then follows the proposed one).
+    Where no child may be forked, one after the other."""
+    kw: dict[str, Any] = {
+        "jobs": jobs,
+        "start_ms": start_ms,
+        "end_ms": end_ms,
+        "tick_ms": tick_ms,
+        "seed": seed,
+    }
+    pool = _forked() if parallel else None
+    if pool is not None:
+        with pool:
+            pending = pool.submit(_side, current, **kw)
+            b = _side(proposed, progress=progress, **kw)
+            a = pending.result()
+    else:
+        total = 2 * len(jobs)
 
-    a = summarize(
-        current,
-        jobs,
-        replay(current, jobs, end_ms=end_ms, tick_ms=tick_ms, seed=seed, progress=step(0)),
-        start_ms,
-        end_ms,
-    )
-    b = summarize(
-        proposed,
-        jobs,
-        replay(proposed, jobs, end_ms=end_ms, tick_ms=tick_ms, seed=seed, progress=step(len(jobs))),
-        start_ms,
-        end_ms,
-    )
+        def step(offset: int) -> Callable[[int, int], None] | None:
+            if progress is None:
+                return None
+            return lambda done, _n: progress(offset + done, total)
+
+        a = _side(current, progress=step(0), **kw)
+        b = _side(proposed, progress=step(len(jobs)), **kw)
     if progress is not None:
-        progress(total, total)
+        progress(1, 1)
     teams = sorted(set(a["teams"]) | set(b["teams"]))
     return {
         "current": a["overall"],

@@ -91,3 +91,16 @@ def test_settings_change_only_what_they_name() -> None:
     assert {c.name: c.band for c in site.classes}["training"] == 150
     assert site.policy.preempt_after_s == 0 and site.pools[0].inference_floor_milli == 2000
     assert site.quotas[0].nominal_milli == 4500 and site.quotas[1] == _site().quotas[1]
+
+
+def test_replaying_the_two_sides_in_parallel_gives_the_same_comparison() -> None:
+    site = _site()
+    proposed = apply_settings(site, {"quota.b.a100.borrowing": "none"})
+    seen: list[tuple[int, int]] = []
+    kw = {"start_ms": 0, "end_ms": 4 * HOUR, "tick_ms": 1000}
+    one_by_one = compare(site, proposed, _jobs(), **kw)  # type: ignore[arg-type]
+    together = compare(
+        site, proposed, _jobs(), parallel=True, progress=lambda d, t: seen.append((d, t)), **kw
+    )  # type: ignore[arg-type]
+    assert together == one_by_one
+    assert seen[-1] == (1, 1)
