@@ -93,7 +93,7 @@ def run(
     *,
     days: int,
     settings: Mapping[str, str],
-    tick_s: float = 10.0,
+    tick_s: float = 60.0,
     now: datetime | None = None,
     progress: Callable[[int, int], None] | None = None,
     parallel: bool = True,

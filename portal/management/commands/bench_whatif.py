@@ -53,7 +53,7 @@ class Command(BaseCommand):
         parser.add_argument("--teams", type=int, default=10)
         parser.add_argument("--nodes", type=int, default=60)
         parser.add_argument("--gpus", type=int, default=480)
-        parser.add_argument("--tick-s", type=float, default=10.0)
+        parser.add_argument("--tick-s", type=float, default=60.0)
         parser.add_argument("--seed", type=int, default=1)
         parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
 

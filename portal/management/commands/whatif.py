@@ -43,7 +43,9 @@ class Command(BaseCommand):
             metavar="KEY=VALUE",
             help="a proposed setting (repeatable), e.g. quota.vision.a100-train=24",
         )
-        parser.add_argument("--tick-s", type=float, default=10.0, help="replay tick period")
+        parser.add_argument(
+            "--tick-s", type=float, default=60.0, help="replay tick period, seconds"
+        )
 
     def handle(self, *args: Any, **opts: Any) -> None:
         from portal import whatif
