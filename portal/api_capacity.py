@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_serializer
 from rest_framework import serializers
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
@@ -54,3 +54,9 @@ class PolicyVersionListApi(ListApiView):
         if not access.is_admin(request.user):
             raise PermissionDenied("Only platform admins read the policy history.")
         return _paginate(self, request, selectors.policy_versions(), self.OutputSerializer)
+
+
+# Named after their views in the schema, as portal/api.py names its own ("Output" twice
+# made two components of one name).
+for _view in (DemandApi, PolicyVersionListApi):
+    extend_schema_serializer(component_name=_view.__name__ + "Output")(_view.OutputSerializer)

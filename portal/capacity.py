@@ -10,7 +10,8 @@ between ticks) counts for the first reason the tick gives.
 
 - `unschedulable`: no node there now could ever hold it (its pool is in maintenance,
   or only nodes an autoscaled pool has not yet been asked for could);
-- `quota`: held by its team's quota, borrowing limit or the inference floor;
+- `quota`: held by its team's quota, borrowing limit, the inference floor or its
+  member cap;
 - `capacity`: its quota allows it; waiting for running work to end (or be preempted);
 - `provisioning`: nodes are being added for it (a `NodeProvision` names it);
 - `backoff`: requeued after a preemption or a lost node, held until its backoff ends.
@@ -31,7 +32,7 @@ from portal.models import GpuRequest
 REASONS = ("unschedulable", "quota", "capacity", "provisioning", "backoff")
 FIELDS = tuple(f"wait_{r}_s" for r in REASONS)
 
-_QUOTA = frozenset({"borrowing-limit", "cohort-exhausted", "inference-floor"})
+_QUOTA = frozenset({"borrowing-limit", "cohort-exhausted", "inference-floor", "member-cap"})
 _BACKOFF = frozenset({"backoff", "requeued"})
 _UNSCHEDULABLE = frozenset({"pool-maintenance", "awaiting-nodes"})
 #: waits that nodes being added would end

@@ -33,6 +33,7 @@ def _split(req: GpuRequest, now: object) -> dict[str, int]:
         ("borrowing-limit", False, "quota"),
         ("cohort-exhausted", False, "quota"),
         ("inference-floor", False, "quota"),
+        ("member-cap", False, "quota"),
         ("no-capacity", False, "capacity"),
         ("preempting", False, "capacity"),
         ("awaiting-stop", False, "capacity"),

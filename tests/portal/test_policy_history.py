@@ -53,3 +53,11 @@ def test_each_applied_change_is_a_version_and_decisions_link_to_the_one_in_force
     client.force_login(w.bob)
     assert client.get("/api/v1/policy/versions/").status_code == 403
     assert Quota.objects.get(team=w.vision, pool=pool).nominal_milli == 16000
+
+
+def test_a_request_filter_past_a_database_key_is_a_400_naming_it(client: Client) -> None:
+    w = make_world()
+    client.force_login(w.dave)
+    for value in ("-1831027545184673215513886720", str(2**63), "0"):
+        response = client.get(f"/api/v1/decisions/?request={value}")
+        assert response.status_code == 400 and "request" in response.json(), value
