@@ -36,8 +36,8 @@ class DemandApi(ApiView):
 
 
 class PolicyVersionListApi(ListApiView):
-    """Admins: every applied change of scheduling policy (quota, class, pool, profile),
-    newest first; decisions record the number in force (`policy_version`)."""
+    """Admins and auditors: every applied change of scheduling policy (quota, class, pool,
+    profile), newest first; decisions record the number in force (`policy_version`)."""
 
     class OutputSerializer(serializers.Serializer):
         number = serializers.IntegerField()
@@ -51,8 +51,8 @@ class PolicyVersionListApi(ListApiView):
 
     @extend_schema(operation_id="policy_versions_list", responses=OutputSerializer(many=True))
     def get(self, request: Request) -> Response:
-        if not access.is_admin(request.user):
-            raise PermissionDenied("Only platform admins read the policy history.")
+        if not access.sees_all(request.user):
+            raise PermissionDenied("Only platform admins and auditors read the policy history.")
         return _paginate(self, request, selectors.policy_versions(), self.OutputSerializer)
 
 

@@ -164,7 +164,7 @@ def pending_demand(user: AnyUser) -> list[dict[str, Any]]:
 
 
 def policy_versions() -> QuerySet[PolicyVersion]:
-    """Applied policy changes, newest first (admins only: the caller checks)."""
+    """Applied policy changes, newest first (admins and auditors: the caller checks)."""
     return PolicyVersion.objects.order_by("-number")
 
 

@@ -33,6 +33,7 @@ from portal.models import (
     Quota,
     RequestTemplate,
     Team,
+    WhatIfRun,
     WorkloadClass,
 )
 from tests.base import World, make_world, submit
@@ -102,6 +103,13 @@ def world(django_db_setup, django_db_blocker) -> Iterator[dict]:  # noqa: ANN001
             # bob's saved request template: only bob may use or delete it.
             "template_id": RequestTemplate.objects.create(
                 user=w.bob, name=MARKER, fields={"name": MARKER}
+            ).pk,
+            # a finished what-if an admin could apply
+            "run_id": WhatIfRun.objects.create(
+                days=1,
+                changes={"policy.preempt_after_s": "60"},
+                state="done",
+                result={"current": {}, "proposed": {}, "teams": {}},
             ).pk,
         }
         yield {"world": w, "ids": ids, "running": running}
