@@ -567,6 +567,9 @@ class DecisionListApi(ListApiView):
             help_text="the scheduling profile in force (blank: not a tick's decision)"
         )
         profile_version = serializers.IntegerField(allow_null=True)
+        policy_version = serializers.IntegerField(
+            allow_null=True, help_text="the policy version in force (GET /api/v1/policy/versions/)"
+        )
         created_at = serializers.DateTimeField()
 
     @extend_schema(
@@ -596,6 +599,9 @@ class DecisionListApi(ListApiView):
                 filters["request_id"] = int(params["request"])
             except ValueError:
                 raise ValidationError({"request": ["A request id is a whole number."]}) from None
+            # Past a 64-bit key the database refuses the number itself (a 500 before).
+            if not 0 < filters["request_id"] < 2**63:
+                raise ValidationError({"request": ["No such request id."]})
         return _paginate(
             self, request, selectors.decision_list(request.user, **filters), self.OutputSerializer
         )

@@ -20,7 +20,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.db.models import Count, F
 
-from portal import notify, services
+from portal import capacity, notify, services
 from portal.bulk import bulk_set, insert_rows
 from portal.models import (
     Allocation,
@@ -126,10 +126,12 @@ def _admit_all(ds: list[st.Decision], ctx: Context, tick_no: int) -> dict[str, i
             "estimated_start",
             "position_note",
             "updated_at",
+            *capacity.COLUMNS,
         ),
         [
             (reqs[d.request_id].pk, GpuRequest.State.ADMITTED, "admitted", d.message)
             + (None, False, None, "", ctx.now)
+            + _wait_ends(reqs[d.request_id], ctx)
             for d in ds
         ],
     )
@@ -176,6 +178,12 @@ def _admit_all(ds: list[st.Decision], ctx: Context, tick_no: int) -> dict[str, i
     return made
 
 
+def _wait_ends(req: QueuedRow, ctx: Context) -> tuple[Any, ...]:
+    """The wait columns of a request the tick admits: its last stretch folded in."""
+    assert req.wait is not None and req.created_at is not None
+    return req.wait.fold(ctx.now, req.created_at, "").values()
+
+
 def _admit_one(
     d: st.Decision, req: QueuedRow, ctx: Context, number: int, tick_no: int
 ) -> int | None:
@@ -216,7 +224,11 @@ def _facts(d: st.Decision) -> dict[str, Any]:
 
 def _profile(ctx: Context) -> dict[str, Any]:
     """The scheduling profile in force, as each of the tick's decisions records it."""
-    return {"profile_name": ctx.profile_name, "profile_version": ctx.profile_version}
+    return {
+        "profile_name": ctx.profile_name,
+        "profile_version": ctx.profile_version,
+        "policy_version": ctx.policy_version,
+    }
 
 
 def reason_key(code: str, message: str) -> tuple[str, str]:
@@ -236,6 +248,7 @@ WAIT_FIELDS = (
     "escalated",
     "estimated_start",
     "position_note",
+    *capacity.COLUMNS,
 )
 
 
@@ -275,6 +288,13 @@ def _wait(
     kept = req.position_note if position == req.queue_position else ""
     note = (notes or {}).get(d.request_id, kept)
     fields = (d.code, new_message, position, d.escalated, estimated_start, note)
+    # Where the wait went: a change of reason closes the stretch (portal/capacity.py).
+    wait = req.wait
+    assert wait is not None and req.created_at is not None
+    reason = capacity.reason_of(d.code, d.request_id in ctx.provisioning)
+    folded = reason != wait.reason
+    if folded:
+        wait = req.wait = wait.fold(ctx.now, req.created_at, reason)
     if (
         req.status_code,
         req.status_message,
@@ -282,7 +302,7 @@ def _wait(
         req.escalated,
         req.estimated_start,
         req.position_note,
-    ) != fields:
+    ) != fields or folded:
         (
             req.status_code,
             req.status_message,
@@ -291,7 +311,7 @@ def _wait(
             req.estimated_start,
             req.position_note,
         ) = fields
-        changed.append((req.pk, *fields))
+        changed.append((req.pk, *fields, *wait.values()))
 
 
 def _plural(n: int, one: str, many: str) -> str:

@@ -50,8 +50,8 @@ CLASSES = [
 
 # team -> {pool: nominal GPUs}
 QUOTAS = {
-    "vision": {"a100-train": 16, "h100-mig": 4, "l4-shared": 4},
-    "nlp": {"a100-train": 12, "h100-mig": 8, "l4-shared": 4},
+    "vision": {"a100-train": 16, "h100-mig": 4, "l4-shared": 4, "h100-burst": 16},
+    "nlp": {"a100-train": 12, "h100-mig": 8, "l4-shared": 4, "h100-burst": 16},
     "speech": {"a100-train": 4, "h100-mig": 4, "l4-shared": 4},
 }
 
@@ -112,6 +112,7 @@ def seed(*, path: str | None = None) -> dict[str, Any]:
                 "node_selector": spec.get("node_selector", {}),
                 "taints": spec.get("taints", []),
                 "inference_floor_milli": spec.get("inference_floor_milli", 0),
+                **_autoscale(spec),
             },
         )
     services.inventory_sync(nodes=inventory_from_file(path or settings.SIMULATED_CLUSTER))
@@ -131,6 +132,8 @@ def seed(*, path: str | None = None) -> dict[str, Any]:
         inference.teams.set([teams[t] for t in INFERENCE_TEAMS])
     for team_name, per_pool in QUOTAS.items():
         for pool_name, gpus in per_pool.items():
+            if not Pool.objects.filter(name=pool_name).exists():
+                continue  # a cluster file without this pool
             Quota.objects.update_or_create(
                 team=teams[team_name],
                 pool=Pool.objects.get(name=pool_name),
@@ -225,3 +228,49 @@ def submit_synthetic(*, rng: random.Random, limit_pending: int = 25) -> int:
         name=f"{cls}-{rng.randrange(1000, 9999)}",
     )
     return 1
+
+
+def _autoscale(spec: dict[str, Any]) -> dict[str, Any]:
+    """An autoscaled pool's settings from its cluster-file entry (none: not autoscaled)."""
+    auto = spec.get("autoscale")
+    if not auto:
+        return {"autoscaled": False}
+    nodes = spec["nodes"]
+    return {
+        "autoscaled": True,
+        "min_nodes": int(auto.get("min_nodes", 0)),
+        "max_nodes": int(auto["max_nodes"]),
+        "node_gpus": int(nodes.get("gpus", 8)),
+        "node_cpu_milli": int(nodes.get("cpu_milli", 64000)),
+        "node_memory_mib": int(nodes.get("memory_mib", 512 * 1024)),
+        "idle_release_s": int(auto.get("idle_release_s", 600)),
+    }
+
+
+def submit_burst(*, requests: int = 3, pool: str = "h100-burst") -> int:
+    """A burst of whole-node training requests that outgrows the autoscaled pool: they wait
+    for `provisioning`, the pool adds nodes, and they run. Returns how many were submitted."""
+    target = Pool.objects.filter(name=pool, autoscaled=True).first()
+    member = (
+        Membership.objects.filter(team__quotas__pool=target)
+        .select_related("user", "team")
+        .order_by("team__name", "user__username")
+        .first()
+    )
+    if target is None or member is None:
+        return 0
+    for i in range(requests):
+        services.gpu_request_submit(
+            user=member.user,
+            team=member.team,
+            workload_class=WorkloadClass.objects.get(name="training"),
+            pool=target,
+            profile_kind="whole",
+            count=target.node_gpus,
+            image="registry.example.com/demo/train:1.0",
+            command=["python", "train.py"],
+            estimated_runtime_s=30 * 60,
+            checkpoint_interval_s=600,
+            name=f"burst-{i + 1}",
+        )
+    return requests

@@ -34,7 +34,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from portal import metrics_serving
+from portal import capacity, metrics_serving
 from portal.models import (
     Allocation,
     Attempt,
@@ -44,6 +44,7 @@ from portal.models import (
     GpuRequest,
     MetricsLease,
     Node,
+    NodeProvision,
     Quota,
     SchedulerState,
     UsageRecord,
@@ -99,6 +100,7 @@ class PortalCollector(Collector):
         yield from self._outcomes()
         # serving SLOs, class queue limits, the node agent's device readings
         yield from metrics_serving.collect()
+        yield from _capacity_planning()
 
     def _queue(self) -> Iterator[Metric]:
         now = timezone.now()
@@ -335,6 +337,68 @@ class PortalCollector(Collector):
 class FollowerCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         yield _exporter_gauge("follower")
+
+
+def _capacity_planning() -> Iterator[Metric]:
+    """Where pending requests' wait went, pending demand, and nodes being added."""
+    now = timezone.now()
+    pending = GpuRequest.objects.filter(state=GpuRequest.State.PENDING)
+    wait = GaugeMetricFamily(
+        "quartermaster_request_wait_seconds",
+        "Seconds pending requests have waited so far, summed, by reason "
+        "(unschedulable, quota, capacity, provisioning, backoff)",
+        labels=["reason", "class", "team", "pool"],
+    )
+    group = ("workload_class__name", "team__name", "pool__name")
+    for row in capacity.split_by(pending, group, now):
+        labels = [row["workload_class__name"], row["team__name"], row["pool__name"] or "any"]
+        for reason in capacity.REASONS:
+            wait.add_metric([reason, *labels], float(row[reason]))
+    yield wait
+    oldest = GaugeMetricFamily(
+        "quartermaster_request_wait_oldest_seconds",
+        "The longest a pending request has been waiting for one reason without a change",
+        labels=["reason", "pool"],
+    )
+    rows = (
+        pending.exclude(wait_reason="")
+        .filter(wait_since__isnull=False)
+        .values("wait_reason", "pool__name")
+        .annotate(first=Min("wait_since"))
+        .order_by("wait_reason", "pool__name")
+    )
+    for r in rows:
+        seconds = max(0.0, (now - r["first"]).total_seconds())
+        oldest.add_metric([r["wait_reason"], r["pool__name"] or "any"], seconds)
+    yield oldest
+    wanted = GaugeMetricFamily(
+        "quartermaster_pending_demand_gpus",
+        "GPUs pending requests want, by pool (any: any pool) and device profile",
+        labels=["pool", "profile"],
+    )
+    unfit = GaugeMetricFamily(
+        "quartermaster_pending_unfit_gpus",
+        "GPUs wanted by pending requests whose shape fits no node that exists",
+        labels=["pool", "profile"],
+    )
+    for d in capacity.pending_demand(pending):
+        wanted.add_metric([d["pool"], d["profile"]], d["gpus_milli"] / 1000)
+        unfit.add_metric([d["pool"], d["profile"]], d["unfit_gpus_milli"] / 1000)
+    yield wanted
+    yield unfit
+    provisioning = GaugeMetricFamily(
+        "quartermaster_provisioning_nodes",
+        "Nodes autoscaled pools asked for and are still waiting for",
+        labels=["pool"],
+    )
+    for pool, nodes in (
+        NodeProvision.objects.filter(state=NodeProvision.State.REQUESTED)
+        .values_list("pool__name")
+        .annotate(n=Sum("nodes"))
+        .order_by("pool__name")
+    ):
+        provisioning.add_metric([pool], float(nodes))
+    yield provisioning
 
 
 def _exporter_gauge(role: str) -> Metric:

@@ -195,6 +195,17 @@ class Pool(models.Model):
         max_length=20, choices=Lifecycle.choices, default=Lifecycle.PRODUCTION
     )
     inference_floor_milli = models.PositiveIntegerField(default=0)
+    # Autoscaling (portal/autoscale.py): the pool asks for nodes of one shape, between
+    # min_nodes and max_nodes, when pending demand outgrows it.
+    autoscaled = models.BooleanField(default=False)
+    min_nodes = models.PositiveIntegerField(default=0)
+    max_nodes = models.PositiveIntegerField(default=0)
+    #: the node shape it adds: GPUs, CPU and host memory per node (the GPU is the pool's)
+    node_gpus = models.PositiveIntegerField(default=8)
+    node_cpu_milli = models.PositiveIntegerField(default=96000)
+    node_memory_mib = models.PositiveIntegerField(default=1024 * 1024)
+    #: an added node with nothing allocated is given back after this many seconds
+    idle_release_s = models.PositiveIntegerField(default=600)
 
     class Meta:
         ordering = ["name"]
@@ -217,6 +228,10 @@ class Pool(models.Model):
                 for key, messages in exc.message_dict.items():
                     where = "" if key == field else f"{key}: "
                     errors.setdefault(field, []).extend(where + m for m in messages)
+        if self.autoscaled and self.max_nodes < max(1, self.min_nodes):
+            errors.setdefault("max_nodes", []).append(
+                "An autoscaled pool needs max_nodes of at least 1 and at least min_nodes."
+            )
         if errors:
             raise ValidationError(errors)
 
@@ -461,6 +476,15 @@ class GpuRequest(models.Model):
     checkpoints_deleted_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # Where the wait went (portal/capacity.py): the reason of the open stretch of waiting,
+    # when it began, and the seconds of the closed stretches by reason.
+    wait_reason = models.CharField(max_length=20, blank=True)
+    wait_since = models.DateTimeField(null=True, blank=True)
+    wait_unschedulable_s = models.PositiveIntegerField(default=0)
+    wait_quota_s = models.PositiveIntegerField(default=0)
+    wait_capacity_s = models.PositiveIntegerField(default=0)
+    wait_provisioning_s = models.PositiveIntegerField(default=0)
+    wait_backoff_s = models.PositiveIntegerField(default=0)
 
     class Kind(models.TextChoices):
         BATCH = "batch"
@@ -647,6 +671,8 @@ class Decision(models.Model):
     #: the scheduling profile in force when the tick decided (blank: not a tick's decision)
     profile_name = models.CharField(max_length=63, blank=True)
     profile_version = models.PositiveIntegerField(null=True, blank=True)
+    #: the policy version in force (`PolicyVersion.number`): quotas, classes, pools, profiles
+    policy_version = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
 
     class Meta:
@@ -1096,3 +1122,93 @@ class SimulatedNode(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class NodeProvision(models.Model):
+    """Nodes an autoscaled pool asked for, for the pending requests it names.
+
+    The Kubernetes backend turns one into a ProvisioningRequest (autoscaling.x-k8s.io/v1);
+    the simulated backend adds the nodes once `ready_at` has passed.
+    """
+
+    class State(models.TextChoices):
+        REQUESTED = "requested"
+        PROVISIONED = "provisioned"
+        FAILED = "failed"
+
+    pool = models.ForeignKey(Pool, on_delete=models.CASCADE, related_name="provisions")
+    name = models.CharField(max_length=63, unique=True)
+    nodes = models.PositiveIntegerField()
+    #: a gang's nodes come all together or not at all (best-effort-atomic-scale-up)
+    atomic = models.BooleanField(default=False)
+    #: the pending requests the nodes are for (their wait counts as `provisioning`)
+    request_ids = models.JSONField(default=list)
+    state = models.CharField(max_length=20, choices=State.choices, default=State.REQUESTED)
+    message = models.CharField(max_length=300, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    #: simulated backend: when the nodes appear
+    ready_at = models.DateTimeField(null=True, blank=True)
+    done_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class PolicyVersion(models.Model):
+    """One applied change of scheduling policy: a quota, a workload class, a pool's
+    settings, or a scheduling profile (created, changed, activated). Numbered in order;
+    every decision records the number in force (`Decision.policy_version`), so a decision
+    can be read against the settings it was made under. Written with the audit event
+    (`services.audit`), whose before and after it keeps."""
+
+    number = models.PositiveIntegerField(unique=True)
+    action = models.CharField(max_length=50)
+    object_type = models.CharField(max_length=50)
+    object_id = models.CharField(max_length=50)
+    actor_name = models.CharField(max_length=150, blank=True)
+    before = models.JSONField(null=True, blank=True)
+    after = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-number"]
+
+    def __str__(self) -> str:
+        return f"policy v{self.number}: {self.action}"
+
+
+class WhatIfRun(models.Model):
+    """An admin's drafted policy change, replayed on the site's history (portal/whatif.py)
+    by a Celery task, compared, and perhaps applied (audited with this result)."""
+
+    class State(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        DONE = "done"
+        FAILED = "failed"
+
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    days = models.PositiveIntegerField(default=7)
+    #: the proposed change, KEY=VALUE as `manage.py whatif --set` takes them
+    changes = models.JSONField(default=dict)
+    state = models.CharField(max_length=10, choices=State.choices, default=State.QUEUED)
+    progress = models.PositiveIntegerField(default=0)
+    result = models.JSONField(null=True, blank=True)
+    error = models.CharField(max_length=500, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    applied_at = models.DateTimeField(null=True, blank=True)
+    applied_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"what-if {self.pk}"

@@ -17,7 +17,7 @@ from typing import Any
 from django.db.models import Count, F, Max, Min, Q, QuerySet, Sum
 from django.utils import timezone
 
-from portal import access
+from portal import access, capacity
 from portal.access import AnyUser
 from portal.models import (
     DEVICE_FAULTS,
@@ -31,6 +31,8 @@ from portal.models import (
     GpuRequest,
     Membership,
     Node,
+    NodeProvision,
+    PolicyVersion,
     Pool,
     Quota,
     Team,
@@ -126,6 +128,10 @@ def queue_summary(user: AnyUser) -> list[dict[str, Any]]:
         .annotate(n=Count("id"), first=Min("created_at"))
         .order_by("workload_class__name", "team__name", "pool__name")
     )
+    group = ("workload_class__name", "team__name", "pool__name")
+    now = timezone.now()
+    pending = access.requests_visible(user).filter(state=GpuRequest.State.PENDING)
+    waits = {tuple(w[g] for g in group): w for w in capacity.split_by(pending, group, now)}
     return [
         {
             "workload_class": r["workload_class__name"],
@@ -133,9 +139,39 @@ def queue_summary(user: AnyUser) -> list[dict[str, Any]]:
             "pool": r["pool__name"] or "any",
             "pending": r["n"],
             "oldest": r["first"],
+            "wait": [
+                (reason, waits[tuple(r[g] for g in group)][reason]) for reason in capacity.REASONS
+            ],
         }
         for r in rows
     ]
+
+
+def pending_demand(user: AnyUser) -> list[dict[str, Any]]:
+    """Pending demand of the requests `user` may see, per pool and device profile, with
+    the nodes each autoscaled pool is waiting for."""
+    pending = access.requests_visible(user).filter(state=GpuRequest.State.PENDING)
+    rows = capacity.pending_demand(pending)
+    waiting = dict(
+        NodeProvision.objects.filter(state=NodeProvision.State.REQUESTED)
+        .values_list("pool__name")
+        .annotate(n=Sum("nodes"))
+        .order_by()
+    )
+    for r in rows:
+        r["provisioning_nodes"] = waiting.get(r["pool"], 0)
+    return rows
+
+
+def policy_versions() -> QuerySet[PolicyVersion]:
+    """Applied policy changes, newest first (admins and auditors: the caller checks)."""
+    return PolicyVersion.objects.order_by("-number")
+
+
+def request_wait_split(req: GpuRequest) -> list[tuple[str, int]]:
+    """Where the request's wait went, in seconds by reason (portal/capacity.py)."""
+    split = capacity.split(req, timezone.now())
+    return [(reason, split[reason]) for reason in capacity.REASONS]
 
 
 # ---------------------------------------------------------------------------

@@ -44,6 +44,7 @@ from portal.models import (
     Node,
     NotificationPreference,
     PolicyProfile,
+    PolicyVersion,
     Pool,
     Quota,
     RequestTemplate,
@@ -90,7 +91,7 @@ def audit(
     `reason` is the actor's own words on why.
     """
     real = actor if actor is not None and getattr(actor, "is_authenticated", False) else None
-    return AuditEvent.objects.create(
+    event = AuditEvent.objects.create(
         actor=real,
         actor_name=getattr(real, "username", "") or actor_name or "system",
         action=action,
@@ -100,6 +101,38 @@ def audit(
         before=_jsonable(before),
         after=_jsonable(after),
         reason=reason[:500],
+    )
+    if action in POLICY_ACTIONS:
+        policy_version_record(event)
+    return event
+
+
+#: audited changes that change how the scheduler decides: each is a new policy version
+POLICY_ACTIONS = frozenset(
+    {
+        "quota.set",
+        "class.update",
+        "class.teams",
+        "pool.update",
+        "profile.create",
+        "profile.update",
+        "profile.activate",
+    }
+)
+
+
+def policy_version_record(event: AuditEvent) -> PolicyVersion:
+    """The next policy version, for an audited change (in its transaction). Numbers come
+    from the latest row under a lock on it, so two changes never share one."""
+    latest = PolicyVersion.objects.select_for_update().order_by("-number").first()
+    return PolicyVersion.objects.create(
+        number=(latest.number if latest else 0) + 1,
+        action=event.action,
+        object_type=event.object_type,
+        object_id=event.object_id,
+        actor_name=event.actor_name,
+        before=event.before,
+        after=event.after,
     )
 
 
@@ -868,6 +901,8 @@ def _requeue(req: GpuRequest, *, now: datetime, why: str, counted: bool = True) 
         req.requeue_at = now + timedelta(seconds=delay)
         req.status_code = "requeued"
         req.status_message = f"requeued: {why}; back in the queue in {int(delay)} s"
+        # Its wait starts over, held by backoff (portal/capacity.py).
+        req.wait_reason, req.wait_since = "backoff", now
         kind, code = Decision.Kind.REQUEUE, "requeued"
     req.save()
     Decision.objects.create(
@@ -1190,8 +1225,27 @@ POOL_FIELDS = [
 ]
 
 
+#: an autoscaled pool's settings (docs/capacity.md): audited with the others, not on the
+#: settings page's form
+POOL_AUTOSCALE_FIELDS = [
+    "autoscaled",
+    "min_nodes",
+    "max_nodes",
+    "node_gpus",
+    "node_cpu_milli",
+    "node_memory_mib",
+    "idle_release_s",
+]
+
+
 def pool_update(*, actor: AbstractBaseUser, pool: Pool, **changes: Any) -> Pool:
-    return _update(actor=actor, obj=pool, fields=POOL_FIELDS, action="pool.update", changes=changes)
+    return _update(
+        actor=actor,
+        obj=pool,
+        fields=POOL_FIELDS + POOL_AUTOSCALE_FIELDS,
+        action="pool.update",
+        changes=changes,
+    )
 
 
 def _update(

@@ -312,6 +312,8 @@ SIMULATED_CLUSTER = env("SIMULATED_CLUSTER", str(BASE_DIR / "portal" / "demo_clu
 SIMULATED_SECONDS_PER_HOUR = envint("SIMULATED_SECONDS_PER_HOUR", "60")
 #: how long a simulated node burn-in (validation) runs, wall seconds
 SIMULATED_VALIDATION_SECONDS = envint("SIMULATED_VALIDATION_SECONDS", "3")
+# An autoscaled pool's nodes appear this many seconds after they were asked for.
+SIMULATED_PROVISIONING_SECONDS = envint("SIMULATED_PROVISIONING_SECONDS", "20")
 # Checkpoint storage (docs/checkpoints.md): a folder per request on the simulated cluster,
 # a PersistentVolumeClaim per request on Kubernetes ("" = the cluster's default class).
 SIMULATED_CHECKPOINT_DIR = env("SIMULATED_CHECKPOINT_DIR", str(VAR_DIR / "checkpoints"))
@@ -358,6 +360,8 @@ K8S_FAIL_EXIT_CODES = envlist("K8S_FAIL_EXIT_CODES", "137")
 K8S_IMAGE_PULL_SECRETS = envlist("K8S_IMAGE_PULL_SECRETS", "")
 K8S_POD_NAMESPACES = envlist("K8S_POD_NAMESPACES", "")
 K8S_WATCH_NAMESPACES = envlist("K8S_WATCH_NAMESPACES", "")
+# Autoscaled pools' PodTemplates and ProvisioningRequests go here (docs/capacity.md).
+K8S_PROVISIONING_NAMESPACE = env("K8S_PROVISIONING_NAMESPACE", "quartermaster")
 #: offer MIG instances only where mig-manager reports `nvidia.com/mig.config.state=success`;
 #: false for clusters that partition GPUs without mig-manager (the label never appears)
 K8S_REQUIRE_MIG_CONFIG_STATE = envbool("K8S_REQUIRE_MIG_CONFIG_STATE", "true")

@@ -13,13 +13,13 @@ requests that have the same ones.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.models import Q
 
-from portal import shapes
+from portal import autoscale, capacity, shapes
 from portal.models import (
     Allocation,
     Attempt,
@@ -59,6 +59,9 @@ class QueuedRow:
     gpus_milli: int
     #: why its queue position last moved (`portal.apply.position_notes`)
     position_note: str = ""
+    created_at: datetime | None = None
+    #: where its wait went so far (portal/capacity.py)
+    wait: capacity.WaitState | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +86,10 @@ class Context:
     #: the scheduling profile the tick runs: its name and version go on every decision
     profile_name: str = ""
     profile_version: int | None = None
+    #: the policy version in force (`PolicyVersion`): every decision records it
+    policy_version: int | None = None
+    #: pending request ids that nodes are being added for (portal/autoscale.py)
+    provisioning: set[str] = field(default_factory=set)
 
 
 def _device_healthy(quarantined: bool, healthy: bool, agent_healthy: bool) -> bool:
@@ -151,6 +158,7 @@ def build_snapshot(now: datetime, policy: st.Policy | None = None) -> tuple[st.S
         usage=tuple(_usage(now, teams, policy.usage_half_life_s)),
         members=_members({q.team_id for q in queued.values()}),
         workloads=_workloads(policy.shape_half_life_s),
+        growth=autoscale.growth(pools.values(), nodes),
     )
     ctx = Context(
         now=now,
@@ -159,6 +167,7 @@ def build_snapshot(now: datetime, policy: st.Policy | None = None) -> tuple[st.S
         active_slots=active_slots,
         pools=pools,
         teams={pk: (name, namespace) for pk, (name, namespace, _) in teams.items()},
+        provisioning=autoscale.provisioning_for(pools.values()),
     )
     return snapshot, ctx
 
@@ -379,6 +388,7 @@ def _pending(
             "position_note",
             "estimated_runtime_s",
             "max_runtime_s",
+            *capacity.COLUMNS,
             *SHAPE_FIELDS,
         )
     )
@@ -399,9 +409,12 @@ def _pending(
         position_note,
         estimated_runtime_s,
         max_runtime_s,
-        *fields,
+        wait_reason,
+        wait_since,
+        *rest,
     ) in rows:
         rid = str(pk)
+        waited, fields = rest[:_WAITED], rest[_WAITED:]
         shape = shape_of.get(tuple(fields), tolerations[pool_id])
         pending.append(
             st.PendingRequest(
@@ -434,8 +447,13 @@ def _pending(
             estimated_start,
             shape.gpus_milli,
             position_note,
+            created_at,
+            capacity.WaitState(wait_reason, wait_since, tuple(waited)),
         )
     return tuple(pending), queued
+
+
+_WAITED = len(capacity.FIELDS)
 
 
 def _workloads(half_life_s: int) -> tuple[st.PoolWorkload, ...]:

@@ -13,6 +13,11 @@ def tick() -> dict[str, object]:
     from portal.tick import run_tick
 
     result = run_tick()
+    if result.ran:
+        from portal.autoscale import autoscale_step
+
+        # Demand the tick could not place asks autoscaled pools for nodes (no-op without one).
+        autoscale_step()
     return {"ran": result.ran, "admitted": result.admitted, "preempted": result.preempted}
 
 
@@ -88,3 +93,11 @@ def rollouts_tick() -> dict[str, int]:
     from portal.rollouts import rollouts_advance
 
     return rollouts_advance()
+
+
+@shared_task(name="portal.tasks.whatif_run", ignore_result=True)
+def whatif_run(run_id: int) -> str:
+    """Replay a drafted policy change on the site's history (portal/services_whatif.py)."""
+    from portal.services_whatif import whatif_execute
+
+    return str(whatif_execute(run_id).state)

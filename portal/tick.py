@@ -31,7 +31,7 @@ import scheduling
 from portal import services
 from portal.apply import count, decisions_apply
 from portal.metrics import tick_bucket
-from portal.models import SchedulerState
+from portal.models import PolicyVersion, SchedulerState
 from portal.snapshot import build_snapshot
 
 # Any 64-bit number unique to this application.
@@ -106,6 +106,9 @@ def _run_tick(now: datetime | None) -> TickResult:
             policy = profile.policy()
             snapshot, ctx = build_snapshot(now, policy)
             ctx.profile_name, ctx.profile_version = profile.name, profile.version
+            ctx.policy_version = (
+                PolicyVersion.objects.order_by("-number").values_list("number", flat=True).first()
+            )
             # 3. schedule
             decisions = scheduling.schedule(snapshot, snapshot.now_ms, policy)
             # 4. apply

@@ -10,6 +10,7 @@ from rest_framework.permissions import IsAuthenticated
 from portal import (
     agent_api,
     api,
+    api_capacity,
     api_lifecycle,
     api_serving,
     metrics,
@@ -18,6 +19,7 @@ from portal import (
     views_lifecycle,
     views_people,
     views_serving,
+    views_whatif,
 )
 
 
@@ -81,6 +83,9 @@ portal_patterns = [
         views_admin.node_action,
         name="node-action",
     ),
+    path("ops/whatif/", views_whatif.whatif_list, name="whatif"),
+    path("ops/whatif/<int:run_id>/", views_whatif.whatif_detail, name="whatif-detail"),
+    path("ops/whatif/<int:run_id>/apply/", views_whatif.whatif_apply, name="whatif-apply"),
     path(
         "ops/devices/<int:device_id>/clear-quarantine/",
         views.device_clear_quarantine,
@@ -184,6 +189,8 @@ api_patterns = [
         api_lifecycle.ValidationResultApi.as_view(),
         name="validation-result",
     ),
+    path("capacity/demand/", api_capacity.DemandApi.as_view(), name="capacity-demand"),
+    path("policy/versions/", api_capacity.PolicyVersionListApi.as_view(), name="policy-versions"),
 ]
 
 urlpatterns = [

@@ -277,6 +277,7 @@ def request_detail(request: HttpRequest, request_id: int) -> HttpResponse:
         "attempts": req.attempts.select_related("pool", "usage").order_by("-number"),
         "decisions": req.decisions.order_by("-created_at", "-id")[:50],
         "can_cancel": req.state not in GpuRequest.TERMINAL_STATES,
+        "wait_split": selectors.request_wait_split(req),
     }
     return render(request, template, context)
 

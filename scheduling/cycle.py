@@ -179,6 +179,8 @@ class _Tick:
         #: preemptors of an earlier tick: the room their victims free is theirs
         self.claimants = {r.id for r in snapshot.pending if r.preempting}
         self.never: dict[tuple[Shape, tuple[str, ...]], bool] = {}
+        #: no node there now could hold the shape (`never` counts autoscaled growth too)
+        self.short: dict[tuple[Shape, tuple[str, ...]], bool] = {}
         self.may_reserve = self._reservation_holders()
 
     # -- the pass -------------------------------------------------------------------
@@ -377,6 +379,12 @@ class _Tick:
         if done is not None:
             return done
         facts: dict[str, object] = {"pools": list(allowed), "shape": describe(req.shape)}
+        if self._needs_nodes(req.shape, tuple(allowed)):
+            msg = (
+                f"waiting: no node in {where(allowed)} can hold {describe(req.shape)} yet; "
+                "the pool may add nodes that can"
+            )
+            return [self._wait(req, position, Code.AWAITING_NODES, msg, facts)]
         msg = f"waiting: no node in {where(allowed)} has {describe(req.shape)} free right now"
         if self._reserve(req, tuple(allowed), all(verdicts[p].borrowing for p in allowed)):
             held = sorted(n for n, owner in self.reserved.items() if owner == req.id)
@@ -671,8 +679,16 @@ class _Tick:
             for node in self.snap.nodes:
                 if node.pool in pools and fit.can_ever_host(node, shape):
                     hosts += 1
+            self.short[key] = hosts < shape.pods
+            for node in self.snap.growth:
+                if node.pool in pools and fit.can_ever_host(node, shape):
+                    hosts += 1
             self.never[key] = hosts < shape.pods
         return self.never[key]
+
+    def _needs_nodes(self, shape: Shape, pools: tuple[str, ...]) -> bool:
+        """Return True when only nodes autoscaled pools may add could hold the shape."""
+        return not self._never_fits(shape, pools) and self.short[(shape, pools)]
 
     # -- helpers ----------------------------------------------------------------------
 

@@ -29,6 +29,8 @@ class Code(StrEnum):
     AWAITING_STOP = "awaiting-stop"
     #: WAIT: requeued after a preemption or a lost node; held until its backoff ends
     BACKOFF = "backoff"
+    #: WAIT: no node there now could hold the shape; nodes an autoscaled pool may add could
+    AWAITING_NODES = "awaiting-nodes"
     #: WAIT: the named pool is in maintenance
     POOL_MAINTENANCE = "pool-maintenance"
     #: REJECT: the request names a workload class the portal does not define

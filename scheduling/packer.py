@@ -89,7 +89,9 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
 import math
+import operator
 import random
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -169,6 +171,35 @@ def target_workload(
         out.append((shape, n))
         covered += n
     return out
+
+
+_node_key = operator.attrgetter(*(f.name for f in dataclasses.fields(Node) if f.name != "name"))
+#: each distinct node but for its name, numbered
+_NODE_TOKENS: dict[tuple[object, ...], int] = {}
+#: id(node) -> (node, its number): a replay hands the same Node objects to every tick, and
+#: hashing a node's devices, labels and taints each tick was most of a tick's setup. The
+#: node is kept with its number, so an id is never mistaken for another node's.
+_NODE_SEEN: dict[int, tuple[Node, int]] = {}
+_NODE_SEEN_MAX = 10_000
+_NODE_NUMBERS = itertools.count()
+
+
+def _node_token(node: Node) -> int:
+    """The number of the node's class key: equal for nodes equal but for their name."""
+    seen = _NODE_SEEN.get(id(node))
+    if seen is not None and seen[0] is node:
+        return seen[1]
+    key = _node_key(node)
+    token = _NODE_TOKENS.get(key)
+    if token is None:
+        if len(_NODE_TOKENS) >= _NODE_SEEN_MAX:
+            # Numbers keep counting up: a class never gets a number another had.
+            _NODE_TOKENS.clear()
+        token = _NODE_TOKENS[key] = next(_NODE_NUMBERS)
+    if len(_NODE_SEEN) >= _NODE_SEEN_MAX:
+        _NODE_SEEN.clear()  # the portal builds new nodes each tick: forget old ones
+    _NODE_SEEN[id(node)] = (node, token)
+    return token
 
 
 def _fresh(spec: Device) -> DevState:
@@ -266,7 +297,7 @@ class ClusterState:
         self.policy = policy
         self.tie_break = "random" if policy == "random" else tie_break
         self._rng = random.Random(seed)
-        self._classes: dict[Node, _Class] = {}
+        self._classes: dict[int, _Class] = {}
         self._nodes: dict[str, _NodeFree] = {}
         self._groups: dict[tuple[object, ...], _Group] = {}
         self._shape_ids: dict[Shape, int] = {}
@@ -399,9 +430,10 @@ class ClusterState:
             self.set_shape_weights(target_workload(self._seen.elements()))
 
     def _class_of(self, node: Node) -> _Class:
-        proto = dataclasses.replace(node, name="")
-        cls = self._classes.get(proto)
+        key = _node_token(node)
+        cls = self._classes.get(key)
         if cls is None:
+            proto = dataclasses.replace(node, name="")
             specs = tuple(node.devices)
             first = specs[0] if specs else None
             uniform = (
@@ -430,7 +462,7 @@ class ClusterState:
                 families=families,
                 target=self._pool_targets.get(node.pool, self._default),
             )
-            self._classes[proto] = cls
+            self._classes[key] = cls
         return cls
 
     def _regroup(self, free: _NodeFree) -> None:

@@ -319,6 +319,9 @@ class Snapshot:
     #: uses the prior of what its nodes offer (`scheduling.workload.prior`), never the
     #: requests of one tick
     workloads: tuple[PoolWorkload, ...] | None = None
+    #: nodes autoscaled pools may still add, one entry per node: they never take work,
+    #: but a request only they could hold waits (`awaiting-nodes`) instead of being rejected
+    growth: tuple[Node, ...] = ()
 
 
 @dataclass(frozen=True)

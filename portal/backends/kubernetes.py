@@ -30,6 +30,7 @@ from portal.backends.base import (
     gang_status,
     member_name,
 )
+from portal.k8s import provisioning
 from portal.k8s.inventory import inventory_from_nodes, node_facts, nodes_list_gpu, pods_list_active
 from portal.k8s.jobs import (
     JobOptions,
@@ -95,6 +96,8 @@ class KubernetesBackend:
         image_pull_timeout_s: int = 600,
         require_mig_state: bool = True,
         auto_watch: bool = False,
+        custom: Any = None,
+        provisioning_namespace: str = "quartermaster",
         now: Callable[[], datetime] | None = None,
         sleep: Callable[[float], None] = time.sleep,
         apps: Any = None,
@@ -105,6 +108,8 @@ class KubernetesBackend:
         self.validation_image = validation_image
         self._batch = batch
         self._apps = apps
+        self._custom = custom
+        self.provisioning_namespace = provisioning_namespace
         self.job_options = job_options or JobOptions()
         self._pool_selectors = pool_selectors
         self.pod_namespaces = list(pod_namespaces) if pod_namespaces is not None else None
@@ -175,13 +180,14 @@ class KubernetesBackend:
             require_mig_state=bool(setting("K8S_REQUIRE_MIG_CONFIG_STATE", True)),
             auto_watch=True,
             validation_image=setting("VALIDATION_IMAGE", ""),
+            provisioning_namespace=setting("K8S_PROVISIONING_NAMESPACE", "quartermaster"),
         )
 
     def _forget_if_forked(self) -> None:
         if self._load_pid is not None and self._load_pid != os.getpid():
             # Connections pooled before a fork are shared with the parent: load anew.
             with self._lock:
-                self._core = self._batch = None
+                self._core = self._batch = self._custom = None
                 self._load_pid = None
 
     def _load(self) -> None:
@@ -221,6 +227,26 @@ class KubernetesBackend:
             api_client = getattr(self._core, "api_client", None)
             self._apps = client.AppsV1Api(api_client) if api_client is not None else None
         return self._apps
+
+    @property
+    def custom(self) -> Any:
+        """The CustomObjectsApi (ProvisioningRequests), on the core client's connection."""
+        if self._custom is None:
+            from kubernetes import client
+
+            self._custom = client.CustomObjectsApi(self.core.api_client)
+        return self._custom
+
+    def provisioning_request_create(self, name: str, pool: Any, nodes: int, atomic: bool) -> None:
+        """Ask the cluster autoscaler for `nodes` nodes of `pool` (portal/k8s/provisioning.py)."""
+        provisioning.create(
+            self.core, self.custom, self.provisioning_namespace, name, pool, nodes, atomic
+        )
+
+    def provisioning_request_status(
+        self, name: str, pool: Any, nodes: int, atomic: bool
+    ) -> tuple[str, str]:
+        return provisioning.status(self.custom, self.provisioning_namespace, name, nodes, atomic)
 
     def pool_selectors(self) -> PoolSelectors | None:
         sel = self._pool_selectors

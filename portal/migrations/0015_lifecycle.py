@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("portal", "0013_serving"),
+        ("portal", "0014_capacity"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

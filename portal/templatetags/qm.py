@@ -88,3 +88,15 @@ def gpu_hours(milli_seconds: int | None) -> str:
     if milli_seconds is None:
         return ""
     return f"{int(milli_seconds) / 1000 / 3600:.2f}"
+
+
+@register.filter
+def seconds(value: int | None) -> str:
+    """45 s, 10 min, 2 h 5 min: a number of seconds as a person reads it."""
+    s = max(0, int(value or 0))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min"
+    hours, minutes = divmod(s // 60, 60)
+    return f"{hours} h {minutes} min" if minutes else f"{hours} h"

@@ -117,7 +117,7 @@ import math
 import random
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -136,6 +136,7 @@ from scheduling.types import (
     Placement,
     Policy,
     Pool,
+    PoolWorkload,
     PreemptionPolicy,
     ProfileKind,
     Quota,
@@ -203,6 +204,8 @@ class Job:
     estimate_ms: int | None = None
     #: how often the job writes a checkpoint (ms), None = never; see `with_checkpoints`
     checkpoint_ms: int | None = None
+    #: the pool it names ("" = any production pool)
+    pool: str = ""
 
 
 @dataclass(slots=True)
@@ -218,6 +221,11 @@ class Outcome:
     lost_milli_ms: int = 0
     decisions: int = 0
     seconds: float = 0.0
+    #: per team: preemptions and milli-ms of work lost to them
+    preempted_by_team: dict[str, int] = field(default_factory=dict)
+    lost_by_team: dict[str, int] = field(default_factory=dict)
+    #: jobs the core rejected (a what-if whose cluster can no longer hold them)
+    rejected: list[str] = field(default_factory=list)
 
 
 def draw_jobs(
@@ -295,6 +303,8 @@ def record_stop(out: Outcome, job: Job, milli: int, start: int, now: int, preemp
     out.intervals.append((job.team, milli, kept, now, False))
     out.preemptions += 1
     out.lost_milli_ms += milli * (now - kept)
+    out.preempted_by_team[job.team] = out.preempted_by_team.get(job.team, 0) + 1
+    out.lost_by_team[job.team] = out.lost_by_team.get(job.team, 0) + milli * (now - kept)
     return kept - start
 
 
@@ -859,6 +869,14 @@ class _Sim:
     #: the pool's learned request shapes, fed at each arrival as the portal feeds its
     #: `ShapeHistory` at each submit (FGD's target; empty: the nodes' prior)
     history: ShapeHistory | None = None
+    #: a site's pools and classes (scheduling.whatif); empty: the trace's one pool
+    pools: tuple[Pool, ...] = ()
+    classes: tuple[WorkloadClass, ...] = REPLAY_CLASSES
+    #: fixed target workloads per pool, when `history` is None
+    workloads: tuple[PoolWorkload, ...] | None = None
+    #: record a rejected job and go on (a what-if) instead of failing the replay
+    rejects_ok: bool = False
+    node_pool: dict[str, str] = field(default_factory=dict)
 
     def push(self, t: int, kind: int, ident: str) -> None:
         heapq.heappush(self.events, (t, self.seq, kind, ident))
@@ -892,15 +910,15 @@ class _Sim:
         self._checkpoints(now)
         snap = Snapshot(
             now_ms=now,
-            pools=(Pool(TRACE_POOL, Partitioning.TIME_SLICING),),
+            pools=self.pools or (Pool(TRACE_POOL, Partitioning.TIME_SLICING),),
             nodes=self.nodes,
             running=tuple(self.running.values()),
             pending=tuple(self.pending.values()),
             teams=self.teams,
             quotas=self.quotas,
-            classes=REPLAY_CLASSES,
+            classes=self.classes,
             usage=tuple(TeamUsage(t, v, a) for t, (v, a) in self.usage.items()),
-            workloads=(self.history.to_workload(TRACE_POOL),) if self.history else (),
+            workloads=(self.history.to_workload(TRACE_POOL),) if self.history else self.workloads,
         )
         started = time.perf_counter()
         decisions = schedule(snap, now, self.policy)
@@ -922,7 +940,11 @@ class _Sim:
                     self.timed.add(d.request_id)
                     self._wake_at_thresholds(req.created_at_ms, now)
             elif d.kind is DecisionKind.REJECT:
-                raise RuntimeError(f"replay job {d.request_id} rejected: {d.message}")
+                if not self.rejects_ok:
+                    raise RuntimeError(f"replay job {d.request_id} rejected: {d.message}")
+                self.pending.pop(d.request_id)
+                self.waiting_since.pop(d.request_id, None)
+                self.out.rejected.append(d.request_id)
         if woke:
             self.push(now + 1, 2, "")
 
@@ -947,7 +969,7 @@ class _Sim:
             attempt,
             req.team,
             req.workload_class,
-            TRACE_POOL,
+            self.node_pool.get(placement.pods[0].node, TRACE_POOL),
             req.shape,
             placement,
             now,
@@ -972,6 +994,7 @@ class _Sim:
             job.cls,
             job.shape,
             job.arrival_ms,
+            pool=job.pool,
             attempts=n,
             not_before_ms=due,
             expected_runtime_ms=job.estimate_ms,
@@ -1006,15 +1029,37 @@ def run_quartermaster(
         rng=random.Random(seed + 1),
     )
     sim.history = ShapeHistory(half_life_s=sim.policy.shape_half_life_s)
+    return drive(sim, jobs, tick_ms)
+
+
+def drive(
+    sim: _Sim,
+    jobs: Sequence[Job],
+    tick_ms: int,
+    until_ms: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Outcome:
+    """Run the jobs (in arrival order) through the simulation: arrivals, departures,
+    requeues and ticks. `until_ms`: stop there, with what still waits left waiting (a
+    what-if whose settings hold some work back for good); `progress(done, total)` is
+    told as arrivals are taken in."""
     i = 0
+    reported = 0
     while i < len(jobs) or sim.pending or sim.events:
         t_next = min(
             jobs[i].arrival_ms if i < len(jobs) else math.inf,
             sim.events[0][0] if sim.events else math.inf,
         )
         if t_next == math.inf:
+            if until_ms is not None:
+                break
             raise RuntimeError(f"{len(sim.pending)} requests pending with nothing left to happen")
         now = int(math.ceil(t_next / tick_ms) * tick_ms) if tick_ms > 0 else int(t_next)
+        if until_ms is not None and now > until_ms:
+            break
+        if progress is not None and i - reported >= 500:
+            progress(i, len(jobs))
+            reported = i
         while sim.events and sim.events[0][0] <= now:
             t, _, kind, ident = heapq.heappop(sim.events)
             if kind == 0 and ident in sim.running:
@@ -1027,10 +1072,12 @@ def run_quartermaster(
                 job.cls,
                 job.shape,
                 job.arrival_ms,
+                pool=job.pool,
                 expected_runtime_ms=job.estimate_ms,
             )
             sim.waiting_since[job.id] = job.arrival_ms
-            sim.history.observe(job.shape, job.arrival_ms)
+            if sim.history is not None:
+                sim.history.observe(job.shape, job.arrival_ms)
             i += 1
         if sim.pending:
             sim.tick(now)

@@ -155,9 +155,18 @@ def test_rbac_is_least_privilege(case: str) -> None:
     )
 
 
+def team_roles(docs: list[dict]) -> list[dict]:
+    """The Roles in team namespaces (the release namespace has the provisioner's)."""
+    return [r for r in kinds(docs, "Role") if r["metadata"]["name"].endswith("-job-manager")]
+
+
 def test_jobs_are_written_only_in_team_namespaces() -> None:
     docs = render(CASES["everything"])
-    roles = {r["metadata"]["namespace"]: r for r in kinds(docs, "Role")}
+    roles = {
+        r["metadata"]["namespace"]: r
+        for r in kinds(docs, "Role")
+        if r["metadata"]["name"].endswith("-job-manager")
+    }
     assert sorted(roles) == ["research-b", "team-a", "team-c"]
     for ns, role in roles.items():
         jobs = next(r for r in role["rules"] if r["resources"] == ["jobs"])
@@ -173,6 +182,22 @@ def test_jobs_are_written_only_in_team_namespaces() -> None:
             {"kind": "ServiceAccount", "name": FULL, "namespace": NAMESPACE}
         ]
         assert binding["roleRef"]["kind"] == "Role"
+
+
+def test_provisioning_requests_are_written_only_in_the_release_namespace() -> None:
+    docs = render(CASES["everything"])
+    role = one(docs, "Role", f"{FULL}-provisioner")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert [(r["apiGroups"], r["resources"]) for r in role["rules"]] == [
+        ([""], ["podtemplates"]),
+        (["autoscaling.x-k8s.io"], ["provisioningrequests"]),
+    ]
+    binding = one(docs, "RoleBinding", f"{FULL}-provisioner")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULL, "namespace": NAMESPACE}]
+    config = one(docs, "ConfigMap", f"{FULL}-config")["data"]
+    assert config["K8S_PROVISIONING_NAMESPACE"] == NAMESPACE
+    off = render({**CASES["everything"], "rbac": {"provisioningRequests": False}})
+    assert not [r for r in kinds(off, "Role") if r["metadata"]["name"].endswith("-provisioner")]
 
 
 def test_cluster_wide_pod_reading_is_optional() -> None:
@@ -412,7 +437,7 @@ def test_checkpoint_volumes_are_managed_in_team_namespaces_and_configured() -> N
             },
         }
     )
-    for role in kinds(docs, "Role"):
+    for role in team_roles(docs):
         pvcs = next(r for r in role["rules"] if r["resources"] == ["persistentvolumeclaims"])
         assert pvcs["apiGroups"] == [""] and pvcs["verbs"] == ["create", "get", "delete"]
     data = one(docs, "ConfigMap", f"{FULL}-config")["data"]
@@ -436,7 +461,7 @@ def test_the_schema_rejects_bad_checkpoint_values(bad: dict) -> None:
 def test_team_namespaces_grant_reading_pod_logs_and_events() -> None:
     """The request page shows a workload's log tail and events (portal/k8s/logs.py)."""
     docs = render(CASES["everything"])
-    for role in kinds(docs, "Role"):
+    for role in team_roles(docs):
         rules = {tuple(r["resources"]): set(r["verbs"]) for r in role["rules"]}
         assert "get" in rules[("pods/log",)], role["metadata"]["namespace"]
         assert "list" in rules[("events",)], role["metadata"]["namespace"]

@@ -157,7 +157,13 @@ def _call_every_list_operation(world: World, client_pkg: Any, wsgi: Any) -> None
         for who, c in (("member", bob), ("admin", dave)):
             response = module.sync_detailed(client=c, **path_args)
             if who == "member" and info.name.endswith(
-                ("capacity_list", "audit_list", "profiles_list", "rollouts_list")
+                (
+                    "capacity_list",
+                    "audit_list",
+                    "profiles_list",
+                    "rollouts_list",
+                    "policy_versions_list",
+                )
             ):
                 assert response.status_code == 403
                 continue

@@ -33,6 +33,7 @@ from portal.models import (
     Quota,
     RequestTemplate,
     Team,
+    WhatIfRun,
     WorkloadClass,
 )
 from tests.base import World, make_world, submit
@@ -109,6 +110,13 @@ def world(django_db_setup, django_db_blocker) -> Iterator[dict]:  # noqa: ANN001
             ).pk,
             "validation_id": rollouts.validation_start(
                 actor=w.dave, node=Node.objects.get(name="l4-01")
+            ).pk,
+            # a finished what-if an admin could apply
+            "run_id": WhatIfRun.objects.create(
+                days=1,
+                changes={"policy.preempt_after_s": "60"},
+                state="done",
+                result={"current": {}, "proposed": {}, "teams": {}},
             ).pk,
         }
         yield {"world": w, "ids": ids, "running": running}

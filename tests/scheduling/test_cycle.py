@@ -147,6 +147,13 @@ CASES: dict[str, Case] = {
     "never fits": Case(
         snapshot([node("n1", gpus=4)], pending=[req("big", gpus=8)]), {"big": "reject:never-fits"}
     ),
+    "a shape only an autoscaled pool's new nodes could hold waits for them": Case(
+        replace(
+            snapshot([node("n1", gpus=4)], pending=[req("big", gpus=8), req("huge", gpus=16)]),
+            growth=(node("grow-1", gpus=8),),
+        ),
+        {"big": "wait:awaiting-nodes", "huge": "reject:never-fits"},
+    ),
     "gang all or nothing": Case(
         snapshot(
             TWO_NODES,

@@ -383,7 +383,8 @@ def fill(*, pending: int, teams: int, nodes: int, gpus: int, allocated: float, s
         # The shipped demo cluster's pools (whatever SIMULATED_CLUSTER says): one of each kind.
         shipped = Path(demo.__file__).with_name("demo_cluster.yaml")
         for spec in sorted(
-            load_cluster(shipped)["pools"],
+            # one pool of each kind: the autoscaled demo pool is a second exclusive one
+            [p for p in load_cluster(shipped)["pools"] if "autoscale" not in p],
             key=lambda p: ("exclusive", "mig", "time-slicing").index(p["partitioning"]),
         ):
             pool, _ = Pool.objects.get_or_create(

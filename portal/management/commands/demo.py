@@ -5,7 +5,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from portal.demo import seed, submit_synthetic
+from portal.demo import seed, submit_burst, submit_synthetic
 from portal.demo_lifecycle import start_demo_rollouts
 
 
@@ -21,11 +21,20 @@ class Command(BaseCommand):
             action="store_true",
             help="do not start the demo driver rollouts (docs/lifecycle.md)",
         )
+        parser.add_argument(
+            "--burst",
+            type=int,
+            default=0,
+            help="whole-node requests for the autoscaled pool h100-burst: more than it holds",
+        )
 
-    def handle(self, *args: Any, requests: int, no_rollouts: bool, **options: Any) -> None:
+    def handle(
+        self, *args: Any, requests: int, no_rollouts: bool, burst: int, **options: Any
+    ) -> None:
         info = seed()
         rng = random.Random(7)
         submitted = sum(submit_synthetic(rng=rng) for _ in range(requests))
+        submitted += submit_burst(requests=burst)
         if not no_rollouts:
             for r in start_demo_rollouts():
                 self.stdout.write(f"rollout {r.pk} started: /ops/rollouts/{r.pk}/")
