@@ -125,7 +125,8 @@ def gpu_nodes(cluster: Cluster) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="session")
 def crds(cluster: Cluster) -> None:
-    """ServiceMonitor and PrometheusRule from prometheus-operator's published CRDs."""
+    """ServiceMonitor and PrometheusRule from prometheus-operator's published CRDs, and the
+    cluster autoscaler's ProvisioningRequest (modelled on its published v1 API: see the file)."""
     import yaml
 
     dyn = cluster.dynamic()
@@ -134,7 +135,11 @@ def crds(cluster: Cluster) -> None:
             if doc:
                 apply_one(dyn, doc)
     ext = client.ApiextensionsV1Api(cluster.api())
-    for name in ("servicemonitors.monitoring.coreos.com", "prometheusrules.monitoring.coreos.com"):
+    for name in (
+        "servicemonitors.monitoring.coreos.com",
+        "prometheusrules.monitoring.coreos.com",
+        "provisioningrequests.autoscaling.x-k8s.io",
+    ):
         wait_for(
             f"CRD {name} established",
             lambda n=name: any(
