@@ -132,6 +132,17 @@ def test_the_admission_policy_rejects_a_job_that_breaks_it(
             "team-a", volumes=[{"name": "h", "hostPath": {"path": "/dev"}}]
         ),
     }
+
+    def enforced() -> bool:
+        # A type-checked policy is not yet enforced everywhere: the apiserver picks the
+        # policy and its binding up from its informers a moment later.
+        try:
+            apply_one(dyn, cases["spec.nodeName is not allowed"], dry_run=True)
+        except DynamicApiError as exc:
+            return exc.status == 422
+        return False
+
+    wait_for("the ValidatingAdmissionPolicy to be enforced", enforced, 30)
     for message, job in cases.items():
         with pytest.raises(DynamicApiError) as exc:
             apply_one(dyn, job, dry_run=True)
