@@ -22,7 +22,14 @@ from kubernetes import client
 from portal.backends.kubernetes import KubernetesBackend
 from portal.k8s.jobs import JobOptions
 from tests.cluster import nodes as gpu_nodes_mod
-from tests.cluster.kube import SCRIPT, Cluster, apply_one, node_ready, token_client, wait_for
+from tests.cluster.kube import (
+    SCRIPT,
+    Cluster,
+    apply_one,
+    node_settled,
+    token_client,
+    wait_for,
+)
 from tests.k8s.chart import NAMESPACE, RELEASE, render
 
 HERE = Path(__file__).resolve().parent
@@ -119,7 +126,7 @@ def gpu_nodes(cluster: Cluster) -> list[dict[str, Any]]:
         core.create_node(doc)
     for doc in docs:
         name = doc["metadata"]["name"]
-        wait_for(f"node {name} Ready", lambda n=name: node_ready(core.read_node(n)), 60)
+        wait_for(f"node {name} Ready", lambda n=name: node_settled(core.read_node(n)), 60)
     return docs
 
 

@@ -190,3 +190,12 @@ def merge_patch_node(core: client.CoreV1Api, name: str, body: dict[str, Any]) ->
 
 def node_ready(node: Any) -> bool:
     return any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or ()))
+
+
+def node_settled(node: Any) -> bool:
+    """Ready, and the node controller has lifted its `node.kubernetes.io/*` taints: on a busy
+    machine the not-ready taint outlives the Ready condition for a moment, and the portal
+    rightly packs nothing on a tainted node."""
+    return node_ready(node) and not any(
+        t.key.startswith("node.kubernetes.io/") for t in (node.spec.taints or ())
+    )

@@ -36,7 +36,7 @@ from portal.models import (
 from portal.reconcile import reconcile
 from portal.tick import run_tick
 from tests.cluster.conftest import JOB_OPTIONS
-from tests.cluster.kube import Cluster, node_ready, wait_for
+from tests.cluster.kube import Cluster, node_ready, node_settled, wait_for
 from tests.cluster.nodes import POOL, a100
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -56,7 +56,7 @@ def lc(
     for name in NODES:
         core.create_node(a100(name, pool="lc"))
     for name in NODES:
-        wait_for(f"node {name} Ready", lambda n=name: node_ready(core.read_node(n)), 60)
+        wait_for(f"node {name} Ready", lambda n=name: node_settled(core.read_node(n)), 60)
     try:
         core.create_namespace({"metadata": {"name": VALIDATION_NS}})
     except Exception:  # noqa: BLE001 - made by an earlier run of this test in the session
