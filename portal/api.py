@@ -790,7 +790,9 @@ class TeamMemberDetailApi(ApiView):
         )
         return Response(MemberOutputSerializer(_member_view(membership)).data)
 
-    @extend_schema(operation_id="team_members_remove", request=None, responses=RemovedSerializer)
+    @extend_schema(
+        operation_id="team_members_remove", request=None, responses={200: RemovedSerializer}
+    )
     def delete(self, request: Request, team_id: int, membership_id: int) -> Response:
         membership = self._membership(request, team_id, membership_id)
         if membership.role == Membership.Role.LEAD and not access.is_admin(request.user):
