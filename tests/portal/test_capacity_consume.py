@@ -33,7 +33,7 @@ def _autoscaled(name: str = "a100-train", max_nodes: int = 6) -> Pool:
 
 @pytest.fixture
 def launched(monkeypatch: pytest.MonkeyPatch) -> dict[int, Any]:
-    """The specs the backend was given, by request id (bulk and one by one)."""
+    """The specs the backend was given, by request id (bulk and one by one); see `tick`."""
     from portal import backends
 
     inner = backends.get_backend()
@@ -55,18 +55,24 @@ def launched(monkeypatch: pytest.MonkeyPatch) -> dict[int, Any]:
     return seen
 
 
+def tick(capture: Any, now: Any) -> None:
+    """A tick, and its launches (they run once the tick's transaction commits)."""
+    with capture(execute=True):
+        run_tick(now)
+
+
 def test_a_split_ask_gives_each_request_the_part_its_node_was_asked_by(
-    launched: dict[int, Any],
+    launched: dict[int, Any], django_capture_on_commit_callbacks: Any
 ) -> None:
     w = make_world()
     _autoscaled()
     Quota.objects.filter(team=w.vision, pool__name="a100-train").update(
         nominal_milli=48000, borrowing_limit_milli=0
     )
-    t0 = timezone.now()
     first = [submit(w.bob, w.vision, count=8) for _ in range(4)]
     burst = [submit(w.bob, w.vision, count=8) for _ in range(2)]
-    run_tick(t0)
+    t0 = timezone.now()
+    tick(django_capture_on_commit_callbacks, t0)
     # The pool's own nodes: ordinary launches, no ProvisioningRequest.
     assert {launched[r.pk].provisioning_request for r in first} == {""}
 
@@ -75,26 +81,28 @@ def test_a_split_ask_gives_each_request_the_part_its_node_was_asked_by(
     assert provision.nodes == 2 and not provision.atomic
     ready = provision.ready_at + timedelta(seconds=1)
     autoscale_step(ready)
-    run_tick(ready)
+    tick(django_capture_on_commit_callbacks, ready)
     first_id, second_id = provision.request_ids
     assert launched[first_id].provisioning_request == f"{provision.name}-1"
     assert launched[second_id].provisioning_request == f"{provision.name}-2"
     assert {first_id, second_id} == {r.pk for r in burst}
 
 
-def test_every_member_of_a_gang_names_its_atomic_request(launched: dict[int, Any]) -> None:
+def test_every_member_of_a_gang_names_its_atomic_request(
+    launched: dict[int, Any], django_capture_on_commit_callbacks: Any
+) -> None:
     w = make_world()
     _autoscaled()
     Node.objects.filter(pool__name="a100-train").update(cordoned=True)
-    t0 = timezone.now()
     gang = submit(w.bob, w.vision, count=8, pods=2)
-    run_tick(t0)
+    t0 = timezone.now()
+    tick(django_capture_on_commit_callbacks, t0)
     autoscale_step(t0)
     provision = NodeProvision.objects.get()
     assert provision.atomic
     ready = provision.ready_at + timedelta(seconds=1)
     autoscale_step(ready)
-    run_tick(ready)
+    tick(django_capture_on_commit_callbacks, ready)
     spec = launched[gang.pk]
     assert [m.provisioning_request for m in spec.members()] == [provision.name] * 2
 
