@@ -15,6 +15,8 @@ Each placeholder pod asks for a whole node of the pool: all its GPUs, its CPU an
 (less a little for the node's own pods), selected and tolerated as the pool's workloads
 are, so the autoscaler picks the node group that serves the pool. The requests are
 named after the NodeProvision (deterministic: a retried create is a harmless 409).
+The attempts the nodes were asked for name their request in their pods' `CONSUME`
+annotation (`consume_annotations`, portal/consume.py).
 """
 
 from __future__ import annotations
