@@ -20,7 +20,7 @@ from django.db.models import Count, F, Model, Q
 from django.forms.models import model_to_dict
 from django.utils import timezone
 
-from portal import contract, lifecycle, notify, serving_spec, shapes, validation, wake
+from portal import consume, contract, lifecycle, notify, serving_spec, shapes, validation, wake
 from portal.backends import get_backend
 from portal.backends.base import (
     STORED_LOG_LINES,
@@ -494,14 +494,17 @@ def launch_spec(
     attempt: Attempt,
     allocations: list[tuple[str, int, int, int, str, int]] | None = None,
     resume: bool | None = None,
+    provisioning_request: str | None = None,
 ) -> LaunchSpec:
     """Build the workload from stored rows only: nothing here comes from request data at launch.
 
     `allocations`: the attempt's `LAUNCH_ALLOCATION_FIELDS`, in node name, device index
     and slot order, and `resume` (`_resumes`), when the caller read them already
-    (`attempts_launch`).
+    (`attempts_launch`), and `provisioning_request` (`consume.consumed`).
     """
     req = attempt.request
+    if provisioning_request is None:
+        provisioning_request = consume.consumed([attempt]).get(attempt.pk, "")
     if resume is None:
         resume = _resumes(attempt, _lost_numbers([attempt]).get(req.pk, []))
     if allocations is None:
@@ -556,6 +559,7 @@ def launch_spec(
         checkpoint_interval_s=req.checkpoint_interval_s,
         resume=resume,
         serving=_serving(req),
+        provisioning_request=provisioning_request,
     )
 
 
@@ -666,8 +670,14 @@ def attempts_launch(attempt_ids: list[int], *, now: datetime | None = None) -> d
     ):
         allocations[attempt_id].append(tuple(fields))  # type: ignore[arg-type]
     lost = _lost_numbers(attempts)
+    consumes = consume.consumed(attempts)
     specs = {
-        a.pk: launch_spec(a, allocations[a.pk], _resumes(a, lost.get(a.request_id, [])))
+        a.pk: launch_spec(
+            a,
+            allocations[a.pk],
+            _resumes(a, lost.get(a.request_id, [])),
+            consumes.get(a.pk, ""),
+        )
         for a in attempts
     }
     backend = get_backend()

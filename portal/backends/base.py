@@ -187,6 +187,10 @@ class LaunchSpec:
     resume: bool = False
     #: set for a serving workload (replicas of a model server, `pods` of them)
     serving: ServingSpec | None = None
+    #: the ProvisioningRequest that asked for the nodes this attempt was admitted to wait
+    #: for (an autoscaled pool): its pods consume the capacity the cluster autoscaler
+    #: booked for it; "" = none
+    provisioning_request: str = ""
 
     @property
     def checkpoint_claim(self) -> str:

@@ -52,6 +52,7 @@ from portal.k8s.names import (
     label_value,
     mig_resource,
 )
+from portal.k8s.provisioning import consume_annotations
 from portal.readiness import attempt_token
 
 log = logging.getLogger(__name__)
@@ -379,7 +380,14 @@ def job_build(
             pod_replacement_policy="Failed",
             pod_failure_policy=_pod_failure_policy(options, with_ready=init is not None),
             template=client.V1PodTemplateSpec(
-                metadata=client.V1ObjectMeta(labels=labels, annotations=annotations),
+                metadata=client.V1ObjectMeta(
+                    labels=labels,
+                    # The autoscaler reads pods: the capacity booked for them is theirs.
+                    annotations={
+                        **annotations,
+                        **consume_annotations(spec.provisioning_request),
+                    },
+                ),
                 spec=pod_spec,
             ),
         ),

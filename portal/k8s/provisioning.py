@@ -15,6 +15,8 @@ Each placeholder pod asks for a whole node of the pool: all its GPUs, its CPU an
 (less a little for the node's own pods), selected and tolerated as the pool's workloads
 are, so the autoscaler picks the node group that serves the pool. The requests are
 named after the NodeProvision (deterministic: a retried create is a harmless 409).
+The attempts the nodes were asked for name their request in their pods' `CONSUME`
+annotation (`consume_annotations`, portal/consume.py).
 """
 
 from __future__ import annotations
@@ -33,6 +35,12 @@ NODE_SHARE = 0.9
 PROVISIONED = "provisioned"
 FAILED = "failed"
 REQUESTED = "requested"
+#: the pod annotation naming the ProvisioningRequest (in the pod's own namespace) whose
+#: booked capacity the pod consumes, as the v1 API defines it; the autoscaler does not
+#: scale up for such a pod
+CONSUME = f"{GROUP}/consume-provisioning-request"
+#: the key autoscaler releases before the v1 one read (newer ones still read it)
+CONSUME_DEPRECATED = "cluster-autoscaler.kubernetes.io/consume-provisioning-request"
 
 
 def part_names(name: str, nodes: int, atomic: bool) -> list[tuple[str, int]]:
@@ -40,6 +48,11 @@ def part_names(name: str, nodes: int, atomic: bool) -> list[tuple[str, int]]:
     if atomic or nodes == 1:
         return [(name, nodes)]
     return [(f"{name}-{i + 1}", 1) for i in range(nodes)]
+
+
+def consume_annotations(name: str) -> dict[str, str]:
+    """What a workload pod carries to consume ProvisioningRequest `name` (none: nothing)."""
+    return {CONSUME: name, CONSUME_DEPRECATED: name} if name else {}
 
 
 def pod_template(name: str, namespace: str, pool: Any) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from portal.models import Pool
 from tests.cluster import nodes as gpu_nodes_mod
 from tests.cluster.conftest import TEAM_NS
 from tests.cluster.kube import Cluster, can_i, node_ready, wait_for
+from tests.cluster.specs import launch_spec
 from tests.k8s.chart import NAMESPACE
 
 G, V, P = provisioning.GROUP, provisioning.VERSION, provisioning.PLURAL
@@ -289,3 +290,32 @@ def test_the_placeholder_fits_the_node_the_autoscaler_adds_for_the_pool(
             ),
             60,
         )
+
+
+def test_an_attempt_on_the_nodes_asked_for_consumes_the_provisioning_request(
+    backend: KubernetesBackend, cluster: Cluster
+) -> None:
+    """The Job's pod template names the ProvisioningRequest, and so does the pod the Job
+    controller makes from it (admitted like any attempt): the autoscaler books that
+    request's capacity for it. An ordinary attempt's pod names none."""
+    consuming = launch_spec(node="a100-0", provisioning_request="qm-a100-burst-two-2")
+    ordinary = launch_spec(node="a100-0")
+    backend.launch(consuming)
+    backend.launch(ordinary)
+    batch, core = cluster.batch(), cluster.core()
+    job = batch.read_namespaced_job(consuming.name, consuming.namespace)
+    template = job.spec.template.metadata.annotations
+    assert template[provisioning.CONSUME] == "qm-a100-burst-two-2"
+    assert template[provisioning.CONSUME_DEPRECATED] == "qm-a100-burst-two-2"
+    assert provisioning.CONSUME not in (job.metadata.annotations or {})
+
+    def pod(spec: Any) -> client.V1Pod | None:
+        pods = core.list_namespaced_pod(
+            spec.namespace, label_selector=f"app.kubernetes.io/instance={spec.name}"
+        ).items
+        return pods[0] if pods else None
+
+    made = wait_for("the consuming attempt's pod", lambda: pod(consuming), 60)
+    assert made.metadata.annotations[provisioning.CONSUME] == "qm-a100-burst-two-2"
+    plain = wait_for("the ordinary attempt's pod", lambda: pod(ordinary), 60)
+    assert not any("provisioning-request" in k for k in plain.metadata.annotations or {})
