@@ -20,7 +20,9 @@
       `withinClusterQueue: LowerPriority`);
    c. **place** with the packer on those pools, skipping nodes held by a
       reservation (a request that borrows nothing ignores the reservations of
-      borrowers) or claimed by a preemptor; gangs are placed all or nothing;
+      borrowers) or claimed by a preemptor; gangs are placed all or nothing; a request
+      that fits elsewhere goes on a scarce node (`scheduling.scarce`) only when nothing
+      else fits, and never-preempted work not before its class's maximum queue time;
    d. if it does not fit: when attempts preempted earlier will free enough room, wait
       for them; else, when it is entitled and has waited `Policy.preempt_after_s`,
       **preempt** (`scheduling.preemption`) within `Policy.max_preemptions_per_tick`
@@ -34,7 +36,9 @@
       `Running.expected_end_ms`, else those untouched longest); no later request of the tick may use those nodes, so small jobs cannot
       keep a large one out forever — except work expected to end
       (`PendingRequest.expected_runtime_ms`) before the holder's expected start there
-      (`_backfill`, EASY backfilling);
+      (`_backfill`, EASY backfilling); a firm reservation (a shape only scarce nodes
+      host, or a request past its starvation bound: `_firm`) comes first, is made
+      before the pass and holds even against requests within their nominal;
 4. **Explain** every outcome (`scheduling.explain`): a code, a sentence, the facts.
 
 Decisions come back in queue order; the PREEMPT decisions of a preemptor come just
@@ -46,7 +50,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from scheduling import fit, preemption, workload
+from scheduling import fit, preemption, scarce, workload
 from scheduling.explain import (
     Code,
     describe,
@@ -68,6 +72,7 @@ from scheduling.types import (
     Placement,
     Policy,
     Pool,
+    PreemptionPolicy,
     Running,
     Shape,
     Snapshot,
@@ -181,6 +186,15 @@ class _Tick:
         self.never: dict[tuple[Shape, tuple[str, ...]], bool] = {}
         #: no node there now could hold the shape (`never` counts autoscaled growth too)
         self.short: dict[tuple[Shape, tuple[str, ...]], bool] = {}
+        # The few nodes able to host a rare shape (learned or pending) take other work
+        # only when nothing else fits it (`scheduling.scarce`).
+        rare = [
+            (w.pool, s) for w in snapshot.workloads or () for s, weight in w.weights if weight > 0
+        ]
+        for r in snapshot.pending:
+            rare.extend((p, r.shape) for p in ((r.pool,) if r.pool else self.production))
+        self.scarce = scarce.scarce_nodes(snapshot.nodes, rare)
+        self.elsewhere: dict[tuple[Shape, tuple[str, ...]], bool] = {}
         self.may_reserve = self._reservation_holders()
 
     # -- the pass -------------------------------------------------------------------
@@ -188,6 +202,13 @@ class _Tick:
     def run(self) -> list[Decision]:
         out: list[Decision] = []
         position = 0
+        # A reservation holder that only scarce nodes can host holds them from the start
+        # of the pass: requests ahead of it in the queue can go elsewhere.
+        for holder in sorted(self.snap.pending, key=lambda r: (r.created_at_ms, r.id)):
+            if holder.id in self.may_reserve:
+                pools = (holder.pool,) if holder.pool else self.production
+                if self._firm(holder, pools):
+                    self._reserve(holder, pools, borrowing=False)
         while (req := self.queue.pop()) is not None:
             position += 1
             out.extend(self.decide(req, position))
@@ -265,15 +286,59 @@ class _Tick:
         self, req: PendingRequest, pools: tuple[str, ...], entitled: bool
     ) -> Placement | None:
         shape = req.shape
-        # Claims of a preemptor are its own: its answer is not another request's.
-        key = (*pools, "entitled" if entitled else "")
-        cached = req.id not in self.claimants
+        elsewhere = self._fits_elsewhere(shape, pools)
+        # Work that is never preempted would keep a scarce node from its rare shapes for
+        # its whole runtime: it waits for other nodes up to its class's maximum queue time.
+        keep_off = elsewhere and self._never_preempted(req)
+        key = (*pools, "entitled" if entitled else "", "keep-off" if keep_off else "")
+        # Claims of a preemptor and nodes reserved for a holder are their own: their
+        # answer is not another request's.
+        cached = req.id not in self.claimants and req.id not in self.reserved.values()
         if cached and self.failures.known(shape, key):
             return None
-        placement = self.state.find(shape, self._accept(pools, entitled, req.id))
+        accept = self._accept(pools, entitled, req.id)
+        placement = None
+        if elsewhere:
+            spare = self.scarce
+            placement = self.state.find(shape, lambda n: n.name not in spare and accept(n))
+        if placement is None and not keep_off:
+            placement = self.state.find(shape, accept)
         if placement is None and cached:
             self.failures.add(shape, key)
         return placement
+
+    def _fits_elsewhere(self, shape: Shape, pools: tuple[str, ...]) -> bool:
+        """Whether some node of the pools that is not scarce could ever host the shape."""
+        if not self.scarce:
+            return False
+        key = (shape, pools)
+        if key not in self.elsewhere:
+            nodes = self.snap.nodes
+            self.elsewhere[key] = any(scarce.hosts(nodes, p, shape) - self.scarce for p in pools)
+        return self.elsewhere[key]
+
+    def _never_preempted(self, req: PendingRequest) -> bool:
+        """Whether the request's class is never preempted and it has waited less than
+        its class's maximum queue time."""
+        cls = self.classes.get(req.workload_class)
+        if cls is None or cls.preemption is not PreemptionPolicy.NEVER:
+            return False
+        return self.now - req.created_at_ms < cls.max_queue_s * 1000
+
+    def _firm(self, req: PendingRequest, pools: tuple[str, ...]) -> bool:
+        """Whether the request's reservation is firm: it comes first among the holders,
+        is made before the pass and holds even while it borrows. So it is for a request
+        that only scarce nodes can host, and for one past its starvation bound."""
+        if self._only_scarce(req.shape, pools):
+            return True
+        cls = self.classes.get(req.workload_class)
+        return cls is not None and self._starving(req, cls)
+
+    def _only_scarce(self, shape: Shape, pools: tuple[str, ...]) -> bool:
+        """Whether the shape fits some node of the pools, and only scarce ones."""
+        if not self.scarce or self._fits_elsewhere(shape, pools):
+            return False
+        return any(scarce.hosts(self.snap.nodes, p, shape) for p in pools)
 
     def _backfill(self, req: PendingRequest, pools: tuple[str, ...]) -> Placement | None:
         """Place on reserved nodes whose holder is expected to start only after this request
@@ -289,6 +354,16 @@ class _Tick:
         if not ok:
             return None
         return self.state.find(req.shape, lambda n: n.pool in pools and n.name in ok)
+
+    def _accept_for(
+        self, req: PendingRequest, pools: tuple[str, ...], entitled: bool
+    ) -> Callable[[Node], bool]:
+        """`_accept`, without scarce nodes for work kept off them (see `_find`)."""
+        accept = self._accept(pools, entitled, req.id)
+        if not (self._fits_elsewhere(req.shape, pools) and self._never_preempted(req)):
+            return accept
+        spare = self.scarce
+        return lambda n: n.name not in spare and accept(n)
 
     def _accept(
         self, pools: tuple[str, ...], entitled: bool = False, owner: str = ""
@@ -386,7 +461,8 @@ class _Tick:
             )
             return [self._wait(req, position, Code.AWAITING_NODES, msg, facts)]
         msg = f"waiting: no node in {where(allowed)} has {describe(req.shape)} free right now"
-        if self._reserve(req, tuple(allowed), all(verdicts[p].borrowing for p in allowed)):
+        borrowing = all(verdicts[p].borrowing for p in allowed)
+        if req.id in self.reserved.values() or self._reserve(req, tuple(allowed), borrowing):
             held = sorted(n for n, owner in self.reserved.items() if owner == req.id)
             facts["reserved_nodes"] = held
             start = self.reserve_start.get(held[0]) if held else None
@@ -476,7 +552,7 @@ class _Tick:
             found = preemption.plan(
                 self.state,
                 req.shape,
-                self._accept((pool,), entitled, req.id),
+                self._accept_for(req, (pool,), entitled),
                 self.candidates[who],
                 book,
                 cap,
@@ -562,10 +638,11 @@ class _Tick:
         all), escalated, or has waited `Policy.reserve_after_s`, and no per-team limit
         (borrowing limit, inference floor) holds it back. Choosing by age rather than by
         queue position keeps the same request, and so the same draining nodes, from one
-        tick to the next even while fair shares shift.
+        tick to the next even while fair shares shift. A request that only scarce nodes
+        can host (`scheduling.scarce`) comes before the others: it holds only those.
         """
         policy = self.policy
-        qualifying: list[tuple[int, str]] = []
+        qualifying: list[tuple[int, int, str]] = []
         for req in self.snap.pending:
             if req.workload_class not in self.classes or req.not_before_ms > self.now:
                 continue
@@ -581,13 +658,17 @@ class _Tick:
             }
             if codes and codes <= {Code.BORROWING_LIMIT, Code.INFERENCE_FLOOR}:
                 continue
-            qualifying.append((req.created_at_ms, req.id))
-        return {rid for _, rid in sorted(qualifying)[: policy.max_reservations]}
+            # A shape only scarce nodes can host goes first: it holds only those nodes,
+            # and nothing else is kept off them while it waits.
+            first = 0 if self._firm(req, pools) else 1
+            qualifying.append((first, req.created_at_ms, req.id))
+        return {rid for *_, rid in sorted(qualifying)[: policy.max_reservations]}
 
     def _reserve(self, req: PendingRequest, pools: tuple[str, ...], borrowing: bool) -> bool:
         """Step 3e: hold nodes for this request, if it is a reservation holder.
 
-        Which nodes, in order: 1. the node expected to drain soonest — the earliest time
+        Which nodes, in order: 0. for a shape that fits elsewhere, nodes that are not
+        scarce (`scheduling.scarce`); 1. the node expected to drain soonest — the earliest time
         at which one pod of the request fits there, from the `Running.expected_end_ms` of
         what holds it (and the expected runtime of this tick's admissions); a node where
         some holder has no estimate comes after every node with one; 2. the node where
@@ -601,7 +682,9 @@ class _Tick:
         if req.id not in self.may_reserve or req.id in self.reserved.values():
             return False
         shape = req.shape
-        scored: list[tuple[int, int, int, str]] = []
+        scored: list[tuple[bool, int, int, int, str]] = []
+        # a shape that fits elsewhere leaves scarce nodes to the shapes only they can host
+        spare = self.scarce if self._fits_elsewhere(shape, pools) else frozenset()
         held = self.held()
         last = self.last_start()
         holders = self.holders()
@@ -619,17 +702,26 @@ class _Tick:
             )
             drain = self._drain_ms(node, shape, flags, holders.get(node.name, ()))
             scored.append(
-                (_NEVER if drain is None else drain, last.get(node.name, 0), -free, node.name)
+                (
+                    node.name in spare,
+                    _NEVER if drain is None else drain,
+                    last.get(node.name, 0),
+                    -free,
+                    node.name,
+                )
             )
         if len(scored) < shape.pods:
             return False
         chosen = sorted(scored)[: shape.pods]
-        latest = max(c[0] for c in chosen)
+        latest = max(c[1] for c in chosen)
         start = None if latest >= _NEVER else latest
+        # A holder that only scarce nodes can host keeps them even while it borrows:
+        # requests within quota can go elsewhere.
+        firm = self._firm(req, pools)
         for *_, name in chosen:
             self.reserved[name] = req.id
             self.reserve_start[name] = start
-            if borrowing:
+            if borrowing and not firm:
                 self.reserved_borrowing.add(name)
         return True
 

@@ -1,0 +1,69 @@
+"""Scarce nodes: the few nodes of a pool able to host a shape that fits almost nowhere.
+
+An 8-GPU request with 120 cores and 720 GiB fits 4 of the replay's 152 nodes. When
+small work fills those four (inference above all, which is never preempted), the large
+request waits for hours although the rest of the pool could have taken that work. The
+cycle (`cycle._Tick._find`) therefore places a request that fits elsewhere on a scarce
+node only when no other node of its pools takes it: a tie-break, never a refusal.
+
+A shape is rare when at most `SCARCE_PCT` % of its pool's nodes (and at least one) can
+ever host one pod of it (`fit.can_ever_host`). The shapes considered are the pool's
+learned request shapes (`Snapshot.workloads`, every weight above zero: a rare shape is
+exactly one the FGD target drops) and the shapes pending now.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from scheduling import fit
+from scheduling.types import Node, Shape
+
+#: a shape is rare when at most this share of its pool's nodes can host it, percent
+SCARCE_PCT = 5
+
+#: the last node list seen and the hosts found per (pool, shape) on it: a caller that
+#: passes the same node objects tick after tick (the replay) does not recompute them
+_MEMO: tuple[Sequence[Node], dict[tuple[str, Shape], frozenset[str]]] | None = None
+
+
+def _hosts_memo(nodes: Sequence[Node]) -> dict[tuple[str, Shape], frozenset[str]]:
+    global _MEMO
+    if (
+        _MEMO is not None
+        and len(_MEMO[0]) == len(nodes)
+        and all(a is b for a, b in zip(_MEMO[0], nodes, strict=True))
+    ):
+        return _MEMO[1]
+    _MEMO = (list(nodes), {})
+    return _MEMO[1]
+
+
+def hosts(nodes: Sequence[Node], pool: str, shape: Shape) -> frozenset[str]:
+    """Return the nodes of the pool that could hold one pod of the shape when empty."""
+    memo = _hosts_memo(nodes)
+    key = (pool, shape)
+    found = memo.get(key)
+    if found is None:
+        found = frozenset(n.name for n in nodes if n.pool == pool and fit.can_ever_host(n, shape))
+        memo[key] = found
+    return found
+
+
+def scarce_nodes(
+    nodes: Sequence[Node], shapes: Iterable[tuple[str, Shape]], pct: int = SCARCE_PCT
+) -> frozenset[str]:
+    """Return the nodes that are the only hosts of some rare (pool, shape)."""
+    size: dict[str, int] = {}
+    for n in nodes:
+        size[n.pool] = size.get(n.pool, 0) + 1
+    out: set[str] = set()
+    seen: set[tuple[str, Shape]] = set()
+    for pool, shape in shapes:
+        if (pool, shape) in seen or pool not in size:
+            continue
+        seen.add((pool, shape))
+        found = hosts(nodes, pool, shape)
+        if found and len(found) * 100 <= size[pool] * pct:
+            out |= found
+    return frozenset(out)
