@@ -41,8 +41,11 @@ def test_a_small_run_prints_one_json_object_with_the_tick_split_into_its_steps()
     # The tick really ran: 60 % of the devices were held, the rest went to the queue.
     assert result["admitted"] > 0
     assert Allocation.objects.filter(active=True).values("device").distinct().count() <= 80
-    assert GpuRequest.objects.filter(state="admitted").count() == result["admitted"]
-    assert Attempt.objects.filter(state="admitted").count() == result["admitted"]
+    # The bench also times the tick after it, which may admit what the first one reserved
+    # room for or what became due meanwhile.
+    admitted = result["admitted"] + result["next_tick"]["admitted"]
+    assert GpuRequest.objects.filter(state="admitted").count() == admitted
+    assert Attempt.objects.filter(state="admitted").count() == admitted
     # Launched after commit (the simulated backend), and every request got a decision.
     assert SimulatedWorkload.objects.count() >= result["admitted"]
     assert Decision.objects.filter(tick=1).count() >= 50
