@@ -56,7 +56,7 @@ from scheduling.explain import (
     reclaim_sentence,
     where,
 )
-from scheduling.packer import ClusterState
+from scheduling.packer import ClusterState, node_class
 from scheduling.queue import FairQueue, cluster_capacity
 from scheduling.quota import QuotaBook, Verdict
 from scheduling.types import (
@@ -79,6 +79,25 @@ ShapeKey = tuple[object, ...]
 #: expected end (None = unknown), (device, milli) grants, CPU milli, memory MiB
 _Hold = tuple[int | None, tuple[tuple[int, int], ...], int, int]
 _NEVER = 1 << 62
+#: (node class, shape, now) -> `fit.eligible_devices`: the same few node classes and shapes
+#: come back tick after tick, and a tick asks for each node of a pool
+_ELIGIBLE: dict[tuple[int, Shape, bool], tuple[bool, ...] | None] = {}
+_ELIGIBLE_MAX = 100_000
+
+
+def _eligible(node: Node, shape: Shape, now: bool = True) -> tuple[bool, ...] | None:
+    """`fit.eligible_devices(node, shape, now=now)`, which looks at all of the node but its
+    name, remembered per node class."""
+    key = (node_class(node), shape, now)
+    flags = _ELIGIBLE.get(key, _MISSING)
+    if flags is _MISSING:
+        if len(_ELIGIBLE) >= _ELIGIBLE_MAX:
+            _ELIGIBLE.clear()
+        flags = _ELIGIBLE[key] = fit.eligible_devices(node, shape, now=now)
+    return flags  # type: ignore[return-value]
+
+
+_MISSING: object = object()
 
 
 def schedule(
@@ -609,7 +628,7 @@ class _Tick:
             if node.pool not in pools or node.name in self.reserved or node.name in self.claimed:
                 continue
             # The one fit rule: readiness, taints, CPU, memory, devices.
-            flags = fit.eligible_devices(node, shape)
+            flags = _eligible(node, shape)
             if flags is None:
                 continue
             free = sum(
@@ -676,12 +695,13 @@ class _Tick:
         key = (shape, pools)
         if key not in self.never:
             hosts = 0
+            # `fit.can_ever_host`, remembered per node class
             for node in self.snap.nodes:
-                if node.pool in pools and fit.can_ever_host(node, shape):
+                if node.pool in pools and _eligible(node, shape, now=False) is not None:
                     hosts += 1
             self.short[key] = hosts < shape.pods
             for node in self.snap.growth:
-                if node.pool in pools and fit.can_ever_host(node, shape):
+                if node.pool in pools and _eligible(node, shape, now=False) is not None:
                     hosts += 1
             self.never[key] = hosts < shape.pods
         return self.never[key]

@@ -184,6 +184,11 @@ _NODE_SEEN_MAX = 10_000
 _NODE_NUMBERS = itertools.count()
 
 
+def node_class(node: Node) -> int:
+    """A number equal for nodes equal but for their name (never reused for another)."""
+    return _node_token(node)
+
+
 def _node_token(node: Node) -> int:
     """The number of the node's class key: equal for nodes equal but for their name."""
     seen = _NODE_SEEN.get(id(node))
@@ -200,6 +205,53 @@ def _node_token(node: Node) -> int:
         _NODE_SEEN.clear()  # the portal builds new nodes each tick: forget old ones
     _NODE_SEEN[id(node)] = (node, token)
     return token
+
+
+@dataclass(frozen=True, slots=True)
+class _Static:
+    """What a node class is whatever the state: computed once per class number, not once
+    per tick (a replay builds a ClusterState for each of tens of thousands of ticks)."""
+
+    proto: Node
+    specs: tuple[Device, ...]
+    uniform: bool
+    interconnect: int
+    gpu_milli: int
+    families: tuple[mig.MigFamily | None, ...]
+    fresh: tuple[DevState, ...]
+
+
+#: class number (`_node_token`) -> its `_Static`; numbers are never reused
+_CLASS_STATIC: dict[int, _Static] = {}
+
+
+def _class_static(token: int, node: Node) -> _Static:
+    static = _CLASS_STATIC.get(token)
+    if static is not None:
+        return static
+    specs = tuple(node.devices)
+    first = specs[0] if specs else None
+    uniform = (
+        all(dataclasses.replace(d, index=0) == dataclasses.replace(first, index=0) for d in specs)
+        if first
+        else True
+    )
+    static = _Static(
+        proto=dataclasses.replace(node, name=""),
+        specs=specs,
+        uniform=uniform,
+        interconnect=_INTERCONNECT_RANK.get(node.interconnect, 3),
+        gpu_milli=WHOLE_GPU_MILLI * sum(1 for d in specs if d.healthy),
+        families=tuple(
+            mig.family_for(d.model, d.memory_mib) if d.partitioning is Partitioning.MIG else None
+            for d in specs
+        ),
+        fresh=tuple(_fresh(d) for d in specs),
+    )
+    if len(_CLASS_STATIC) >= _NODE_SEEN_MAX:
+        _CLASS_STATIC.clear()
+    _CLASS_STATIC[token] = static
+    return static
 
 
 def _fresh(spec: Device) -> DevState:
@@ -246,6 +298,8 @@ class _Class:
     families: tuple[mig.MigFamily | None, ...] = ()
     #: the target workload of the node's pool
     target: _Targets = field(default_factory=_Targets)
+    #: the state of each device when nothing holds it
+    fresh: tuple[DevState, ...] = ()
 
 
 @dataclass(slots=True, eq=False)
@@ -322,7 +376,7 @@ class ClusterState:
         for node in nodes:
             cls = self._class_of(node)
             free = _NodeFree(
-                node, cls, node.cpu_milli, node.memory_mib, [_fresh(d) for d in node.devices]
+                node, cls, node.cpu_milli, node.memory_mib, list(cls.fresh)
             )
             self._nodes[node.name] = free
             self._regroup(free)
@@ -433,33 +487,18 @@ class ClusterState:
         key = _node_token(node)
         cls = self._classes.get(key)
         if cls is None:
-            proto = dataclasses.replace(node, name="")
-            specs = tuple(node.devices)
-            first = specs[0] if specs else None
-            uniform = (
-                all(
-                    dataclasses.replace(d, index=0) == dataclasses.replace(first, index=0)
-                    for d in specs
-                )
-                if first
-                else True
-            )
-            families = tuple(
-                mig.family_for(d.model, d.memory_mib)
-                if d.partitioning is Partitioning.MIG
-                else None
-                for d in specs
-            )
+            static = _class_static(key, node)
             cls = _Class(
                 id=len(self._classes),
-                proto=proto,
-                specs=specs,
-                uniform=uniform,
+                proto=static.proto,
+                specs=static.specs,
+                uniform=static.uniform,
                 schedulable=self.schedulable(node),
-                interconnect=_INTERCONNECT_RANK.get(node.interconnect, 3),
+                interconnect=static.interconnect,
                 cpu_milli=node.cpu_milli,
-                gpu_milli=WHOLE_GPU_MILLI * sum(1 for d in specs if d.healthy),
-                families=families,
+                gpu_milli=static.gpu_milli,
+                families=static.families,
+                fresh=static.fresh,
                 target=self._pool_targets.get(node.pool, self._default),
             )
             self._classes[key] = cls
