@@ -88,13 +88,14 @@ memory reduced to the thresholds of the target shapes.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
 import itertools
 import math
 import operator
 import random
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from scheduling import fit, mig
@@ -254,6 +255,38 @@ def _class_static(token: int, node: Node) -> _Static:
     return static
 
 
+#: target workload (shapes and weights) -> its number; numbers are never reused
+_TARGET_IDS: dict[tuple[tuple[Shape, int], ...], int] = {}
+_TARGET_NUMBERS = itertools.count(1)
+#: inside `remembering()`: (node class, target, policy, free CPU, free memory, device
+#: states, shape) -> the group's `Result`; bounded, and cleared when full
+_EVALUATED: dict[tuple[object, ...], object] | None = None
+_EVALUATED_MAX = 200_000
+
+
+@contextlib.contextmanager
+def remembering() -> Iterator[None]:
+    """Remember group evaluations across ClusterStates while inside (a replay's ticks each
+    build a new one and meet the same free capacities again and again); outside, each
+    ClusterState remembers only its own, and nothing is kept between ticks."""
+    global _EVALUATED
+    outer = _EVALUATED
+    _EVALUATED = {} if outer is None else outer
+    try:
+        yield
+    finally:
+        _EVALUATED = outer
+
+
+def _target_ident(items: tuple[tuple[Shape, int], ...]) -> int:
+    ident = _TARGET_IDS.get(items)
+    if ident is None:
+        if len(_TARGET_IDS) >= _NODE_SEEN_MAX:
+            _TARGET_IDS.clear()
+        ident = _TARGET_IDS[items] = next(_TARGET_NUMBERS)
+    return ident
+
+
 def _fresh(spec: Device) -> DevState:
     fixed = (
         tuple(sorted(spec.mig_instances, key=lambda i: (i.start, i.profile)))
@@ -277,6 +310,8 @@ class _Targets:
     constrained: bool = False
     #: how much of a score tuple ranks nodes (None: all of it)
     node_len: int | None = None
+    #: equal for equal shapes and weights (`_target_ident`)
+    ident: int = 0
 
 
 @dataclass(slots=True, eq=False)
@@ -300,6 +335,8 @@ class _Class:
     target: _Targets = field(default_factory=_Targets)
     #: the state of each device when nothing holds it
     fresh: tuple[DevState, ...] = ()
+    #: `_node_token`: equal for the classes of equal nodes in every ClusterState
+    token: int = -1
 
 
 @dataclass(slots=True, eq=False)
@@ -375,9 +412,7 @@ class ClusterState:
             self.set_shape_weights([])
         for node in nodes:
             cls = self._class_of(node)
-            free = _NodeFree(
-                node, cls, node.cpu_milli, node.memory_mib, list(cls.fresh)
-            )
+            free = _NodeFree(node, cls, node.cpu_milli, node.memory_mib, list(cls.fresh))
             self._nodes[node.name] = free
             self._regroup(free)
 
@@ -402,6 +437,7 @@ class ClusterState:
         items = list(weights.items()) if isinstance(weights, Mapping) else list(weights)
         t.items = [(s, int(w), self._shape_id(s)) for s, w in items if w > 0]
         t.total = max(1, sum(w for _, w, _ in t.items))
+        t.ident = _target_ident(tuple((s, w) for s, w, _ in t.items))
         t.constrained = any(m.gpu_models and m.count > 0 for m, _, _ in t.items)
         t.node_len = (
             1 if self.policy == "fgd" or (self.policy == "fgd-bestfit" and t.constrained) else None
@@ -499,6 +535,7 @@ class ClusterState:
                 gpu_milli=static.gpu_milli,
                 families=static.families,
                 fresh=static.fresh,
+                token=key,
                 target=self._pool_targets.get(node.pool, self._default),
             )
             self._classes[key] = cls
@@ -645,6 +682,22 @@ class ClusterState:
         return out
 
     def _evaluate(self, g: _Group, shape: Shape, sid: int) -> Result:
+        """`_evaluate_fresh`, inside `remembering()` remembered across ClusterStates: it
+        depends only on the node class, its target workload, the policy, the group's free
+        capacity and the shape."""
+        memo = _EVALUATED
+        if memo is None:
+            return self._evaluate_fresh(g, shape, sid)
+        cls = g.cls
+        key = (cls.token, cls.target.ident, self.policy, g.cpu, g.mem, g.devs, shape)
+        r = memo.get(key, _MISS)
+        if r is _MISS:
+            if len(memo) >= _EVALUATED_MAX:
+                memo.clear()
+            r = memo[key] = self._evaluate_fresh(g, shape, sid)
+        return r  # type: ignore[return-value]
+
+    def _evaluate_fresh(self, g: _Group, shape: Shape, sid: int) -> Result:
         cls = g.cls
         ok = self._eligible(cls, shape, sid)
         if ok is None or g.cpu < shape.cpu_milli or g.mem < shape.memory_mib:
