@@ -43,7 +43,8 @@ before its own WAIT.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from scheduling import fit, preemption, workload
@@ -57,6 +58,7 @@ from scheduling.explain import (
     where,
 )
 from scheduling.packer import ClusterState, node_class
+from scheduling.packer import remembering as packer_remembering
 from scheduling.queue import FairQueue, cluster_capacity
 from scheduling.quota import QuotaBook, Verdict
 from scheduling.types import (
@@ -98,6 +100,57 @@ def _eligible(node: Node, shape: Shape, now: bool = True) -> tuple[bool, ...] | 
 
 
 _MISSING: object = object()
+#: `_fit_at` of a node where the shape fits beside everything that holds it
+_FITS_NOW = -(1 << 62)
+#: inside `remembering()`: (node class, shape, holds) -> `_fit_at`
+_DRAINS: dict[tuple[object, ...], int | None] | None = None
+_DRAINS_MAX = 200_000
+
+
+@contextlib.contextmanager
+def remembering() -> Iterator[None]:
+    """Keep what ticks compute again and again from the same inputs (the packer's group
+    evaluations, when a node drains for a shape) across the `schedule()` calls made
+    inside: a replay's tens of thousands of ticks. The decisions are the same."""
+    global _DRAINS
+    outer = _DRAINS
+    _DRAINS = {} if outer is None else outer
+    try:
+        with packer_remembering():
+            yield
+    finally:
+        _DRAINS = outer
+
+
+def _fit_at(
+    node: Node, shape: Shape, flags: tuple[bool, ...], holds: Sequence[_Hold]
+) -> int | None:
+    """The expected end after which one pod of the shape fits on the node, what holds it
+    ending in order of expected end (`_FITS_NOW`: it fits now; None: never, or a holder
+    has no estimate). `_drain_ms` is this but never before now: ends already past come
+    first either way, and once they are all gone the order of the rest is the same."""
+    ends: list[tuple[int, int]] = []
+    used: dict[int, int] = {}
+    cpu = mem = 0
+    for k, (end, grants, c, m) in enumerate(holds):
+        if end is None:
+            return None
+        ends.append((end, k))
+        for dev, milli in grants:
+            used[dev] = used.get(dev, 0) + milli
+        cpu += c
+        mem += m
+    if fit.fits_free(node, shape, flags, used, cpu, mem):
+        return _FITS_NOW
+    for end, k in sorted(ends):
+        _, grants, c, m = holds[k]
+        for dev, milli in grants:
+            used[dev] -= milli
+        cpu -= c
+        mem -= m
+        if fit.fits_free(node, shape, flags, used, cpu, mem):
+            return end
+    return None
 
 
 def schedule(
@@ -658,28 +711,18 @@ class _Tick:
         """Return when one pod of the shape is expected to fit on the node (devices, CPU,
         memory; `fit.fits_free`), from the expected ends of what holds it; None when one
         has no estimate."""
-        ends: list[tuple[int, int]] = []
-        used: dict[int, int] = {}
-        cpu = mem = 0
-        for k, (end, grants, c, m) in enumerate(holds):
-            if end is None:
-                return None
-            ends.append((max(end, self.now), k))
-            for dev, milli in grants:
-                used[dev] = used.get(dev, 0) + milli
-            cpu += c
-            mem += m
-        if fit.fits_free(node, shape, flags, used, cpu, mem):
-            return self.now
-        for end, k in sorted(ends):
-            _, grants, c, m = holds[k]
-            for dev, milli in grants:
-                used[dev] -= milli
-            cpu -= c
-            mem -= m
-            if fit.fits_free(node, shape, flags, used, cpu, mem):
-                return end
-        return None
+        memo = _DRAINS
+        if memo is None:
+            at = _fit_at(node, shape, flags, holds)
+        else:
+            key = (node_class(node), shape, tuple(holds))
+            if key in memo:
+                at = memo[key]
+            else:
+                if len(memo) >= _DRAINS_MAX:
+                    memo.clear()
+                at = memo[key] = _fit_at(node, shape, flags, holds)
+        return None if at is None else max(at, self.now)
 
     def _reject_never(self, req: PendingRequest, pools: tuple[str, ...]) -> Decision:
         msg = f"rejected: no node in {where(pools)} can hold {describe(req.shape)}"

@@ -32,7 +32,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from scheduling.bench.replay import Job, Outcome, _Sim, drive
-from scheduling.packer import remembering
+from scheduling.cycle import remembering
 from scheduling.types import (
     WHOLE_GPU_MILLI,
     Node,
@@ -240,8 +240,8 @@ def replay(
         rejects_ok=True,
         node_pool={n.name: n.pool for n in site.nodes},
     )
-    # Each tick's schedule() builds its packer state anew; its placements' evaluations come
-    # back tick after tick, so the replay keeps them (the results are the same).
+    # Each tick's schedule() starts from scratch; much of what it computes comes back
+    # tick after tick, so the replay keeps it (`cycle.remembering`; the same decisions).
     with remembering():
         return drive(sim, ordered, tick_ms, until_ms=end_ms + DRAIN_MS, progress=progress)
 
