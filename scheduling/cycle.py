@@ -219,6 +219,8 @@ class _Tick:
         self.admitted_end: list[int | None] = []
         #: per node, what holds it and until when; built only when a reservation needs it
         self._holders: dict[str, list[_Hold]] | None = None
+        #: when something last started on each node; built when a reservation needs it
+        self._last: dict[str, int] | None = None
         self.state.take_many(run.placement for run in snapshot.running)
         self.book = QuotaBook(
             snapshot.pools, snapshot.nodes, snapshot.quotas, snapshot.running, self.classes
@@ -391,6 +393,9 @@ class _Tick:
     ) -> Decision:
         self.state.take(placement)
         self.admitted.append(placement)
+        if self._last is not None:
+            for name in placement.nodes:
+                self._last[name] = self.now
         end = None if req.expected_runtime_ms is None else self.now + req.expected_runtime_ms
         self.admitted_end.append(end)
         if self._held is not None:
@@ -757,7 +762,10 @@ class _Tick:
 
     def last_start(self) -> dict[str, int]:
         """Return when something last started on each node (this tick's admissions: now)."""
+        if self._last is not None:
+            return self._last
         last: dict[str, int] = {}
+        self._last = last
         for run in self.snap.running:
             for pod in run.placement.pods:
                 last[pod.node] = max(last.get(pod.node, 0), run.started_at_ms)

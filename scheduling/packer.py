@@ -310,7 +310,7 @@ class _Targets:
     constrained: bool = False
     #: how much of a score tuple ranks nodes (None: all of it)
     node_len: int | None = None
-    #: equal for equal shapes and weights (`_target_ident`)
+    #: equal for equal shapes and weights (`_target_ident`); 0 = not numbered yet
     ident: int = 0
 
 
@@ -437,7 +437,7 @@ class ClusterState:
         items = list(weights.items()) if isinstance(weights, Mapping) else list(weights)
         t.items = [(s, int(w), self._shape_id(s)) for s, w in items if w > 0]
         t.total = max(1, sum(w for _, w, _ in t.items))
-        t.ident = _target_ident(tuple((s, w) for s, w, _ in t.items))
+        t.ident = 0  # numbered when first needed (`_evaluate`)
         t.constrained = any(m.gpu_models and m.count > 0 for m, _, _ in t.items)
         t.node_len = (
             1 if self.policy == "fgd" or (self.policy == "fgd-bestfit" and t.constrained) else None
@@ -689,7 +689,10 @@ class ClusterState:
         if memo is None:
             return self._evaluate_fresh(g, shape, sid)
         cls = g.cls
-        key = (cls.token, cls.target.ident, self.policy, g.cpu, g.mem, g.devs, shape)
+        target = cls.target
+        if not target.ident:
+            target.ident = _target_ident(tuple((s, w) for s, w, _ in target.items))
+        key = (cls.token, target.ident, self.policy, g.cpu, g.mem, g.devs, shape)
         r = memo.get(key, _MISS)
         if r is _MISS:
             if len(memo) >= _EVALUATED_MAX:
