@@ -47,7 +47,8 @@ before its own WAIT.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from scheduling import fit, preemption, scarce, workload
@@ -60,7 +61,8 @@ from scheduling.explain import (
     reclaim_sentence,
     where,
 )
-from scheduling.packer import ClusterState
+from scheduling.packer import ClusterState, node_class
+from scheduling.packer import remembering as packer_remembering
 from scheduling.queue import FairQueue, cluster_capacity
 from scheduling.quota import QuotaBook, Verdict
 from scheduling.types import (
@@ -84,6 +86,76 @@ ShapeKey = tuple[object, ...]
 #: expected end (None = unknown), (device, milli) grants, CPU milli, memory MiB
 _Hold = tuple[int | None, tuple[tuple[int, int], ...], int, int]
 _NEVER = 1 << 62
+#: (node class, shape, now) -> `fit.eligible_devices`: the same few node classes and shapes
+#: come back tick after tick, and a tick asks for each node of a pool
+_ELIGIBLE: dict[tuple[int, Shape, bool], tuple[bool, ...] | None] = {}
+_ELIGIBLE_MAX = 100_000
+
+
+def _eligible(node: Node, shape: Shape, now: bool = True) -> tuple[bool, ...] | None:
+    """`fit.eligible_devices(node, shape, now=now)`, which looks at all of the node but its
+    name, remembered per node class."""
+    key = (node_class(node), shape, now)
+    flags = _ELIGIBLE.get(key, _MISSING)
+    if flags is _MISSING:
+        if len(_ELIGIBLE) >= _ELIGIBLE_MAX:
+            _ELIGIBLE.clear()
+        flags = _ELIGIBLE[key] = fit.eligible_devices(node, shape, now=now)
+    return flags  # type: ignore[return-value]
+
+
+_MISSING: object = object()
+#: `_fit_at` of a node where the shape fits beside everything that holds it
+_FITS_NOW = -(1 << 62)
+#: inside `remembering()`: (node class, shape, holds) -> `_fit_at`
+_DRAINS: dict[tuple[object, ...], int | None] | None = None
+_DRAINS_MAX = 200_000
+
+
+@contextlib.contextmanager
+def remembering() -> Iterator[None]:
+    """Keep what ticks compute again and again from the same inputs (the packer's group
+    evaluations, when a node drains for a shape) across the `schedule()` calls made
+    inside: a replay's tens of thousands of ticks. The decisions are the same."""
+    global _DRAINS
+    outer = _DRAINS
+    _DRAINS = {} if outer is None else outer
+    try:
+        with packer_remembering():
+            yield
+    finally:
+        _DRAINS = outer
+
+
+def _fit_at(
+    node: Node, shape: Shape, flags: tuple[bool, ...], holds: Sequence[_Hold]
+) -> int | None:
+    """The expected end after which one pod of the shape fits on the node, what holds it
+    ending in order of expected end (`_FITS_NOW`: it fits now; None: never, or a holder
+    has no estimate). `_drain_ms` is this but never before now: ends already past come
+    first either way, and once they are all gone the order of the rest is the same."""
+    ends: list[tuple[int, int]] = []
+    used: dict[int, int] = {}
+    cpu = mem = 0
+    for k, (end, grants, c, m) in enumerate(holds):
+        if end is None:
+            return None
+        ends.append((end, k))
+        for dev, milli in grants:
+            used[dev] = used.get(dev, 0) + milli
+        cpu += c
+        mem += m
+    if fit.fits_free(node, shape, flags, used, cpu, mem):
+        return _FITS_NOW
+    for end, k in sorted(ends):
+        _, grants, c, m = holds[k]
+        for dev, milli in grants:
+            used[dev] -= milli
+        cpu -= c
+        mem -= m
+        if fit.fits_free(node, shape, flags, used, cpu, mem):
+            return end
+    return None
 
 
 def schedule(
@@ -152,6 +224,8 @@ class _Tick:
         self.admitted_end: list[int | None] = []
         #: per node, what holds it and until when; built only when a reservation needs it
         self._holders: dict[str, list[_Hold]] | None = None
+        #: when something last started on each node; built when a reservation needs it
+        self._last: dict[str, int] | None = None
         self.state.take_many(run.placement for run in snapshot.running)
         self.book = QuotaBook(
             snapshot.pools, snapshot.nodes, snapshot.quotas, snapshot.running, self.classes
@@ -394,6 +468,9 @@ class _Tick:
     ) -> Decision:
         self.state.take(placement)
         self.admitted.append(placement)
+        if self._last is not None:
+            for name in placement.nodes:
+                self._last[name] = self.now
         end = None if req.expected_runtime_ms is None else self.now + req.expected_runtime_ms
         self.admitted_end.append(end)
         if self._held is not None:
@@ -692,7 +769,7 @@ class _Tick:
             if node.pool not in pools or node.name in self.reserved or node.name in self.claimed:
                 continue
             # The one fit rule: readiness, taints, CPU, memory, devices.
-            flags = fit.eligible_devices(node, shape)
+            flags = _eligible(node, shape)
             if flags is None:
                 continue
             free = sum(
@@ -731,28 +808,18 @@ class _Tick:
         """Return when one pod of the shape is expected to fit on the node (devices, CPU,
         memory; `fit.fits_free`), from the expected ends of what holds it; None when one
         has no estimate."""
-        ends: list[tuple[int, int]] = []
-        used: dict[int, int] = {}
-        cpu = mem = 0
-        for k, (end, grants, c, m) in enumerate(holds):
-            if end is None:
-                return None
-            ends.append((max(end, self.now), k))
-            for dev, milli in grants:
-                used[dev] = used.get(dev, 0) + milli
-            cpu += c
-            mem += m
-        if fit.fits_free(node, shape, flags, used, cpu, mem):
-            return self.now
-        for end, k in sorted(ends):
-            _, grants, c, m = holds[k]
-            for dev, milli in grants:
-                used[dev] -= milli
-            cpu -= c
-            mem -= m
-            if fit.fits_free(node, shape, flags, used, cpu, mem):
-                return end
-        return None
+        memo = _DRAINS
+        if memo is None:
+            at = _fit_at(node, shape, flags, holds)
+        else:
+            key = (node_class(node), shape, tuple(holds))
+            if key in memo:
+                at = memo[key]
+            else:
+                if len(memo) >= _DRAINS_MAX:
+                    memo.clear()
+                at = memo[key] = _fit_at(node, shape, flags, holds)
+        return None if at is None else max(at, self.now)
 
     def _reject_never(self, req: PendingRequest, pools: tuple[str, ...]) -> Decision:
         msg = f"rejected: no node in {where(pools)} can hold {describe(req.shape)}"
@@ -768,12 +835,13 @@ class _Tick:
         key = (shape, pools)
         if key not in self.never:
             hosts = 0
+            # `fit.can_ever_host`, remembered per node class
             for node in self.snap.nodes:
-                if node.pool in pools and fit.can_ever_host(node, shape):
+                if node.pool in pools and _eligible(node, shape, now=False) is not None:
                     hosts += 1
             self.short[key] = hosts < shape.pods
             for node in self.snap.growth:
-                if node.pool in pools and fit.can_ever_host(node, shape):
+                if node.pool in pools and _eligible(node, shape, now=False) is not None:
                     hosts += 1
             self.never[key] = hosts < shape.pods
         return self.never[key]
@@ -786,7 +854,10 @@ class _Tick:
 
     def last_start(self) -> dict[str, int]:
         """Return when something last started on each node (this tick's admissions: now)."""
+        if self._last is not None:
+            return self._last
         last: dict[str, int] = {}
+        self._last = last
         for run in self.snap.running:
             for pod in run.placement.pods:
                 last[pod.node] = max(last.get(pod.node, 0), run.started_at_ms)

@@ -88,13 +88,14 @@ memory reduced to the thresholds of the target shapes.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
 import itertools
 import math
 import operator
 import random
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from scheduling import fit, mig
@@ -184,6 +185,11 @@ _NODE_SEEN_MAX = 10_000
 _NODE_NUMBERS = itertools.count()
 
 
+def node_class(node: Node) -> int:
+    """A number equal for nodes equal but for their name (never reused for another)."""
+    return _node_token(node)
+
+
 def _node_token(node: Node) -> int:
     """The number of the node's class key: equal for nodes equal but for their name."""
     seen = _NODE_SEEN.get(id(node))
@@ -200,6 +206,85 @@ def _node_token(node: Node) -> int:
         _NODE_SEEN.clear()  # the portal builds new nodes each tick: forget old ones
     _NODE_SEEN[id(node)] = (node, token)
     return token
+
+
+@dataclass(frozen=True, slots=True)
+class _Static:
+    """What a node class is whatever the state: computed once per class number, not once
+    per tick (a replay builds a ClusterState for each of tens of thousands of ticks)."""
+
+    proto: Node
+    specs: tuple[Device, ...]
+    uniform: bool
+    interconnect: int
+    gpu_milli: int
+    families: tuple[mig.MigFamily | None, ...]
+    fresh: tuple[DevState, ...]
+
+
+#: class number (`_node_token`) -> its `_Static`; numbers are never reused
+_CLASS_STATIC: dict[int, _Static] = {}
+
+
+def _class_static(token: int, node: Node) -> _Static:
+    static = _CLASS_STATIC.get(token)
+    if static is not None:
+        return static
+    specs = tuple(node.devices)
+    first = specs[0] if specs else None
+    uniform = (
+        all(dataclasses.replace(d, index=0) == dataclasses.replace(first, index=0) for d in specs)
+        if first
+        else True
+    )
+    static = _Static(
+        proto=dataclasses.replace(node, name=""),
+        specs=specs,
+        uniform=uniform,
+        interconnect=_INTERCONNECT_RANK.get(node.interconnect, 3),
+        gpu_milli=WHOLE_GPU_MILLI * sum(1 for d in specs if d.healthy),
+        families=tuple(
+            mig.family_for(d.model, d.memory_mib) if d.partitioning is Partitioning.MIG else None
+            for d in specs
+        ),
+        fresh=tuple(_fresh(d) for d in specs),
+    )
+    if len(_CLASS_STATIC) >= _NODE_SEEN_MAX:
+        _CLASS_STATIC.clear()
+    _CLASS_STATIC[token] = static
+    return static
+
+
+#: target workload (shapes and weights) -> its number; numbers are never reused
+_TARGET_IDS: dict[tuple[tuple[Shape, int], ...], int] = {}
+_TARGET_NUMBERS = itertools.count(1)
+#: inside `remembering()`: (node class, target, policy, free CPU, free memory, device
+#: states, shape) -> the group's `Result`; bounded, and cleared when full
+_EVALUATED: dict[tuple[object, ...], object] | None = None
+_EVALUATED_MAX = 200_000
+
+
+@contextlib.contextmanager
+def remembering() -> Iterator[None]:
+    """Remember group evaluations across ClusterStates while inside (a replay's ticks each
+    build a new one and meet the same free capacities again and again); outside, each
+    ClusterState remembers only its own, and nothing is kept between ticks."""
+    global _EVALUATED
+    outer = _EVALUATED
+    _EVALUATED = {} if outer is None else outer
+    try:
+        yield
+    finally:
+        _EVALUATED = outer
+
+
+def _target_ident(items: tuple[tuple[Shape, int], ...]) -> int:
+    ident = _TARGET_IDS.get(items)
+    if ident is None:
+        if len(_TARGET_IDS) >= _NODE_SEEN_MAX:
+            _TARGET_IDS.clear()
+        ident = _TARGET_IDS[items] = next(_TARGET_NUMBERS)
+    return ident
 
 
 def _fresh(spec: Device) -> DevState:
@@ -225,6 +310,8 @@ class _Targets:
     constrained: bool = False
     #: how much of a score tuple ranks nodes (None: all of it)
     node_len: int | None = None
+    #: equal for equal shapes and weights (`_target_ident`); 0 = not numbered yet
+    ident: int = 0
 
 
 @dataclass(slots=True, eq=False)
@@ -246,6 +333,10 @@ class _Class:
     families: tuple[mig.MigFamily | None, ...] = ()
     #: the target workload of the node's pool
     target: _Targets = field(default_factory=_Targets)
+    #: the state of each device when nothing holds it
+    fresh: tuple[DevState, ...] = ()
+    #: `_node_token`: equal for the classes of equal nodes in every ClusterState
+    token: int = -1
 
 
 @dataclass(slots=True, eq=False)
@@ -321,9 +412,7 @@ class ClusterState:
             self.set_shape_weights([])
         for node in nodes:
             cls = self._class_of(node)
-            free = _NodeFree(
-                node, cls, node.cpu_milli, node.memory_mib, [_fresh(d) for d in node.devices]
-            )
+            free = _NodeFree(node, cls, node.cpu_milli, node.memory_mib, list(cls.fresh))
             self._nodes[node.name] = free
             self._regroup(free)
 
@@ -348,6 +437,7 @@ class ClusterState:
         items = list(weights.items()) if isinstance(weights, Mapping) else list(weights)
         t.items = [(s, int(w), self._shape_id(s)) for s, w in items if w > 0]
         t.total = max(1, sum(w for _, w, _ in t.items))
+        t.ident = 0  # numbered when first needed (`_evaluate`)
         t.constrained = any(m.gpu_models and m.count > 0 for m, _, _ in t.items)
         t.node_len = (
             1 if self.policy == "fgd" or (self.policy == "fgd-bestfit" and t.constrained) else None
@@ -433,33 +523,19 @@ class ClusterState:
         key = _node_token(node)
         cls = self._classes.get(key)
         if cls is None:
-            proto = dataclasses.replace(node, name="")
-            specs = tuple(node.devices)
-            first = specs[0] if specs else None
-            uniform = (
-                all(
-                    dataclasses.replace(d, index=0) == dataclasses.replace(first, index=0)
-                    for d in specs
-                )
-                if first
-                else True
-            )
-            families = tuple(
-                mig.family_for(d.model, d.memory_mib)
-                if d.partitioning is Partitioning.MIG
-                else None
-                for d in specs
-            )
+            static = _class_static(key, node)
             cls = _Class(
                 id=len(self._classes),
-                proto=proto,
-                specs=specs,
-                uniform=uniform,
+                proto=static.proto,
+                specs=static.specs,
+                uniform=static.uniform,
                 schedulable=self.schedulable(node),
-                interconnect=_INTERCONNECT_RANK.get(node.interconnect, 3),
+                interconnect=static.interconnect,
                 cpu_milli=node.cpu_milli,
-                gpu_milli=WHOLE_GPU_MILLI * sum(1 for d in specs if d.healthy),
-                families=families,
+                gpu_milli=static.gpu_milli,
+                families=static.families,
+                fresh=static.fresh,
+                token=key,
                 target=self._pool_targets.get(node.pool, self._default),
             )
             self._classes[key] = cls
@@ -606,6 +682,25 @@ class ClusterState:
         return out
 
     def _evaluate(self, g: _Group, shape: Shape, sid: int) -> Result:
+        """`_evaluate_fresh`, inside `remembering()` remembered across ClusterStates: it
+        depends only on the node class, its target workload, the policy, the group's free
+        capacity and the shape."""
+        memo = _EVALUATED
+        if memo is None:
+            return self._evaluate_fresh(g, shape, sid)
+        cls = g.cls
+        target = cls.target
+        if not target.ident:
+            target.ident = _target_ident(tuple((s, w) for s, w, _ in target.items))
+        key = (cls.token, target.ident, self.policy, g.cpu, g.mem, g.devs, shape)
+        r = memo.get(key, _MISS)
+        if r is _MISS:
+            if len(memo) >= _EVALUATED_MAX:
+                memo.clear()
+            r = memo[key] = self._evaluate_fresh(g, shape, sid)
+        return r  # type: ignore[return-value]
+
+    def _evaluate_fresh(self, g: _Group, shape: Shape, sid: int) -> Result:
         cls = g.cls
         ok = self._eligible(cls, shape, sid)
         if ok is None or g.cpu < shape.cpu_milli or g.mem < shape.memory_mib:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from scheduling.bench.replay import Job, Outcome, _Sim, drive
+from scheduling.cycle import remembering
 from scheduling.types import (
     WHOLE_GPU_MILLI,
     Node,
@@ -239,7 +240,10 @@ def replay(
         rejects_ok=True,
         node_pool={n.name: n.pool for n in site.nodes},
     )
-    return drive(sim, ordered, tick_ms, until_ms=end_ms + DRAIN_MS, progress=progress)
+    # Each tick's schedule() starts from scratch; much of what it computes comes back
+    # tick after tick, so the replay keeps it (`cycle.remembering`; the same decisions).
+    with remembering():
+        return drive(sim, ordered, tick_ms, until_ms=end_ms + DRAIN_MS, progress=progress)
 
 
 def _pct(values: Sequence[float], pct: int) -> float:
