@@ -15,6 +15,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from portal import access, lifecycle, lifecycle_selectors, mig_relayout, rollouts
 from portal.models import Pool, Rollout
+from portal.views import _add_errors, _refused
 
 
 class RolloutForm(forms.Form):
@@ -93,8 +94,7 @@ def rollout_create(request: HttpRequest, pool_id: int) -> HttpResponse:
                     **data,
                 )
             except ValidationError as exc:
-                for field, errors in exc.message_dict.items():
-                    form.add_error(field if field in form.fields else None, errors)
+                _add_errors(form, exc)
             else:
                 return redirect(reverse("portal:rollout-detail", args=[rollout.pk]))
     status = 200 if form.is_valid() and "preview" in request.POST else 400
@@ -110,7 +110,7 @@ def node_validate(request: HttpRequest, node_id: int) -> HttpResponse:
     try:
         rollouts.validation_start(actor=request.user, node=node)  # type: ignore[arg-type]
     except ValidationError as exc:
-        return HttpResponse(" ".join(exc.messages), status=400, content_type="text/plain")
+        return _refused(exc)
     return redirect(reverse("portal:pool-detail", args=[node.pool_id]))
 
 
@@ -137,7 +137,7 @@ def pool_mig_relayout(request: HttpRequest, pool_id: int) -> HttpResponse:
     try:
         rollout = rollouts.mig_relayout_start(actor=request.user, pool=pool)  # type: ignore[arg-type]
     except ValidationError as exc:
-        return HttpResponse(" ".join(exc.messages), status=400, content_type="text/plain")
+        return _refused(exc)
     return redirect(reverse("portal:rollout-detail", args=[rollout.pk]))
 
 
@@ -149,7 +149,7 @@ def pool_validate(request: HttpRequest, pool_id: int) -> HttpResponse:
     try:
         rollouts.pool_validate(actor=request.user, pool=pool)  # type: ignore[arg-type]
     except ValidationError as exc:
-        return HttpResponse(" ".join(exc.messages), status=400, content_type="text/plain")
+        return _refused(exc)
     return redirect(reverse("portal:pool-detail", args=[pool.pk]))
 
 
@@ -168,5 +168,5 @@ def rollout_halt(request: HttpRequest, rollout_id: int) -> HttpResponse:
             reason=request.POST.get("reason", ""),
         )
     except ValidationError as exc:
-        return HttpResponse(" ".join(exc.messages), status=400, content_type="text/plain")
+        return _refused(exc)
     return redirect(reverse("portal:rollout-detail", args=[rollout.pk]))
