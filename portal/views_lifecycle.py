@@ -8,7 +8,7 @@ from typing import Any
 from django import forms
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
@@ -44,10 +44,7 @@ class RolloutForm(forms.Form):
 
 def _pool_for_read(user: Any, pool_id: int) -> Pool:
     access.require_admin_read(user)
-    try:
-        return Pool.objects.get(pk=pool_id)
-    except Pool.DoesNotExist:
-        raise Http404("No such pool.") from None
+    return access.get_pool(user, pool_id)
 
 
 def _pool_context(pool: Pool, form: RolloutForm, plan: list[dict[str, Any]] | None) -> dict:
@@ -117,11 +114,7 @@ def node_validate(request: HttpRequest, node_id: int) -> HttpResponse:
 @login_required
 @require_GET
 def rollout_detail(request: HttpRequest, rollout_id: int) -> HttpResponse:
-    access.require_admin_read(request.user)
-    try:
-        rollout = Rollout.objects.select_related("pool", "created_by").get(pk=rollout_id)
-    except Rollout.DoesNotExist:
-        raise Http404("No such rollout.") from None
+    rollout = access.get_rollout(request.user, rollout_id, read_only=True)
     context = {"rollout": rollout, "progress": lifecycle_selectors.rollout_progress(rollout)}
     template = "portal/rollout_detail.html"
     if request.htmx:  # type: ignore[attr-defined]
@@ -156,11 +149,7 @@ def pool_validate(request: HttpRequest, pool_id: int) -> HttpResponse:
 @login_required
 @require_POST
 def rollout_halt(request: HttpRequest, rollout_id: int) -> HttpResponse:
-    access.require_admin(request.user)
-    try:
-        rollout = Rollout.objects.get(pk=rollout_id)
-    except Rollout.DoesNotExist:
-        raise Http404("No such rollout.") from None
+    rollout = access.get_rollout(request.user, rollout_id)
     try:
         rollouts.rollout_halt(
             actor=request.user,  # type: ignore[arg-type]
