@@ -30,6 +30,7 @@ from portal.models import (
     PolicyProfile,
     Pool,
     RequestTemplate,
+    Rollout,
     Team,
     WorkloadClass,
 )
@@ -272,3 +273,15 @@ class TrustedHeaderBackend(RemoteUserBackend):
     """Creates unknown users on first sign-in with no team and no staff bit: admins add memberships."""
 
     create_unknown_user = True
+
+
+def get_rollout(user: AnyUser, pk: int | str, *, read_only: bool = False) -> Rollout:
+    """A rollout: admins halt it; admins and auditors read it (`read_only`)."""
+    if read_only:
+        require_admin_read(user)
+    else:
+        require_admin(user)
+    try:
+        return Rollout.objects.select_related("pool", "created_by").get(pk=int(pk))
+    except (Rollout.DoesNotExist, ValueError, TypeError):
+        raise Http404("No such rollout.") from None

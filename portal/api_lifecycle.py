@@ -7,7 +7,6 @@ import hmac
 from typing import Any
 
 from django.conf import settings
-from django.http import Http404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
 from rest_framework.exceptions import PermissionDenied
@@ -17,7 +16,7 @@ from rest_framework.response import Response
 
 from portal import access, lifecycle, lifecycle_selectors, rollouts
 from portal.api import ApiView, ListApiView, StrictSerializer, _paginate
-from portal.models import Pool, Rollout, ValidationRun
+from portal.models import Pool, ValidationRun
 from portal.readiness import attempt_token, ready_token_key
 
 
@@ -97,11 +96,7 @@ class RolloutDetailApi(ApiView):
 
     @extend_schema(operation_id="rollouts_retrieve", responses=RolloutDetailSerializer)
     def get(self, request: Request, rollout_id: int) -> Response:
-        access.require_admin_read(request.user)
-        try:
-            rollout = Rollout.objects.select_related("pool").get(pk=rollout_id)
-        except Rollout.DoesNotExist:
-            raise Http404("No such rollout.") from None
+        rollout = access.get_rollout(request.user, rollout_id, read_only=True)
         return Response(RolloutDetailSerializer(rollout).data)
 
 
@@ -120,11 +115,7 @@ class RolloutHaltApi(ApiView):
         responses=RolloutDetailSerializer,
     )
     def post(self, request: Request, rollout_id: int) -> Response:
-        access.require_admin(request.user)
-        try:
-            rollout = Rollout.objects.get(pk=rollout_id)
-        except Rollout.DoesNotExist:
-            raise Http404("No such rollout.") from None
+        rollout = access.get_rollout(request.user, rollout_id)
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         rollout = rollouts.rollout_halt(

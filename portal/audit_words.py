@@ -195,38 +195,21 @@ def _targets(events: list[AuditEvent]) -> dict[tuple[str, str], str]:
                 )
             ),
         )
-    if ids := by_type.get("pool"):
-        put(
-            "pool",
-            (
-                (pk, f"pool {n}")
-                for pk, n in Pool.objects.filter(pk__in=ids).values_list("pk", "name")
-            ),
-        )
-    if ids := by_type.get("workloadclass"):
-        put(
-            "workloadclass",
-            (
-                (pk, f"class {n}")
-                for pk, n in WorkloadClass.objects.filter(pk__in=ids).values_list("pk", "name")
-            ),
-        )
-    if ids := by_type.get("team"):
-        put(
-            "team",
-            (
-                (pk, f"team {n}")
-                for pk, n in Team.objects.filter(pk__in=ids).values_list("pk", "name")
-            ),
-        )
-    if ids := by_type.get("policyprofile"):
-        put(
-            "policyprofile",
-            (
-                (pk, f"profile {n}")
-                for pk, n in PolicyProfile.objects.filter(pk__in=ids).values_list("pk", "name")
-            ),
-        )
+    # Objects known by their name alone: the word before it says what they are.
+    for kind, model, word in (
+        ("pool", Pool, "pool"),
+        ("workloadclass", WorkloadClass, "class"),
+        ("team", Team, "team"),
+        ("policyprofile", PolicyProfile, "profile"),
+    ):
+        if ids := by_type.get(kind):
+            put(
+                kind,
+                (
+                    (pk, f"{word} {n}")
+                    for pk, n in model.objects.filter(pk__in=ids).values_list("pk", "name")
+                ),
+            )
     if ids := by_type.get("membership"):
         put(
             "membership",

@@ -140,6 +140,11 @@ def _add_errors(form: Any, exc: ValidationError, rename: dict[str, str] | None =
         form.add_error(name if name in form.fields else None, errors)
 
 
+def _refused(exc: ValidationError) -> HttpResponse:
+    """A button's action the service refused: its reasons, as plain text."""
+    return HttpResponse(" ".join(exc.messages), status=400, content_type="text/plain")
+
+
 def _next_url(request: HttpRequest, default: str) -> str:
     target = request.POST.get("next", "")
     if target and url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}):
@@ -545,7 +550,7 @@ def device_clear_quarantine(request: HttpRequest, device_id: int) -> HttpRespons
     try:
         services.device_clear_quarantine(actor=request.user, device=device)  # type: ignore[arg-type]
     except ValidationError as exc:
-        return HttpResponse(" ".join(exc.messages), status=400, content_type="text/plain")
+        return _refused(exc)
     return redirect(_next_url(request, reverse("portal:capacity")))
 
 
@@ -649,7 +654,7 @@ def profile_activate(request: HttpRequest, profile_id: int) -> HttpResponse:
     try:
         services.policy_profile_activate(actor=request.user, profile=row)  # type: ignore[arg-type]
     except ValidationError as exc:
-        return HttpResponse(" ".join(exc.messages), status=400, content_type="text/plain")
+        return _refused(exc)
     return _profiles_answer(request)
 
 

@@ -19,6 +19,7 @@ from django.views.decorators.http import require_GET, require_POST
 from portal import access, selectors, services
 from portal.audit_words import describe
 from portal.forms import AuditFilterForm, BulkIdsForm, ReasonForm
+from portal.models import GpuRequest
 
 PAGE_SIZE = 50
 #: rows the CSV fetches per query (describe() names each chunk's targets in bulk)
@@ -142,6 +143,19 @@ def confirm_page(
     return render(request, "portal/confirm.html", context, status=400)
 
 
+def _cancel(request: HttpRequest, req: GpuRequest, reason: str) -> bool:
+    """Cancel or stop one request; False where it had already ended."""
+    try:
+        services.gpu_request_cancel(
+            user=request.user,  # type: ignore[arg-type]
+            gpu_request=req,
+            reason=reason,
+        )
+    except ValidationError:
+        return False
+    return True
+
+
 @login_required
 @require_POST
 def requests_bulk_cancel(request: HttpRequest) -> HttpResponse:
@@ -163,16 +177,7 @@ def requests_bulk_cancel(request: HttpRequest) -> HttpResponse:
     ]
     done, over = [], []
     for req in reqs:
-        try:
-            services.gpu_request_cancel(
-                user=request.user,  # type: ignore[arg-type]
-                gpu_request=req,
-                reason=form.cleaned_data["reason"],
-            )
-        except ValidationError:
-            over.append(req.pk)
-        else:
-            done.append(req.pk)
+        (done if _cancel(request, req, form.cleaned_data["reason"]) else over).append(req.pk)
     text = f"Cancelled {len(done)} request{'s' if len(done) != 1 else ''}"
     if over:
         text += f"; {len(over)} had already ended"
@@ -242,13 +247,6 @@ def request_cancel(request: HttpRequest, request_id: int) -> HttpResponse:
             action_url=reverse("portal:request-cancel", args=[req.pk]),
             hidden={"next": _next_url(request, default)},
         )
-    try:
-        services.gpu_request_cancel(
-            user=request.user,  # type: ignore[arg-type]
-            gpu_request=req,
-            reason=form.cleaned_data["reason"],
-        )
-    except ValidationError:
-        # Already over: nothing to cancel, the page shows its final state.
-        pass
+    # Already over: nothing to cancel, the page shows its final state.
+    _cancel(request, req, form.cleaned_data["reason"])
     return redirect(_next_url(request, default))

@@ -8,13 +8,14 @@ from typing import Any
 from django import forms
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from portal import access, lifecycle, lifecycle_selectors, mig_relayout, rollouts
 from portal.models import Pool, Rollout
+from portal.views import _add_errors, _refused
 
 
 class RolloutForm(forms.Form):
@@ -43,10 +44,7 @@ class RolloutForm(forms.Form):
 
 def _pool_for_read(user: Any, pool_id: int) -> Pool:
     access.require_admin_read(user)
-    try:
-        return Pool.objects.get(pk=pool_id)
-    except Pool.DoesNotExist:
-        raise Http404("No such pool.") from None
+    return access.get_pool(user, pool_id)
 
 
 def _pool_context(pool: Pool, form: RolloutForm, plan: list[dict[str, Any]] | None) -> dict:
@@ -93,8 +91,7 @@ def rollout_create(request: HttpRequest, pool_id: int) -> HttpResponse:
                     **data,
                 )
             except ValidationError as exc:
-                for field, errors in exc.message_dict.items():
-                    form.add_error(field if field in form.fields else None, errors)
+                _add_errors(form, exc)
             else:
                 return redirect(reverse("portal:rollout-detail", args=[rollout.pk]))
     status = 200 if form.is_valid() and "preview" in request.POST else 400
@@ -110,18 +107,14 @@ def node_validate(request: HttpRequest, node_id: int) -> HttpResponse:
     try:
         rollouts.validation_start(actor=request.user, node=node)  # type: ignore[arg-type]
     except ValidationError as exc:
-        return HttpResponse(" ".join(exc.messages), status=400, content_type="text/plain")
+        return _refused(exc)
     return redirect(reverse("portal:pool-detail", args=[node.pool_id]))
 
 
 @login_required
 @require_GET
 def rollout_detail(request: HttpRequest, rollout_id: int) -> HttpResponse:
-    access.require_admin_read(request.user)
-    try:
-        rollout = Rollout.objects.select_related("pool", "created_by").get(pk=rollout_id)
-    except Rollout.DoesNotExist:
-        raise Http404("No such rollout.") from None
+    rollout = access.get_rollout(request.user, rollout_id, read_only=True)
     context = {"rollout": rollout, "progress": lifecycle_selectors.rollout_progress(rollout)}
     template = "portal/rollout_detail.html"
     if request.htmx:  # type: ignore[attr-defined]
@@ -137,7 +130,7 @@ def pool_mig_relayout(request: HttpRequest, pool_id: int) -> HttpResponse:
     try:
         rollout = rollouts.mig_relayout_start(actor=request.user, pool=pool)  # type: ignore[arg-type]
     except ValidationError as exc:
-        return HttpResponse(" ".join(exc.messages), status=400, content_type="text/plain")
+        return _refused(exc)
     return redirect(reverse("portal:rollout-detail", args=[rollout.pk]))
 
 
@@ -149,18 +142,14 @@ def pool_validate(request: HttpRequest, pool_id: int) -> HttpResponse:
     try:
         rollouts.pool_validate(actor=request.user, pool=pool)  # type: ignore[arg-type]
     except ValidationError as exc:
-        return HttpResponse(" ".join(exc.messages), status=400, content_type="text/plain")
+        return _refused(exc)
     return redirect(reverse("portal:pool-detail", args=[pool.pk]))
 
 
 @login_required
 @require_POST
 def rollout_halt(request: HttpRequest, rollout_id: int) -> HttpResponse:
-    access.require_admin(request.user)
-    try:
-        rollout = Rollout.objects.get(pk=rollout_id)
-    except Rollout.DoesNotExist:
-        raise Http404("No such rollout.") from None
+    rollout = access.get_rollout(request.user, rollout_id)
     try:
         rollouts.rollout_halt(
             actor=request.user,  # type: ignore[arg-type]
@@ -168,5 +157,5 @@ def rollout_halt(request: HttpRequest, rollout_id: int) -> HttpResponse:
             reason=request.POST.get("reason", ""),
         )
     except ValidationError as exc:
-        return HttpResponse(" ".join(exc.messages), status=400, content_type="text/plain")
+        return _refused(exc)
     return redirect(reverse("portal:rollout-detail", args=[rollout.pk]))

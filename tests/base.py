@@ -145,3 +145,16 @@ def submit(user: Any, team: Team, **kw: Any) -> GpuRequest:
     }
     defaults.update(kw)
     return services.gpu_request_submit(user=user, team=team, **defaults)
+
+
+def submit_serving(user: Any, team: Team, **kw: Any) -> GpuRequest:
+    """A serving workload on one 1g.10gb MIG slice of h100-mig; the runtime's image runs it."""
+    defaults: dict[str, Any] = {
+        "cls": "inference",
+        "pool_name": "h100-mig",
+        "profile_kind": "mig",
+        "mig_profile": "1g.10gb",
+        "kind": "serving",
+        "command": [],
+    }
+    return submit(user, team, **{**defaults, **kw})

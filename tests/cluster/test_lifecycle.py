@@ -23,21 +23,17 @@ from portal import lifecycle, rollouts, services
 from portal.backends.kubernetes import KubernetesBackend
 from portal.models import (
     Attempt,
-    DeviceProfile,
     GpuRequest,
-    Membership,
-    Pool,
-    Quota,
     Rollout,
     RolloutNode,
     ValidationRun,
-    WorkloadClass,
 )
 from portal.reconcile import reconcile
 from portal.tick import run_tick
 from tests.cluster.conftest import JOB_OPTIONS
 from tests.cluster.kube import Cluster, node_ready, node_settled, wait_for
 from tests.cluster.nodes import POOL, a100
+from tests.cluster.world import training_world
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -117,27 +113,9 @@ def lc(
 
 
 def _world() -> dict[str, Any]:
-    whole = DeviceProfile.objects.create(name="whole", kind="whole")
-    training = WorkloadClass.objects.create(
-        name="training",
-        band=100,
-        preemption="always",
-        default_profile=whole,
-        priority_class_name="quartermaster-training",
-    )
-    pool = Pool.objects.create(
-        name="lc",
-        gpu_model="NVIDIA-A100-SXM4-80GB",
-        gpu_memory_mib=81920,
-        node_selector={POOL: "lc"},
-    )
-    team = services.team_create(actor=None, name="team-a", namespace="team-a")
-    Quota.objects.create(team=team, pool=pool, nominal_milli=16000)
-    user = get_user_model().objects.create_user("bob", password="pw-bob-123")
+    world = training_world("lc", {POOL: "lc"})
     admin = get_user_model().objects.create_user("dave", password="pw-dave-123", is_staff=True)
-    Membership.objects.create(user=user, team=team, role="member")
-    services.inventory_sync()
-    return {"user": user, "admin": admin, "team": team, "pool": pool, "cls": training}
+    return {**world, "admin": admin}
 
 
 def _step(until: Any, what: str, timeout_s: float = 60) -> None:

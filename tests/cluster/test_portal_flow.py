@@ -10,16 +10,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.contrib.auth import get_user_model
 
 import portal.backends
 from portal import services
 from portal.backends.kubernetes import KubernetesBackend
-from portal.models import DeviceProfile, GpuRequest, Membership, Pool, Quota, WorkloadClass
+from portal.models import GpuRequest
 from portal.reconcile import reconcile
 from portal.tick import run_tick
 from tests.cluster.kube import Cluster, node_ready
 from tests.cluster.nodes import POOL_SELECTORS
+from tests.cluster.world import training_world
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -27,26 +27,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def world(watching: KubernetesBackend, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     monkeypatch.setattr(portal.backends, "_backend", lambda name: watching)
-    whole = DeviceProfile.objects.create(name="whole", kind="whole")
-    training = WorkloadClass.objects.create(
-        name="training",
-        band=100,
-        preemption="always",
-        default_profile=whole,
-        priority_class_name="quartermaster-training",
-    )
-    a100 = Pool.objects.create(
-        name="a100",
-        gpu_model="NVIDIA-A100-SXM4-80GB",
-        gpu_memory_mib=81920,
-        node_selector=POOL_SELECTORS["a100"],
-    )
-    team = services.team_create(actor=None, name="team-a", namespace="team-a")
-    Quota.objects.create(team=team, pool=a100, nominal_milli=16000)
-    user = get_user_model().objects.create_user("bob", password="pw-bob-123")
-    Membership.objects.create(user=user, team=team, role="member")
-    services.inventory_sync()
-    yield {"user": user, "team": team, "pool": a100, "cls": training}
+    yield training_world("a100", POOL_SELECTORS["a100"])
 
 
 def _drive(req: GpuRequest, until: set[str], timeout_s: float = 40) -> list[str]:

@@ -22,7 +22,7 @@ from django.utils import timezone
 from portal.models import Attempt
 from portal.serving_sim import STEP_S, Engine
 from portal.tick import run_tick
-from tests.base import make_world, submit
+from tests.base import make_world, submit, submit_serving
 from tests.k8s.test_alerts import _promtool_on, _scrape
 
 
@@ -41,18 +41,8 @@ def test_the_ttft_slo_burn_rate_alert_fires_on_real_series(
     w = make_world()
     engines = []
     for runtime in ("vllm", "triton"):
-        req = submit(
-            w.bob,
-            w.vision,
-            cls="inference",
-            pool_name="h100-mig",
-            profile_kind="mig",
-            mig_profile="1g.10gb",
-            kind="serving",
-            model_name="llama",
-            model_revision="r1",
-            runtime=runtime,
-            command=[],
+        req = submit_serving(
+            w.bob, w.vision, model_name="llama", model_revision="r1", runtime=runtime
         )
         labels = {
             "team": "vision",

@@ -17,7 +17,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from portal import services
-from portal.models import AuditEvent, GpuRequest, Node, Pool, Quota
+from portal.audit_words import describe
+from portal.models import AuditEvent, GpuRequest, Node, PolicyProfile, Pool, Quota, WorkloadClass
 from tests.base import World, make_world, submit
 
 pytestmark = pytest.mark.django_db
@@ -266,3 +267,23 @@ def test_the_api_takes_a_reason_into_the_audit_log(world: World) -> None:
     )
     assert r.status_code == 200
     assert AuditEvent.objects.get(action="quota.set").reason == "rebalance"
+
+
+def test_objects_known_by_name_are_named_with_their_kind(world: World) -> None:
+    profile = PolicyProfile.objects.first() or PolicyProfile.objects.create(name="base")
+    targets = {
+        "pool": (Pool.objects.get(name="a100-train"), "pool a100-train"),
+        "workloadclass": (WorkloadClass.objects.get(name="inference"), "class inference"),
+        "team": (world.vision, "team vision"),
+        "policyprofile": (profile, f"profile {profile.name}"),
+    }
+    events = [
+        AuditEvent.objects.create(
+            actor_name="dave", action="x.update", object_type=kind, object_id=str(obj.pk)
+        )
+        for kind, (obj, _) in targets.items()
+    ]
+    with CaptureQueriesContext(connection) as queries:
+        rows = describe(events)
+    assert [r.target for r in rows] == [name for _, name in targets.values()]
+    assert len(queries) == len(targets)

@@ -299,3 +299,13 @@ def test_an_admin_halts_a_running_rollout_and_its_burn_ins_still_finish(
     rollouts.rollouts_advance()
     assert ValidationRun.objects.get().state == "passed"
     assert Node.objects.get(name="l4-01").cordoned  # left for an admin to return
+
+
+def test_a_missing_rollout_is_404_and_only_admins_halt(world: World, settings: Any) -> None:
+    dave, erin = client_for(world.dave), client_for(auditor(settings))
+    assert dave.get("/ops/rollouts/999999/").status_code == 404
+    assert dave.get("/api/v1/rollouts/999999/").status_code == 404
+    assert dave.post("/ops/rollouts/999999/halt/").status_code == 404
+    assert dave.post("/api/v1/rollouts/999999/halt/", {}, "application/json").status_code == 404
+    assert erin.post("/ops/rollouts/999999/halt/").status_code == 403
+    assert erin.post("/api/v1/rollouts/999999/halt/", {}, "application/json").status_code == 403

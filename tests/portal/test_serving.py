@@ -24,7 +24,7 @@ from portal.models import (
     SimulatedWorkload,
 )
 from portal.tick import run_tick
-from tests.base import make_world, submit
+from tests.base import make_world, submit, submit_serving
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -39,20 +39,14 @@ def _servers() -> Iterator[None]:
 
 
 def _serve(user: Any, team: Any, replicas: int = 2, **kw: Any) -> GpuRequest:
-    return submit(
+    return submit_serving(
         user,
         team,
-        cls="inference",
-        pool_name="h100-mig",
-        profile_kind="mig",
-        mig_profile="1g.10gb",
         pods=replicas,
-        kind="serving",
         model_name="meta-llama/Llama-3.1-8B-Instruct",
         model_revision="r1",
         runtime=kw.pop("runtime", "vllm"),
         image="vllm/vllm-openai:v0.6.3",
-        command=[],
         **kw,
     )
 
@@ -90,16 +84,7 @@ def test_submit_checks_the_serving_fields() -> None:
     ):
         args = {"runtime": "vllm", "model_name": "m", **kw}
         with pytest.raises(ValidationError) as exc:
-            submit(
-                w.bob,
-                w.vision,
-                cls="inference",
-                pool_name="h100-mig",
-                profile_kind="mig",
-                mig_profile="1g.10gb",
-                kind="serving",
-                **args,
-            )
+            submit_serving(w.bob, w.vision, command=["python", "train.py"], **args)
         assert field in exc.value.message_dict
     assert not GpuRequest.objects.exists()
 

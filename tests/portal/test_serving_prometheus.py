@@ -19,7 +19,7 @@ from rest_framework.test import APIClient
 from portal import serving_metrics
 from portal.models import GpuRequest
 from portal.serving_sim import Engine, serve
-from tests.base import make_world, submit
+from tests.base import make_world, submit_serving
 
 PROMETHEUS = "/usr/bin/prometheus"
 RUNTIMES = {4242: "vllm", 4243: "tgi", 4244: "triton"}
@@ -94,18 +94,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 
 
 def _serving(w: Any, rid: int) -> GpuRequest:
-    req = submit(
-        w.bob,
-        w.vision,
-        cls="inference",
-        pool_name="h100-mig",
-        profile_kind="mig",
-        mig_profile="1g.10gb",
-        kind="serving",
-        model_name="llama",
-        model_revision="r1",
-        runtime=RUNTIMES[rid],
-        command=[],
+    req = submit_serving(
+        w.bob, w.vision, model_name="llama", model_revision="r1", runtime=RUNTIMES[rid]
     )
     GpuRequest.objects.filter(pk=req.pk).update(id=rid)
     return GpuRequest.objects.get(pk=rid)
@@ -146,18 +136,7 @@ def test_the_metrics_api_reads_prometheus(stack: dict[str, Any]) -> None:
 @pytest.mark.django_db
 def test_without_prometheus_reachable_the_stored_samples_answer() -> None:
     w = make_world()
-    req = submit(
-        w.bob,
-        w.vision,
-        cls="inference",
-        pool_name="h100-mig",
-        profile_kind="mig",
-        mig_profile="1g.10gb",
-        kind="serving",
-        model_name="llama",
-        runtime="tgi",
-        command=[],
-    )
+    req = submit_serving(w.bob, w.vision, model_name="llama", runtime="tgi")
     with override_settings(PROMETHEUS_URL=f"http://127.0.0.1:{_port()}"):
         m = serving_metrics.request_metrics(req)
     assert m["source"] == "samples"
