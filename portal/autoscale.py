@@ -8,8 +8,10 @@ A pool marked `autoscaled` adds nodes of one shape (`node_gpus`, `node_cpu_milli
    rejected;
 2. `autoscale_step` (after each tick) turns the demand that no node has free
    (`no-capacity`, `awaiting-nodes`) into a `NodeProvision`: a gang asks for its nodes
-   atomically, the rest pack onto as few nodes as their GPUs need. While one names a
-   request, its wait counts as `provisioning` (portal/capacity.py);
+   atomically, the rest pack onto as few nodes as their GPUs need, one ask per team
+   (its ProvisioningRequests live in the team's namespace, where the pods that consume
+   them run). While one names a request, its wait counts as `provisioning`
+   (portal/capacity.py);
 3. the backend provides: the Kubernetes backend creates a ProvisioningRequest
    (portal/k8s/provisioning.py) and the cluster autoscaler adds the nodes, which the
    inventory then finds; the simulated backend adds them itself once
@@ -30,7 +32,7 @@ from uuid import uuid4
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Max, Q
+from django.db.models import F, Max, Q
 from django.utils import timezone
 
 from portal.models import Allocation, GpuRequest, Node, NodeProvision, Pool
@@ -124,6 +126,8 @@ class Ask:
     nodes: int
     atomic: bool
     request_ids: tuple[int, ...]
+    #: the namespace of the team the requests are of ("": none named)
+    namespace: str = ""
 
 
 def _fits_node(pool: Pool, count: int, cpu: int, memory: int) -> bool:
@@ -131,31 +135,38 @@ def _fits_node(pool: Pool, count: int, cpu: int, memory: int) -> bool:
 
 
 def plan(pool: Pool, live_nodes: int, in_flight: int, demand: list[dict[str, Any]]) -> list[Ask]:
-    """What to ask `pool` for: gangs atomically, one ask each; other requests together,
-    on as few nodes as their devices need; never past `max_nodes`, at least `min_nodes`."""
+    """What to ask `pool` for: gangs atomically, one ask each; other requests together per
+    team (teams in the order of their first request in the queue), on as few nodes as
+    their devices need; never past `max_nodes`, at least `min_nodes`.
+
+    A ProvisioningRequest's booking is consumed only by pods of its own namespace, so one
+    ask never covers requests of two teams. `demand` rows carry their team's `namespace`.
+    """
     room = max(0, pool.max_nodes - live_nodes - in_flight)
     asks: list[Ask] = []
-    singles: list[dict[str, Any]] = []
+    singles: dict[str, list[dict[str, Any]]] = {}
     for r in demand:
         if not _fits_node(pool, r["count"], r["cpu_milli"], r["memory_mib"]):
             continue
         if r["pods"] > 1:
             if r["pods"] <= room:
-                asks.append(Ask(pool, r["pods"], True, (r["pk"],)))
+                asks.append(Ask(pool, r["pods"], True, (r["pk"],), r["namespace"]))
                 room -= r["pods"]
         else:
-            singles.append(r)
-    if singles and room:
-        devices = sum(r["count"] for r in singles)
+            singles.setdefault(r["namespace"], []).append(r)
+    for namespace, rows in singles.items():
+        if not room:
+            break
+        devices = sum(r["count"] for r in rows)
         n = min(room, math.ceil(devices / max(1, pool.node_gpus)))
         # Those that the nodes asked for will hold, in queue order.
         taken, ids = 0, []
-        for r in singles:
+        for r in rows:
             if taken + r["count"] > n * pool.node_gpus:
                 break
             taken += r["count"]
             ids.append(r["pk"])
-        asks.append(Ask(pool, n, False, tuple(ids)))
+        asks.append(Ask(pool, n, False, tuple(ids), namespace))
         room -= n
     short = pool.min_nodes - live_nodes - in_flight - sum(a.nodes for a in asks)
     if short > 0:
@@ -179,7 +190,16 @@ def _demand(pool: Pool, named: set[int], now: datetime) -> list[dict[str, Any]]:
             "queue_position",
             "created_at",
         )
-        .values("pk", "count", "pods", "cpu_milli", "memory_mib", "profile_kind", "mig_profile")
+        .values(
+            "pk",
+            "count",
+            "pods",
+            "cpu_milli",
+            "memory_mib",
+            "profile_kind",
+            "mig_profile",
+            namespace=F("team__namespace"),
+        )
         if r["pk"] not in named and pool.offers(r["profile_kind"], r["mig_profile"])
     ]
 
@@ -217,10 +237,13 @@ def _ask(ask: Ask, backend: Any, now: datetime) -> NodeProvision:
         atomic=ask.atomic,
         request_ids=list(ask.request_ids),
         ready_at=now + timedelta(seconds=settings.SIMULATED_PROVISIONING_SECONDS),
+        namespace=ask.namespace,
     )
     create = getattr(backend, "provisioning_request_create", None)
     if create is not None:
-        transaction.on_commit(lambda: create(provision.name, ask.pool, ask.nodes, ask.atomic))
+        transaction.on_commit(
+            lambda: create(provision.name, ask.pool, ask.nodes, ask.atomic, ask.namespace)
+        )
     return provision
 
 
@@ -230,7 +253,7 @@ def _finish(pool: Pool, backend: Any, now: datetime) -> int:
     status = getattr(backend, "provisioning_request_status", None)
     for p in pool.provisions.filter(state=NodeProvision.State.REQUESTED):
         if status is not None:
-            state, message = status(p.name, pool, p.nodes, p.atomic)
+            state, message = status(p.name, pool, p.nodes, p.atomic, p.namespace)
             if state == NodeProvision.State.REQUESTED:
                 continue
         elif p.ready_at is None or p.ready_at > now:

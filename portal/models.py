@@ -1149,6 +1149,10 @@ class NodeProvision(models.Model):
     #: simulated backend: when the nodes appear
     ready_at = models.DateTimeField(null=True, blank=True)
     done_at = models.DateTimeField(null=True, blank=True)
+    #: where its ProvisioningRequests live: the namespace of the team whose requests it
+    #: names (the autoscaler reads a pod's consume annotation in the pod's namespace);
+    #: empty: no request named, the backend's own (K8S_PROVISIONING_NAMESPACE)
+    namespace = models.CharField(max_length=63, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]

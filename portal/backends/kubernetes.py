@@ -237,16 +237,27 @@ class KubernetesBackend:
             self._custom = client.CustomObjectsApi(self.core.api_client)
         return self._custom
 
-    def provisioning_request_create(self, name: str, pool: Any, nodes: int, atomic: bool) -> None:
-        """Ask the cluster autoscaler for `nodes` nodes of `pool` (portal/k8s/provisioning.py)."""
+    def provisioning_request_create(
+        self, name: str, pool: Any, nodes: int, atomic: bool, namespace: str = ""
+    ) -> None:
+        """Ask the cluster autoscaler for `nodes` nodes of `pool` (portal/k8s/provisioning.py),
+        in `namespace` (the team's whose pods consume them; "": the portal's own)."""
         provisioning.create(
-            self.core, self.custom, self.provisioning_namespace, name, pool, nodes, atomic
+            self.core,
+            self.custom,
+            namespace or self.provisioning_namespace,
+            name,
+            pool,
+            nodes,
+            atomic,
         )
 
     def provisioning_request_status(
-        self, name: str, pool: Any, nodes: int, atomic: bool
+        self, name: str, pool: Any, nodes: int, atomic: bool, namespace: str = ""
     ) -> tuple[str, str]:
-        return provisioning.status(self.custom, self.provisioning_namespace, name, nodes, atomic)
+        return provisioning.status(
+            self.custom, namespace or self.provisioning_namespace, name, nodes, atomic
+        )
 
     def pool_selectors(self) -> PoolSelectors | None:
         sel = self._pool_selectors

@@ -1,7 +1,9 @@
 """Nodes for autoscaled pools through the cluster autoscaler's ProvisioningRequest API.
 
 One `NodeProvision` (portal/autoscale.py) becomes PodTemplates and ProvisioningRequests
-(`autoscaling.x-k8s.io/v1`) in the portal's namespace:
+(`autoscaling.x-k8s.io/v1`) in the namespace of the team whose requests it names (the
+autoscaler resolves a pod's consume annotation in the pod's own namespace; an ask that
+names no request, for a pool's `min_nodes`, goes to the portal's namespace):
 
 - a gang asks atomically: one ProvisioningRequest of class
   `best-effort-atomic-scale-up.autoscaling.x-k8s.io` for all its nodes (all or none);

@@ -42,8 +42,8 @@ class Recorder:
         except KeyError:
             raise ApiException(status=404, reason="NotFound") from None
 
-    def condition(self, name: str, kind: str, message: str = "") -> None:
-        obj = self.objects[("ProvisioningRequest", "qm", name)]
+    def condition(self, name: str, kind: str, message: str = "", namespace: str = "qm") -> None:
+        obj = self.objects[("ProvisioningRequest", namespace, name)]
         obj["status"] = {"conditions": [{"type": kind, "status": "True", "message": message}]}
 
 
@@ -125,3 +125,35 @@ def test_the_status_is_provisioned_once_every_part_is_and_failed_if_one_fails(
 def test_the_check_capacity_class_can_be_named() -> None:
     pr = provisioning.provisioning_request("n", "qm", _pool(), 1, provisioning.CHECK_CAPACITY)
     assert pr["spec"]["provisioningClassName"] == "check-capacity.autoscaling.x-k8s.io"
+
+
+def test_an_ask_for_a_teams_requests_lives_in_the_teams_namespace(
+    api: tuple[Recorder, KubernetesBackend],
+) -> None:
+    """The autoscaler resolves a pod's consume annotation in the pod's namespace: the
+    ProvisioningRequests and their PodTemplates are made, and read, where the team's pods
+    run; an ask naming no request (a pool's `min_nodes`) stays in the portal's."""
+    rec, backend = api
+    pool = _pool()
+    backend.provisioning_request_create("qm-v", pool, 2, False, "vision")
+    backend.provisioning_request_create("qm-g", pool, 2, True, "nlp")
+    backend.provisioning_request_create("qm-floor", pool, 1, False)
+    assert sorted((kind, ns, n) for kind, ns, n in rec.objects) == [
+        ("PodTemplate", "nlp", "qm-g"),
+        ("PodTemplate", "qm", "qm-floor"),
+        ("PodTemplate", "vision", "qm-v-1"),
+        ("PodTemplate", "vision", "qm-v-2"),
+        ("ProvisioningRequest", "nlp", "qm-g"),
+        ("ProvisioningRequest", "qm", "qm-floor"),
+        ("ProvisioningRequest", "vision", "qm-v-1"),
+        ("ProvisioningRequest", "vision", "qm-v-2"),
+    ]
+    for (_, ns, _), obj in rec.objects.items():
+        assert obj["metadata"]["namespace"] == ns
+    rec.condition("qm-g", "Provisioned", namespace="nlp")
+    assert backend.provisioning_request_status("qm-g", pool, 2, True, "nlp")[0] == "provisioned"
+    # Read where it lives: the same name elsewhere is not it.
+    assert backend.provisioning_request_status("qm-g", pool, 2, True, "vision")[0] == "requested"
+    assert backend.provisioning_request_status("qm-g", pool, 2, True)[0] == "requested"
+    rec.condition("qm-floor", "Failed", "no quota")
+    assert backend.provisioning_request_status("qm-floor", pool, 1, False) == ("failed", "no quota")
