@@ -1,6 +1,7 @@
 """Autoscaled pools on a real apiserver: the portal's Kubernetes backend, as the chart's
 ServiceAccount, asks for nodes with PodTemplates and ProvisioningRequests
-(`autoscaling.x-k8s.io/v1`, CRD in tests/cluster/crds), the apiserver enforces the
+(`autoscaling.x-k8s.io/v1`, CRD in tests/cluster/crds) in the namespace of the team the
+nodes are for (where the pods that consume them run), the apiserver enforces the
 ProvisioningRequest schema, and the conditions the cluster autoscaler writes through the status
 subresource are what the portal reads. The in-memory twin is tests/k8s/test_provisioning.py.
 
@@ -27,6 +28,9 @@ from tests.cluster.specs import launch_spec
 from tests.k8s.chart import NAMESPACE
 
 G, V, P = provisioning.GROUP, provisioning.VERSION, provisioning.PLURAL
+#: the team namespace the asks are for (the autoscaler resolves a pod's consume annotation
+#: in the pod's namespace)
+TEAM = TEAM_NS[0]
 BURST_TAINT = {"key": "quartermaster.io/burst", "value": "true", "effect": "NoSchedule"}
 
 
@@ -52,8 +56,8 @@ def _custom(cluster: Cluster) -> client.CustomObjectsApi:
     return client.CustomObjectsApi(cluster.api())
 
 
-def _get(cluster: Cluster, name: str) -> dict[str, Any]:
-    return dict(_custom(cluster).get_namespaced_custom_object(G, V, NAMESPACE, P, name))
+def _get(cluster: Cluster, name: str, ns: str = TEAM) -> dict[str, Any]:
+    return dict(_custom(cluster).get_namespaced_custom_object(G, V, ns, P, name))
 
 
 def _condition(kind: str, status: str, reason: str, message: str = "") -> dict[str, Any]:
@@ -71,19 +75,23 @@ def _set_status(cluster: Cluster, name: str, *conditions: dict[str, Any]) -> Non
     """Replace the status as the autoscaler does (UpdateStatus on the status subresource)."""
     obj = _get(cluster, name)
     obj["status"] = {"conditions": list(conditions)}
-    _custom(cluster).replace_namespaced_custom_object_status(G, V, NAMESPACE, P, name, obj)
+    _custom(cluster).replace_namespaced_custom_object_status(G, V, TEAM, P, name, obj)
 
 
-def test_the_chart_lets_the_portal_ask_for_nodes_in_its_namespace_only(
+def test_the_chart_lets_the_portal_ask_for_nodes_in_team_namespaces_only(
     qm_api: client.ApiClient,
 ) -> None:
-    for verb in ("create", "get", "list", "delete"):
-        assert can_i(qm_api, verb, P, NAMESPACE, group=G), verb
-    for verb in ("create", "get", "delete"):
-        assert can_i(qm_api, verb, "podtemplates", NAMESPACE), verb
-    # the status is the autoscaler's to write; other namespaces are not the portal's
-    assert not can_i(qm_api, "update", P, NAMESPACE, group=G)
-    for ns in (*TEAM_NS, "default"):
+    """In each team namespace (asks for the team's requests) and the release namespace (an
+    ask naming no request, for min_nodes); nowhere else."""
+    for ns in (*TEAM_NS, NAMESPACE):
+        for verb in ("create", "get", "list", "delete"):
+            assert can_i(qm_api, verb, P, ns, group=G), (verb, ns)
+        for verb in ("create", "get", "delete"):
+            assert can_i(qm_api, verb, "podtemplates", ns), (verb, ns)
+        # the status is the autoscaler's to write
+        assert not can_i(qm_api, "update", P, ns, group=G), ns
+        assert not can_i(qm_api, "update", "podtemplates", ns), ns
+    for ns in ("default", "kube-system"):
         assert not can_i(qm_api, "create", P, ns, group=G), ns
         assert not can_i(qm_api, "create", "podtemplates", ns), ns
 
@@ -92,14 +100,14 @@ def test_a_gang_asks_atomically_and_other_asks_one_node_each(
     backend: KubernetesBackend, cluster: Cluster
 ) -> None:
     pool = _pool()
-    backend.provisioning_request_create("qm-a100-burst-gang", pool, 3, True)
-    backend.provisioning_request_create("qm-a100-burst-one", pool, 1, False)
-    backend.provisioning_request_create("qm-a100-burst-two", pool, 2, False)
+    backend.provisioning_request_create("qm-a100-burst-gang", pool, 3, True, TEAM)
+    backend.provisioning_request_create("qm-a100-burst-one", pool, 1, False, TEAM)
+    backend.provisioning_request_create("qm-a100-burst-two", pool, 2, False, TEAM)
     # a redelivered task creates again: the apiserver's 409s are adopted
-    backend.provisioning_request_create("qm-a100-burst-two", pool, 2, False)
+    backend.provisioning_request_create("qm-a100-burst-two", pool, 2, False, TEAM)
 
     listed = _custom(cluster).list_namespaced_custom_object(
-        G, V, NAMESPACE, P, label_selector="quartermaster.io/pool=a100-burst"
+        G, V, TEAM, P, label_selector="quartermaster.io/pool=a100-burst"
     )
     specs = {o["metadata"]["name"]: o["spec"] for o in listed["items"]}
     assert specs == {
@@ -115,9 +123,14 @@ def test_a_gang_asks_atomically_and_other_asks_one_node_each(
         )
     }
 
+    # none of them in the release namespace, nor in the other team's
+    for ns in (NAMESPACE, TEAM_NS[1]):
+        assert not _custom(cluster).list_namespaced_custom_object(
+            G, V, ns, P, label_selector="quartermaster.io/pool=a100-burst"
+        )["items"], ns
     core = cluster.core()
     for name in specs:
-        template = core.read_namespaced_pod_template(name, NAMESPACE)
+        template = core.read_namespaced_pod_template(name, TEAM)
         assert template.metadata.labels["quartermaster.io/pool"] == "a100-burst"
         pod = template.template.spec
         assert pod.node_selector == {gpu_nodes_mod.POOL: "a100-burst"}
@@ -137,14 +150,14 @@ def test_the_apiserver_enforces_the_provisioning_request_schema(
     backend: KubernetesBackend, cluster: Cluster
 ) -> None:
     custom = _custom(cluster)
-    good = provisioning.provisioning_request("qm-schema", NAMESPACE, _pool(), 2)
+    good = provisioning.provisioning_request("qm-schema", TEAM, _pool(), 2)
 
     def rejected(body: dict[str, Any], *, update: bool = False) -> str:
         with pytest.raises(ApiException) as exc:
             if update:
-                custom.replace_namespaced_custom_object(G, V, NAMESPACE, P, "qm-schema", body)
+                custom.replace_namespaced_custom_object(G, V, TEAM, P, "qm-schema", body)
             else:
-                custom.create_namespaced_custom_object(G, V, NAMESPACE, P, body)
+                custom.create_namespaced_custom_object(G, V, TEAM, P, body)
         assert exc.value.status == 422, exc.value.body
         return str(exc.value.body)
 
@@ -166,7 +179,7 @@ def test_the_apiserver_enforces_the_provisioning_request_schema(
     bad_ref["spec"]["podSets"][0]["podTemplateRef"]["name"] = "Not_A_Name"
     assert "spec.podSets[0].podTemplateRef.name" in rejected(bad_ref)
 
-    custom.create_namespaced_custom_object(G, V, NAMESPACE, P, good)
+    custom.create_namespaced_custom_object(G, V, TEAM, P, good)
     changed = _get(cluster, "qm-schema")
     changed["spec"]["provisioningClassName"] = provisioning.CHECK_CAPACITY
     assert "Value is immutable" in rejected(changed, update=True)
@@ -177,7 +190,7 @@ def test_the_apiserver_enforces_the_provisioning_request_schema(
     # A status written with the spec is dropped (status subresource) ...
     sneaky = _get(cluster, "qm-schema")
     sneaky["status"] = {"conditions": [_condition("Provisioned", "True", "Provisioned")]}
-    custom.replace_namespaced_custom_object(G, V, NAMESPACE, P, "qm-schema", sneaky)
+    custom.replace_namespaced_custom_object(G, V, TEAM, P, "qm-schema", sneaky)
     assert not _get(cluster, "qm-schema").get("status", {}).get("conditions")
     # ... and a condition that is not a metav1.Condition is refused on the subresource.
     with pytest.raises(ApiException) as exc:
@@ -190,8 +203,11 @@ def test_the_portal_reads_the_conditions_the_autoscaler_writes(
     backend: KubernetesBackend, cluster: Cluster
 ) -> None:
     pool = _pool()
-    backend.provisioning_request_create("qm-cond-pair", pool, 2, False)
-    assert backend.provisioning_request_status("qm-cond-pair", pool, 2, False) == ("requested", "")
+    backend.provisioning_request_create("qm-cond-pair", pool, 2, False, TEAM)
+    assert backend.provisioning_request_status("qm-cond-pair", pool, 2, False, TEAM) == (
+        "requested",
+        "",
+    )
     accepted = _condition("Accepted", "True", "Accepted", "accepted by the cluster autoscaler")
     _set_status(
         cluster,
@@ -205,21 +221,29 @@ def test_the_portal_reads_the_conditions_the_autoscaler_writes(
         accepted,
         _condition("Provisioned", "False", "CapacityIsNotFound", "waiting for a scale-up"),
     )
-    assert backend.provisioning_request_status("qm-cond-pair", pool, 2, False) == ("requested", "")
+    assert backend.provisioning_request_status("qm-cond-pair", pool, 2, False, TEAM) == (
+        "requested",
+        "",
+    )
     _set_status(
         cluster,
         "qm-cond-pair-2",
         accepted,
         _condition("Provisioned", "True", "Provisioned", "capacity is provisioned"),
     )
-    assert backend.provisioning_request_status("qm-cond-pair", pool, 2, False) == (
+    assert backend.provisioning_request_status("qm-cond-pair", pool, 2, False, TEAM) == (
         "provisioned",
         "2 nodes provisioned",
     )
+    # read where it was made: not in the release namespace
+    assert backend.provisioning_request_status("qm-cond-pair", pool, 2, False) == ("requested", "")
 
-    backend.provisioning_request_create("qm-cond-gang", pool, 4, True)
+    backend.provisioning_request_create("qm-cond-gang", pool, 4, True, TEAM)
     _set_status(cluster, "qm-cond-gang", accepted)
-    assert backend.provisioning_request_status("qm-cond-gang", pool, 4, True) == ("requested", "")
+    assert backend.provisioning_request_status("qm-cond-gang", pool, 4, True, TEAM) == (
+        "requested",
+        "",
+    )
     _set_status(
         cluster,
         "qm-cond-gang",
@@ -227,13 +251,16 @@ def test_the_portal_reads_the_conditions_the_autoscaler_writes(
         _condition("Provisioned", "False", "CapacityIsNotFound", "no capacity yet"),
         _condition("Failed", "True", "FailedToCreateNodes", "out of stock in every zone"),
     )
-    assert backend.provisioning_request_status("qm-cond-gang", pool, 4, True) == (
+    assert backend.provisioning_request_status("qm-cond-gang", pool, 4, True, TEAM) == (
         "failed",
         "out of stock in every zone",
     )
     # deleted behind the portal's back: still waiting, never an error
-    _custom(cluster).delete_namespaced_custom_object(G, V, NAMESPACE, P, "qm-cond-gang")
-    assert backend.provisioning_request_status("qm-cond-gang", pool, 4, True) == ("requested", "")
+    _custom(cluster).delete_namespaced_custom_object(G, V, TEAM, P, "qm-cond-gang")
+    assert backend.provisioning_request_status("qm-cond-gang", pool, 4, True, TEAM) == (
+        "requested",
+        "",
+    )
 
 
 def test_the_placeholder_fits_the_node_the_autoscaler_adds_for_the_pool(
@@ -241,7 +268,8 @@ def test_the_placeholder_fits_the_node_the_autoscaler_adds_for_the_pool(
 ) -> None:
     """The autoscaler decides which node group to grow by simulating the PodTemplate's pod:
     here that pod stays unschedulable on the existing GPU nodes and is bound to, and runs on,
-    the node of the pool that appears."""
+    the node of the pool that appears. An ask naming no request (a pool's min_nodes) lives
+    in the release namespace."""
     pool = _pool()
     backend.provisioning_request_create("qm-fit", pool, 1, True)
     core = cluster.core()
@@ -296,9 +324,12 @@ def test_an_attempt_on_the_nodes_asked_for_consumes_the_provisioning_request(
     backend: KubernetesBackend, cluster: Cluster
 ) -> None:
     """The Job's pod template names the ProvisioningRequest, and so does the pod the Job
-    controller makes from it (admitted like any attempt): the autoscaler books that
-    request's capacity for it. An ordinary attempt's pod names none."""
+    controller makes from it (admitted like any attempt): the autoscaler, which looks the
+    name up in the pod's namespace, finds it there and books its capacity for the pod. An
+    ordinary attempt's pod names none."""
+    backend.provisioning_request_create("qm-a100-burst-two", _pool(), 2, False, TEAM)
     consuming = launch_spec(node="a100-0", provisioning_request="qm-a100-burst-two-2")
+    assert consuming.namespace == TEAM
     ordinary = launch_spec(node="a100-0")
     backend.launch(consuming)
     backend.launch(ordinary)
@@ -316,6 +347,10 @@ def test_an_attempt_on_the_nodes_asked_for_consumes_the_provisioning_request(
         return pods[0] if pods else None
 
     made = wait_for("the consuming attempt's pod", lambda: pod(consuming), 60)
-    assert made.metadata.annotations[provisioning.CONSUME] == "qm-a100-burst-two-2"
+    named = made.metadata.annotations[provisioning.CONSUME]
+    assert named == "qm-a100-burst-two-2"
+    # the autoscaler's lookup: the name in the pod's own namespace
+    booked = _get(cluster, named, ns=made.metadata.namespace)
+    assert booked["spec"]["podSets"] == [{"podTemplateRef": {"name": named}, "count": 1}]
     plain = wait_for("the ordinary attempt's pod", lambda: pod(ordinary), 60)
     assert not any("provisioning-request" in k for k in plain.metadata.annotations or {})

@@ -184,19 +184,33 @@ def test_jobs_are_written_only_in_team_namespaces() -> None:
         assert binding["roleRef"]["kind"] == "Role"
 
 
-def test_provisioning_requests_are_written_only_in_the_release_namespace() -> None:
+def test_provisioning_requests_are_written_in_team_namespaces() -> None:
+    """The autoscaler reads a pod's consume annotation in the pod's namespace: the asks for
+    a team's requests are written there; an ask naming no request (min_nodes) in the
+    release namespace. Nowhere else, and never their status (the autoscaler's)."""
     docs = render(CASES["everything"])
+    wanted = [
+        ([""], ["podtemplates"], ["create", "get", "delete"]),
+        (["autoscaling.x-k8s.io"], ["provisioningrequests"], ["create", "get", "list", "delete"]),
+    ]
+
+    def asks(role: dict) -> list:
+        return [
+            (r["apiGroups"], r["resources"], r["verbs"])
+            for r in role["rules"]
+            if r["resources"] in (["podtemplates"], ["provisioningrequests"])
+        ]
+
+    granted = {r["metadata"]["namespace"]: asks(r) for r in kinds(docs, "Role") if asks(r)}
+    assert granted == {ns: wanted for ns in ("research-b", "team-a", "team-c", NAMESPACE)}
     role = one(docs, "Role", f"{FULL}-provisioner")
     assert role["metadata"]["namespace"] == NAMESPACE
-    assert [(r["apiGroups"], r["resources"]) for r in role["rules"]] == [
-        ([""], ["podtemplates"]),
-        (["autoscaling.x-k8s.io"], ["provisioningrequests"]),
-    ]
     binding = one(docs, "RoleBinding", f"{FULL}-provisioner")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULL, "namespace": NAMESPACE}]
     config = one(docs, "ConfigMap", f"{FULL}-config")["data"]
     assert config["K8S_PROVISIONING_NAMESPACE"] == NAMESPACE
     off = render({**CASES["everything"], "rbac": {"provisioningRequests": False}})
+    assert not [r for r in kinds(off, "Role") if asks(r)]
     assert not [r for r in kinds(off, "Role") if r["metadata"]["name"].endswith("-provisioner")]
 
 
