@@ -1,5 +1,6 @@
 """The tick's apply step: write the core's decisions (admissions, waits, preemptions,
-rejections) in the tick's transaction, and launch what was admitted once it commits.
+rejections) in the tick's transaction, and hand what was admitted to the launch task once
+it commits.
 
 Writes are batched, a fixed number of statements whatever the queue's length: the
 admitted requests are claimed in one statement, their attempts, allocations and usage
@@ -20,7 +21,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.db.models import Count, F
 
-from portal import capacity, notify, services
+from portal import capacity, notify, services, wake
 from portal.bulk import bulk_set, insert_rows
 from portal.models import (
     Allocation,
@@ -174,7 +175,7 @@ def _admit_all(ds: list[st.Decision], ctx: Context, tick_no: int) -> dict[str, i
                 made[d.request_id] = attempt_id
     launched = [made[d.request_id] for d in ds if d.request_id in made]
     if launched:
-        transaction.on_commit(lambda: launch_attempts(launched))
+        transaction.on_commit(lambda: launch_soon(launched))
     return made
 
 
@@ -203,6 +204,18 @@ def _admit_one(
         )
         return None
     return attempt.pk
+
+
+def launch_soon(attempt_ids: list[int]) -> None:
+    """Launch the tick's admissions in the launch task, not in the tick.
+
+    The decisions are committed; creating the workloads is the backend's slow part (one
+    Job per attempt on Kubernetes), and the next tick need not wait for it, as
+    kube-scheduler binds outside its scheduling cycle. If the broker is down they are
+    launched here; a launch lost after that is created again by the reconciler.
+    """
+    if not wake.enqueue(wake.LAUNCH_TASK, attempt_ids):
+        launch_attempts(attempt_ids)
 
 
 def launch_attempts(attempt_ids: list[int]) -> None:

@@ -429,7 +429,10 @@ class GpuRequest(models.Model):
     ACTIVE_STATES = (State.ADMITTED, State.RUNNING)
     TERMINAL_STATES = (State.SUCCEEDED, State.FAILED, State.CANCELLED)
 
-    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="requests")
+    # Not indexed alone: the (team, state) index serves it, and the tick rewrites these rows.
+    team = models.ForeignKey(
+        Team, on_delete=models.PROTECT, related_name="requests", db_index=False
+    )
     submitted_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="gpu_requests"
     )
@@ -457,8 +460,8 @@ class GpuRequest(models.Model):
     estimated_runtime_s = models.PositiveIntegerField(default=3600)
     priority = models.IntegerField(default=0)
     state = models.CharField(
-        max_length=20, choices=State.choices, default=State.PENDING, db_index=True
-    )
+        max_length=20, choices=State.choices, default=State.PENDING
+    )  # indexed as the first column of (state, created_at)
     requeue_count = models.PositiveIntegerField(default=0)
     requeue_at = models.DateTimeField(null=True, blank=True)
     end_reason = models.CharField(max_length=300, blank=True)
@@ -547,11 +550,14 @@ class Attempt(models.Model):
 
     ACTIVE_STATES = (State.ADMITTED, State.RUNNING, State.STOPPING)
 
-    request = models.ForeignKey(GpuRequest, on_delete=models.CASCADE, related_name="attempts")
+    # Indexed as the first column of the unique (request, number).
+    request = models.ForeignKey(
+        GpuRequest, on_delete=models.CASCADE, related_name="attempts", db_index=False
+    )
     number = models.PositiveIntegerField()
     state = models.CharField(
-        max_length=20, choices=State.choices, default=State.ADMITTED, db_index=True
-    )
+        max_length=20, choices=State.choices, default=State.ADMITTED
+    )  # Meta.indexes: equality only, no LIKE index
     pool = models.ForeignKey(Pool, on_delete=models.PROTECT)
     nodes = models.JSONField(default=list)
     workload_name = models.CharField(max_length=63)
@@ -582,6 +588,7 @@ class Attempt(models.Model):
 
     class Meta:
         ordering = ["request_id", "number"]
+        indexes = [models.Index(fields=["state"], name="portal_attempt_state")]
         constraints = [
             models.UniqueConstraint(fields=["request", "number"], name="attempt_unique_number"),
             models.UniqueConstraint(
@@ -656,15 +663,23 @@ class Decision(models.Model):
         REQUEUE = "requeue"
         END = "end"
 
-    tick = models.BigIntegerField(default=0, db_index=True)
+    # A tick writes thousands of rows here: only the indexes that reads use (Meta.indexes,
+    # created_at for pruning, attempt and pool for their deletes). Team and request are
+    # the first columns of the composite indexes; node is searched by substring.
+    tick = models.BigIntegerField(default=0)
     request = models.ForeignKey(
-        GpuRequest, null=True, blank=True, on_delete=models.CASCADE, related_name="decisions"
+        GpuRequest,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="decisions",
+        db_index=False,
     )
     attempt = models.ForeignKey(Attempt, null=True, blank=True, on_delete=models.SET_NULL)
-    team = models.ForeignKey(Team, null=True, blank=True, on_delete=models.CASCADE)
+    team = models.ForeignKey(Team, null=True, blank=True, on_delete=models.CASCADE, db_index=False)
     pool = models.ForeignKey(Pool, null=True, blank=True, on_delete=models.SET_NULL)
-    node = models.CharField(max_length=253, blank=True, db_index=True)
-    kind = models.CharField(max_length=10, choices=Kind.choices, db_index=True)
+    node = models.CharField(max_length=253, blank=True)
+    kind = models.CharField(max_length=10, choices=Kind.choices)
     code = models.CharField(max_length=50)
     message = models.CharField(max_length=500)
     facts = models.JSONField(default=dict, blank=True)
@@ -680,6 +695,7 @@ class Decision(models.Model):
         indexes = [
             models.Index(fields=["team", "-created_at"]),
             models.Index(fields=["request", "-created_at"]),
+            models.Index(fields=["kind"], name="portal_decision_kind"),
         ]
 
 

@@ -21,6 +21,14 @@ def tick() -> dict[str, object]:
     return {"ran": result.ran, "admitted": result.admitted, "preempted": result.preempted}
 
 
+@shared_task(name="portal.tasks.launch", ignore_result=True)
+def launch(attempt_ids: list[int]) -> dict[int, str]:
+    """Create the workloads of a tick's admissions (portal.apply.launch_soon)."""
+    from portal import services
+
+    return services.attempts_launch(attempt_ids)
+
+
 @shared_task(name="portal.tasks.reconcile", ignore_result=True)
 def reconcile() -> dict[str, int]:
     from portal.reconcile import reconcile as reconcile_now

@@ -1,7 +1,8 @@
-"""Wake the scheduler after a commit that needs a tick, coalescing bursts.
+"""Wake the scheduler after a commit that needs a tick, coalescing bursts; hand the
+tick's admissions to the launch task.
 
-The tick task is enqueued by its name through the Celery app (registered by
-portal/tasks.py), so that services can wake the tick without importing the task
+The tasks are enqueued by their names through the Celery app (registered by
+portal/tasks.py), so that services can wake them without importing the task
 layer above them.
 """
 
@@ -19,14 +20,19 @@ from portal.celery import app
 log = logging.getLogger(__name__)
 
 TICK_TASK = "portal.tasks.tick"
+LAUNCH_TASK = "portal.tasks.launch"
 
 
 _discover_lock = threading.Lock()
 
 
 def _tick() -> Any:
+    return _task(TICK_TASK)
+
+
+def _task(name: str) -> Any:
     try:
-        return app.tasks[TICK_TASK]
+        return app.tasks[name]
     except NotRegistered:
         # Celery discovers tasks lazily (a worker imports them when it starts); a web or
         # management process has not yet: discover them now, once. Under the lock, so that a
@@ -34,10 +40,10 @@ def _tick() -> Any:
         # imported and the task not yet registered (a 500 on the first submits).
         with _discover_lock:
             try:
-                return app.tasks[TICK_TASK]
+                return app.tasks[name]
             except NotRegistered:
                 app.loader.import_default_modules()
-                return app.tasks[TICK_TASK]
+                return app.tasks[name]
 
 
 #: At most one tick is enqueued per this many seconds per web process; beat ticks every TICK_SECONDS anyway.
@@ -77,14 +83,18 @@ def wake_tick() -> None:
             _wake_due = due
 
 
-def _safe_enqueue(send: Any) -> bool:
+def enqueue(name: str, *args: Any) -> bool:
+    """Send a task now; False (logged) when the broker cannot take it, so the caller can
+    do the work itself."""
+    task = _task(name)
+    return _safe_enqueue(lambda: task.delay(*args), name)
+
+
+def _safe_enqueue(send: Any, name: str = TICK_TASK) -> bool:
     # The broker only wakes things up: if it is down, beat's next tick does the work.
     try:
         send()
     except Exception:  # noqa: BLE001
-        log.warning(
-            "could not enqueue portal.tasks.tick; the periodic tick will pick the work up",
-            exc_info=True,
-        )
+        log.warning("could not enqueue %s", name, exc_info=True)
         return False
     return True

@@ -288,3 +288,38 @@ def test_rejections_are_told_after_the_commit_through_one_hook(
     assert set(GpuRequest.objects.filter(pk__in=[a.pk, b.pk]).values_list("state", flat=True)) == {
         "failed"
     }
+
+
+def test_the_tick_hands_its_admissions_to_the_launch_task(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The decisions commit first; the workloads are created by the launch task, as
+    kube-scheduler binds outside its scheduling cycle."""
+    from portal.models import SimulatedWorkload
+    from portal.tick import run_tick
+
+    w = make_world()
+    reqs = [submit(w.bob, w.vision), submit(w.alice, w.vision)]
+    sent: list[tuple[str, tuple[object, ...]]] = []
+    monkeypatch.setattr("portal.wake.enqueue", lambda name, *args: sent.append((name, args)) or True)
+    assert run_tick().admitted == 2
+    attempts = sorted(Attempt.objects.filter(request__in=reqs).values_list("pk", flat=True))
+    assert [(name, sorted(args[0])) for name, args in sent] == [("portal.tasks.launch", attempts)]
+    assert not SimulatedWorkload.objects.exists()  # nothing launched in the tick itself
+    from portal.tasks import launch
+
+    assert launch(*sent[0][1]) == {pk: "launched" for pk in attempts}
+    assert SimulatedWorkload.objects.count() == 2
+
+
+def test_with_the_broker_down_the_tick_launches_its_admissions_itself(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from portal.models import SimulatedWorkload
+    from portal.tick import run_tick
+
+    w = make_world()
+    submit(w.bob, w.vision)
+    monkeypatch.setattr("portal.wake.enqueue", lambda name, *args: False)
+    assert run_tick().admitted == 1
+    assert SimulatedWorkload.objects.count() == 1
