@@ -301,7 +301,9 @@ def test_the_tick_hands_its_admissions_to_the_launch_task(
     w = make_world()
     reqs = [submit(w.bob, w.vision), submit(w.alice, w.vision)]
     sent: list[tuple[str, tuple[object, ...]]] = []
-    monkeypatch.setattr("portal.wake.enqueue", lambda name, *args: sent.append((name, args)) or True)
+    monkeypatch.setattr(
+        "portal.wake.enqueue", lambda name, *args: sent.append((name, args)) or True
+    )
     assert run_tick().admitted == 2
     attempts = sorted(Attempt.objects.filter(request__in=reqs).values_list("pk", flat=True))
     assert [(name, sorted(args[0])) for name, args in sent] == [("portal.tasks.launch", attempts)]
