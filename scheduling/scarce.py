@@ -22,20 +22,22 @@ from scheduling.types import Node, Shape
 #: a shape is rare when at most this share of its pool's nodes can host it, percent
 SCARCE_PCT = 5
 
-#: the last node list seen and the hosts found per (pool, shape) on it: a caller that
+#: the last node tuple seen and the hosts found per (pool, shape) on it: a caller that
 #: passes the same node objects tick after tick (the replay) does not recompute them
-_MEMO: tuple[Sequence[Node], dict[tuple[str, Shape], frozenset[str]]] | None = None
+_MEMO: tuple[tuple[Node, ...], dict[tuple[str, Shape], frozenset[str]]] | None = None
 
 
 def _hosts_memo(nodes: Sequence[Node]) -> dict[tuple[str, Shape], frozenset[str]]:
     global _MEMO
-    if (
-        _MEMO is not None
-        and len(_MEMO[0]) == len(nodes)
-        and all(a is b for a, b in zip(_MEMO[0], nodes, strict=True))
-    ):
-        return _MEMO[1]
-    _MEMO = (list(nodes), {})
+    if _MEMO is not None:
+        seen, memo = _MEMO
+        if seen is nodes:  # a tuple: the same nodes (one check per call, not per node)
+            return memo
+        if len(seen) == len(nodes) and all(a is b for a, b in zip(seen, nodes, strict=True)):
+            if isinstance(nodes, tuple):
+                _MEMO = (nodes, memo)  # the same nodes in a new tuple: by identity next time
+            return memo
+    _MEMO = (tuple(nodes), {})
     return _MEMO[1]
 
 
