@@ -587,13 +587,15 @@ class _Tick:
         cap = self.policy.max_preemptions_per_tick - self.preemptions
         if cap <= 0 or self.now - req.created_at_ms < self.policy.preempt_after_s * 1000:
             return None
+        max_loss = self.policy.max_victim_loss_gpu_s
+        budget = self._loss_budget(req) if starving else 0
         for pool in pools:
             book = self.book.pools[pool]
             if own and verdicts[pool].code not in (Code.BORROWING_LIMIT, Code.COHORT_EXHAUSTED):
                 continue
             reclaim = not own and book.managed and not verdicts[pool].borrowing
             # Within a tick, victims only get fewer: remember who found none (by shape size).
-            who = (pool, req.team, cls.name, str(reclaim), str(own), str(starving))
+            who = (pool, req.team, cls.name, str(reclaim), str(own), str(starving), str(budget))
             if self.no_victims.known(req.shape, who):
                 continue
             if who not in self.candidates:
@@ -608,6 +610,7 @@ class _Tick:
                     self.now,
                     self.policy.max_victim_loss_gpu_s,
                     req.created_at_ms if starving else None,
+                    budget,
                 )
                 if own:
                     found_cands = [
@@ -636,6 +639,7 @@ class _Tick:
                 self.node_by_name,
                 quota_ok,
                 anywhere=own,
+                allowed=lambda victims: preemption.within_budget(victims, max_loss, budget),
             )
             if found is None:
                 self.no_victims.add(req.shape, who)
@@ -643,6 +647,16 @@ class _Tick:
             quota_ok([v.run for v in found.victims])
             return self._apply_plan(req, cls, pool, found, after["verdict"], position)
         return None
+
+    def _loss_budget(self, req: PendingRequest) -> int:
+        """GPU milli-ms a starving request's victims may lose together, above
+        `Policy.max_victim_loss_gpu_s`: `Policy.starving_loss_ratio` × the GPU-time it has
+        waited. Only for a request that has not run yet: a retry's wait since its requeue
+        is not in the snapshot, and its age would let it preempt in turn (a chain)."""
+        if req.attempts:
+            return 0
+        waited = max(0, self.now - req.created_at_ms)
+        return int(self.policy.starving_loss_ratio * req.shape.gpus_milli * waited)
 
     def _starving(self, req: PendingRequest, cls: WorkloadClass) -> bool:
         """Whether the request has waited `Policy.starvation_after` of its class's maximum
