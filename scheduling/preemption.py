@@ -16,13 +16,17 @@ missing. Candidates, by tier (lower tier is taken first):
    lower band, or of the same band that started after the request arrived (they
    overtook it; older work of its band is left alone, so a starving request only takes
    back its place in line and does not swap one long wait for another) — the
-   starvation bound in docs/scheduling.md.
+   starvation bound in docs/scheduling.md. Such a request, if it has not run yet, may
+   also take victims above `Policy.max_victim_loss_gpu_s` as long as the set loses
+   together at most `Policy.starving_loss_ratio` × the GPU-time it has waited (its
+   loss budget; `within_budget`): work that never checkpoints is not protected for
+   ever, and no more work is thrown away than the wait it ends.
 
 Never a candidate: attempts already stopping; classes that are never preempted;
 `when-borrowing` classes whose team does not borrow in the pool; attempts younger
 than their class's minimum runtime; inference attempts whose loss would take the
 pool's inference usage below its floor; attempts that would lose more work than
-`Policy.max_victim_loss_gpu_s`; and, against preemption cycles, an attempt
+`Policy.max_victim_loss_gpu_s` (or, for a starving request, its loss budget); and, against preemption cycles, an attempt
 that was itself admitted by preempting (`Running.admitted_by_preemption`) unless the
 preemptor is of a strictly higher band. Together with rule 1 (only a non-borrowing
 request reclaims, only from a borrowing team) no two requests can take the same
