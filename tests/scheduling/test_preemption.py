@@ -276,8 +276,8 @@ def _budget_case(
     )
 
 
-#: 8 GPUs of training (band 100) that never checkpointed: 4 GPUs × 3,000 s = 12,000
-#: GPU-seconds lost if stopped, above the 7,200 cap
+#: n1 full of training (band 100): t0 never checkpointed (4 GPUs × 3,000 s = 12,000
+#: GPU-seconds lost if stopped, above the 7,200 cap), f has just checkpointed
 UNSAVED = [
     run("t0", team="b", devices=range(4), age_s=3000),
     run("f", team="b", devices=range(4, 8), checkpoint_age_s=0),
@@ -339,6 +339,23 @@ BUDGET_CASES: dict[str, Case] = {
         "wait:preempting",
         {"t2#1"},
         nodes=2,
+    ),
+    "past its bound it takes a notebook of its band that started after it": _budget_case(
+        # interactive work never checkpoints: 8 GPUs × 3,000 s = 24,000 GPU-seconds
+        [run("nb", team="b", cls="interactive", devices=range(8), age_s=3000)],
+        "wait:preempting",
+        {"nb#1"},
+    ),
+    "a notebook within its team's quota stays protected": Case(
+        snapshot(
+            [node("n1", gpus=8)],
+            pending=[req("in", cls="interactive", gpus=8, created_s=3700)],
+            running=[run("nb", team="b", cls="interactive", devices=range(8), age_s=3000)],
+            quotas=[quota("a", 8), quota("b", 8)],
+        ),
+        {"in": "wait:no-capacity"},
+        set(),
+        rules(max_victim_loss_gpu_s=7200, starving_loss_ratio=1.0, max_reservations=0),
     ),
     "a retry keeps the fixed cap (no chain of preemptions)": _budget_case(
         UNSAVED, "wait:no-capacity", set(), attempts=1
