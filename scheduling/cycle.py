@@ -22,12 +22,14 @@
       reservation (a request that borrows nothing ignores the reservations of
       borrowers) or claimed by a preemptor; gangs are placed all or nothing; a request
       that fits elsewhere goes on a scarce node (`scheduling.scarce`) only when nothing
-      else fits, and never-preempted work not before its class's maximum queue time;
+      else fits, and work that is not always preemptible (`never`, `when-borrowing`)
+      not before its class's maximum queue time;
    d. if it does not fit: when attempts preempted earlier will free enough room, wait
       for them; else, when it is entitled and has waited `Policy.preempt_after_s`,
       **preempt** (`scheduling.preemption`) within `Policy.max_preemptions_per_tick`
       — only a victim set after which quota still admits it; past its class's maximum
-      queue time also the starvation tier; the room is claimed for it at once and it
+      queue time also the starvation tier, with victims that lose together up to
+      `Policy.starving_loss_ratio` × the GPU-time it has waited; the room is claimed for it at once and it
       starts next tick, first in order, once the victims are gone;
    e. else **reserve**: the first `Policy.max_reservations` blocked requests that are
       large (`Policy.reserve_min_devices`), escalated or have waited
@@ -361,9 +363,9 @@ class _Tick:
     ) -> Placement | None:
         shape = req.shape
         elsewhere = self._fits_elsewhere(shape, pools)
-        # Work that is never preempted would keep a scarce node from its rare shapes for
+        # Work that the rare shapes could not preempt would keep a scarce node from them for
         # its whole runtime: it waits for other nodes up to its class's maximum queue time.
-        keep_off = elsewhere and self._never_preempted(req)
+        keep_off = elsewhere and self._kept_off(req)
         key = (*pools, "entitled" if entitled else "", "keep-off" if keep_off else "")
         # Claims of a preemptor and nodes reserved for a holder are their own: their
         # answer is not another request's.
@@ -391,11 +393,12 @@ class _Tick:
             self.elsewhere[key] = any(scarce.hosts(nodes, p, shape) - self.scarce for p in pools)
         return self.elsewhere[key]
 
-    def _never_preempted(self, req: PendingRequest) -> bool:
-        """Whether the request's class is never preempted and it has waited less than
-        its class's maximum queue time."""
+    def _kept_off(self, req: PendingRequest) -> bool:
+        """Whether the request stays off scarce nodes: its class is not always preemptible
+        (`never`, or `when-borrowing`, which its team's quota may protect and which does
+        not checkpoint) and it has waited less than its class's maximum queue time."""
         cls = self.classes.get(req.workload_class)
-        if cls is None or cls.preemption is not PreemptionPolicy.NEVER:
+        if cls is None or cls.preemption is PreemptionPolicy.ALWAYS:
             return False
         return self.now - req.created_at_ms < cls.max_queue_s * 1000
 
@@ -434,7 +437,7 @@ class _Tick:
     ) -> Callable[[Node], bool]:
         """`_accept`, without scarce nodes for work kept off them (see `_find`)."""
         accept = self._accept(pools, entitled, req.id)
-        if not (self._fits_elsewhere(req.shape, pools) and self._never_preempted(req)):
+        if not (self._fits_elsewhere(req.shape, pools) and self._kept_off(req)):
             return accept
         spare = self.scarce
         return lambda n: n.name not in spare and accept(n)
@@ -587,13 +590,15 @@ class _Tick:
         cap = self.policy.max_preemptions_per_tick - self.preemptions
         if cap <= 0 or self.now - req.created_at_ms < self.policy.preempt_after_s * 1000:
             return None
+        max_loss = self.policy.max_victim_loss_gpu_s
+        budget = self._loss_budget(req) if starving else 0
         for pool in pools:
             book = self.book.pools[pool]
             if own and verdicts[pool].code not in (Code.BORROWING_LIMIT, Code.COHORT_EXHAUSTED):
                 continue
             reclaim = not own and book.managed and not verdicts[pool].borrowing
             # Within a tick, victims only get fewer: remember who found none (by shape size).
-            who = (pool, req.team, cls.name, str(reclaim), str(own), str(starving))
+            who = (pool, req.team, cls.name, str(reclaim), str(own), str(starving), str(budget))
             if self.no_victims.known(req.shape, who):
                 continue
             if who not in self.candidates:
@@ -608,6 +613,7 @@ class _Tick:
                     self.now,
                     self.policy.max_victim_loss_gpu_s,
                     req.created_at_ms if starving else None,
+                    budget,
                 )
                 if own:
                     found_cands = [
@@ -636,6 +642,7 @@ class _Tick:
                 self.node_by_name,
                 quota_ok,
                 anywhere=own,
+                allowed=lambda victims: preemption.within_budget(victims, max_loss, budget),
             )
             if found is None:
                 self.no_victims.add(req.shape, who)
@@ -643,6 +650,16 @@ class _Tick:
             quota_ok([v.run for v in found.victims])
             return self._apply_plan(req, cls, pool, found, after["verdict"], position)
         return None
+
+    def _loss_budget(self, req: PendingRequest) -> int:
+        """GPU milli-ms a starving request's victims may lose together, above
+        `Policy.max_victim_loss_gpu_s`: `Policy.starving_loss_ratio` × the GPU-time it has
+        waited. Only for a request that has not run yet: a retry's wait since its requeue
+        is not in the snapshot, and its age would let it preempt in turn (a chain)."""
+        if req.attempts:
+            return 0
+        waited = max(0, self.now - req.created_at_ms)
+        return int(self.policy.starving_loss_ratio * req.shape.gpus_milli * waited)
 
     def _starving(self, req: PendingRequest, cls: WorkloadClass) -> bool:
         """Whether the request has waited `Policy.starvation_after` of its class's maximum

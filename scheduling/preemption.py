@@ -16,13 +16,17 @@ missing. Candidates, by tier (lower tier is taken first):
    lower band, or of the same band that started after the request arrived (they
    overtook it; older work of its band is left alone, so a starving request only takes
    back its place in line and does not swap one long wait for another) — the
-   starvation bound in docs/scheduling.md.
+   starvation bound in docs/scheduling.md. Such a request, if it has not run yet, may
+   also take victims above `Policy.max_victim_loss_gpu_s` as long as the set loses
+   together at most `Policy.starving_loss_ratio` × the GPU-time it has waited (its
+   loss budget; `within_budget`): work that never checkpoints is not protected for
+   ever, and no more work is thrown away than the wait it ends.
 
 Never a candidate: attempts already stopping; classes that are never preempted;
 `when-borrowing` classes whose team does not borrow in the pool; attempts younger
 than their class's minimum runtime; inference attempts whose loss would take the
 pool's inference usage below its floor; attempts that would lose more work than
-`Policy.max_victim_loss_gpu_s`; and, against preemption cycles, an attempt
+`Policy.max_victim_loss_gpu_s` (or, for a starving request, its loss budget); and, against preemption cycles, an attempt
 that was itself admitted by preempting (`Running.admitted_by_preemption`) unless the
 preemptor is of a strictly higher band. Together with rule 1 (only a non-borrowing
 request reclaims, only from a borrowing team) no two requests can take the same
@@ -91,8 +95,14 @@ def candidates(
     now_ms: int,
     max_loss_gpu_s: int = 0,
     starving_since_ms: int | None = None,
+    budget: int = 0,
 ) -> list[Candidate]:
-    """Return the attempts in `book`'s pool this request may preempt, in victim order."""
+    """Return the attempts in `book`'s pool this request may preempt, in victim order.
+
+    `budget` (GPU milli-ms, a starving request's wait): a victim may lose up to that much
+    even above `max_loss_gpu_s`; `within_budget` then bounds the whole victim set.
+    """
+    cap = max(max_loss_gpu_s * 1_000_000, budget) if max_loss_gpu_s else 0
     out: list[Candidate] = []
     floor_room = book.floor - book.inference_used
     for run in running:
@@ -121,11 +131,19 @@ def candidates(
             continue
         since = run.last_checkpoint_ms if run.last_checkpoint_ms is not None else run.started_at_ms
         lost = run.shape.gpus_milli * max(0, now_ms - since)
-        if max_loss_gpu_s and lost > max_loss_gpu_s * 1_000_000:
+        if cap and lost > cap:
             continue
         out.append(Candidate(run, tier[0], tier[1], cls.band, lost))
     out.sort(key=victim_key)
     return out
+
+
+def within_budget(victims: Sequence[Candidate], max_loss_gpu_s: int, budget: int) -> bool:
+    """Whether a victim set may be stopped: each victim loses at most `max_loss_gpu_s`
+    (0 = no limit), or together they lose at most `budget` (GPU milli-ms)."""
+    if not max_loss_gpu_s or all(v.lost <= max_loss_gpu_s * 1_000_000 for v in victims):
+        return True
+    return sum(v.lost for v in victims) <= budget
 
 
 def _overtook(run: Running, cls: WorkloadClass, band: int, since_ms: int) -> bool:
@@ -163,6 +181,7 @@ def plan(
     nodes: Mapping[str, Node],
     quota_ok: Callable[[Sequence[Running]], bool],
     anywhere: bool = False,
+    allowed: Callable[[Sequence[Candidate]], bool] = lambda _: True,
 ) -> Plan | None:
     """Return the smallest victim set (at most `cap`) that lets `shape` fit, or None.
 
@@ -176,7 +195,8 @@ def plan(
     if not cands or cap <= 0:
         return None
     if shape.pods > 1:
-        return _greedy(state, shape, accept, cands, book, cap, quota_ok)
+        found = _greedy(state, shape, accept, cands, book, cap, quota_ok)
+        return found if found is not None and allowed(found.victims) else None
     by_node: dict[str, list[Candidate]] = {}
     for c in cands:
         for pod in c.run.placement.pods:
@@ -190,7 +210,7 @@ def plan(
             return n.name == name and accept(n)
 
         found = _greedy(state, shape, on_node, by_node[node], book, cap, quota_ok)
-        if found is None:
+        if found is None or not allowed(found.victims):
             continue
         score = (sum(v.lost for v in found.victims), len(found.victims), node)
         if best is None or score < best[0]:
@@ -198,7 +218,8 @@ def plan(
             if score[0] == 0:
                 break
     if best is None and anywhere:
-        return _greedy(state, shape, accept, cands, book, cap, quota_ok)
+        found = _greedy(state, shape, accept, cands, book, cap, quota_ok)
+        return found if found is not None and allowed(found.victims) else None
     return None if best is None else best[1]
 
 

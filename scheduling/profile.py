@@ -91,6 +91,11 @@ _RULES: dict[str, dict[str, Any]] = {
         "help": "A request within quota that waited this fraction of its class's maximum queue "
         "time may preempt any team's same or lower band (0 = never).",
     },
+    "starving_loss_ratio": {
+        "maximum": 100.0,
+        "help": "Past its starvation bound, a request's victims may lose together up to this "
+        "multiple of the GPU-time it waited, above the victim loss cap (0 = the cap only).",
+    },
 }
 
 

@@ -4,7 +4,10 @@ An 8-GPU request with 120 cores and 720 GiB fits 4 of the replay's 152 nodes. Wh
 small work fills those four (inference above all, which is never preempted), the large
 request waits for hours although the rest of the pool could have taken that work. The
 cycle (`cycle._Tick._find`) therefore places a request that fits elsewhere on a scarce
-node only when no other node of its pools takes it: a tie-break, never a refusal.
+node only when no other node of its pools takes it: a tie-break, never a refusal —
+except for work the rare shape could not take back by preemption (a `never` class, or a
+`when-borrowing` one), which waits for another node up to its class's maximum queue
+time.
 
 A shape is rare when at most `SCARCE_PCT` % of its pool's nodes (and at least one) can
 ever host one pod of it (`fit.can_ever_host`). The shapes considered are the pool's

@@ -12,10 +12,18 @@ docs/scheduling.md ("Differences from Kueue").
 from __future__ import annotations
 
 import unittest
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from scheduling import schedule
-from scheduling.types import DecisionKind, Policy, PreemptionPolicy, Snapshot, Taint, WorkloadClass
+from scheduling.types import (
+    DecisionKind,
+    Policy,
+    PreemptionPolicy,
+    Running,
+    Snapshot,
+    Taint,
+    WorkloadClass,
+)
 from tests.scheduling.builders import (
     by_kind,
     node,
@@ -241,6 +249,119 @@ CASES: dict[str, Case] = {
         set(),
     ),
 }
+
+#: the shipped victim-loss cap (7,200 GPU-seconds) and loss budget (1× the GPU-time waited)
+CAPPED = rules(max_victim_loss_gpu_s=7200, starving_loss_ratio=1.0)
+
+
+def _budget_case(
+    running: list[Running],
+    want: str,
+    victims: set[str],
+    waited_s: int = 3700,
+    policy: Policy = CAPPED,
+    nodes: int = 1,
+    attempts: int = 0,
+) -> Case:
+    """An 8-GPU interactive request of team a (`max_queue_s` 3,600 s) that waited
+    `waited_s` on 8-GPU nodes n1… full of `running`."""
+    pending = replace(req("in", cls="interactive", gpus=8, created_s=waited_s), attempts=attempts)
+    return Case(
+        snapshot(
+            [node(f"n{i + 1}", gpus=8) for i in range(nodes)], pending=[pending], running=running
+        ),
+        {"in": want},
+        victims,
+        policy,
+    )
+
+
+#: n1 full of training (band 100): t0 never checkpointed (4 GPUs × 3,000 s = 12,000
+#: GPU-seconds lost if stopped, above the 7,200 cap), f has just checkpointed
+UNSAVED = [
+    run("t0", team="b", devices=range(4), age_s=3000),
+    run("f", team="b", devices=range(4, 8), checkpoint_age_s=0),
+]
+
+# -- the loss budget past the starvation bound: checkpoint-aware ------------------------------
+BUDGET_CASES: dict[str, Case] = {
+    "past its bound it preempts work above the loss cap": _budget_case(
+        UNSAVED, "wait:preempting", {"t0#1", "f#1"}
+    ),
+    "before its bound the loss cap protects that work": _budget_case(
+        UNSAVED, "wait:no-capacity", set(), waited_s=3500
+    ),
+    "without a budget (ratio 0) the cap holds past the bound too": _budget_case(
+        UNSAVED,
+        "wait:no-capacity",
+        set(),
+        policy=rules(max_victim_loss_gpu_s=7200, starving_loss_ratio=0),
+    ),
+    "victims never lose more than the GPU-time it waited": _budget_case(
+        # 4 GPUs × 8,000 s = 32,000 GPU-seconds > 8 GPUs × 3,700 s = 29,600
+        [run("t0", team="b", devices=range(4), age_s=8000), UNSAVED[1]],
+        "wait:no-capacity",
+        set(),
+    ),
+    "the whole set counts against the budget": _budget_case(
+        # 2 × 4 GPUs × 4,000 s = 32,000 GPU-seconds in all, each one within 29,600
+        [
+            run("t0", team="b", devices=range(4), age_s=4000),
+            run("t1", team="c", devices=range(4, 8), age_s=4000),
+        ],
+        "wait:no-capacity",
+        set(),
+    ),
+    "it grows with the wait": _budget_case(
+        [
+            run("t0", team="b", devices=range(4), age_s=4000),
+            run("t1", team="c", devices=range(4, 8), age_s=4000),
+        ],
+        "wait:preempting",
+        {"t0#1", "t1#1"},
+        waited_s=4100,
+    ),
+    "never inference, whatever the wait": _budget_case(
+        [
+            run("i0", team="b", cls="inference", devices=range(4), age_s=60),
+            UNSAVED[1],
+        ],
+        "wait:no-capacity",
+        set(),
+        waited_s=20000,
+    ),
+    "it prefers the node whose victims checkpointed last": _budget_case(
+        # n1's attempt loses 8 × 3,000 = 24,000 GPU-seconds, n2's 8 × 1,000 = 8,000
+        [
+            run("t1", team="b", node="n1", devices=range(8), age_s=7200, checkpoint_age_s=3000),
+            run("t2", team="c", node="n2", devices=range(8), age_s=7200, checkpoint_age_s=1000),
+        ],
+        "wait:preempting",
+        {"t2#1"},
+        nodes=2,
+    ),
+    "past its bound it takes a notebook of its band that started after it": _budget_case(
+        # interactive work never checkpoints: 8 GPUs × 3,000 s = 24,000 GPU-seconds
+        [run("nb", team="b", cls="interactive", devices=range(8), age_s=3000)],
+        "wait:preempting",
+        {"nb#1"},
+    ),
+    "a notebook within its team's quota stays protected": Case(
+        snapshot(
+            [node("n1", gpus=8)],
+            pending=[req("in", cls="interactive", gpus=8, created_s=3700)],
+            running=[run("nb", team="b", cls="interactive", devices=range(8), age_s=3000)],
+            quotas=[quota("a", 8), quota("b", 8)],
+        ),
+        {"in": "wait:no-capacity"},
+        set(),
+        rules(max_victim_loss_gpu_s=7200, starving_loss_ratio=1.0, max_reservations=0),
+    ),
+    "a retry keeps the fixed cap (no chain of preemptions)": _budget_case(
+        UNSAVED, "wait:no-capacity", set(), attempts=1
+    ),
+}
+CASES.update(BUDGET_CASES)
 
 
 class PreemptionTableTest(unittest.TestCase):

@@ -74,6 +74,23 @@ class ScarceNodesTest(unittest.TestCase):
         snap = snapshot([*SMALL, BIG], pending=[big_req, old], running=[ON_BIG, *FULL])
         self.assertEqual(placed_on(snap).get("old"), ["big"])
 
+    def test_when_borrowing_work_waits_rather_than_block_a_scarce_node(self) -> None:
+        # Interactive work (when-borrowing) within its team's quota can no more be preempted
+        # by the rare shape than inference, and it never checkpoints: it too waits for
+        # another node up to its class's maximum queue time (3,600 s here).
+        big_req = req("large", gpus=8, cpu=120, memory_gib=720, created_s=100)
+        quotas = [quota("a", 100)]
+        fresh = req("fresh", cls="interactive", created_s=10)
+        snap = snapshot(
+            [*SMALL, BIG], pending=[big_req, fresh], running=[ON_BIG, *FULL], quotas=quotas
+        )
+        self.assertNotIn("fresh", placed_on(snap))
+        old = req("old", cls="interactive", created_s=3700)
+        snap = snapshot(
+            [*SMALL, BIG], pending=[big_req, old], running=[ON_BIG, *FULL], quotas=quotas
+        )
+        self.assertEqual(placed_on(snap).get("old"), ["big"])
+
     def test_rare_shape_holds_a_reservation_before_older_requests(self) -> None:
         # Every node is full; five older 2-GPU requests would take all four reservations.
         older = [req(f"old{i}", gpus=2, created_s=1000 + i) for i in range(5)]
