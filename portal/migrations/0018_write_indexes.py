@@ -24,10 +24,23 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        migrations.AlterField(
-            model_name='attempt',
-            name='request',
-            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='attempts', to='portal.gpurequest'),
+        # Only the foreign key's own index goes. Altering the field would let the schema
+        # editor drop every single-column index on request_id on PostgreSQL, the partial
+        # unique `attempt_one_active_per_request` too.
+        migrations.SeparateDatabaseAndState(
+            state_operations=[
+                migrations.AlterField(
+                    model_name='attempt',
+                    name='request',
+                    field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='attempts', to='portal.gpurequest'),
+                ),
+            ],
+            database_operations=[
+                migrations.RunSQL(
+                    "DROP INDEX IF EXISTS portal_attempt_request_id_19ee32d6",
+                    "CREATE INDEX IF NOT EXISTS portal_attempt_request_id_19ee32d6 ON portal_attempt (request_id)",
+                ),
+            ],
         ),
         migrations.AlterField(
             model_name='attempt',
