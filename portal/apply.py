@@ -15,9 +15,10 @@ import logging
 from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Count, F
 
@@ -90,6 +91,8 @@ def _attempt(d: st.Decision, req: QueuedRow, ctx: Context, number: int) -> dict[
         # The request's last decision said it waited for preempted attempts to stop.
         "admitted_by_preemption": req.status_code == "preempting",
         "admitted_at": ctx.now,
+        # The launch task has this long before the reconciler takes the launch over as lost.
+        "next_launch_at": ctx.now + timedelta(seconds=settings.LAUNCH_RETRY_BASE_SECONDS),
     }
 
 

@@ -325,3 +325,28 @@ def test_with_the_broker_down_the_tick_launches_its_admissions_itself(
     monkeypatch.setattr("portal.wake.enqueue", lambda name, *args: False)
     assert run_tick().admitted == 1
     assert SimulatedWorkload.objects.count() == 1
+
+
+def test_a_reconcile_before_the_launch_task_leaves_the_launch_to_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The reconciler must not count the launch task's pending work as a lost launch."""
+    from datetime import timedelta
+
+    from portal.models import SimulatedWorkload
+    from portal.reconcile import reconcile
+    from portal.tasks import launch
+    from portal.tick import run_tick
+
+    w = make_world()
+    submit(w.bob, w.vision)
+    sent: list[tuple[object, ...]] = []
+    monkeypatch.setattr("portal.wake.enqueue", lambda name, *args: sent.append(args) or True)
+    now = timezone.now()
+    run_tick(now=now)
+    counts = reconcile(now=now + timedelta(seconds=1))
+    assert counts.get("relaunched", 0) == 0 and counts.get("launch_backoff") == 1
+    assert not SimulatedWorkload.objects.exists()
+    (ids,) = sent[0]
+    assert list(launch(ids).values()) == ["launched"]
+    assert SimulatedWorkload.objects.count() == 1
