@@ -293,6 +293,9 @@ else:
         "data_folder_processed": str(_broker / "processed"),
         "store_processed": False,
         "control_folder": str(_broker / "control"),
+        # The worker reads one message per poll: at the default 1 s, beat's tasks outpace it
+        # and every task (a tick's launch included) waits longer and longer in the queue.
+        "polling_interval": 0.1,
     }
 CELERY_TASK_ALWAYS_EAGER = envbool("CELERY_TASK_ALWAYS_EAGER", "false")
 CELERY_TASK_EAGER_PROPAGATES = True
