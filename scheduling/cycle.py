@@ -247,6 +247,7 @@ class _Tick:
         self.stopping = [r for r in snapshot.running if r.stopping]
         self.failures = _Failures()
         self.no_victims = _Failures()
+        self.no_room_after_stops = _Failures()
         self.candidates: dict[tuple[str, ...], list[preemption.Candidate]] = {}
         self.reserved: dict[str, str] = {}
         #: reserved nodes whose holder would borrow: a request within its nominal quota may
@@ -558,11 +559,18 @@ class _Tick:
     def _fits_after_stops(self, req: PendingRequest, pools: tuple[str, ...]) -> bool:
         """Return whether the request fits once the stopping attempts are gone; a preemptor
         claims that room so that nothing later in the tick takes it."""
+        # The stopping set is fixed for the tick and room only shrinks, so a shape that
+        # found none is answered from memory, as in `_find`, unless nodes are its own.
+        cached = req.id not in self.claimants and req.id not in self.reserved.values()
+        if cached and self.no_room_after_stops.known(req.shape, pools):
+            return False
         for run in self.stopping:
             self.state.give(run.placement)
         found = self.state.find(req.shape, self._accept(pools, owner=req.id))
         for run in self.stopping:
             self.state.take(run.placement)
+        if found is None and cached:
+            self.no_room_after_stops.add(req.shape, pools)
         if found is not None and req.preempting:
             for name in found.nodes:
                 self.claimed[name] = req.id

@@ -4,7 +4,7 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from portal.models import Allocation, Attempt, AuditEvent, Device, GpuRequest
+from portal.models import Allocation, Attempt, AuditEvent, Decision, Device, GpuRequest
 from tests.base import make_world, submit
 
 pytestmark = pytest.mark.django_db
@@ -83,3 +83,15 @@ def test_it_keeps_audit_events_append_only_in_the_database() -> None:
         ):
             cur.execute(sql, [event.pk])
     assert AuditEvent.objects.get(pk=event.pk).action == "request.submit"
+
+
+def test_it_cascades_the_decision_log_through_the_orm() -> None:
+    # The log's foreign keys are not database constraints: deletes must still reach it.
+    w = make_world()
+    kept, gone = submit(w.bob, w.vision), submit(w.bob, w.vision)
+    attempt = _attempt(kept)
+    Decision.objects.create(request=kept, attempt=attempt, team=w.vision, kind="admit", code="a")
+    Decision.objects.create(request=gone, team=w.vision, kind="wait", code="w")
+    gone.delete()
+    attempt.delete()
+    assert list(Decision.objects.values_list("request_id", "attempt_id")) == [(kept.pk, None)]
