@@ -105,6 +105,8 @@ def candidates(
     cap = max(max_loss_gpu_s * 1_000_000, budget) if max_loss_gpu_s else 0
     out: list[Candidate] = []
     floor_room = book.floor - book.inference_used
+    # Thousands of attempts, a few dozen teams: each team's borrowing is asked once.
+    borrowing_of: dict[str, bool] = {}
     for run in running:
         if run.pool != book.name or run.stopping:
             continue
@@ -115,7 +117,9 @@ def candidates(
             continue
         if run.admitted_by_preemption and cls.band >= band:
             continue
-        borrowing = book.borrowed(run.team) > 0
+        borrowing = borrowing_of.get(run.team)
+        if borrowing is None:
+            borrowing = borrowing_of[run.team] = book.borrowed(run.team) > 0
         if cls.preemption is PreemptionPolicy.WHEN_BORROWING and not borrowing:
             continue
         if cls.inference and book.inference_used - run.shape.gpus_milli < book.floor:
