@@ -282,6 +282,13 @@ class _Tick:
         self.scarce = scarce.scarce_nodes(snapshot.nodes, rare)
         self.elsewhere: dict[tuple[Shape, tuple[str, ...]], bool] = {}
         self.may_reserve = self._reservation_holders()
+        #: per pool, how many pending requests are past their starvation bound
+        self.starving_in: dict[str, int] = {}
+        for r in snapshot.pending:
+            c = self.classes.get(r.workload_class)
+            if c is not None and self._starving(r, c):
+                for p in (r.pool,) if r.pool else self.production:
+                    self.starving_in[p] = self.starving_in.get(p, 0) + 1
 
     # -- the pass -------------------------------------------------------------------
 
@@ -539,7 +546,7 @@ class _Tick:
             stopping = {"stopping": sorted(r.attempt_id for r in self.stopping)}
             return [self._wait(req, position, Code.AWAITING_STOP, msg, stopping)]
         done = self._preempt(req, cls, allowed, verdicts, position)
-        if done is None and self._starving(req, cls):
+        if done is None and self._starving(req, cls) and not self._overloaded(allowed):
             done = self._preempt(req, cls, allowed, verdicts, position, starving=True)
         if done is not None:
             return done
@@ -607,7 +614,7 @@ class _Tick:
         cap = self.policy.max_preemptions_per_tick - self.preemptions
         if cap <= 0 or self.now - req.created_at_ms < self.policy.preempt_after_s * 1000:
             return None
-        max_loss = self.policy.max_victim_loss_gpu_s
+        max_loss = self._victim_loss_cap(req)
         budget = self._loss_budget(req) if starving else 0
         for pool in pools:
             book = self.book.pools[pool]
@@ -615,7 +622,8 @@ class _Tick:
                 continue
             reclaim = not own and book.managed and not verdicts[pool].borrowing
             # Within a tick, victims only get fewer: remember who found none (by shape size).
-            who = (pool, req.team, cls.name, str(reclaim), str(own), str(starving), str(budget))
+            who: tuple[str, ...] = (pool, req.team, cls.name, str(reclaim), str(own))
+            who += (str(starving), str(budget), str(max_loss))
             if self.no_victims.known(req.shape, who):
                 continue
             if who not in self.candidates:
@@ -628,7 +636,7 @@ class _Tick:
                     cls.inference,
                     reclaim,
                     self.now,
-                    self.policy.max_victim_loss_gpu_s,
+                    max_loss,
                     req.created_at_ms if starving else None,
                     budget,
                 )
@@ -668,6 +676,17 @@ class _Tick:
             return self._apply_plan(req, cls, pool, found, after["verdict"], position)
         return None
 
+    def _victim_loss_cap(self, req: PendingRequest) -> int:
+        """GPU-seconds one victim of the request may lose (0 = no limit):
+        `Policy.max_victim_loss_gpu_s`, and at most `Policy.victim_loss_per_gpu_s` per GPU
+        of the request, so that a small request cannot throw away much for little."""
+        cap = self.policy.max_victim_loss_gpu_s
+        per_gpu = self.policy.victim_loss_per_gpu_s
+        if not per_gpu:
+            return cap
+        mine = max(1, per_gpu * req.shape.gpus_milli // 1000)
+        return min(cap, mine) if cap else mine
+
     def _loss_budget(self, req: PendingRequest) -> int:
         """GPU milli-ms a starving request's victims may lose together, above
         `Policy.max_victim_loss_gpu_s`: `Policy.starving_loss_ratio` × the GPU-time it has
@@ -677,6 +696,13 @@ class _Tick:
             return 0
         waited = max(0, self.now - req.created_at_ms)
         return int(self.policy.starving_loss_ratio * req.shape.gpus_milli * waited)
+
+    def _overloaded(self, pools: Sequence[str]) -> bool:
+        """Whether more requests are starving in each of the pools than may hold
+        reservations: starvation there is the load, not one request's bad luck, and
+        preempting for it would only move the wait to the victims."""
+        cap = self.policy.max_reservations
+        return all(self.starving_in.get(p, 0) > cap for p in pools)
 
     def _starving(self, req: PendingRequest, cls: WorkloadClass) -> bool:
         """Whether the request has waited `Policy.starvation_after` of its class's maximum

@@ -20,13 +20,18 @@ missing. Candidates, by tier (lower tier is taken first):
    also take victims above `Policy.max_victim_loss_gpu_s` as long as the set loses
    together at most `Policy.starving_loss_ratio` × the GPU-time it has waited (its
    loss budget; `within_budget`): work that never checkpoints is not protected for
-   ever, and no more work is thrown away than the wait it ends.
+   ever, and no more work is thrown away than the wait it ends. While more requests
+   of a pool are starving than `Policy.max_reservations`, the tier is off there:
+   starvation is then the load, not one request's bad luck, and preempting for it
+   would only move the wait to the victims (their age still orders the reservations).
 
 Never a candidate: attempts already stopping; classes that are never preempted;
 `when-borrowing` classes whose team does not borrow in the pool; attempts younger
 than their class's minimum runtime; inference attempts whose loss would take the
 pool's inference usage below its floor; attempts that would lose more work than
-`Policy.max_victim_loss_gpu_s` (or, for a starving request, its loss budget); and, against preemption cycles, an attempt
+`Policy.max_victim_loss_gpu_s`, or than `Policy.victim_loss_per_gpu_s` per GPU of the
+preemptor (a 1-GPU request may not throw away what an 8-GPU one may), or, for a starving
+request, its loss budget; and, against preemption cycles, an attempt
 that was itself admitted by preempting (`Running.admitted_by_preemption`) unless the
 preemptor is of a strictly higher band. Together with rule 1 (only a non-borrowing
 request reclaims, only from a borrowing team) no two requests can take the same

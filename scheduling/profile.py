@@ -86,6 +86,10 @@ _RULES: dict[str, dict[str, Any]] = {
     "max_victim_loss_gpu_s": {
         "help": "No victim loses more GPU-seconds than this since its last checkpoint (0 = no limit).",
     },
+    "victim_loss_per_gpu_s": {
+        "help": "No victim loses more GPU-seconds than this per GPU of the request that "
+        "preempts it, nor more than the victim loss cap (0 = the cap alone).",
+    },
     "starvation_after": {
         "maximum": 100.0,
         "help": "A request within quota that waited this fraction of its class's maximum queue "

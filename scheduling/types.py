@@ -371,6 +371,9 @@ class Policy:
     #: an attempt that would lose more than this many GPU-seconds of work since its last
     #: checkpoint (or start) is no preemption candidate; 0 = no limit
     max_victim_loss_gpu_s: int = 7200
+    #: and no more than this many GPU-seconds per GPU of the request that preempts it
+    #: (an 8-GPU request may cost 8 times what a 1-GPU one may); 0 = the cap above alone
+    victim_loss_per_gpu_s: int = 900
     #: the starvation bound: a request within its quota that has waited this fraction of
     #: its class's `max_queue_s` may preempt attempts of the same or a lower band of any
     #: team (tier 4 in `scheduling.preemption`); 0 = never

@@ -248,6 +248,71 @@ CASES: dict[str, Case] = {
         {"in": "wait:no-capacity"},
         set(),
     ),
+    # More requests starving in a pool than may hold reservations: the pool is overloaded,
+    # and preempting for the starving ones would only move the wait to their victims.
+    "an overloaded pool preempts for no starving request": Case(
+        snapshot(
+            [node("n1", gpus=2)],
+            pending=[
+                req("in", team="a", gpus=2, created_s=86400),
+                req("in2", team="c", gpus=2, created_s=86400),
+            ],
+            running=[run("b0", team="b", devices=(0, 1))],
+        ),
+        {"in": "wait:no-capacity", "in2": "wait:no-capacity"},
+        set(),
+        rules(max_reservations=1),
+    ),
+    "as many starving as may hold reservations still preempt": Case(
+        snapshot(
+            [node("n1", gpus=2)],
+            pending=[
+                req("in", team="a", gpus=2, created_s=86400),
+                req("in2", team="c", gpus=2, created_s=86400),
+            ],
+            running=[run("b0", team="b", devices=(0, 1))],
+        ),
+        {"in": "wait:preempting"},
+        {"b0#1"},
+        rules(max_reservations=2),
+    ),
+    # -- a victim's loss in proportion to its preemptor's GPUs (900 GPU-seconds per GPU) ---
+    "a 1-GPU request may not cost a victim 1,000 GPU-seconds": Case(
+        snapshot(
+            [node("n1", gpus=1)],
+            pending=[req("in", team="a", cls="high", gpus=1)],
+            running=[run("low", team="b", cls="low", devices=(0,), age_s=1000)],
+            classes=PRIO,
+        ),
+        {"in": "wait:no-capacity"},
+        set(),
+        rules(victim_loss_per_gpu_s=900),
+    ),
+    "a 2-GPU request may": Case(
+        snapshot(
+            [node("n1", gpus=2)],
+            pending=[req("in", team="a", cls="high", gpus=2)],
+            running=[
+                run("low", team="b", cls="low", devices=(0,), age_s=1000),
+                run("low2", team="b", cls="low", devices=(1,), age_s=100),
+            ],
+            classes=PRIO,
+        ),
+        {"in": "wait:preempting"},
+        {"low#1", "low2#1"},
+        rules(victim_loss_per_gpu_s=900),
+    ),
+    "the fixed cap still bounds a large request": Case(
+        snapshot(
+            [node("n1", gpus=2)],
+            pending=[req("in", team="a", cls="high", gpus=2)],
+            running=[run("low", team="b", cls="low", devices=(0, 1), age_s=1000)],
+            classes=PRIO,
+        ),
+        {"in": "wait:no-capacity"},
+        set(),
+        rules(victim_loss_per_gpu_s=900, max_victim_loss_gpu_s=1500),
+    ),
 }
 
 #: the shipped victim-loss cap (7,200 GPU-seconds) and loss budget (1× the GPU-time waited)
