@@ -188,15 +188,17 @@ class _Failures:
         size = (shape.count, shape.milli, shape.gpu_memory_mib, shape.cpu_milli, shape.memory_mib)
         return family, size
 
-    def known(self, shape: Shape, pools: tuple[str, ...]) -> bool:
+    def known(self, shape: Shape, pools: tuple[str, ...], *more: int) -> bool:
+        """`more`: further sizes in which larger fails too (a victim cap, negated)."""
         family, size = self.split(shape, pools)
+        size += more
         return any(
             all(a >= b for a, b in zip(size, f, strict=True)) for f in self.seen.get(family, ())
         )
 
-    def add(self, shape: Shape, pools: tuple[str, ...]) -> None:
+    def add(self, shape: Shape, pools: tuple[str, ...], *more: int) -> None:
         family, size = self.split(shape, pools)
-        self.seen.setdefault(family, []).append(size)
+        self.seen.setdefault(family, []).append(size + more)
 
 
 class _Tick:
@@ -622,11 +624,14 @@ class _Tick:
                 continue
             reclaim = not own and book.managed and not verdicts[pool].borrowing
             # Within a tick, victims only get fewer: remember who found none (by shape size).
-            who: tuple[str, ...] = (pool, req.team, cls.name, str(reclaim), str(own))
-            who += (str(starving), str(budget), str(max_loss))
-            if self.no_victims.known(req.shape, who):
+            base: tuple[str, ...] = (pool, req.team, cls.name, str(reclaim), str(own))
+            base += (str(starving), str(budget))
+            who = (*base, str(max_loss))
+            # A smaller victim cap finds no more victims than a larger one (0: no cap).
+            tighter = -max_loss if max_loss else -(1 << 62)
+            if self.no_victims.known(req.shape, base, tighter):
                 continue
-            if who not in self.candidates:
+            if base not in self.candidates:
                 found_cands = preemption.candidates(
                     self.preemptible.get(pool, []),
                     self.classes,
@@ -636,7 +641,7 @@ class _Tick:
                     cls.inference,
                     reclaim,
                     self.now,
-                    max_loss,
+                    self.policy.max_victim_loss_gpu_s,
                     req.created_at_ms if starving else None,
                     budget,
                 )
@@ -644,7 +649,14 @@ class _Tick:
                     found_cands = [
                         c for c in found_cands if c.run.team == req.team and c.band < cls.band
                     ]
-                self.candidates[who] = found_cands
+                self.candidates[base] = found_cands
+            if who not in self.candidates:
+                # The request's own cap (`_victim_loss_cap`) only narrows the policy's list.
+                narrowed = self.candidates[base]
+                if max_loss != self.policy.max_victim_loss_gpu_s:
+                    limit = max(max_loss * 1_000_000, budget)
+                    narrowed = [c for c in narrowed if c.lost <= limit]
+                self.candidates[who] = narrowed
             after: dict[str, Verdict] = {}
 
             def quota_ok(
@@ -670,7 +682,7 @@ class _Tick:
                 allowed=lambda victims: preemption.within_budget(victims, max_loss, budget),
             )
             if found is None:
-                self.no_victims.add(req.shape, who)
+                self.no_victims.add(req.shape, base, tighter)
                 continue
             quota_ok([v.run for v in found.victims])
             return self._apply_plan(req, cls, pool, found, after["verdict"], position)
