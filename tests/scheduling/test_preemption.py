@@ -81,6 +81,16 @@ def _standalone_case(
     )
 
 
+#: two requests past their starvation bound, one node full of the same band started later
+TWO_STARVING = snapshot(
+    [node("n1", gpus=2)],
+    pending=[
+        req("in", team="a", gpus=2, created_s=86400),
+        req("in2", team="c", gpus=2, created_s=86400),
+    ],
+    running=[run("b0", team="b", devices=(0, 1))],
+)
+
 CASES: dict[str, Case] = {
     # -- Kueue TestPreemption, withinClusterQueue: LowerPriority ----------------------------
     "Kueue: preempt lowest priority": _standalone_case(
@@ -251,27 +261,13 @@ CASES: dict[str, Case] = {
     # More requests starving in a pool than may hold reservations: the pool is overloaded,
     # and preempting for the starving ones would only move the wait to their victims.
     "an overloaded pool preempts for no starving request": Case(
-        snapshot(
-            [node("n1", gpus=2)],
-            pending=[
-                req("in", team="a", gpus=2, created_s=86400),
-                req("in2", team="c", gpus=2, created_s=86400),
-            ],
-            running=[run("b0", team="b", devices=(0, 1))],
-        ),
+        TWO_STARVING,
         {"in": "wait:no-capacity", "in2": "wait:no-capacity"},
         set(),
         rules(max_reservations=1),
     ),
     "as many starving as may hold reservations still preempt": Case(
-        snapshot(
-            [node("n1", gpus=2)],
-            pending=[
-                req("in", team="a", gpus=2, created_s=86400),
-                req("in2", team="c", gpus=2, created_s=86400),
-            ],
-            running=[run("b0", team="b", devices=(0, 1))],
-        ),
+        TWO_STARVING,
         {"in": "wait:preempting"},
         {"b0#1"},
         rules(max_reservations=2),
