@@ -246,15 +246,17 @@ class _Tick:
             policy.escalate_after,
         )
         self.running = [r for r in snapshot.running if not r.stopping]
-        #: per pool, the running attempts any request might preempt this tick: a class
-        #: that allows it, past its minimum runtime (`preemption.candidates` decides the rest)
-        self.preemptible: dict[str, list[Running]] = {}
+        #: per pool and (team, class), the running attempts any request might preempt this
+        #: tick: a class that allows it, past its minimum runtime (`preemption.candidates`
+        #: decides the rest)
+        self.preemptible: dict[str, dict[tuple[str, str], list[Running]]] = {}
         for run in self.running:
             c = self.classes.get(run.workload_class)
             if c is None or c.preemption is PreemptionPolicy.NEVER:
                 continue
             if now_ms - run.started_at_ms >= c.min_runtime_s * 1000:
-                self.preemptible.setdefault(run.pool, []).append(run)
+                group = self.preemptible.setdefault(run.pool, {})
+                group.setdefault((run.team, run.workload_class), []).append(run)
         self.stopping = [r for r in snapshot.running if r.stopping]
         self.failures = _Failures()
         self.no_victims = _Failures()
@@ -633,7 +635,7 @@ class _Tick:
                 continue
             if base not in self.candidates:
                 found_cands = preemption.candidates(
-                    self.preemptible.get(pool, []),
+                    self.preemptible.get(pool, {}),
                     self.classes,
                     book,
                     req.team,
@@ -740,7 +742,7 @@ class _Tick:
             # The victim keeps its devices (and its quota) until it has stopped: only
             # the next tick, without it in the snapshot, hands them on.
             self.running.remove(run)
-            self.preemptible[run.pool].remove(run)
+            self.preemptible[run.pool][(run.team, run.workload_class)].remove(run)
             lost[run.team] = lost.get(run.team, 0) + run.shape.gpus_milli
             msg = f"preempted: request {req.id} of team {req.team} ({cls.name}) needs the room" + (
                 " this team borrowed" if v.reason is Code.RECLAIM else ""

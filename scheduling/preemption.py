@@ -90,7 +90,7 @@ def victim_key(c: Candidate) -> tuple[int, int, int, int, str]:
 
 
 def candidates(
-    running: Sequence[Running],
+    groups: Mapping[tuple[str, str], Sequence[Running]],
     classes: Mapping[str, WorkloadClass],
     book: PoolBook,
     team: str,
@@ -104,45 +104,51 @@ def candidates(
 ) -> list[Candidate]:
     """Return the attempts in `book`'s pool this request may preempt, in victim order.
 
+    `groups`: the pool's running attempts by (team, workload class); what depends only on
+    the team and the class is decided once per group (thousands of attempts, a few dozen
+    groups, and only a few of them ever hold candidates).
     `budget` (GPU milli-ms, a starving request's wait): a victim may lose up to that much
     even above `max_loss_gpu_s`; `within_budget` then bounds the whole victim set.
     """
     cap = max(max_loss_gpu_s * 1_000_000, budget) if max_loss_gpu_s else 0
     out: list[Candidate] = []
     floor_room = book.floor - book.inference_used
-    # Thousands of attempts, a few dozen teams: each team's borrowing is asked once.
-    borrowing_of: dict[str, bool] = {}
-    for run in running:
-        if run.pool != book.name or run.stopping:
+    for (run_team, class_name), runs in groups.items():
+        cls = classes.get(class_name)
+        if cls is None or cls.preemption is PreemptionPolicy.NEVER or not runs:
             continue
-        cls = classes.get(run.workload_class)
-        if cls is None or cls.preemption is PreemptionPolicy.NEVER:
-            continue
-        if now_ms - run.started_at_ms < cls.min_runtime_s * 1000:
-            continue
-        if run.admitted_by_preemption and cls.band >= band:
-            continue
-        borrowing = borrowing_of.get(run.team)
-        if borrowing is None:
-            borrowing = borrowing_of[run.team] = book.borrowed(run.team) > 0
+        borrowing = book.borrowed(run_team) > 0
         if cls.preemption is PreemptionPolicy.WHEN_BORROWING and not borrowing:
             continue
-        if cls.inference and book.inference_used - run.shape.gpus_milli < book.floor:
+        tier = _tier(run_team, cls, book, team, band, inference, reclaim, borrowing, floor_room)
+        if tier is None and (starving_since_ms is None or cls.band > band):
             continue
-        tier = _tier(run, cls, book, team, band, inference, reclaim, borrowing, floor_room)
-        if (
-            tier is None
-            and starving_since_ms is not None
-            and _overtook(run, cls, band, starving_since_ms)
-        ):
-            tier = 4, Code.STARVATION
-        if tier is None:
-            continue
-        since = run.last_checkpoint_ms if run.last_checkpoint_ms is not None else run.started_at_ms
-        lost = run.shape.gpus_milli * max(0, now_ms - since)
-        if cap and lost > cap:
-            continue
-        out.append(Candidate(run, tier[0], tier[1], cls.band, lost))
+        min_runtime_ms = cls.min_runtime_s * 1000
+        for run in runs:
+            if run.pool != book.name or run.stopping:
+                continue
+            if now_ms - run.started_at_ms < min_runtime_ms:
+                continue
+            if run.admitted_by_preemption and cls.band >= band:
+                continue
+            if cls.inference and book.inference_used - run.shape.gpus_milli < book.floor:
+                continue
+            found = tier
+            if (
+                found is None
+                and starving_since_ms is not None
+                and _overtook(run, cls, band, starving_since_ms)
+            ):
+                found = 4, Code.STARVATION
+            if found is None:
+                continue
+            since = (
+                run.last_checkpoint_ms if run.last_checkpoint_ms is not None else run.started_at_ms
+            )
+            lost = run.shape.gpus_milli * max(0, now_ms - since)
+            if cap and lost > cap:
+                continue
+            out.append(Candidate(run, found[0], found[1], cls.band, lost))
     out.sort(key=victim_key)
     return out
 
@@ -161,7 +167,7 @@ def _overtook(run: Running, cls: WorkloadClass, band: int, since_ms: int) -> boo
 
 
 def _tier(
-    run: Running,
+    run_team: str,
     cls: WorkloadClass,
     book: PoolBook,
     team: str,
@@ -171,11 +177,11 @@ def _tier(
     borrowing: bool,
     floor_room: int,
 ) -> tuple[int, Code] | None:
-    if reclaim and run.team != team and borrowing:
+    if reclaim and run_team != team and borrowing:
         return 1, Code.RECLAIM
     if inference and floor_room > 0 and not cls.inference:
         return 2, Code.FLOOR_RECLAIM
-    if cls.band < band and (run.team == team or not book.managed):
+    if cls.band < band and (run_team == team or not book.managed):
         return 3, Code.PRIORITY
     return None
 
