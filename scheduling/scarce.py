@@ -18,6 +18,7 @@ exactly one the FGD target drops) and the shapes pending now.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 
 from scheduling import fit
 from scheduling.types import Node, Shape
@@ -25,33 +26,63 @@ from scheduling.types import Node, Shape
 #: a shape is rare when at most this share of its pool's nodes can host it, percent
 SCARCE_PCT = 5
 
-#: the last node tuple seen and the hosts found per (pool, shape) on it: a caller that
-#: passes the same node objects tick after tick (the replay) does not recompute them
-_MEMO: tuple[tuple[Node, ...], dict[tuple[str, Shape], frozenset[str]]] | None = None
+
+def _hardware(node: Node) -> tuple[object, ...]:
+    """Everything `fit.can_ever_host` reads of a node: nodes alike in it host alike."""
+    devices = tuple((d.model, d.partitioning, d.memory_mib) for d in node.devices)
+    return node.taints, node.cpu_milli, node.memory_mib, devices
 
 
-def _hosts_memo(nodes: Sequence[Node]) -> dict[tuple[str, Shape], frozenset[str]]:
+@dataclass(slots=True)
+class _Memo:
+    nodes: tuple[Node, ...]
+    #: per pool, the node names by hardware, and one node of each hardware to ask
+    kinds: dict[str, dict[tuple[object, ...], tuple[Node, list[str]]]] = field(default_factory=dict)
+    hosts: dict[tuple[str, Shape], frozenset[str]] = field(default_factory=dict)
+
+
+#: the last nodes seen: a caller that passes the same node objects tick after tick (the
+#: replay) does not recompute the hosts
+_MEMO: _Memo | None = None
+
+
+def _memo(nodes: Sequence[Node]) -> _Memo:
     global _MEMO
     if _MEMO is not None:
-        seen, memo = _MEMO
+        seen = _MEMO.nodes
         if seen is nodes:  # a tuple: the same nodes (one check per call, not per node)
-            return memo
+            return _MEMO
         if len(seen) == len(nodes) and all(a is b for a, b in zip(seen, nodes, strict=True)):
             if isinstance(nodes, tuple):
-                _MEMO = (nodes, memo)  # the same nodes in a new tuple: by identity next time
-            return memo
-    _MEMO = (tuple(nodes), {})
-    return _MEMO[1]
+                _MEMO.nodes = nodes  # the same nodes in a new tuple: by identity next time
+            return _MEMO
+    memo = _Memo(tuple(nodes))
+    # A portal tick brings new node objects each time, and a thousand nodes come in a
+    # few hardware kinds: each (pool, shape) asks one node of each kind.
+    for n in memo.nodes:
+        kinds = memo.kinds.setdefault(n.pool, {})
+        key = _hardware(n)
+        if key in kinds:
+            kinds[key][1].append(n.name)
+        else:
+            kinds[key] = (n, [n.name])
+    _MEMO = memo
+    return memo
 
 
 def hosts(nodes: Sequence[Node], pool: str, shape: Shape) -> frozenset[str]:
     """Return the nodes of the pool that could hold one pod of the shape when empty."""
-    memo = _hosts_memo(nodes)
+    memo = _memo(nodes)
     key = (pool, shape)
-    found = memo.get(key)
+    found = memo.hosts.get(key)
     if found is None:
-        found = frozenset(n.name for n in nodes if n.pool == pool and fit.can_ever_host(n, shape))
-        memo[key] = found
+        found = frozenset(
+            name
+            for first, names in memo.kinds.get(pool, {}).values()
+            if fit.can_ever_host(first, shape)
+            for name in names
+        )
+        memo.hosts[key] = found
     return found
 
 
