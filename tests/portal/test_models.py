@@ -4,7 +4,15 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from portal.models import Allocation, Attempt, AuditEvent, Decision, Device, GpuRequest
+from portal.models import (
+    Allocation,
+    Attempt,
+    AuditEvent,
+    Decision,
+    Device,
+    GpuRequest,
+    UsageRecord,
+)
 from tests.base import make_world, submit
 
 pytestmark = pytest.mark.django_db
@@ -95,3 +103,23 @@ def test_it_cascades_the_decision_log_through_the_orm() -> None:
     gone.delete()
     attempt.delete()
     assert list(Decision.objects.values_list("request_id", "attempt_id")) == [(kept.pk, None)]
+
+
+def test_it_cascades_an_attempts_allocations_and_usage_through_the_orm() -> None:
+    # Their foreign keys to the attempt are not database constraints either.
+    w = make_world()
+    kept, gone = _attempt(submit(w.bob, w.vision)), _attempt(submit(w.bob, w.vision))
+    for attempt, index in ((kept, 0), (gone, 1)):
+        device = Device.objects.get(node__name="a100-01", index=index)
+        Allocation.objects.create(attempt=attempt, device=device, slot="gpu")
+        UsageRecord.objects.create(
+            attempt=attempt,
+            team=w.vision,
+            workload_class=attempt.request.workload_class,
+            pool=attempt.pool,
+            gpus_milli=1000,
+            started_at=timezone.now(),
+        )
+    gone.delete()
+    assert list(Allocation.objects.values_list("attempt_id", flat=True)) == [kept.pk]
+    assert list(UsageRecord.objects.values_list("attempt_id", flat=True)) == [kept.pk]
