@@ -12,12 +12,14 @@ requests that have the same ones.
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Q
+from django.db.models import Q, TextField
+from django.db.models.functions import Cast
 
 from portal import autoscale, capacity, shapes
 from portal.models import (
@@ -200,8 +202,15 @@ def _nodes(
     node_names = {row[0]: row[1] for row in node_rows}
     held_grants: dict[int, dict[tuple[str, int, int], st.DeviceGrant]] = defaultdict(dict)
     active_slots: dict[int, set[str]] = defaultdict(set)
+    # The two JSON columns come as text: thousands of devices share a few MIG layouts
+    # (decoded once each), and only a device with processes needs its list decoded.
     device_rows = list(
-        Device.objects.order_by("node_id", "index").values_list(
+        Device.objects.order_by("node_id", "index")
+        .annotate(
+            mig_text=Cast("mig_instances", TextField()),
+            processes_text=Cast("processes", TextField()),
+        )
+        .values_list(
             "pk",
             "node_id",
             "index",
@@ -209,11 +218,11 @@ def _nodes(
             "memory_mib",
             "partitioning",
             "replicas",
-            "mig_instances",
+            "mig_text",
             "healthy",
             "agent_healthy",
             "quarantined",
-            "processes",
+            "processes_text",
         )
     )
     where = {pk: (node_names.get(node_id, ""), index) for pk, node_id, index, *_ in device_rows}
@@ -259,11 +268,11 @@ def _nodes(
         quarantined,
         processes,
     ) in device_rows:
-        key = repr(mig_instances)
-        migs = mig_layouts.get(key)
+        migs = mig_layouts.get(mig_instances)
         if migs is None:
-            migs = mig_layouts[key] = tuple(
-                st.MigInstance(m["profile"], int(m["start"]), int(m["size"])) for m in mig_instances
+            migs = mig_layouts[mig_instances] = tuple(
+                st.MigInstance(m["profile"], int(m["start"]), int(m["size"]))
+                for m in json.loads(mig_instances)
             )
         devices_by_node[node_id].append(
             st.Device(
@@ -274,7 +283,7 @@ def _nodes(
                 replicas=replicas,
                 mig_instances=migs,
                 healthy=_device_healthy(quarantined, healthy, agent_healthy)
-                and (pk in active_slots or not processes),
+                and (pk in active_slots or processes == "[]" or not json.loads(processes)),
             )
         )
         devices[(node_names.get(node_id, ""), index)] = DeviceRow(pk, partitioning, replicas)

@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+import pytest
+from django.utils import timezone
+
+from portal.models import Device
+from portal.snapshot import build_snapshot
+from scheduling import types as st
+from tests.base import make_world
+
+pytestmark = pytest.mark.django_db
+
+
+def _device(snapshot: st.Snapshot, node: str, index: int) -> st.Device:
+    found = next(n for n in snapshot.nodes if n.name == node)
+    return found.devices[index]
+
+
+def test_it_reads_fixed_mig_layouts_and_foreign_processes_from_the_device_rows() -> None:
+    make_world()
+    node = Device.objects.filter(partitioning="mig").values_list("node__name", flat=True)[0]
+    layout = [
+        {"profile": "3g.40gb", "start": 0, "size": 4},
+        {"profile": "2g.20gb", "start": 4, "size": 2},
+    ]
+    Device.objects.filter(node__name=node, index__in=(0, 1)).update(mig_instances=layout)
+    Device.objects.filter(node__name=node, index=2).update(processes=[{"pid": 4242}])
+    Device.objects.filter(node__name=node, index=3).update(processes=[])
+    snapshot, _ = build_snapshot(timezone.now())
+    want = (st.MigInstance("3g.40gb", 0, 4), st.MigInstance("2g.20gb", 4, 2))
+    assert _device(snapshot, node, 0).mig_instances == want
+    assert _device(snapshot, node, 1).mig_instances == want
+    other = Device.objects.get(node__name=node, index=2).mig_instances
+    assert _device(snapshot, node, 2).mig_instances == tuple(
+        st.MigInstance(m["profile"], m["start"], m["size"]) for m in other
+    )
+    assert other != layout
+    # A process the portal did not place takes the device out; an empty list does not.
+    assert _device(snapshot, node, 2).healthy is False
+    assert _device(snapshot, node, 3).healthy is True
