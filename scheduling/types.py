@@ -134,17 +134,18 @@ class Shape:
     #: a packer policy for this shape alone ("" = the tick's): serving replicas ask for
     #: "spread" so that one node's loss takes as few replicas as possible
     placement: str = ""
+    #: GPU milli this shape holds in total, as quotas count it (computed once: a tick
+    #: asks it about a hundred thousand times)
+    gpus_milli: int = field(init=False, repr=False, compare=False, hash=False)
 
-    @property
-    def gpus_milli(self) -> int:
-        """GPU milli this shape holds in total, as quotas count it."""
+    def __post_init__(self) -> None:
         if self.kind is ProfileKind.MIG:
             per = mig_compute_slices(self.mig_profile) * WHOLE_GPU_MILLI // 7
         elif self.kind is ProfileKind.SHARED:
             per = self.milli
         else:
             per = WHOLE_GPU_MILLI
-        return per * self.count * self.pods
+        object.__setattr__(self, "gpus_milli", per * self.count * self.pods)
 
 
 def mig_compute_slices(profile: str) -> int:
