@@ -794,7 +794,7 @@ class _Tick:
         can host (`scheduling.scarce`) comes before the others: it holds only those.
         """
         policy = self.policy
-        qualifying: list[tuple[int, int, str]] = []
+        qualifying: list[tuple[int, int, str, PendingRequest, tuple[str, ...]]] = []
         for req in self.snap.pending:
             if req.workload_class not in self.classes or req.not_before_ms > self.now:
                 continue
@@ -803,18 +803,25 @@ class _Tick:
             if not (large or waited or self.queue.escalated.get(req.id, False)):
                 continue
             pools = (req.pool,) if req.pool else self.production
+            # A shape only scarce nodes can host goes first: it holds only those nodes,
+            # and nothing else is kept off them while it waits.
+            first = 0 if self._firm(req, pools) else 1
+            qualifying.append((first, req.created_at_ms, req.id, req, pools))
+        qualifying.sort(key=lambda q: q[:3])
+        # Quota is asked in that order, only until the holders are found: thousands
+        # qualify at a deep queue, and a few may hold.
+        holders: set[str] = set()
+        for *_, rid, req, pools in qualifying:
+            if len(holders) >= policy.max_reservations:
+                break
             codes = {
                 self.book.check(req.team, p, req.shape.gpus_milli, req.workload_class).code
                 for p in pools
                 if p in self.book.pools
             }
-            if codes and codes <= {Code.BORROWING_LIMIT, Code.INFERENCE_FLOOR}:
-                continue
-            # A shape only scarce nodes can host goes first: it holds only those nodes,
-            # and nothing else is kept off them while it waits.
-            first = 0 if self._firm(req, pools) else 1
-            qualifying.append((first, req.created_at_ms, req.id))
-        return {rid for *_, rid in sorted(qualifying)[: policy.max_reservations]}
+            if not (codes and codes <= {Code.BORROWING_LIMIT, Code.INFERENCE_FLOOR}):
+                holders.add(rid)
+        return holders
 
     def _reserve(self, req: PendingRequest, pools: tuple[str, ...], borrowing: bool) -> bool:
         """Step 3e: hold nodes for this request, if it is a reservation holder.
