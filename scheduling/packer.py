@@ -587,28 +587,46 @@ class ClusterState:
             return self._best_pod_fast(shape, sid)
         excluded = set(exclude)
         scored: list[tuple[Score, _Group, Choice]] = []
+        evaluate = self._evaluate
         for g in list(self._groups.values()):
-            r = self._result(g, shape, sid)
+            # `_result`, inline: this loop runs for every group on every search.
+            r = g.cache.get(sid, _MISS)
+            if r is _MISS:
+                r = g.cache[sid] = evaluate(g, shape, sid)
             if r is not None:
-                scored.append((r[0], g, r[1]))
+                scored.append((r[0], g, r[1]))  # type: ignore[index]
         scored.sort(key=lambda t: t[0])
         i = 0
         while i < len(scored):
             j = i
             while j < len(scored) and scored[j][0] == scored[i][0]:
                 j += 1
-            options = [
-                (name, g, choice)
-                for _, g, choice in scored[i:j]
-                for name in g.names
-                if name not in excluded and (accept is None or accept(self._nodes[name].node))
-            ]
-            if options:
-                if self.tie_break == "random":
+            if self.tie_break == "random":
+                options = [
+                    (name, g, choice)
+                    for _, g, choice in scored[i:j]
+                    for name in g.names
+                    if name not in excluded and (accept is None or accept(self._nodes[name].node))
+                ]
+                if options:
                     name, g, choice = options[self._rng.randrange(len(options))]
-                else:
-                    name, g, choice = min(options, key=lambda o: o[0])
-                return self._pod_placement(self._nodes[name], g, choice, shape)
+                    return self._pod_placement(self._nodes[name], g, choice, shape)
+            else:
+                # The first name any tied group accepts: names are sorted within a group,
+                # so each group is asked only up to its first accepted name, or up to the
+                # best name found so far.
+                first: tuple[str, _Group, Choice] | None = None
+                for _, g, choice in scored[i:j]:
+                    for name in g.names:
+                        if first is not None and name >= first[0]:
+                            break
+                        if name in excluded:
+                            continue
+                        if accept is None or accept(self._nodes[name].node):
+                            first = (name, g, choice)
+                            break
+                if first is not None:
+                    return self._pod_placement(self._nodes[first[0]], first[1], first[2], shape)
             i = j
         return None
 
