@@ -192,8 +192,10 @@ class _Failures:
         """`more`: further sizes in which larger fails too (a victim cap, negated)."""
         family, size = self.split(shape, pools)
         size += more
-        return any(
-            all(a >= b for a, b in zip(size, f, strict=True)) for f in self.seen.get(family, ())
+        failed = self.seen.get(family, ())
+        # Most asks repeat a size that failed (the same shape, request after request).
+        return size in failed or any(
+            all(a >= b for a, b in zip(size, f, strict=True)) for f in failed
         )
 
     def add(self, shape: Shape, pools: tuple[str, ...], *more: int) -> None:
