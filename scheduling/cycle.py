@@ -918,11 +918,9 @@ class _Tick:
         """
         key = (shape, pools)
         if key not in self.never:
-            hosts = 0
-            # `fit.can_ever_host`, remembered per node class
-            for node in self.snap.nodes:
-                if node.pool in pools and _eligible(node, shape, now=False) is not None:
-                    hosts += 1
+            # `fit.can_ever_host`, asked once per hardware kind (`scarce.hosts`)
+            nodes = self.snap.nodes
+            hosts = sum(len(scarce.hosts(nodes, p, shape)) for p in dict.fromkeys(pools))
             self.short[key] = hosts < shape.pods
             for node in self.snap.growth:
                 if node.pool in pools and _eligible(node, shape, now=False) is not None:
