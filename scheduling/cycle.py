@@ -347,7 +347,7 @@ class _Tick:
                 # Quota is as scarce as devices here: hold what is lent back for it too, so
                 # small borrowers cannot keep a large one out forever.
                 for p in lendable:
-                    self.book.pools[p].held_back += req.shape.gpus_milli
+                    self.book.hold_back(p, req.shape.gpus_milli)
                 quota["reserved_nodes"] = sorted(n for n, o in self.reserved.items() if o == req.id)
                 msg += "; capacity coming free is held for it"
             return [self._wait(req, position, Code(first.code), msg, quota)]

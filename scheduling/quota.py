@@ -102,6 +102,8 @@ class QuotaBook:
         classes: dict[str, WorkloadClass],
     ) -> None:
         self.classes = classes
+        #: `check`'s answers since the book last changed
+        self._answers: dict[tuple[str, str, int, str], Verdict] = {}
         capacity: dict[str, int] = {}
         for node in nodes:
             if node.ready and not node.cordoned:
@@ -122,7 +124,23 @@ class QuotaBook:
             self.add(team, pool_name, milli, class_name, False)
 
     def check(self, team: str, pool: str, milli: int, class_name: str) -> Verdict:
-        """Return whether `team` may take `milli` more in `pool` for a request of the class."""
+        """Return whether `team` may take `milli` more in `pool` for a request of the class.
+
+        The answer is remembered until the book changes (`_change`, `hold_back`): a deep
+        queue asks the same question for request after request of one team.
+        """
+        key = (team, pool, milli, class_name)
+        verdict = self._answers.get(key)
+        if verdict is None:
+            verdict = self._answers[key] = self._check(team, pool, milli, class_name)
+        return verdict
+
+    def hold_back(self, pool: str, milli: int) -> None:
+        """Hold `milli` of the pool's lendable capacity back for a blocked large borrower."""
+        self._answers.clear()
+        self.pools[pool].held_back += milli
+
+    def _check(self, team: str, pool: str, milli: int, class_name: str) -> Verdict:
         book = self.pools[pool]
         used = book.used.get(team, 0)
         nominal = book.nominal.get(team, 0)
@@ -177,6 +195,7 @@ class QuotaBook:
         book = self.pools.get(pool)
         if book is None:
             return
+        self._answers.clear()
         before = book.used.get(team, 0)
         book.used[team] = before + delta
         book.cohort_used += book.over_guarantee(team, before + delta) - book.over_guarantee(
