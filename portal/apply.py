@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Count, F
 
 from portal import capacity, notify, services, wake
@@ -112,39 +112,57 @@ def _admit_all(ds: list[st.Decision], ctx: Context, tick_no: int) -> dict[str, i
     if not ds:
         return {}
     reqs = {d.request_id: ctx.requests[d.request_id] for d in ds}
+    fields = (
+        "state",
+        "status_code",
+        "status_message",
+        "queue_position",
+        "escalated",
+        "estimated_start",
+        "position_note",
+        "updated_at",
+        *capacity.COLUMNS,
+    )
+
+    def admitted(d: st.Decision) -> tuple[Any, ...]:
+        req = reqs[d.request_id]
+        head = (req.pk, GpuRequest.State.ADMITTED, "admitted", d.message, None, False, None)
+        return (*head, "", ctx.now, *_wait_ends(req, ctx))
+
     # Claim: only requests still pending (cancelled since the snapshot: nothing to do).
-    claimed = set(
-        GpuRequest.objects.select_for_update()
-        .filter(pk__in=[r.pk for r in reqs.values()], state=GpuRequest.State.PENDING)
-        .values_list("pk", flat=True)
-    )
-    ds = [d for d in ds if reqs[d.request_id].pk in claimed]
-    bulk_set(
-        GpuRequest,
-        (
-            "state",
-            "status_code",
-            "status_message",
-            "queue_position",
-            "escalated",
-            "estimated_start",
-            "position_note",
-            "updated_at",
-            *capacity.COLUMNS,
-        ),
-        [
-            (reqs[d.request_id].pk, GpuRequest.State.ADMITTED, "admitted", d.message)
-            + (None, False, None, "", ctx.now)
-            + _wait_ends(reqs[d.request_id], ctx)
-            for d in ds
-        ],
-    )
-    numbers = dict(
-        Attempt.objects.filter(request_id__in=claimed)
-        .order_by()
-        .values_list("request_id")
-        .annotate(n=Count("id"))
-    )
+    pks: list[int] | None = None
+    if connection.vendor == "postgresql":
+        # One statement claims and admits, and returns each claimed request's attempt
+        # count and its new attempt's key (three statements otherwise).
+        attempts = connection.ops.quote_name(Attempt._meta.db_table)
+        got = {
+            request_pk: (n, attempt_pk)
+            for request_pk, n, attempt_pk in bulk_set(
+                GpuRequest,
+                fields,
+                [admitted(d) for d in ds],
+                only_if={"state": GpuRequest.State.PENDING},
+                returning=f"t.id, (SELECT count(*) FROM {attempts} a WHERE a.request_id = t.id), "
+                f"nextval(pg_get_serial_sequence('{Attempt._meta.db_table}', 'id'))",
+            )
+        }
+        ds = [d for d in ds if reqs[d.request_id].pk in got]
+        numbers = {pk: n for pk, (n, _) in got.items()}
+        pks = [got[reqs[d.request_id].pk][1] for d in ds]
+    else:
+        claimed = set(
+            GpuRequest.objects.select_for_update()
+            .filter(pk__in=[r.pk for r in reqs.values()], state=GpuRequest.State.PENDING)
+            .values_list("pk", flat=True)
+        )
+        ds = [d for d in ds if reqs[d.request_id].pk in claimed]
+        bulk_set(GpuRequest, fields, [admitted(d) for d in ds])
+        numbers = dict(
+            Attempt.objects.filter(request_id__in=claimed)
+            .order_by()
+            .values_list("request_id")
+            .annotate(n=Count("id"))
+        )
 
     def number(d: st.Decision) -> int:
         return numbers.get(reqs[d.request_id].pk, 0) + 1
@@ -154,7 +172,7 @@ def _admit_all(ds: list[st.Decision], ctx: Context, tick_no: int) -> dict[str, i
     try:
         with transaction.atomic():
             rows = [_attempt(d, reqs[d.request_id], ctx, number(d)) for d in ds]
-            ids = insert_rows(Attempt, rows, ids=True)
+            ids = insert_rows(Attempt, rows, ids=pks is None, pks=pks)
             allocations: list[dict[str, Any]] = []
             for d, attempt_id in zip(ds, ids, strict=True):
                 _allocations(attempt_id, d, ctx, allocations)

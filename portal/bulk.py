@@ -16,7 +16,7 @@ wrappers, so query counters see it.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from operator import itemgetter
 from typing import Any
 
@@ -47,18 +47,26 @@ def insert_rows(
     rows: Sequence[dict[str, Any]],
     *,
     ids: bool = False,
+    pks: Sequence[int] | None = None,
     ignore_conflicts: bool = False,
 ) -> list[int]:
     """Insert `rows`; returns their new primary keys in order when `ids` is set.
 
+    `pks`: the rows' primary keys, already drawn from the table's sequence (PostgreSQL:
+    `nextval` in the statement that claimed them), returned as with `ids`.
     `ignore_conflicts`: rows that would break a unique constraint are left out (as
     bulk_create's option), not `ids`.
     """
-    assert not (ids and ignore_conflicts)
+    assert not ((ids or pks is not None) and ignore_conflicts)
     if not rows:
         return []
     fields = _fields(model)
     defaults = _defaults(fields)
+    if pks is not None:
+        assert len(pks) == len(rows)
+        pk_name = model._meta.pk.attname  # type: ignore[union-attr]
+        rows = [{pk_name: key, **row} for key, row in zip(pks, rows, strict=True)]
+        ids = True
     if connection.vendor != "postgresql":
         objs = [model(**{**defaults, **row}) for row in rows]
         model.objects.bulk_create(objs, batch_size=500, ignore_conflicts=ignore_conflicts)
@@ -84,7 +92,11 @@ def insert_rows(
         values.append(out)
     new_ids: list[int] = []
     with connection.cursor() as cur:
-        if ids:
+        if pks is not None:
+            new_ids = list(pks)
+            names = [pk.column, *names]
+            values = [[i, *v] for i, v in zip(new_ids, values, strict=True)]
+        elif ids:
             # Keys drawn from the table's own sequence: COPY returns nothing.
             cur.execute(
                 "SELECT nextval(pg_get_serial_sequence(%s, %s)) FROM generate_series(1, %s)",
@@ -127,20 +139,30 @@ def _copy(cur: Any, table: str, columns: list[str], rows: Sequence[Sequence[Any]
 
 
 def bulk_set(
-    model: type[models.Model], fields: Sequence[str], rows: Sequence[tuple[Any, ...]]
-) -> None:
+    model: type[models.Model],
+    fields: Sequence[str],
+    rows: Sequence[tuple[Any, ...]],
+    *,
+    only_if: Mapping[str, Any] | None = None,
+    returning: str = "",
+) -> list[tuple[Any, ...]]:
     """Set `fields` row by row: `rows` are (pk, value, ...) in the order of `fields`.
 
-    On PostgreSQL one UPDATE ... FROM (VALUES ...) per BATCH rows; elsewhere Django's
-    bulk_update (whose CASE WHEN per row and field was most of the apply step at 10,000
-    waiting requests).
+    On PostgreSQL a scratch table and one UPDATE ... FROM; elsewhere Django's bulk_update
+    (whose CASE WHEN per row and field was most of the apply step at 10,000 waiting
+    requests). PostgreSQL only: `only_if` (column -> value) leaves rows that no longer
+    match alone (a claim: the UPDATE waits for, then re-reads, rows another transaction
+    changed), and `returning` (SQL over the updated row ``t``) is returned for each row
+    updated.
     """
     if not rows:
-        return
+        return []
     if connection.vendor != "postgresql":
+        if only_if or returning:
+            raise NotImplementedError("only_if and returning need PostgreSQL")
         objs = [model(pk=row[0], **dict(zip(fields, row[1:], strict=True))) for row in rows]
         model.objects.bulk_update(objs, list(fields), batch_size=500)
-        return
+        return []
     meta = model._meta
     assert meta.pk is not None
     columns = [meta.pk, *(meta.get_field(f) for f in fields)]
@@ -154,9 +176,19 @@ def bulk_set(
     with transaction.atomic(), connection.cursor() as cur:
         cur.execute(f"CREATE TEMPORARY TABLE {quote(scratch)} ({typed}) ON COMMIT DROP")
         _copy(cur, scratch, [c.column for c in columns], [list(r) for r in rows])
+        conditions = [f"t.{names[0]} = v.{names[0]}"]
+        params: list[Any] = []
+        for name, value in (only_if or {}).items():
+            conditions.append(f"t.{quote(meta.get_field(name).column)} = %s")  # type: ignore[union-attr]
+            params.append(value)
         cur.execute(
             f"UPDATE {quote(meta.db_table)} AS t SET "
             + ", ".join(f"{n} = v.{n}" for n in names[1:])
-            + f" FROM {quote(scratch)} AS v WHERE t.{names[0]} = v.{names[0]}"
+            + f" FROM {quote(scratch)} AS v WHERE "
+            + " AND ".join(conditions)
+            + (f" RETURNING {returning}" if returning else ""),
+            params,
         )
+        out = [tuple(r) for r in cur.fetchall()] if returning else []
         cur.execute(f"DROP TABLE {quote(scratch)}")
+    return out

@@ -350,3 +350,32 @@ def test_a_reconcile_before_the_launch_task_leaves_the_launch_to_it(
     (ids,) = sent[0]
     assert list(launch(ids).values()) == ["launched"]
     assert SimulatedWorkload.objects.count() == 1
+
+
+def test_a_request_cancelled_since_the_snapshot_is_not_admitted() -> None:
+    w = make_world()
+    kept, cancelled, retried = (submit(w.bob, w.vision) for _ in range(3))
+    # A request that ran before: its next attempt takes the next number.
+    Attempt.objects.create(
+        request=retried, number=1, state="preempted", pool=retried.pool, nodes=["a100-01"],
+        workload_name=f"qm-{retried.pk}-1", namespace="ns", gpus_milli=1000,
+        admitted_at=timezone.now(),
+    )  # fmt: skip
+    snapshot, ctx = build_snapshot(timezone.now())
+    decisions = scheduling.schedule(snapshot, snapshot.now_ms)
+    assert sum(d.kind == st.DecisionKind.ADMIT for d in decisions) == 3
+    GpuRequest.objects.filter(pk=cancelled.pk).update(state="cancelled")
+    with transaction.atomic():
+        counts = decisions_apply(decisions=decisions, ctx=ctx, tick_no=3)
+    assert counts["admit"] == 2
+    assert GpuRequest.objects.get(pk=cancelled.pk).state == "cancelled"
+    assert not Attempt.objects.filter(request=cancelled).exists()
+    assert not Decision.objects.filter(request=cancelled, kind="admit").exists()
+    numbers = dict(Attempt.objects.filter(state="admitted").values_list("request_id", "number"))
+    assert numbers == {kept.pk: 1, retried.pk: 2}
+    for req in (kept, retried):
+        attempt = Attempt.objects.get(request=req, state="admitted")
+        assert GpuRequest.objects.get(pk=req.pk).state == "admitted"
+        assert UsageRecord.objects.filter(attempt=attempt).count() == 1
+        assert Allocation.objects.filter(attempt=attempt, active=True).exists()
+        assert Decision.objects.get(request=req, kind="admit", tick=3).attempt_id == attempt.pk
