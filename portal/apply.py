@@ -112,22 +112,13 @@ def _admit_all(ds: list[st.Decision], ctx: Context, tick_no: int) -> dict[str, i
     if not ds:
         return {}
     reqs = {d.request_id: ctx.requests[d.request_id] for d in ds}
-    fields = (
-        "state",
-        "status_code",
-        "status_message",
-        "queue_position",
-        "escalated",
-        "estimated_start",
-        "position_note",
-        "updated_at",
-        *capacity.COLUMNS,
-    )
+    # An admitted request's status, as WAIT_FIELDS hold a waiting one's.
+    fields = ("state", "updated_at", *WAIT_FIELDS)
 
     def admitted(d: st.Decision) -> tuple[Any, ...]:
         req = reqs[d.request_id]
-        head = (req.pk, GpuRequest.State.ADMITTED, "admitted", d.message, None, False, None)
-        return (*head, "", ctx.now, *_wait_ends(req, ctx))
+        head = (req.pk, GpuRequest.State.ADMITTED, ctx.now, "admitted", d.message)
+        return (*head, None, False, None, "", *_wait_ends(req, ctx))
 
     # Claim: only requests still pending (cancelled since the snapshot: nothing to do).
     pks: list[int] | None = None

@@ -375,7 +375,9 @@ def test_a_request_cancelled_since_the_snapshot_is_not_admitted() -> None:
     assert numbers == {kept.pk: 1, retried.pk: 2}
     for req in (kept, retried):
         attempt = Attempt.objects.get(request=req, state="admitted")
-        assert GpuRequest.objects.get(pk=req.pk).state == "admitted"
+        row = GpuRequest.objects.get(pk=req.pk)
+        assert (row.state, row.status_code, row.queue_position) == ("admitted", "admitted", None)
+        assert row.status_message.startswith("admitted on ")
         assert UsageRecord.objects.filter(attempt=attempt).count() == 1
         assert Allocation.objects.filter(attempt=attempt, active=True).exists()
         assert Decision.objects.get(request=req, kind="admit", tick=3).attempt_id == attempt.pk
