@@ -14,16 +14,17 @@ from __future__ import annotations
 import logging
 from bisect import bisect_left
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Count, F
 
 from portal import capacity, notify, services, wake
-from portal.bulk import bulk_set, insert_rows
+from portal.bulk import bulk_set, bulk_set_sent, insert_rows
 from portal.models import (
     Allocation,
     Attempt,
@@ -107,10 +108,24 @@ def _usage(attempt_id: int, req: QueuedRow, pool_id: int, ctx: Context) -> dict[
     }
 
 
-def _admit_all(ds: list[st.Decision], ctx: Context, tick_no: int) -> dict[str, int]:
-    """Admit in bulk; returns the new attempts' ids by request id (absent: not admitted)."""
+class Claimed(NamedTuple):
+    """The admissions the tick claimed, with their attempts' numbers and (PostgreSQL)
+    keys already drawn."""
+
+    decisions: list[st.Decision]
+    numbers: dict[int, int]  # request pk -> its attempts so far
+    pks: list[int] | None
+
+
+@contextmanager
+def _claim(ds: list[st.Decision], ctx: Context) -> Iterator[Callable[[], Claimed]]:
+    """Claim and admit the requests `ds` admits, if still pending (cancelled since the
+    snapshot: nothing to do). Yields `claimed`: on PostgreSQL the claim runs on the server
+    while the block computes, and the block must not use the database before calling it."""
     if not ds:
-        return {}
+        nothing = Claimed([], {}, None)
+        yield lambda: nothing
+        return
     reqs = {d.request_id: ctx.requests[d.request_id] for d in ds}
     # An admitted request's status, as WAIT_FIELDS hold a waiting one's.
     fields = ("state", "updated_at", *WAIT_FIELDS)
@@ -120,61 +135,85 @@ def _admit_all(ds: list[st.Decision], ctx: Context, tick_no: int) -> dict[str, i
         head = (req.pk, GpuRequest.State.ADMITTED, ctx.now, "admitted", d.message)
         return (*head, None, False, None, "", *_wait_ends(req, ctx))
 
-    # Claim: only requests still pending (cancelled since the snapshot: nothing to do).
-    pks: list[int] | None = None
     if connection.vendor == "postgresql":
         # One statement claims and admits, and returns each claimed request's attempt
         # count and its new attempt's key (three statements otherwise).
         attempts = connection.ops.quote_name(Attempt._meta.db_table)
-        got = {
-            request_pk: (n, attempt_pk)
-            for request_pk, n, attempt_pk in bulk_set(
-                GpuRequest,
-                fields,
-                [admitted(d) for d in ds],
-                only_if={"state": GpuRequest.State.PENDING},
-                returning=f"t.id, (SELECT count(*) FROM {attempts} a WHERE a.request_id = t.id), "
-                f"nextval(pg_get_serial_sequence('{Attempt._meta.db_table}', 'id'))",
-            )
-        }
-        ds = [d for d in ds if reqs[d.request_id].pk in got]
-        numbers = {pk: n for pk, (n, _) in got.items()}
-        pks = [got[reqs[d.request_id].pk][1] for d in ds]
-    else:
-        claimed = set(
-            GpuRequest.objects.select_for_update()
-            .filter(pk__in=[r.pk for r in reqs.values()], state=GpuRequest.State.PENDING)
-            .values_list("pk", flat=True)
-        )
-        ds = [d for d in ds if reqs[d.request_id].pk in claimed]
-        bulk_set(GpuRequest, fields, [admitted(d) for d in ds])
-        numbers = dict(
-            Attempt.objects.filter(request_id__in=claimed)
-            .order_by()
-            .values_list("request_id")
-            .annotate(n=Count("id"))
-        )
+        with bulk_set_sent(
+            GpuRequest,
+            fields,
+            [admitted(d) for d in ds],
+            only_if={"state": GpuRequest.State.PENDING},
+            returning=f"t.id, (SELECT count(*) FROM {attempts} a WHERE a.request_id = t.id), "
+            f"nextval(pg_get_serial_sequence('{Attempt._meta.db_table}', 'id'))",
+        ) as done:
+
+            def claimed() -> Claimed:
+                got = {request_pk: (n, attempt_pk) for request_pk, n, attempt_pk in done()}
+                kept = [d for d in ds if reqs[d.request_id].pk in got]
+                return Claimed(
+                    kept,
+                    {pk: n for pk, (n, _) in got.items()},
+                    [got[reqs[d.request_id].pk][1] for d in kept],
+                )
+
+            yield claimed
+        return
+    pks = set(
+        GpuRequest.objects.select_for_update()
+        .filter(pk__in=[r.pk for r in reqs.values()], state=GpuRequest.State.PENDING)
+        .values_list("pk", flat=True)
+    )
+    kept = [d for d in ds if reqs[d.request_id].pk in pks]
+    bulk_set(GpuRequest, fields, [admitted(d) for d in kept])
+    numbers = dict(
+        Attempt.objects.filter(request_id__in=pks)
+        .order_by()
+        .values_list("request_id")
+        .annotate(n=Count("id"))
+    )
+    result = Claimed(kept, numbers, None)
+    yield lambda: result
+
+
+def _admit_claimed(
+    claimed: Claimed, ctx: Context, tick_no: int, waiting: list[tuple[Any, ...]]
+) -> dict[str, int]:
+    """Insert the claimed admissions' attempts, allocations and usage records, and write
+    the `waiting` requests' new status (WAIT_FIELDS) meanwhile; returns the new attempts'
+    ids by request id (absent: not admitted)."""
+    ds = claimed.decisions
+    if not ds:
+        bulk_set(GpuRequest, WAIT_FIELDS, waiting)
+        return {}
+    reqs = {d.request_id: ctx.requests[d.request_id] for d in ds}
 
     def number(d: st.Decision) -> int:
-        return numbers.get(reqs[d.request_id].pk, 0) + 1
+        return claimed.numbers.get(reqs[d.request_id].pk, 0) + 1
+
+    def dependents(ids: list[int]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        allocations: list[dict[str, Any]] = []
+        for d, attempt_id in zip(ds, ids, strict=True):
+            _allocations(attempt_id, d, ctx, allocations)
+        usage = [
+            _usage(attempt_id, reqs[d.request_id], row["pool_id"], ctx)
+            for d, attempt_id, row in zip(ds, ids, rows, strict=True)
+        ]
+        return allocations, usage
 
     slots_before = {k: set(v) for k, v in ctx.active_slots.items()}
+    with bulk_set_sent(GpuRequest, WAIT_FIELDS, waiting) as waited:
+        # While the server writes the waiting requests: the admissions' rows.
+        rows = [_attempt(d, reqs[d.request_id], ctx, number(d)) for d in ds]
+        prepared = dependents(claimed.pks) if claimed.pks is not None else None
+        waited()
     made: dict[str, int] = {}
     try:
         with transaction.atomic():
-            rows = [_attempt(d, reqs[d.request_id], ctx, number(d)) for d in ds]
-            ids = insert_rows(Attempt, rows, ids=pks is None, pks=pks)
-            allocations: list[dict[str, Any]] = []
-            for d, attempt_id in zip(ds, ids, strict=True):
-                _allocations(attempt_id, d, ctx, allocations)
+            ids = insert_rows(Attempt, rows, ids=claimed.pks is None, pks=claimed.pks)
+            allocations, usage = prepared or dependents(ids)
             insert_rows(Allocation, allocations)
-            insert_rows(
-                UsageRecord,
-                [
-                    _usage(attempt_id, reqs[d.request_id], row["pool_id"], ctx)
-                    for d, attempt_id, row in zip(ds, ids, rows, strict=True)
-                ],
-            )
+            insert_rows(UsageRecord, usage)
             made = {d.request_id: attempt_id for d, attempt_id in zip(ds, ids, strict=True)}
     except IntegrityError:
         # The database refused a double booking somewhere in the batch: admit one by one,
@@ -281,7 +320,7 @@ def _wait(
     d: st.Decision,
     ctx: Context,
     tick_no: int,
-    log_rows: list[dict[str, Any]],
+    log_rows: list[dict[str, Any] | st.Decision],
     changed: list[tuple[Any, ...]],
     notes: dict[str, str] | None = None,
 ) -> None:
@@ -521,53 +560,63 @@ def decisions_apply(*, decisions: list[st.Decision], ctx: Context, tick_no: int)
     log_rows = _preempt_all(by_kind[st.DecisionKind.PREEMPT], ctx, tick_no)
     if log_rows:
         counts["preempt"] = len(log_rows)
-    made = _admit_all(by_kind[st.DecisionKind.ADMIT], ctx, tick_no)
     _reject_all(by_kind[st.DecisionKind.REJECT], ctx)
+    # The log in the core's order; an admission's row is written once its attempt is.
+    entries: list[dict[str, Any] | st.Decision] = []
     changed: list[tuple[Any, ...]] = []
-    notes = position_notes(
-        {rid: r.queue_position for rid, r in ctx.requests.items()},
-        {d.request_id: d.position for d in by_kind[st.DecisionKind.WAIT] if d.position},
-    )
-    for d in ordered:
-        if d.kind == st.DecisionKind.ADMIT and d.request_id in made:
-            assert d.placement is not None
-            req = ctx.requests[d.request_id]
+    with _claim(by_kind[st.DecisionKind.ADMIT], ctx) as claim:
+        # While the server claims the admissions: the waiting requests' new status and
+        # the log's rows for waits and rejections (no database until `claim()`).
+        notes = position_notes(
+            {rid: r.queue_position for rid, r in ctx.requests.items()},
+            {d.request_id: d.position for d in by_kind[st.DecisionKind.WAIT] if d.position},
+        )
+        for d in ordered:
+            if d.kind == st.DecisionKind.ADMIT:
+                entries.append(d)
+            elif d.kind == st.DecisionKind.WAIT:
+                _wait(d, ctx, tick_no, entries, changed, notes)
+                counts["wait"] += 1
+            elif d.kind == st.DecisionKind.REJECT and d.code != "not-a-member":
+                queued = ctx.requests[d.request_id]
+                entries.append(
+                    {
+                        "tick": tick_no,
+                        "request_id": queued.pk,
+                        "team_id": queued.team_id,
+                        "kind": Decision.Kind.REJECT,
+                        "code": d.code,
+                        "message": d.message[:500],
+                        "facts": _facts(d),
+                        **_profile(ctx),
+                    }
+                )
+                counts["reject"] += 1
+        claimed = claim()
+    made = _admit_claimed(claimed, ctx, tick_no, changed)
+    for e in entries:
+        if isinstance(e, dict):
+            log_rows.append(e)
+        elif e.request_id in made:
+            assert e.placement is not None
+            queued = ctx.requests[e.request_id]
             counts["admit"] += 1
             log_rows.append(
                 {
                     "tick": tick_no,
-                    "request_id": req.pk,
-                    "attempt_id": made[d.request_id],
-                    "team_id": req.team_id,
-                    "pool_id": ctx.pools[d.pool].pk,
-                    "node": ",".join(d.placement.nodes),
+                    "request_id": queued.pk,
+                    "attempt_id": made[e.request_id],
+                    "team_id": queued.team_id,
+                    "pool_id": ctx.pools[e.pool].pk,
+                    "node": ",".join(e.placement.nodes),
                     "kind": Decision.Kind.ADMIT,
-                    "code": d.code,
-                    "message": d.message,
-                    "facts": _facts(d),
+                    "code": e.code,
+                    "message": e.message,
+                    "facts": _facts(e),
                     **_profile(ctx),
                 }
             )
-        elif d.kind == st.DecisionKind.WAIT:
-            _wait(d, ctx, tick_no, log_rows, changed, notes)
-            counts["wait"] += 1
-        elif d.kind == st.DecisionKind.REJECT and d.code != "not-a-member":
-            req = ctx.requests[d.request_id]
-            log_rows.append(
-                {
-                    "tick": tick_no,
-                    "request_id": req.pk,
-                    "team_id": req.team_id,
-                    "kind": Decision.Kind.REJECT,
-                    "code": d.code,
-                    "message": d.message[:500],
-                    "facts": _facts(d),
-                    **_profile(ctx),
-                }
-            )
-            counts["reject"] += 1
     insert_rows(Decision, log_rows)
-    bulk_set(GpuRequest, WAIT_FIELDS, changed)
     for d in by_kind["cancel"]:
         # The core's member rules: the submitter left the team behind the services' back.
         req = GpuRequest.objects.select_related("team").get(pk=ctx.requests[d.request_id].pk)

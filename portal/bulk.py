@@ -16,7 +16,8 @@ wrappers, so query counters see it.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
 from operator import itemgetter
 from typing import Any
 
@@ -155,40 +156,75 @@ def bulk_set(
     changed), and `returning` (SQL over the updated row ``t``) is returned for each row
     updated.
     """
+    with bulk_set_sent(model, fields, rows, only_if=only_if, returning=returning) as done:
+        return done()
+
+
+@contextmanager
+def bulk_set_sent(
+    model: type[models.Model],
+    fields: Sequence[str],
+    rows: Sequence[tuple[Any, ...]],
+    *,
+    only_if: Mapping[str, Any] | None = None,
+    returning: str = "",
+) -> Iterator[Callable[[], list[tuple[Any, ...]]]]:
+    """`bulk_set`, with the UPDATE left running on the server while the block runs.
+
+    Yields `done`, which waits for the UPDATE and returns what `bulk_set` would (called
+    on leaving the block if the block did not). On PostgreSQL the UPDATE is sent in
+    pipeline mode, so the server writes the rows while Python goes on: until `done()` the
+    block must not use the database (COPY, for one, is refused in a pipeline). Elsewhere
+    the UPDATE has run before the block starts.
+    """
     if not rows:
-        return []
+        yield lambda: []
+        return
     if connection.vendor != "postgresql":
         if only_if or returning:
             raise NotImplementedError("only_if and returning need PostgreSQL")
         objs = [model(pk=row[0], **dict(zip(fields, row[1:], strict=True))) for row in rows]
         model.objects.bulk_update(objs, list(fields), batch_size=500)
-        return []
+        yield lambda: []
+        return
     meta = model._meta
     assert meta.pk is not None
     columns = [meta.pk, *(meta.get_field(f) for f in fields)]
     quote = connection.ops.quote_name
     names = [quote(c.column) for c in columns]
-    # COPY into a scratch table, then one UPDATE joins it: three statements whatever the
-    # number of rows, and no parameter lists to build or parse.
+    # COPY into a scratch table, then one UPDATE joins it: a fixed number of statements
+    # whatever the number of rows, and no parameter lists to build or parse.
     scratch = f"qm_bulk_set_{meta.db_table}"
     typed = ", ".join(f"{n} {c.db_type(connection)}" for n, c in zip(names, columns, strict=True))
+    conditions = [f"t.{names[0]} = v.{names[0]}"]
+    params: list[Any] = []
+    for name, value in (only_if or {}).items():
+        conditions.append(f"t.{quote(meta.get_field(name).column)} = %s")  # type: ignore[union-attr]
+        params.append(value)
+    update = (
+        f"UPDATE {quote(meta.db_table)} AS t SET "
+        + ", ".join(f"{n} = v.{n}" for n in names[1:])
+        + f" FROM {quote(scratch)} AS v WHERE "
+        + " AND ".join(conditions)
+        + (f" RETURNING {returning}" if returning else "")
+    )
     # atomic: outside a transaction ON COMMIT DROP would drop the table at once.
     with transaction.atomic(), connection.cursor() as cur:
         cur.execute(f"CREATE TEMPORARY TABLE {quote(scratch)} ({typed}) ON COMMIT DROP")
         _copy(cur, scratch, [c.column for c in columns], [list(r) for r in rows])
-        conditions = [f"t.{names[0]} = v.{names[0]}"]
-        params: list[Any] = []
-        for name, value in (only_if or {}).items():
-            conditions.append(f"t.{quote(meta.get_field(name).column)} = %s")  # type: ignore[union-attr]
-            params.append(value)
-        cur.execute(
-            f"UPDATE {quote(meta.db_table)} AS t SET "
-            + ", ".join(f"{n} = v.{n}" for n in names[1:])
-            + f" FROM {quote(scratch)} AS v WHERE "
-            + " AND ".join(conditions)
-            + (f" RETURNING {returning}" if returning else ""),
-            params,
-        )
-        out = [tuple(r) for r in cur.fetchall()] if returning else []
+        with ExitStack() as pipeline:
+            pipeline.enter_context(connection.connection.pipeline())
+            cur.execute(update, params or None)
+            out: list[list[tuple[Any, ...]]] = []
+
+            def done() -> list[tuple[Any, ...]]:
+                if not out:
+                    # The server's errors surface here: as Django's, as execute() raises them.
+                    with connection.wrap_database_errors:
+                        out.append([tuple(r) for r in cur.fetchall()] if returning else [])
+                        pipeline.close()  # leaves pipeline mode: the UPDATE has finished
+                return out[0]
+
+            yield done
+            done()
         cur.execute(f"DROP TABLE {quote(scratch)}")
-    return out

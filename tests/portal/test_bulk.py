@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+import pytest
+from django.db import IntegrityError, connection, transaction
+
+from portal.bulk import bulk_set, bulk_set_sent
+from portal.models import Team
+
+pytestmark = pytest.mark.django_db
+postgres_only = pytest.mark.skipif(
+    "connection.vendor != 'postgresql'", reason="pipeline mode and RETURNING: PostgreSQL"
+)
+
+
+def _teams(n: int) -> list[Team]:
+    return [Team.objects.create(name=f"t{i}", namespace=f"ns-{i}", weight=1) for i in range(n)]
+
+
+@postgres_only
+def test_the_update_runs_while_the_block_computes_and_done_waits_for_its_rows() -> None:
+    from psycopg import pq
+
+    a, b, c = _teams(3)
+    with bulk_set_sent(
+        Team,
+        ("weight",),
+        [(a.pk, 5), (b.pk, 7)],
+        only_if={"max_pending": 0},
+        returning="t.id, t.weight",
+    ) as done:
+        # sent, not waited for: the connection is still in pipeline mode
+        assert connection.connection.pgconn.pipeline_status == pq.PipelineStatus.ON
+        rows = done()
+        assert connection.connection.pgconn.pipeline_status == pq.PipelineStatus.OFF
+    assert sorted(rows) == [(a.pk, 5), (b.pk, 7)]
+    assert done() == rows  # asked again: the same rows, no second wait
+    weights = dict(Team.objects.values_list("pk", "weight"))
+    assert weights == {a.pk: 5, b.pk: 7, c.pk: 1}
+    # the scratch table is gone: the same call works again in this transaction
+    assert bulk_set(Team, ("weight",), [(c.pk, 2)], returning="t.weight") == [(2,)]
+
+
+def test_a_block_that_never_asks_still_waits_on_leaving() -> None:
+    (a,) = _teams(1)
+    with bulk_set_sent(Team, ("weight",), [(a.pk, 3)]):
+        pass
+    assert Team.objects.get(pk=a.pk).weight == 3
+
+
+@postgres_only
+def test_rows_that_no_longer_match_are_left_alone() -> None:
+    a, b = _teams(2)
+    Team.objects.filter(pk=b.pk).update(max_pending=4)
+    rows = bulk_set(
+        Team, ("weight",), [(a.pk, 9), (b.pk, 9)], only_if={"max_pending": 0}, returning="t.id"
+    )
+    assert rows == [(a.pk,)]
+    assert Team.objects.get(pk=b.pk).weight == 1
+
+
+@postgres_only
+def test_a_failing_update_raises_and_writes_nothing() -> None:
+    a, b = _teams(2)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        # the second row would give both teams one name: the UPDATE fails on the server
+        bulk_set(Team, ("name",), [(a.pk, "same"), (b.pk, "same")])
+    # the connection left pipeline mode and is usable; nothing was written
+    assert sorted(Team.objects.values_list("name", flat=True)) == ["t0", "t1"]
+
+
+@pytest.mark.skipif("connection.vendor == 'postgresql'", reason="the path without a pipeline")
+def test_elsewhere_the_update_has_run_before_the_block() -> None:
+    (a,) = _teams(1)
+    with bulk_set_sent(Team, ("weight",), [(a.pk, 4)]) as done:
+        assert Team.objects.get(pk=a.pk).weight == 4
+        assert done() == []
+    assert Team.objects.get(pk=a.pk).weight == 4
