@@ -24,7 +24,13 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Count, F
 
 from portal import capacity, notify, services, wake
-from portal.bulk import bulk_set, bulk_set_sent, insert_rows
+from portal.bulk import (
+    Row,
+    RowMaker,
+    bulk_set,
+    bulk_set_sent,
+    insert_rows,
+)
 from portal.models import (
     Allocation,
     Attempt,
@@ -557,7 +563,10 @@ def decisions_apply(*, decisions: list[st.Decision], ctx: Context, tick_no: int)
         kind = "cancel" if d.kind == st.DecisionKind.REJECT and d.code == "not-a-member" else d.kind
         by_kind[kind].append(d)
         counts[str(kind)] += 0  # a kind the core decided is counted, even if nothing came of it
-    log_rows = _preempt_all(by_kind[st.DecisionKind.PREEMPT], ctx, tick_no)
+    log = RowMaker(Decision)  # the tick's log rows: one time for all
+    log_rows: list[Row] = [
+        log(r) for r in _preempt_all(by_kind[st.DecisionKind.PREEMPT], ctx, tick_no)
+    ]
     if log_rows:
         counts["preempt"] = len(log_rows)
     _reject_all(by_kind[st.DecisionKind.REJECT], ctx)
@@ -592,29 +601,33 @@ def decisions_apply(*, decisions: list[st.Decision], ctx: Context, tick_no: int)
                     }
                 )
                 counts["reject"] += 1
+        # The log's rows as COPY takes them, made while the server still works.
+        prepared = [e if isinstance(e, st.Decision) else log(e) for e in entries]
         claimed = claim()
     made = _admit_claimed(claimed, ctx, tick_no, changed)
-    for e in entries:
-        if isinstance(e, dict):
+    for e in prepared:
+        if not isinstance(e, st.Decision):
             log_rows.append(e)
         elif e.request_id in made:
             assert e.placement is not None
             queued = ctx.requests[e.request_id]
             counts["admit"] += 1
             log_rows.append(
-                {
-                    "tick": tick_no,
-                    "request_id": queued.pk,
-                    "attempt_id": made[e.request_id],
-                    "team_id": queued.team_id,
-                    "pool_id": ctx.pools[e.pool].pk,
-                    "node": ",".join(e.placement.nodes),
-                    "kind": Decision.Kind.ADMIT,
-                    "code": e.code,
-                    "message": e.message,
-                    "facts": _facts(e),
-                    **_profile(ctx),
-                }
+                log(
+                    {
+                        "tick": tick_no,
+                        "request_id": queued.pk,
+                        "attempt_id": made[e.request_id],
+                        "team_id": queued.team_id,
+                        "pool_id": ctx.pools[e.pool].pk,
+                        "node": ",".join(e.placement.nodes),
+                        "kind": Decision.Kind.ADMIT,
+                        "code": e.code,
+                        "message": e.message,
+                        "facts": _facts(e),
+                        **_profile(ctx),
+                    }
+                )
             )
     insert_rows(Decision, log_rows)
     for d in by_kind["cancel"]:

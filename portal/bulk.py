@@ -43,9 +43,47 @@ def _defaults(fields: list[models.Field[Any, Any]]) -> dict[str, Any]:
     }
 
 
+class RowMaker:
+    """A model's rows as `insert_rows` sends them: on PostgreSQL a tuple in column order,
+    JSON serialized (what COPY takes); elsewhere the dict with the defaults merged in.
+
+    On PostgreSQL every row one maker makes has the same time in its ``auto_now`` fields
+    (elsewhere bulk_create stamps its own). Rows can be made ahead, e.g. while the server
+    runs an UPDATE (`bulk_set_sent`).
+    """
+
+    def __init__(self, model: type[models.Model]) -> None:
+        fields = _fields(model)
+        self.defaults = _defaults(fields)
+        self.postgres = connection.vendor == "postgresql"
+        attnames = [f.attname for f in fields]
+        self.single = len(attnames) == 1
+        self.json_at = [i for i, f in enumerate(fields) if isinstance(f, models.JSONField)]
+        # The merge and the getter run in C: a tick makes tens of thousands of rows.
+        self.get = itemgetter(*attnames)
+
+    def __call__(self, row: dict[str, Any]) -> Row:
+        merged = {**self.defaults, **row}
+        if not self.postgres:
+            return merged
+        out = self.get(merged)
+        if self.single:
+            out = (out,)
+        if self.json_at:
+            out = list(out)
+            for i in self.json_at:
+                out[i] = json.dumps(out[i])
+            out = tuple(out)
+        return out  # type: ignore[no-any-return]
+
+
+#: a row to insert: a dict keyed by attribute name, or what a `RowMaker` made of one
+Row = dict[str, Any] | tuple[Any, ...]
+
+
 def insert_rows(
     model: type[models.Model],
-    rows: Sequence[dict[str, Any]],
+    rows: Sequence[Row],
     *,
     ids: bool = False,
     pks: Sequence[int] | None = None,
@@ -61,39 +99,27 @@ def insert_rows(
     assert not ((ids or pks is not None) and ignore_conflicts)
     if not rows:
         return []
-    fields = _fields(model)
-    defaults = _defaults(fields)
-    if pks is not None:
-        assert len(pks) == len(rows)
-        pk_name = model._meta.pk.attname  # type: ignore[union-attr]
-        rows = [{pk_name: key, **row} for key, row in zip(pks, rows, strict=True)]
-        ids = True
+    make = RowMaker(model)
     if connection.vendor != "postgresql":
-        objs = [model(**{**defaults, **row}) for row in rows]
+        # (a maker made dicts here: only PostgreSQL makes tuples)
+        dicts = [make(row) for row in rows]  # type: ignore[arg-type]
+        if pks is not None:
+            assert len(pks) == len(rows)
+            pk_name = model._meta.pk.attname  # type: ignore[union-attr]
+            dicts = [{**row, pk_name: key} for key, row in zip(pks, dicts, strict=True)]
+            ids = True
+        objs = [model(**row) for row in dicts]  # type: ignore[arg-type]
         model.objects.bulk_create(objs, batch_size=500, ignore_conflicts=ignore_conflicts)
         return [o.pk for o in objs] if ids else []
     pk = model._meta.pk
     assert pk is not None
+    fields = _fields(model)
     names = [f.column for f in fields]
-    attnames = [f.attname for f in fields]
-    json_at = [i for i, f in enumerate(fields) if isinstance(f, models.JSONField)]
-    # COPY takes text: JSON goes in serialized, everything else as psycopg writes it.
-    # A row's values in column order: the merge and the getter run in C (a tick builds
-    # tens of thousands of rows).
-    get = itemgetter(*attnames)
-    values: list[Sequence[Any]] = []
-    for row in rows:
-        out = get({**defaults, **row})
-        if len(attnames) == 1:
-            out = (out,)
-        if json_at:
-            out = list(out)
-            for i in json_at:
-                out[i] = json.dumps(out[i])
-        values.append(out)
+    values: list[Sequence[Any]] = [row if isinstance(row, tuple) else make(row) for row in rows]
     new_ids: list[int] = []
     with connection.cursor() as cur:
         if pks is not None:
+            assert len(pks) == len(rows)
             new_ids = list(pks)
             names = [pk.column, *names]
             values = [[i, *v] for i, v in zip(new_ids, values, strict=True)]

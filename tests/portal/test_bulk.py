@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from django.db import IntegrityError, connection, transaction
 
-from portal.bulk import bulk_set, bulk_set_sent
+from portal.bulk import RowMaker, bulk_set, bulk_set_sent, insert_rows
 from portal.models import Team
 
 pytestmark = pytest.mark.django_db
@@ -75,3 +75,14 @@ def test_elsewhere_the_update_has_run_before_the_block() -> None:
         assert Team.objects.get(pk=a.pk).weight == 4
         assert done() == []
     assert Team.objects.get(pk=a.pk).weight == 4
+
+
+def test_rows_made_ahead_go_in_with_plain_ones_and_share_the_maker_s_time() -> None:
+    make = RowMaker(Team)
+    ahead = [make({"name": f"a{i}", "namespace": f"ns-a{i}"}) for i in range(2)]
+    insert_rows(Team, [*ahead, {"name": "plain", "namespace": "ns-plain", "weight": 3}])
+    teams = {t.name: t for t in Team.objects.all()}
+    assert sorted(teams) == ["a0", "a1", "plain"]
+    if connection.vendor == "postgresql":  # elsewhere bulk_create stamps its own time
+        assert teams["a0"].created_at == teams["a1"].created_at  # one maker, one time
+    assert (teams["a0"].weight, teams["plain"].weight) == (1, 3)  # defaults merged in
