@@ -301,6 +301,13 @@ class _Tick:
     def run(self) -> list[Decision]:
         out: list[Decision] = []
         position = 0
+        # The room a preemptor's victims freed is its own before any reservation is made:
+        # even a firm one would otherwise take it, and the victims' loss buy nothing.
+        for claimant in self.snap.pending:
+            if claimant.preempting:
+                self._fits_after_stops(
+                    claimant, (claimant.pool,) if claimant.pool else self.production
+                )
         # A reservation holder that only scarce nodes can host holds them from the start
         # of the pass: requests ahead of it in the queue can go elsewhere.
         for holder in sorted(self.snap.pending, key=lambda r: (r.created_at_ms, r.id)):
@@ -523,6 +530,14 @@ class _Tick:
             msg = f"admitted on {nodes} in pool {pool} within team {req.team}'s guaranteed quota"
         facts = dict(verdict.facts)
         facts["class"] = cls.name
+        kept = sorted(set(placement.nodes) & self.scarce)
+        if kept and self._fits_elsewhere(req.shape, (pool,)):
+            # Its terms, said when they are set (`scarce-node` preemption).
+            msg += (
+                f"; {', '.join(kept)} is kept for shapes few nodes can hold, and a request "
+                "of such a shape that has waited its class's maximum queue time may preempt it"
+            )
+            facts["scarce_nodes"] = kept
         return Decision(
             DecisionKind.ADMIT,
             req.id,
@@ -627,9 +642,10 @@ class _Tick:
             if own and verdicts[pool].code not in (Code.BORROWING_LIMIT, Code.COHORT_EXHAUSTED):
                 continue
             reclaim = not own and book.managed and not verdicts[pool].borrowing
+            displace = self._displace(req.shape, pool) if starving else None
             # Within a tick, victims only get fewer: remember who found none (by shape size).
             base: tuple[str, ...] = (pool, req.team, cls.name, str(reclaim), str(own))
-            base += (str(starving), str(budget))
+            base += (str(starving), str(budget), str(displace is not None))
             who = (*base, str(max_loss))
             # A smaller victim cap finds no more victims than a larger one (0: no cap).
             tighter = -max_loss if max_loss else -(1 << 62)
@@ -648,6 +664,7 @@ class _Tick:
                     self.policy.max_victim_loss_gpu_s,
                     req.created_at_ms if starving else None,
                     budget,
+                    displace,
                 )
                 if own:
                     found_cands = [
@@ -659,7 +676,9 @@ class _Tick:
                 narrowed = self.candidates[base]
                 if max_loss != self.policy.max_victim_loss_gpu_s:
                     limit = max(max_loss * 1_000_000, budget)
-                    narrowed = [c for c in narrowed if c.lost <= limit]
+                    narrowed = [
+                        c for c in narrowed if c.lost <= limit or c.reason is Code.SCARCE_NODE
+                    ]
                 self.candidates[who] = narrowed
             after: dict[str, Verdict] = {}
 
@@ -673,10 +692,16 @@ class _Tick:
                 return v.ok
 
             entitled = book.managed and not verdicts[pool].borrowing
+            accept = self._accept_for(req, (pool,), entitled)
+            if self._fits_elsewhere(req.shape, (pool,)):
+                # Work is never thrown away to put a shape that fits elsewhere on a node
+                # kept for shapes that fit almost nowhere (free room there is another
+                # matter: `_find` takes it as a last resort).
+                accept = _avoiding(self.scarce, accept)
             found = preemption.plan(
                 self.state,
                 req.shape,
-                self._accept_for(req, (pool,), entitled),
+                accept,
                 self.candidates[who],
                 book,
                 cap,
@@ -691,6 +716,21 @@ class _Tick:
             quota_ok([v.run for v in found.victims])
             return self._apply_plan(req, cls, pool, found, after["verdict"], position)
         return None
+
+    def _displace(self, shape: Shape, pool: str) -> Callable[[Running], bool] | None:
+        """For a shape that only the pool's scarce nodes can host: whether a running
+        attempt holds one of those nodes with work that fits elsewhere (a `scarce-node`
+        victim, `scheduling.preemption`); None for any other shape."""
+        if not self._only_scarce(shape, (pool,)):
+            return None
+        needed = scarce.hosts(self.snap.nodes, pool, shape)
+
+        def squats(run: Running) -> bool:
+            return any(p.node in needed for p in run.placement.pods) and self._fits_elsewhere(
+                run.shape, (pool,)
+            )
+
+        return squats
 
     def _victim_loss_cap(self, req: PendingRequest) -> int:
         """GPU-seconds one victim of the request may lose (0 = no limit):
@@ -1005,3 +1045,8 @@ class _Tick:
             escalated=self.queue.escalated.get(req.id, False),
             facts=facts or {},
         )
+
+
+def _avoiding(names: frozenset[str], accept: Callable[[Node], bool]) -> Callable[[Node], bool]:
+    """`accept`, without the nodes `names`."""
+    return lambda n: n.name not in names and accept(n)

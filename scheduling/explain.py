@@ -48,6 +48,9 @@ class Code(StrEnum):
     #: PREEMPT: the preemptor has waited its class's maximum queue time (the starvation
     #: bound, `Policy.starvation_after`); the victim is of the same or a lower band
     STARVATION = "starvation"
+    #: PREEMPT: the preemptor is starving and fits only the pool's scarce nodes
+    #: (`scheduling.scarce`); the victim holds one of them with work that fits elsewhere
+    SCARCE_NODE = "scarce-node"
 
 
 def gpus(milli: int) -> str:
@@ -115,4 +118,9 @@ def reclaim_sentence(victims: dict[str, int], reason: str) -> str:
         return ", ".join(parts) + " on the inference floor will be preempted"
     if reason == Code.STARVATION:
         return ", ".join(parts) + " will be preempted: it has waited its class's maximum queue time"
+    if reason == Code.SCARCE_NODE:
+        return (
+            ", ".join(parts) + " will be preempted: it holds one of the few nodes that can hold "
+            "this request, and could run elsewhere"
+        )
     return ", ".join(parts) + " of a lower class will be preempted"

@@ -20,13 +20,19 @@ missing. Candidates, by tier (lower tier is taken first):
    also take victims above `Policy.max_victim_loss_gpu_s` as long as the set loses
    together at most `Policy.starving_loss_ratio` × the GPU-time it has waited (its
    loss budget; `within_budget`): work that never checkpoints is not protected for
-   ever, and no more work is thrown away than the wait it ends. While more requests
+   ever, and no more work is thrown away than the wait it ends. A starving request
+   that only the pool's scarce nodes can host (`scheduling.scarce`) may also take, on
+   those nodes, attempts of the same or a lower band whose shape fits elsewhere, even
+   `when-borrowing` work its team's quota protects from the other tiers (`scarce-node`):
+   the node was kept for shapes like it and lent to that work only as a last resort,
+   and the victim can run on any other node. While more requests
    of a pool are starving than `Policy.max_reservations`, the tier is off there:
    starvation is then the load, not one request's bad luck, and preempting for it
    would only move the wait to the victims (their age still orders the reservations).
 
 Never a candidate: attempts already stopping; classes that are never preempted;
-`when-borrowing` classes whose team does not borrow in the pool; attempts younger
+`when-borrowing` classes whose team does not borrow in the pool (except on a scarce node,
+above); attempts younger
 than their class's minimum runtime; inference attempts whose loss would take the
 pool's inference usage below its floor; attempts that would lose more work than
 `Policy.max_victim_loss_gpu_s`, or than `Policy.victim_loss_per_gpu_s` per GPU of the
@@ -101,6 +107,7 @@ def candidates(
     max_loss_gpu_s: int = 0,
     starving_since_ms: int | None = None,
     budget: int = 0,
+    displace: Callable[[Running], bool] | None = None,
 ) -> list[Candidate]:
     """Return the attempts in `book`'s pool this request may preempt, in victim order.
 
@@ -109,6 +116,9 @@ def candidates(
     groups, and only a few of them ever hold candidates).
     `budget` (GPU milli-ms, a starving request's wait): a victim may lose up to that much
     even above `max_loss_gpu_s`; `within_budget` then bounds the whole victim set.
+    `displace` (a starving request that only scarce nodes can host): the attempts of the
+    same or a lower band that hold one of its nodes with work that fits elsewhere; they are
+    candidates (tier 4, `scarce-node`) even where `when-borrowing` would protect them.
     """
     cap = max(max_loss_gpu_s * 1_000_000, budget) if max_loss_gpu_s else 0
     out: list[Candidate] = []
@@ -118,9 +128,15 @@ def candidates(
         if cls is None or cls.preemption is PreemptionPolicy.NEVER or not runs:
             continue
         borrowing = book.borrowed(run_team) > 0
-        if cls.preemption is PreemptionPolicy.WHEN_BORROWING and not borrowing:
+        # Quota protects when-borrowing work from every tier but the scarce node's.
+        protected = cls.preemption is PreemptionPolicy.WHEN_BORROWING and not borrowing
+        if protected and displace is None:
             continue
-        tier = _tier(run_team, cls, book, team, band, inference, reclaim, borrowing, floor_room)
+        tier = (
+            None
+            if protected
+            else _tier(run_team, cls, book, team, band, inference, reclaim, borrowing, floor_room)
+        )
         if tier is None and (starving_since_ms is None or cls.band > band):
             continue
         min_runtime_ms = cls.min_runtime_s * 1000
@@ -136,17 +152,21 @@ def candidates(
             found = tier
             if (
                 found is None
+                and not protected
                 and starving_since_ms is not None
                 and _overtook(run, cls, band, starving_since_ms)
             ):
                 found = 4, Code.STARVATION
+            if found is None and displace is not None and displace(run):
+                found = 4, Code.SCARCE_NODE
             if found is None:
                 continue
             since = (
                 run.last_checkpoint_ms if run.last_checkpoint_ms is not None else run.started_at_ms
             )
             lost = run.shape.gpus_milli * max(0, now_ms - since)
-            if cap and lost > cap:
+            # A scarce node's squatter took it knowing this (its admission says so): no cap.
+            if cap and lost > cap and found[1] is not Code.SCARCE_NODE:
                 continue
             out.append(Candidate(run, found[0], found[1], cls.band, lost))
     out.sort(key=victim_key)
@@ -155,10 +175,11 @@ def candidates(
 
 def within_budget(victims: Sequence[Candidate], max_loss_gpu_s: int, budget: int) -> bool:
     """Whether a victim set may be stopped: each victim loses at most `max_loss_gpu_s`
-    (0 = no limit), or together they lose at most `budget` (GPU milli-ms)."""
+    (0 = no limit), or together they lose at most `budget` (GPU milli-ms). A `scarce-node`
+    victim is not counted: it took the node on those terms."""
     if not max_loss_gpu_s or all(v.lost <= max_loss_gpu_s * 1_000_000 for v in victims):
         return True
-    return sum(v.lost for v in victims) <= budget
+    return sum(v.lost for v in victims if v.reason is not Code.SCARCE_NODE) <= budget
 
 
 def _overtook(run: Running, cls: WorkloadClass, band: int, since_ms: int) -> bool:

@@ -452,6 +452,25 @@ class RoomKeptTest(unittest.TestCase):
         self.assertEqual(outcome(decisions)["pre"], "admit:fits")
         self.assertEqual(by_kind(decisions, DecisionKind.PREEMPT), [])
 
+    def test_a_firm_reservation_does_not_take_the_room_either(self) -> None:
+        # The same room, and a request past its starvation bound: its reservation is firm
+        # and made before the pass, but not on the room a preemptor's victims freed.
+        snap = snapshot(
+            [node("n1", gpus=4), node("n2", gpus=4)],
+            pending=[
+                req("pre", team="a", gpus=2, created_s=60, preempting=True),
+                req("starving", team="c", cls="interactive", gpus=4, created_s=4000),
+            ],
+            running=[
+                run("b0", team="b", devices=(0, 1)),
+                run("i0", team="c", cls="inference", node="n2", devices=range(4)),
+            ],
+            quotas=[quota("a", 2), quota("b", 2), quota("c", 8)],
+        )
+        decisions = schedule(snap)
+        self.assertEqual(outcome(decisions)["pre"], "admit:fits")
+        self.assertEqual(by_kind(decisions, DecisionKind.PREEMPT), [])
+
 
 class ReservationFitTest(unittest.TestCase):
     """Reservations hold only nodes that could host one pod: memory and taints too."""

@@ -139,6 +139,77 @@ class ScarceNodesTest(unittest.TestCase):
         got = {d.request_id: d for d in schedule(snap, policy=rules())}
         self.assertEqual(got["small"].kind, DecisionKind.ADMIT)
 
+    def test_a_starving_rare_shape_takes_its_node_back_from_work_that_fits_elsewhere(self) -> None:
+        # "squat" (interactive: when-borrowing, its team within quota) took the only node
+        # "large" fits, after it had waited its own maximum queue time. Tiers 1-4 leave it
+        # alone; once "large" starves (interactive: 3,600 s), the scarce node is its.
+        quotas = [quota("a", 100), quota("b", 100)]
+        squat = run("squat", team="b", cls="interactive", node="big", devices=range(8))
+        large = req("large", cls="interactive", gpus=8, cpu=120, memory_gib=720, created_s=4000)
+
+        def decided(pending: list, running: list) -> dict[str, list]:
+            snap = snapshot([*SMALL, BIG], pending=pending, running=running, quotas=quotas)
+            out: dict[str, list] = {}
+            for d in schedule(snap, policy=rules()):
+                out.setdefault(d.request_id, []).append((d.kind, d.code))
+            return out
+
+        got = decided([large], [squat, *FULL])
+        self.assertEqual(got["squat"], [(DecisionKind.PREEMPT, "scarce-node")])
+        self.assertEqual(got["large"], [(DecisionKind.WAIT, "preempting")])
+        # not yet starving: it waits
+        young = replace(large, created_at_ms=large.created_at_ms + 3000 * 1000)
+        self.assertNotIn("squat", decided([young], [squat, *FULL]))
+        # work that needs the scarce node itself is not displaced from it
+        needs_it = replace(squat, shape=LARGE)
+        self.assertNotIn("squat", decided([large], [needs_it, *FULL]))
+        # nor is a higher band's (inference: never preempted at all)
+        serving = replace(squat, workload_class="inference")
+        self.assertNotIn("squat", decided([large], [serving, *FULL]))
+
+    def test_a_scarce_node_s_squatter_is_taken_whatever_it_would_lose(self) -> None:
+        # With the shipped caps (7,200 GPU-seconds a victim, 900 per preemptor GPU) an hour
+        # of 8 GPUs (28,800) protects work from every tier, and the waiter's loss budget
+        # (what it waited: 4,000 s x 8 GPUs) is short of what this one started before it.
+        quotas = [quota("a", 100), quota("b", 100)]
+        squat = run("squat", team="b", cls="interactive", node="big", devices=range(8), age_s=9000)
+        large = req("large", cls="interactive", gpus=8, cpu=120, memory_gib=720, created_s=4000)
+        snap = snapshot([*SMALL, BIG], pending=[large], running=[squat, *FULL], quotas=quotas)
+        caps = rules(max_victim_loss_gpu_s=7200, victim_loss_per_gpu_s=900)
+        preempted = [d for d in schedule(snap, policy=caps) if d.kind is DecisionKind.PREEMPT]
+        self.assertEqual([(d.request_id, d.code) for d in preempted], [("squat", "scarce-node")])
+        self.assertEqual(preempted[0].facts["lost_gpu_ms"], 8000 * 9000 * 1000)
+
+    def test_work_is_never_thrown_away_to_put_a_common_shape_on_a_scarce_node(self) -> None:
+        # "hi" (interactive) outranks team a's own training on "big" (tier 3), but fits
+        # the ordinary nodes too: it waits for one rather than preempt on the node kept
+        # for "large". Free room there would still be its last resort.
+        low = run("low", cls="training", node="big", devices=range(8))
+        full = [replace(r, workload_class="inference") for r in FULL]
+        large = req("large", gpus=8, cpu=120, memory_gib=720, created_s=100)
+        hi = req("hi", cls="interactive", gpus=8, created_s=50)
+        snap = snapshot([*SMALL, BIG], pending=[large, hi], running=[low, *full])
+        decisions = schedule(snap, policy=rules())
+        self.assertEqual([d for d in decisions if d.kind is DecisionKind.PREEMPT], [])
+        # without the rare shape "big" is an ordinary node, and "hi" preempts there
+        snap = snapshot([*SMALL, BIG], pending=[hi], running=[low, *full])
+        preempted = [
+            d.request_id for d in schedule(snap, policy=rules()) if d.kind is DecisionKind.PREEMPT
+        ]
+        self.assertEqual(preempted, ["low"])
+
+    def test_an_admission_onto_a_scarce_node_says_it_may_be_preempted(self) -> None:
+        big_req = req("large", gpus=8, cpu=120, memory_gib=720, created_s=100)
+        snap = snapshot(
+            [*SMALL, BIG], pending=[big_req, req("small", cls="training")], running=[ON_BIG, *FULL]
+        )
+        small = next(
+            d for d in schedule(snap, policy=rules(max_reservations=0)) if d.request_id == "small"
+        )
+        self.assertEqual(small.kind, DecisionKind.ADMIT)
+        self.assertEqual(small.facts["scarce_nodes"], ["big"])
+        self.assertIn("big is kept for shapes few nodes can hold", small.message)
+
 
 if __name__ == "__main__":
     unittest.main()
