@@ -676,8 +676,11 @@ class _Tick:
                 narrowed = self.candidates[base]
                 if max_loss != self.policy.max_victim_loss_gpu_s:
                     limit = max(max_loss * 1_000_000, budget)
+                    scarce_limit = max(limit, preemption.SCARCE_LOSS_FACTOR * budget)
                     narrowed = [
-                        c for c in narrowed if c.lost <= limit or c.reason is Code.SCARCE_NODE
+                        c
+                        for c in narrowed
+                        if c.lost <= (scarce_limit if c.reason is Code.SCARCE_NODE else limit)
                     ]
                 self.candidates[who] = narrowed
             after: dict[str, Verdict] = {}

@@ -23,9 +23,10 @@ missing. Candidates, by tier (lower tier is taken first):
    ever, and no more work is thrown away than the wait it ends. A starving request
    that only the pool's scarce nodes can host (`scheduling.scarce`) may also take, on
    those nodes, attempts of the same or a lower band whose shape fits elsewhere, even
-   `when-borrowing` work its team's quota protects from the other tiers (`scarce-node`):
-   the node was kept for shapes like it and lent to that work only as a last resort,
-   and the victim can run on any other node. While more requests
+   `when-borrowing` work its team's quota protects from the other tiers (`scarce-node`),
+   and such a victim may lose up to `SCARCE_LOSS_FACTOR` (2) times its loss budget: the
+   node was kept for shapes like it and lent to that work only as a last resort, and
+   the victim can run on any other node. While more requests
    of a pool are starving than `Policy.max_reservations`, the tier is off there:
    starvation is then the load, not one request's bad luck, and preempting for it
    would only move the wait to the victims (their age still orders the reservations).
@@ -70,6 +71,9 @@ from scheduling.types import (
     Shape,
     WorkloadClass,
 )
+
+#: a `scarce-node` victim may lose this many times a starving request's loss budget
+SCARCE_LOSS_FACTOR = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,8 +169,10 @@ def candidates(
                 run.last_checkpoint_ms if run.last_checkpoint_ms is not None else run.started_at_ms
             )
             lost = run.shape.gpus_milli * max(0, now_ms - since)
-            # A scarce node's squatter took it knowing this (its admission says so): no cap.
-            if cap and lost > cap and found[1] is not Code.SCARCE_NODE:
+            # A scarce node's squatter took it knowing this (its admission says so): it may
+            # lose up to SCARCE_LOSS_FACTOR times the waiter's budget.
+            limit = max(cap, SCARCE_LOSS_FACTOR * budget) if found[1] is Code.SCARCE_NODE else cap
+            if limit and lost > limit:
                 continue
             out.append(Candidate(run, found[0], found[1], cls.band, lost))
     out.sort(key=victim_key)
@@ -176,10 +182,15 @@ def candidates(
 def within_budget(victims: Sequence[Candidate], max_loss_gpu_s: int, budget: int) -> bool:
     """Whether a victim set may be stopped: each victim loses at most `max_loss_gpu_s`
     (0 = no limit), or together they lose at most `budget` (GPU milli-ms). A `scarce-node`
-    victim is not counted: it took the node on those terms."""
+    victim's loss counts 1 / `SCARCE_LOSS_FACTOR`: it took the node on those terms."""
     if not max_loss_gpu_s or all(v.lost <= max_loss_gpu_s * 1_000_000 for v in victims):
         return True
-    return sum(v.lost for v in victims if v.reason is not Code.SCARCE_NODE) <= budget
+    return sum(_weighed(v) for v in victims) <= budget
+
+
+def _weighed(v: Candidate) -> int:
+    """A victim's loss as it counts against a starving request's budget."""
+    return v.lost // SCARCE_LOSS_FACTOR if v.reason is Code.SCARCE_NODE else v.lost
 
 
 def _overtook(run: Running, cls: WorkloadClass, band: int, since_ms: int) -> bool:

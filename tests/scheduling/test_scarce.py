@@ -167,18 +167,27 @@ class ScarceNodesTest(unittest.TestCase):
         serving = replace(squat, workload_class="inference")
         self.assertNotIn("squat", decided([large], [serving, *FULL]))
 
-    def test_a_scarce_node_s_squatter_is_taken_whatever_it_would_lose(self) -> None:
+    def test_a_scarce_node_s_squatter_may_lose_twice_the_waiter_s_budget(self) -> None:
         # With the shipped caps (7,200 GPU-seconds a victim, 900 per preemptor GPU) an hour
-        # of 8 GPUs (28,800) protects work from every tier, and the waiter's loss budget
-        # (what it waited: 4,000 s x 8 GPUs) is short of what this one started before it.
+        # of 8 GPUs (28,800) protects work from every tier; the waiter's loss budget is
+        # what it waited, 4,000 s x 8 GPUs = 32,000, and a squatter may lose twice that.
         quotas = [quota("a", 100), quota("b", 100)]
-        squat = run("squat", team="b", cls="interactive", node="big", devices=range(8), age_s=9000)
         large = req("large", cls="interactive", gpus=8, cpu=120, memory_gib=720, created_s=4000)
-        snap = snapshot([*SMALL, BIG], pending=[large], running=[squat, *FULL], quotas=quotas)
         caps = rules(max_victim_loss_gpu_s=7200, victim_loss_per_gpu_s=900)
-        preempted = [d for d in schedule(snap, policy=caps) if d.kind is DecisionKind.PREEMPT]
-        self.assertEqual([(d.request_id, d.code) for d in preempted], [("squat", "scarce-node")])
-        self.assertEqual(preempted[0].facts["lost_gpu_ms"], 8000 * 9000 * 1000)
+
+        def preempted(age_s: int) -> list[tuple[str, str, object]]:
+            squat = run(
+                "squat", team="b", cls="interactive", node="big", devices=range(8), age_s=age_s
+            )
+            snap = snapshot([*SMALL, BIG], pending=[large], running=[squat, *FULL], quotas=quotas)
+            return [
+                (d.request_id, d.code, d.facts["lost_gpu_ms"])
+                for d in schedule(snap, policy=caps)
+                if d.kind is DecisionKind.PREEMPT
+            ]
+
+        self.assertEqual(preempted(8000), [("squat", "scarce-node", 8000 * 8000 * 1000)])
+        self.assertEqual(preempted(8001), [])  # 64,008 GPU-seconds: more than twice
 
     def test_work_is_never_thrown_away_to_put_a_common_shape_on_a_scarce_node(self) -> None:
         # "hi" (interactive) outranks team a's own training on "big" (tier 3), but fits
