@@ -695,16 +695,10 @@ class _Tick:
                 return v.ok
 
             entitled = book.managed and not verdicts[pool].borrowing
-            accept = self._accept_for(req, (pool,), entitled)
-            if self._fits_elsewhere(req.shape, (pool,)):
-                # Work is never thrown away to put a shape that fits elsewhere on a node
-                # kept for shapes that fit almost nowhere (free room there is another
-                # matter: `_find` takes it as a last resort).
-                accept = _avoiding(self.scarce, accept)
             found = preemption.plan(
                 self.state,
                 req.shape,
-                accept,
+                self._accept_for(req, (pool,), entitled),
                 self.candidates[who],
                 book,
                 cap,
@@ -1048,8 +1042,3 @@ class _Tick:
             escalated=self.queue.escalated.get(req.id, False),
             facts=facts or {},
         )
-
-
-def _avoiding(names: frozenset[str], accept: Callable[[Node], bool]) -> Callable[[Node], bool]:
-    """`accept`, without the nodes `names`."""
-    return lambda n: n.name not in names and accept(n)

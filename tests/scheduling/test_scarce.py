@@ -189,24 +189,6 @@ class ScarceNodesTest(unittest.TestCase):
         self.assertEqual(preempted(8000), [("squat", "scarce-node", 8000 * 8000 * 1000)])
         self.assertEqual(preempted(8001), [])  # 64,008 GPU-seconds: more than twice
 
-    def test_work_is_never_thrown_away_to_put_a_common_shape_on_a_scarce_node(self) -> None:
-        # "hi" (interactive) outranks team a's own training on "big" (tier 3), but fits
-        # the ordinary nodes too: it waits for one rather than preempt on the node kept
-        # for "large". Free room there would still be its last resort.
-        low = run("low", cls="training", node="big", devices=range(8))
-        full = [replace(r, workload_class="inference") for r in FULL]
-        large = req("large", gpus=8, cpu=120, memory_gib=720, created_s=100)
-        hi = req("hi", cls="interactive", gpus=8, created_s=50)
-        snap = snapshot([*SMALL, BIG], pending=[large, hi], running=[low, *full])
-        decisions = schedule(snap, policy=rules())
-        self.assertEqual([d for d in decisions if d.kind is DecisionKind.PREEMPT], [])
-        # without the rare shape "big" is an ordinary node, and "hi" preempts there
-        snap = snapshot([*SMALL, BIG], pending=[hi], running=[low, *full])
-        preempted = [
-            d.request_id for d in schedule(snap, policy=rules()) if d.kind is DecisionKind.PREEMPT
-        ]
-        self.assertEqual(preempted, ["low"])
-
     def test_an_admission_onto_a_scarce_node_says_it_may_be_preempted(self) -> None:
         big_req = req("large", gpus=8, cpu=120, memory_gib=720, created_s=100)
         snap = snapshot(
