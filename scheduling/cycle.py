@@ -302,7 +302,7 @@ class _Tick:
         out: list[Decision] = []
         position = 0
         # The room a preemptor's victims freed is its own before any reservation is made:
-        # even a firm one would otherwise take it, and the victims' loss buy nothing.
+        # even a firm one would otherwise take it, and the victims' loss would buy nothing.
         for claimant in self.snap.pending:
             if claimant.preempting:
                 self._fits_after_stops(
