@@ -173,7 +173,12 @@ def candidates(
             # lose up to SCARCE_LOSS_FACTOR times the waiter's budget.
             limit = max(cap, SCARCE_LOSS_FACTOR * budget) if found[1] is Code.SCARCE_NODE else cap
             if limit and lost > limit:
-                continue
+                # Another tier's limit must not shield a squatter from its own.
+                if found[1] is Code.SCARCE_NODE or displace is None or not displace(run):
+                    continue
+                if lost > max(cap, SCARCE_LOSS_FACTOR * budget):
+                    continue
+                found = 4, Code.SCARCE_NODE
             out.append(Candidate(run, found[0], found[1], cls.band, lost))
     out.sort(key=victim_key)
     return out

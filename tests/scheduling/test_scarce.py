@@ -189,6 +189,34 @@ class ScarceNodesTest(unittest.TestCase):
         self.assertEqual(preempted(8000), [("squat", "scarce-node", 8000 * 8000 * 1000)])
         self.assertEqual(preempted(8001), [])  # 64,008 GPU-seconds: more than twice
 
+    def test_a_squatter_another_tier_may_take_keeps_no_more_protection(self) -> None:
+        # "squat" borrows (team b has no quota), so tier 1 (reclaim) may take it for "large"
+        # (team a, within its nominal) - within that tier's loss limit. It also squats the
+        # only node "large" fits: as such it may lose up to twice the waiter's budget, and
+        # being reclaimable too must not protect it more (defect: the reclaim's limit, the
+        # budget once, applied and kept "large" waiting for hours in the replay).
+        quotas = [quota("a", 8), quota("b", 0), quota("c", 160)]
+        full = [replace(r, team="c") for r in FULL]
+        large = req("large", cls="interactive", gpus=8, cpu=120, memory_gib=720, created_s=4000)
+        caps = rules(max_victim_loss_gpu_s=7200, victim_loss_per_gpu_s=900)
+
+        def preempted(age_s: int) -> list[tuple[str, str, object]]:
+            squat = run(
+                "squat", team="b", cls="interactive", node="big", devices=range(8), age_s=age_s
+            )
+            snap = snapshot([*SMALL, BIG], pending=[large], running=[squat, *full], quotas=quotas)
+            return [
+                (d.request_id, d.code, d.facts["lost_gpu_ms"])
+                for d in schedule(snap, policy=caps)
+                if d.kind is DecisionKind.PREEMPT
+            ]
+
+        # within the reclaim's limit (the budget, 32,000 GPU-seconds): a reclaim
+        self.assertEqual(preempted(4000), [("squat", "reclaim", 4000 * 8000 * 1000)])
+        # above it, within twice the budget: the scarce node's tier takes it
+        self.assertEqual(preempted(6000), [("squat", "scarce-node", 6000 * 8000 * 1000)])
+        self.assertEqual(preempted(8001), [])
+
     def test_an_admission_onto_a_scarce_node_says_it_may_be_preempted(self) -> None:
         big_req = req("large", gpus=8, cpu=120, memory_gib=720, created_s=100)
         snap = snapshot(
