@@ -285,7 +285,9 @@ class _Tick:
         ]
         for r in snapshot.pending:
             rare.extend((p, r.shape) for p in ((r.pool,) if r.pool else self.production))
-        self.scarce = scarce.scarce_nodes(snapshot.nodes, rare)
+        self.scarce = scarce.scarce_nodes(snapshot.nodes, rare) | scarce.kept_nodes(
+            snapshot.nodes, rare
+        )
         self.elsewhere: dict[tuple[Shape, tuple[str, ...]], bool] = {}
         self.may_reserve = self._reservation_holders()
         #: per pool, how many pending requests are past their starvation bound

@@ -13,6 +13,16 @@ A shape is rare when at most `SCARCE_PCT` % of its pool's nodes (and at least on
 ever host one pod of it (`fit.can_ever_host`). The shapes considered are the pool's
 learned request shapes (`Snapshot.workloads`, every weight above zero: a rare shape is
 exactly one the FGD target drops) and the shapes pending now.
+
+A whole-node shape (it takes every device of any node that can host it) is not rare
+when many nodes can host it, yet it needs one of them empty, which sharing never leaves
+it: small work that is never preempted lands on every host in turn, and the shape waits
+for hours (88-core, 8-GPU requests on 73 of the replay's 152 nodes waited up to 16,361 s).
+So the first `SCARCE_PCT` % of the pool's nodes (rounded down; by name) among its hosts
+are **kept** (`kept_nodes`) and count as scarce — to that shape as well: they hold work
+that is always preemptible, or that waited its class's maximum queue time, and a request
+of the shape past its starvation bound preempts there (tier 4) instead of waiting for
+never-preempted work to end.
 """
 
 from __future__ import annotations
@@ -21,7 +31,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from scheduling import fit
-from scheduling.types import Node, Shape
+from scheduling.types import Node, ProfileKind, Shape
 
 #: a shape is rare when at most this share of its pool's nodes can host it, percent
 SCARCE_PCT = 5
@@ -102,4 +112,38 @@ def scarce_nodes(
         found = hosts(nodes, pool, shape)
         if found and len(found) * 100 <= size[pool] * pct:
             out |= found
+    return frozenset(out)
+
+
+def _whole_node(nodes: Sequence[Node], pool: str, shape: Shape) -> bool:
+    """Whether one pod of the shape takes every device of any node of the pool that could
+    host it (and some node could)."""
+    if shape.kind is not ProfileKind.WHOLE or shape.count <= 0:
+        return False
+    kinds = [
+        first
+        for first, _ in _memo(nodes).kinds.get(pool, {}).values()
+        if fit.can_ever_host(first, shape)
+    ]
+    return bool(kinds) and all(shape.count >= len(first.devices) for first in kinds)
+
+
+def kept_nodes(
+    nodes: Sequence[Node], shapes: Iterable[tuple[str, Shape]], pct: int = SCARCE_PCT
+) -> frozenset[str]:
+    """Return the nodes kept for whole-node shapes that more than `pct` % of their pool's
+    nodes can host: per shape, the first `pct` % of the pool's nodes (rounded down) among
+    its hosts, by name, so the choice holds from tick to tick."""
+    size: dict[str, int] = {}
+    for n in nodes:
+        size[n.pool] = size.get(n.pool, 0) + 1
+    out: set[str] = set()
+    for pool, shape in dict.fromkeys(shapes):
+        if pool not in size or not _whole_node(nodes, pool, shape):
+            continue
+        found = hosts(nodes, pool, shape)
+        # a pool under 100 / `pct` nodes keeps none
+        k = size[pool] * pct // 100
+        if k and len(found) > k:
+            out.update(sorted(found)[:k])
     return frozenset(out)

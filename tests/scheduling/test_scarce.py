@@ -230,5 +230,76 @@ class ScarceNodesTest(unittest.TestCase):
         self.assertIn("big is kept for shapes few nodes can hold", small.message)
 
 
+#: 40 nodes an 88-core, 8-GPU request fills whole: 5 % of the pool, w00 and w01, are kept
+WIDE = tuple(node(f"w{i:02d}", gpus=8, cpu=96, memory_gib=384) for i in range(40))
+WHOLE = shape(gpus=8, cpu=88, memory_gib=320)
+KNOWN = (PoolWorkload("a100", ((WHOLE, 0.001),)),)
+#: every node but the kept ones full
+BUSY = tuple(run(f"b{i:02d}", devices=range(8), node=n.name) for i, n in enumerate(WIDE[2:]))
+
+
+class KeptNodesTest(unittest.TestCase):
+    def test_a_whole_node_shape_many_nodes_host_keeps_a_few(self) -> None:
+        kept = scarce.kept_nodes(WIDE, [("a100", WHOLE), ("a100", shape(gpus=4))])
+        self.assertEqual(kept, {"w00", "w01"})
+        # a pool under 20 nodes keeps none
+        self.assertEqual(scarce.kept_nodes(WIDE[:19], [("a100", WHOLE)]), frozenset())
+        # a rare whole-node shape has its hosts scarce instead
+        odd = (*WIDE, node("huge", gpus=8, cpu=128, memory_gib=768))
+        rare = shape(gpus=8, cpu=120, memory_gib=720)
+        self.assertEqual(scarce.kept_nodes(odd, [("a100", rare)]), frozenset())
+        self.assertEqual(scarce.scarce_nodes(odd, [("a100", rare)]), {"huge"})
+
+    def test_other_work_goes_elsewhere_first(self) -> None:
+        # w00 has one device free: best fit would take it
+        on_kept = run("r-w00", devices=range(7), node="w00")
+        snap = snapshot(WIDE, pending=[req("small", cls="training")], running=[on_kept])
+        self.assertEqual(placed_on(snap), {"small": ["w00"]})
+        self.assertNotEqual(placed_on(replace(snap, workloads=KNOWN))["small"], ["w00"])
+
+    def test_never_preempted_work_waits_for_other_nodes_up_to_its_queue_time(self) -> None:
+        def placed(r: object) -> dict[str, list[str]]:
+            return placed_on(replace(snapshot(WIDE, pending=[r], running=BUSY), workloads=KNOWN))
+
+        self.assertEqual(placed(req("fresh", cls="inference", created_s=10)), {})
+        self.assertIn(placed(req("old", cls="inference", created_s=700))["old"], (["w00"], ["w01"]))
+        # always preemptible work takes a kept node at once
+        self.assertIn(placed(req("batch", cls="training"))["batch"], (["w00"], ["w01"]))
+
+    def test_the_shape_itself_takes_a_kept_node_only_as_a_last_resort(self) -> None:
+        # Kept nodes are the reserve of the request that found no other: a fresh one of the
+        # shape (interactive, not always preemptible) waits; past its class's maximum
+        # queue time (3,600 s) it takes one.
+        def placed(created_s: int) -> dict[str, list[str]]:
+            whole = req(
+                "whole", cls="interactive", gpus=8, cpu=88, memory_gib=320, created_s=created_s
+            )
+            return placed_on(
+                replace(snapshot(WIDE, pending=[whole], running=BUSY), workloads=KNOWN)
+            )
+
+        self.assertEqual(placed(10), {})
+        self.assertIn(placed(3700)["whole"], (["w00"], ["w01"]))
+
+    def test_a_starving_whole_node_request_finds_preemptible_work_there(self) -> None:
+        # Every other host holds inference; the kept ones hold training. Past its bound
+        # (interactive: 3,600 s) the request preempts the training on a kept node.
+        serving = tuple(
+            run(f"s{i:02d}", cls="inference", devices=range(8), node=n.name)
+            for i, n in enumerate(WIDE[2:])
+        )
+        batch = tuple(
+            run(f"t{i}", cls="training", devices=range(8), node=n.name)
+            for i, n in enumerate(WIDE[:2])
+        )
+        whole = req("whole", cls="interactive", gpus=8, cpu=88, memory_gib=320, created_s=4000)
+        snap = snapshot(WIDE, pending=[whole], running=[*serving, *batch])
+        got = [(d.request_id, d.kind) for d in schedule(snap, policy=rules())]
+        self.assertIn(("whole", DecisionKind.WAIT), got)
+        self.assertEqual(
+            sum(1 for rid, kind in got if kind is DecisionKind.PREEMPT and rid in ("t0", "t1")), 1
+        )
+
+
 if __name__ == "__main__":
     unittest.main()
