@@ -149,14 +149,18 @@ def candidates(
                 continue
             if now_ms - run.started_at_ms < min_runtime_ms:
                 continue
-            if run.admitted_by_preemption and cls.band >= band:
+            # Work admitted by preempting is no victim of its band or a lower one (no
+            # cycles), except a scarce node's squatter: its admission gave it those terms.
+            squatter_only = run.admitted_by_preemption and cls.band >= band
+            if squatter_only and (displace is None or not displace(run)):
                 continue
             if cls.inference and book.inference_used - run.shape.gpus_milli < book.floor:
                 continue
-            found = tier
+            found = None if squatter_only else tier
             if (
                 found is None
                 and not protected
+                and not squatter_only
                 and starving_since_ms is not None
                 and _overtook(run, cls, band, starving_since_ms)
             ):

@@ -139,11 +139,11 @@ def kept_nodes(
         size[n.pool] = size.get(n.pool, 0) + 1
     out: set[str] = set()
     for pool, shape in dict.fromkeys(shapes):
-        if pool not in size or not _whole_node(nodes, pool, shape):
-            continue
-        found = hosts(nodes, pool, shape)
         # a pool under 100 / `pct` nodes keeps none
-        k = size[pool] * pct // 100
-        if k and len(found) > k:
+        k = size.get(pool, 0) * pct // 100
+        if not k or shape.kind is not ProfileKind.WHOLE:
+            continue
+        found = hosts(nodes, pool, shape)  # asked already by `scarce_nodes`: remembered
+        if len(found) > k and _whole_node(nodes, pool, shape):
             out.update(sorted(found)[:k])
     return frozenset(out)

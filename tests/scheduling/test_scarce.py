@@ -167,6 +167,25 @@ class ScarceNodesTest(unittest.TestCase):
         serving = replace(squat, workload_class="inference")
         self.assertNotIn("squat", decided([large], [serving, *FULL]))
 
+    def test_a_squatter_that_preempted_its_way_there_is_displaced_too(self) -> None:
+        # An attempt admitted by preempting is no victim of its own band (no cycles), but
+        # on a scarce node its admission said it may be displaced. In the replay 88-core
+        # requests past their bound preempted onto the four nodes a 120-core request
+        # needs, and that request waited 12,074 s (defect).
+        quotas = [quota("a", 100), quota("b", 100)]
+        squat = run(
+            "squat", team="b", cls="interactive", node="big", devices=range(8), by_preemption=True
+        )
+        large = req("large", cls="interactive", gpus=8, cpu=120, memory_gib=720, created_s=4000)
+        snap = snapshot([*SMALL, BIG], pending=[large], running=[squat, *FULL], quotas=quotas)
+        got = {d.request_id: (d.kind, d.code) for d in schedule(snap, policy=rules())}
+        self.assertEqual(got["squat"], (DecisionKind.PREEMPT, "scarce-node"))
+        # the rule it keeps: no other tier takes it (its team borrows: a reclaim would)
+        borrowing = replace(squat, shape=shape(gpus=8))
+        ordinary = req("plain", cls="interactive", gpus=8, created_s=4000)
+        snap = snapshot([BIG], pending=[ordinary], running=[borrowing], quotas=[quota("a", 8)])
+        self.assertNotIn(DecisionKind.PREEMPT, [d.kind for d in schedule(snap, policy=rules())])
+
     def test_a_scarce_node_s_squatter_may_lose_twice_the_waiter_s_budget(self) -> None:
         # With the shipped caps (7,200 GPU-seconds a victim, 900 per preemptor GPU) an hour
         # of 8 GPUs (28,800) protects work from every tier; the waiter's loss budget is
