@@ -285,8 +285,10 @@ class _Tick:
         ]
         for r in snapshot.pending:
             rare.extend((p, r.shape) for p in ((r.pool,) if r.pool else self.production))
-        self.scarce = scarce.scarce_nodes(snapshot.nodes, rare) | scarce.kept_nodes(
-            snapshot.nodes, rare
+        # thousands of pending requests come in a few hundred shapes: hash them once
+        shapes = tuple(dict.fromkeys(rare))
+        self.scarce = scarce.scarce_nodes(snapshot.nodes, shapes) | scarce.kept_nodes(
+            snapshot.nodes, shapes
         )
         self.elsewhere: dict[tuple[Shape, tuple[str, ...]], bool] = {}
         self.may_reserve = self._reservation_holders()
@@ -404,13 +406,11 @@ class _Tick:
         cached = req.id not in self.claimants and req.id not in self.reserved.values()
         if cached and self.failures.known(shape, key):
             return None
-        accept = self._accept(pools, entitled, req.id)
         placement = None
         if elsewhere:
-            spare = self.scarce
-            placement = self.state.find(shape, lambda n: n.name not in spare and accept(n))
+            placement = self.state.find(shape, self._accept(pools, entitled, req.id, self.scarce))
         if placement is None and not keep_off:
-            placement = self.state.find(shape, accept)
+            placement = self.state.find(shape, self._accept(pools, entitled, req.id))
         if placement is None and cached:
             self.failures.add(shape, key)
         return placement
@@ -468,25 +468,27 @@ class _Tick:
         self, req: PendingRequest, pools: tuple[str, ...], entitled: bool
     ) -> Callable[[Node], bool]:
         """`_accept`, without scarce nodes for work kept off them (see `_find`)."""
-        accept = self._accept(pools, entitled, req.id)
         if not (self._fits_elsewhere(req.shape, pools) and self._kept_off(req)):
-            return accept
-        spare = self.scarce
-        return lambda n: n.name not in spare and accept(n)
+            return self._accept(pools, entitled, req.id)
+        return self._accept(pools, entitled, req.id, self.scarce)
 
     def _accept(
-        self, pools: tuple[str, ...], entitled: bool = False, owner: str = ""
+        self,
+        pools: tuple[str, ...],
+        entitled: bool = False,
+        owner: str = "",
+        spare: frozenset[str] = frozenset(),
     ) -> Callable[[Node], bool]:
         """Nodes of the pools not held for another request: not reserved (a request within
-        its nominal quota, `entitled`, ignores the reservations of borrowers) and not
-        claimed by another preemptor."""
+        its nominal quota, `entitled`, ignores the reservations of borrowers), not claimed
+        by another preemptor, and not in `spare` (scarce nodes it leaves to others)."""
         reserved = self.reserved
         borrowing = self.reserved_borrowing
         claimed = self.claimed
 
         def accept(node: Node) -> bool:
             name = node.name
-            if node.pool not in pools or claimed.get(name, owner) != owner:
+            if node.pool not in pools or claimed.get(name, owner) != owner or name in spare:
                 return False
             holder = reserved.get(name)
             return holder is None or holder == owner or (entitled and name in borrowing)
