@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import unittest
+from collections.abc import Sequence
 from dataclasses import replace
 
 from scheduling import scarce, schedule
-from scheduling.types import DecisionKind, PoolWorkload, Snapshot
+from scheduling.types import (
+    DecisionKind,
+    PendingRequest,
+    PoolWorkload,
+    Quota,
+    Running,
+    Snapshot,
+)
 from tests.scheduling.builders import node, quota, req, rules, run, shape, snapshot
 
 #: 20 ordinary nodes and one large one: a shape of 120 cores and 720 GiB fits only "big"
@@ -27,6 +35,22 @@ def placed_on(snap: Snapshot) -> dict[str, list[str]]:
             assert d.placement is not None
             out[d.request_id] = sorted(d.placement.nodes)
     return out
+
+
+def preempted_squatter(
+    age_s: int, quotas: list[Quota], running: Sequence[Running]
+) -> list[tuple[str, str, object]]:
+    """The preemptions a 120-core request (team a, waited 4,000 s) causes, with the
+    shipped victim caps, while "squat" (team b, interactive, `age_s` old) holds "big"."""
+    large = req("large", cls="interactive", gpus=8, cpu=120, memory_gib=720, created_s=4000)
+    squat = run("squat", team="b", cls="interactive", node="big", devices=range(8), age_s=age_s)
+    snap = snapshot([*SMALL, BIG], pending=[large], running=[squat, *running], quotas=quotas)
+    caps = rules(max_victim_loss_gpu_s=7200, victim_loss_per_gpu_s=900)
+    return [
+        (d.request_id, d.code, d.facts["lost_gpu_ms"])
+        for d in schedule(snap, policy=caps)
+        if d.kind is DecisionKind.PREEMPT
+    ]
 
 
 class ScarceNodesTest(unittest.TestCase):
@@ -147,9 +171,11 @@ class ScarceNodesTest(unittest.TestCase):
         squat = run("squat", team="b", cls="interactive", node="big", devices=range(8))
         large = req("large", cls="interactive", gpus=8, cpu=120, memory_gib=720, created_s=4000)
 
-        def decided(pending: list, running: list) -> dict[str, list]:
+        def decided(
+            pending: list[PendingRequest], running: list[Running]
+        ) -> dict[str, list[tuple[DecisionKind, str]]]:
             snap = snapshot([*SMALL, BIG], pending=pending, running=running, quotas=quotas)
-            out: dict[str, list] = {}
+            out: dict[str, list[tuple[DecisionKind, str]]] = {}
             for d in schedule(snap, policy=rules()):
                 out.setdefault(d.request_id, []).append((d.kind, d.code))
             return out
@@ -190,20 +216,8 @@ class ScarceNodesTest(unittest.TestCase):
         # With the shipped caps (7,200 GPU-seconds a victim, 900 per preemptor GPU) an hour
         # of 8 GPUs (28,800) protects work from every tier; the waiter's loss budget is
         # what it waited, 4,000 s x 8 GPUs = 32,000, and a squatter may lose twice that.
-        quotas = [quota("a", 100), quota("b", 100)]
-        large = req("large", cls="interactive", gpus=8, cpu=120, memory_gib=720, created_s=4000)
-        caps = rules(max_victim_loss_gpu_s=7200, victim_loss_per_gpu_s=900)
-
         def preempted(age_s: int) -> list[tuple[str, str, object]]:
-            squat = run(
-                "squat", team="b", cls="interactive", node="big", devices=range(8), age_s=age_s
-            )
-            snap = snapshot([*SMALL, BIG], pending=[large], running=[squat, *FULL], quotas=quotas)
-            return [
-                (d.request_id, d.code, d.facts["lost_gpu_ms"])
-                for d in schedule(snap, policy=caps)
-                if d.kind is DecisionKind.PREEMPT
-            ]
+            return preempted_squatter(age_s, [quota("a", 100), quota("b", 100)], FULL)
 
         self.assertEqual(preempted(8000), [("squat", "scarce-node", 8000 * 8000 * 1000)])
         self.assertEqual(preempted(8001), [])  # 64,008 GPU-seconds: more than twice
@@ -216,19 +230,9 @@ class ScarceNodesTest(unittest.TestCase):
         # budget once, applied and kept "large" waiting for hours in the replay).
         quotas = [quota("a", 8), quota("b", 0), quota("c", 160)]
         full = [replace(r, team="c") for r in FULL]
-        large = req("large", cls="interactive", gpus=8, cpu=120, memory_gib=720, created_s=4000)
-        caps = rules(max_victim_loss_gpu_s=7200, victim_loss_per_gpu_s=900)
 
         def preempted(age_s: int) -> list[tuple[str, str, object]]:
-            squat = run(
-                "squat", team="b", cls="interactive", node="big", devices=range(8), age_s=age_s
-            )
-            snap = snapshot([*SMALL, BIG], pending=[large], running=[squat, *full], quotas=quotas)
-            return [
-                (d.request_id, d.code, d.facts["lost_gpu_ms"])
-                for d in schedule(snap, policy=caps)
-                if d.kind is DecisionKind.PREEMPT
-            ]
+            return preempted_squatter(age_s, quotas, full)
 
         # within the reclaim's limit (the budget, 32,000 GPU-seconds): a reclaim
         self.assertEqual(preempted(4000), [("squat", "reclaim", 4000 * 8000 * 1000)])
@@ -277,7 +281,7 @@ class KeptNodesTest(unittest.TestCase):
         self.assertNotEqual(placed_on(replace(snap, workloads=KNOWN))["small"], ["w00"])
 
     def test_never_preempted_work_waits_for_other_nodes_up_to_its_queue_time(self) -> None:
-        def placed(r: object) -> dict[str, list[str]]:
+        def placed(r: PendingRequest) -> dict[str, list[str]]:
             return placed_on(replace(snapshot(WIDE, pending=[r], running=BUSY), workloads=KNOWN))
 
         self.assertEqual(placed(req("fresh", cls="inference", created_s=10)), {})
