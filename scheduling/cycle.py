@@ -23,7 +23,8 @@
       borrowers) or claimed by a preemptor; gangs are placed all or nothing; a request
       that fits elsewhere goes on a scarce node (`scheduling.scarce`) only when nothing
       else fits, and work that is not always preemptible (`never`, `when-borrowing`)
-      not before its class's maximum queue time;
+      not before its starvation bound (`Policy.starvation_after` of its class's
+      maximum queue time);
    d. if it does not fit: when attempts preempted earlier will free enough room, wait
       for them; else, when it is entitled and has waited `Policy.preempt_after_s`,
       **preempt** (`scheduling.preemption`) within `Policy.max_preemptions_per_tick`
@@ -398,7 +399,7 @@ class _Tick:
         shape = req.shape
         elsewhere = self._fits_elsewhere(shape, pools)
         # Work that the rare shapes could not preempt would keep a scarce node from them for
-        # its whole runtime: it waits for other nodes up to its class's maximum queue time.
+        # its whole runtime: it waits for other nodes up to its starvation bound.
         keep_off = elsewhere and self._kept_off(req)
         key = (*pools, "entitled" if entitled else "", "keep-off" if keep_off else "")
         # Claims of a preemptor and nodes reserved for a holder are their own: their
@@ -428,11 +429,14 @@ class _Tick:
     def _kept_off(self, req: PendingRequest) -> bool:
         """Whether the request stays off scarce nodes: its class is not always preemptible
         (`never`, or `when-borrowing`, which its team's quota may protect and which does
-        not checkpoint) and it has waited less than its class's maximum queue time."""
+        not checkpoint) and it has not reached its starvation bound (its class's maximum
+        queue time when the bound is off). The same bound as preemption's: a request that
+        may preempt there may also take what is free there."""
         cls = self.classes.get(req.workload_class)
         if cls is None or cls.preemption is PreemptionPolicy.ALWAYS:
             return False
-        return self.now - req.created_at_ms < cls.max_queue_s * 1000
+        after = self.policy.starvation_after if self.policy.starvation_after > 0 else 1.0
+        return self.now - req.created_at_ms < after * cls.max_queue_s * 1000
 
     def _firm(self, req: PendingRequest, pools: tuple[str, ...]) -> bool:
         """Whether the request's reservation is firm: it comes first among the holders,

@@ -45,8 +45,8 @@ class Code(StrEnum):
     PRIORITY = "priority"
     #: PREEMPT: the victim is training on the pool's inference floor and inference needs it
     FLOOR_RECLAIM = "floor-reclaim"
-    #: PREEMPT: the preemptor has waited its class's maximum queue time (the starvation
-    #: bound, `Policy.starvation_after`); the victim is of the same or a lower band
+    #: PREEMPT: the preemptor has reached its starvation bound (`Policy.starvation_after`
+    #: of its class's maximum queue time); the victim is of the same or a lower band
     STARVATION = "starvation"
     #: PREEMPT: the preemptor is starving and fits only the pool's scarce nodes
     #: (`scheduling.scarce`); the victim holds one of them with work that fits elsewhere

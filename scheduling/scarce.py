@@ -20,7 +20,7 @@ it: small work that is never preempted lands on every host in turn, and the shap
 for hours (88-core, 8-GPU requests on 73 of the replay's 152 nodes waited up to 16,361 s).
 So the first `SCARCE_PCT` % of the pool's nodes (rounded down; by name) among its hosts
 are **kept** (`kept_nodes`) and count as scarce — to that shape as well: they hold work
-that is always preemptible, or that waited its class's maximum queue time, and a request
+that is always preemptible, or that reached its starvation bound, and a request
 of the shape past its starvation bound preempts there (tier 4) instead of waiting for
 never-preempted work to end.
 """

@@ -378,7 +378,7 @@ class Policy:
     #: the starvation bound: a request within its quota that has waited this fraction of
     #: its class's `max_queue_s` may preempt attempts of the same or a lower band of any
     #: team (tier 4 in `scheduling.preemption`); 0 = never
-    starvation_after: float = 1.0
+    starvation_after: float = 0.99
     #: past its starvation bound a request that has not run yet may preempt victims that
     #: together lose up to this multiple of the GPU-time it has waited, even above
     #: `max_victim_loss_gpu_s` (work that never checkpoints); 0 = the fixed cap only

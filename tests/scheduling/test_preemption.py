@@ -221,7 +221,7 @@ CASES: dict[str, Case] = {
         set(),
         rules(max_reservations=0),
     ),
-    # -- the starvation bound: past its class's maximum queue time, the same band too -------
+    # -- the starvation bound: 0.99 of its class's maximum queue time, the same band too -
     "starving request preempts the same band": Case(
         snapshot(
             [node("n1", gpus=2)],
@@ -231,10 +231,10 @@ CASES: dict[str, Case] = {
         {"in": "wait:preempting"},
         {"b0#1"},
     ),
-    "before its maximum queue time it does not": Case(
+    "before its starvation bound (0.99 of 86,400 s) it does not": Case(
         snapshot(
             [node("n1", gpus=2)],
-            pending=[req("in", team="a", gpus=2, created_s=86000)],
+            pending=[req("in", team="a", gpus=2, created_s=85000)],
             running=[run("b0", team="b", devices=(0, 1))],
         ),
         {"in": "wait:no-capacity"},

@@ -304,6 +304,24 @@ class KeptNodesTest(unittest.TestCase):
         self.assertEqual(placed(10), {})
         self.assertIn(placed(3700)["whole"], (["w00"], ["w01"]))
 
+    def test_the_kept_shape_takes_a_kept_node_at_its_starvation_bound(self) -> None:
+        # With the bound at half the class's maximum queue time (1,800 s of 3,600), a
+        # request that may preempt on the kept nodes may also take one that is free there.
+        def placed(created_s: int) -> list[str]:
+            whole = req(
+                "whole", cls="interactive", gpus=8, cpu=88, memory_gib=320, created_s=created_s
+            )
+            snap = replace(snapshot(WIDE, pending=[whole], running=BUSY), workloads=KNOWN)
+            return [
+                n
+                for d in schedule(snap, policy=rules(max_reservations=0, starvation_after=0.5))
+                if d.kind is DecisionKind.ADMIT and d.placement is not None
+                for n in d.placement.nodes
+            ]
+
+        self.assertEqual(placed(1700), [])
+        self.assertIn(placed(1900), (["w00"], ["w01"]))
+
     def test_a_starving_whole_node_request_finds_preemptible_work_there(self) -> None:
         # Every other host holds inference; the kept ones hold training. Past its bound
         # (interactive: 3,600 s) the request preempts the training on a kept node.
