@@ -36,8 +36,7 @@
       large (`Policy.reserve_min_devices`), escalated or have waited
       `Policy.reserve_after_s` (the oldest first) hold nodes that could host them
       (`scheduling.fit`; `_reserve`: those expected to drain soonest by
-      `Running.expected_end_ms`, work it may preempt at its starvation bound counting as
-      ending there, else those untouched longest); no later request of the tick may use those nodes, so small jobs cannot
+      `Running.expected_end_ms`, else those untouched longest); no later request of the tick may use those nodes, so small jobs cannot
       keep a large one out forever — except work expected to end
       (`PendingRequest.expected_runtime_ms`) before the holder's expected start there
       (`_backfill`, EASY backfilling); a firm reservation (a shape only scarce nodes
@@ -232,8 +231,6 @@ class _Tick:
         self.admitted_end: list[int | None] = []
         #: per node, what holds it and until when; built only when a reservation needs it
         self._holders: dict[str, list[_Hold]] | None = None
-        #: `_holders_for`, per (band, starvation bound)
-        self._bound_holders: dict[tuple[int, int], dict[str, list[_Hold]]] = {}
         #: when something last started on each node; built when a reservation needs it
         self._last: dict[str, int] | None = None
         self.state.take_many(run.placement for run in snapshot.running)
@@ -521,7 +518,6 @@ class _Tick:
             self._hold(self._held, placement)
         if self._holders is not None:
             self._add_holds(self._holders, placement, end)
-        self._bound_holders.clear()
         pool = self.node_pool[placement.pods[0].node]
         verdict = verdicts[pool]
         milli = req.shape.gpus_milli
@@ -881,16 +877,12 @@ class _Tick:
         scarce (`scheduling.scarce`); 1. the node expected to drain soonest — the earliest time
         at which one pod of the request fits there, from the `Running.expected_end_ms` of
         what holds it (and the expected runtime of this tick's admissions); a node where
-        some holder has no estimate comes after every node with one. Work of a lower band
-        that is always preemptible counts as ending by the request's starvation bound
-        (`_holders_for`: tier 4 may take it there), so a node whose inference ends soon
-        beside long training is drained before one of long inference; 2. the node where
+        some holder has no estimate comes after every node with one; 2. the node where
         nothing has started for the longest time — a node held back in the last tick has
         had no start since, so the choice sticks from tick to tick without any state and
         the node really drains (jobs that have run long are, under a runtime cap, also
         the nearest to ending); 3. the most devices free; 4. the name. Without estimates
-        only 2–4 apply, but for nodes that hold only such preemptible work (1: they drain
-        by the bound). The request's expected start (the latest drain of its nodes) is
+        only 2–4 apply. The request's expected start (the latest drain of its nodes) is
         kept so that `_backfill` admits there only work expected to end before it.
         """
         if req.id not in self.may_reserve or req.id in self.reserved.values():
@@ -901,7 +893,7 @@ class _Tick:
         spare = self.scarce if self._fits_elsewhere(shape, pools) else frozenset()
         held = self.held()
         last = self.last_start()
-        holders = self._holders_for(req)
+        holders = self.holders()
         for node in self.snap.nodes:
             if node.pool not in pools or node.name in self.reserved or node.name in self.claimed:
                 continue
@@ -1011,35 +1003,6 @@ class _Tick:
             for placement, end in zip(self.admitted, self.admitted_end, strict=True):
                 self._add_holds(self._holders, placement, end)
         return self._holders
-
-    def _holders_for(self, req: PendingRequest) -> dict[str, list[_Hold]]:
-        """`holders()` as the request will find them at its starvation bound: work of a
-        lower band that is always preemptible is open to it there (tier 4), so it ends by
-        then at the latest. The node to drain is then the one whose other work (inference,
-        interactive work its team's quota protects) ends soonest, not the one where
-        everything does."""
-        cls = self.classes.get(req.workload_class)
-        after = self.policy.starvation_after
-        if cls is None or after <= 0 or cls.max_queue_s <= 0:
-            return self.holders()
-        bound = max(self.now, req.created_at_ms + int(after * cls.max_queue_s * 1000))
-        key = (cls.band, bound)
-        found = self._bound_holders.get(key)
-        if found is None:
-            found = self._bound_holders[key] = {}
-            for run in self.snap.running:
-                end = self.now if run.stopping else run.expected_end_ms
-                other = self.classes.get(run.workload_class)
-                if (
-                    other is not None
-                    and other.preemption is PreemptionPolicy.ALWAYS
-                    and other.band < cls.band
-                ):
-                    end = bound if end is None else min(end, bound)
-                self._add_holds(found, run.placement, end)
-            for placement, end in zip(self.admitted, self.admitted_end, strict=True):
-                self._add_holds(found, placement, end)
-        return found
 
     @staticmethod
     def _add_holds(holders: dict[str, list[_Hold]], placement: Placement, end: int | None) -> None:

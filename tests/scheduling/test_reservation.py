@@ -98,36 +98,6 @@ CASES: dict[str, Case] = {
         },
         ["n2"],
     ),
-    "work the holder may preempt at its starvation bound ends there at the latest": Case(
-        # n1: inference (never preempted) until +5000 s; n2: inference until +600 s and
-        # training until +9000 s, which the interactive holder may preempt at its bound
-        # (0.99 × 3600 s after it arrived: +3464 s), so n2 is free for it first.
-        snapshot(
-            TWO_NODES,
-            pending=[req("big", gpus=4, cls="interactive", created_s=100)],
-            running=[
-                ends_in(run("x", node="n1", devices=(0,), cls="inference"), 5000),
-                ends_in(run("y", node="n2", devices=(0, 1), cls="inference"), 600),
-                ends_in(run("z", node="n2", devices=(2, 3)), 9000),
-            ],
-        ),
-        {"big": "wait:no-capacity"},
-        ["n2"],
-    ),
-    "work of the holder's band is no victim it may count on": Case(
-        # the same, with interactive work on n2 where training was
-        snapshot(
-            TWO_NODES,
-            pending=[req("big", gpus=4, cls="interactive", created_s=100)],
-            running=[
-                ends_in(run("x", node="n1", devices=(0,), cls="inference"), 5000),
-                ends_in(run("y", node="n2", devices=(0, 1), cls="inference"), 600),
-                ends_in(run("z", node="n2", devices=(2, 3), cls="interactive"), 9000),
-            ],
-        ),
-        {"big": "wait:no-capacity"},
-        ["n1"],
-    ),
     "a gang holds the nodes that drain soonest": Case(
         snapshot(
             (node("n1", gpus=4), node("n2", gpus=4), node("n3", gpus=4)),
