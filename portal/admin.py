@@ -13,7 +13,8 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 
-from portal import models, services
+from portal import access, models
+from portal.services.teams import membership_remove
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
@@ -55,14 +56,14 @@ class MembershipAdmin(ReadOnlyAdmin):
     list_filter = ["team", "role"]
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return bool(request.user.is_active and request.user.is_staff)
+        return access.is_admin(request.user)
 
     def delete_model(self, request: HttpRequest, obj: models.Membership) -> None:
-        services.membership_remove(actor=request.user, membership=obj)  # type: ignore[arg-type]
+        membership_remove(actor=request.user, membership=obj)  # type: ignore[arg-type]
 
     def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
         for m in queryset:
-            services.membership_remove(actor=request.user, membership=m)  # type: ignore[arg-type]
+            membership_remove(actor=request.user, membership=m)  # type: ignore[arg-type]
 
 
 @admin.register(models.WorkloadClass)

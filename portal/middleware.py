@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-from portal.metrics import metrics_guarded
+from portal.metrics.collector import metrics_guarded
 
 
 class ProbeMiddleware:
@@ -28,7 +28,7 @@ class ProbeMiddleware:
         if request.path == "/healthz":
             return JsonResponse({"ok": True})
         if request.path == "/readyz":
-            from portal.views import readiness
+            from portal.views.health import readiness
 
             return readiness()
         return self.get_response(request)
@@ -55,7 +55,7 @@ class BadInputMiddleware:
         from django.db import InterfaceError, OperationalError
 
         if isinstance(exc, OperationalError | InterfaceError):
-            from portal.api_policy import DATABASE_RETRY_AFTER_S
+            from portal.api.guards import DATABASE_RETRY_AFTER_S
 
             return JsonResponse(
                 {"detail": "The database cannot be reached; try again shortly."},

@@ -166,8 +166,8 @@ OIDC_USERNAME_CLAIM = env("OIDC_USERNAME_CLAIM", "preferred_username")
 OIDC_GROUPS_CLAIM = env("OIDC_GROUPS_CLAIM", "groups")
 OIDC_CREATE_USER = envbool("OIDC_CREATE_USER", "true")
 OIDC_PROVIDER_NAME = env("OIDC_PROVIDER_NAME", "single sign-on")
-OIDC_AUTHENTICATE_CLASS = "portal.sso.AuthenticateView"
-OIDC_CALLBACK_CLASS = "portal.sso.CallbackView"
+OIDC_AUTHENTICATE_CLASS = "portal.auth.sso.AuthenticateView"
+OIDC_CALLBACK_CLASS = "portal.auth.sso.CallbackView"
 LOGIN_REDIRECT_URL_FAILURE = "/accounts/login/?sso=failed"
 
 
@@ -208,13 +208,13 @@ if OIDC_ENABLED:
     ]
     if _missing:
         raise ImproperlyConfigured(f"OIDC_RP_CLIENT_ID is set: also set {', '.join(_missing)}")
-    AUTHENTICATION_BACKENDS.append("portal.sso.GroupMappingBackend")
+    AUTHENTICATION_BACKENDS.append("portal.auth.sso.GroupMappingBackend")
 # PASSWORD_LOGIN=false leaves single sign-on as the only way in (API tokens still work).
 PASSWORD_LOGIN = envbool("PASSWORD_LOGIN", "true")
 if not PASSWORD_LOGIN:
     if not OIDC_ENABLED:
         raise ImproperlyConfigured("PASSWORD_LOGIN=false needs single sign-on (OIDC_RP_CLIENT_ID)")
-    AUTHENTICATION_BACKENDS = ["portal.sso.GroupMappingBackend"]
+    AUTHENTICATION_BACKENDS = ["portal.auth.sso.GroupMappingBackend"]
 #: members of this Django group are auditors: they read what admins read and change nothing
 AUDITOR_GROUP = env("AUDITOR_GROUP", "auditors")
 
@@ -276,7 +276,7 @@ AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_HTTP_RESPONSE_CODE = 429
 AXES_VERBOSE = False
-AXES_CLIENT_IP_CALLABLE = "portal.api_policy.client_address"
+AXES_CLIENT_IP_CALLABLE = "portal.api.guards.client_address"
 
 # Celery: Redis when REDIS_URL is set, else a broker on the filesystem.
 if REDIS_URL:
@@ -310,7 +310,7 @@ TICK_SECONDS = envint("TICK_SECONDS", "3")
 CLUSTER_BACKEND = env("CLUSTER_BACKEND", "simulated")
 if CLUSTER_BACKEND not in ("simulated", "kubernetes"):
     raise ImproperlyConfigured("CLUSTER_BACKEND must be simulated or kubernetes")
-SIMULATED_CLUSTER = env("SIMULATED_CLUSTER", str(BASE_DIR / "portal" / "demo_cluster.yaml"))
+SIMULATED_CLUSTER = env("SIMULATED_CLUSTER", str(BASE_DIR / "portal" / "demo" / "cluster.yaml"))
 # Simulated workloads run this many real seconds per requested hour (demo speed).
 SIMULATED_SECONDS_PER_HOUR = envint("SIMULATED_SECONDS_PER_HOUR", "60")
 #: how long a simulated node burn-in (validation) runs, wall seconds
@@ -341,7 +341,7 @@ HEARTBEAT_STALE_SECONDS = envint("HEARTBEAT_STALE_SECONDS", "120")
 IMAGE_PULL_TIMEOUT_SECONDS = envint("IMAGE_PULL_TIMEOUT_SECONDS", "600")
 METRICS_TOKEN = env("METRICS_TOKEN")
 # Which web replica exports the database-derived metrics: the holder of a lease renewed at each
-# scrape (portal/metrics.py). METRICS_REPLICA names this replica (default: POD_NAME, hostname).
+# scrape (portal/metrics/collector.py). METRICS_REPLICA names this replica (default: POD_NAME, hostname).
 METRICS_REPLICA = env("METRICS_REPLICA")
 METRICS_LEASE_SECONDS = envint("METRICS_LEASE_SECONDS", "90")
 # The decision log keeps this many days; older rows are folded into counters and deleted.
@@ -392,7 +392,7 @@ MAX_PENDING_PER_USER = envint("MAX_PENDING_PER_USER", "50")
 MAX_PENDING_PER_TEAM = envint("MAX_PENDING_PER_TEAM", "500")
 DEMO_TRICKLE = envbool("DEMO_TRICKLE", "false")
 
-# Notifications (portal/notify.py): email through Django's backend, webhooks as {"text": ...}.
+# Notifications (portal/services/notify.py): email through Django's backend, webhooks as {"text": ...}.
 EMAIL_BACKEND = env("EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")
 EMAIL_HOST = env("EMAIL_HOST", "localhost")
 EMAIL_PORT = envint("EMAIL_PORT", "25")
@@ -417,17 +417,17 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": [
         "rest_framework.permissions.IsAuthenticated",
-        "portal.api_policy.ReadOnlyRolePermission",
+        "portal.api.guards.ReadOnlyRolePermission",
     ],
-    "DEFAULT_SCHEMA_CLASS": "portal.api_schema.PortalAutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "portal.api.schema.PortalAutoSchema",
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
     "PAGE_SIZE": 50,
     # JSON only: the pages post forms to their own views, not to the API.
-    "DEFAULT_PARSER_CLASSES": ["portal.api_policy.SafeJSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["portal.api.guards.SafeJSONParser"],
     "DEFAULT_THROTTLE_CLASSES": [
-        "portal.api_policy.AnonThrottle",
-        "portal.api_policy.UserThrottle",
-        "portal.api_policy.TokenThrottle",
+        "portal.api.guards.AnonThrottle",
+        "portal.api.guards.UserThrottle",
+        "portal.api.guards.TokenThrottle",
     ],
     "DEFAULT_THROTTLE_RATES": {
         "anon": env("THROTTLE_ANON", "60/min"),
@@ -436,7 +436,7 @@ REST_FRAMEWORK = {
     },
     # Behind the chart's Ingress the client address is the last hop of X-Forwarded-For.
     "NUM_PROXIES": envint("NUM_PROXIES", "0") or None,
-    "EXCEPTION_HANDLER": "portal.api_policy.exception_handler",
+    "EXCEPTION_HANDLER": "portal.api.guards.exception_handler",
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Quartermaster API",

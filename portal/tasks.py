@@ -7,31 +7,33 @@ import random
 from celery import shared_task
 from django.conf import settings
 
+from portal.lib import wake
+from portal.services.attempts import attempts_launch
 
-@shared_task(name="portal.tasks.tick", ignore_result=True)
+
+@shared_task(name=wake.TICK_TASK, ignore_result=True)
 def tick() -> dict[str, object]:
-    from portal.tick import run_tick
+    from portal.tick.run import run_tick
 
     result = run_tick()
     if result.ran:
-        from portal.autoscale import autoscale_step
+        from portal.services.autoscale import autoscale_step
 
         # Demand the tick could not place asks autoscaled pools for nodes (no-op without one).
         autoscale_step()
     return {"ran": result.ran, "admitted": result.admitted, "preempted": result.preempted}
 
 
-@shared_task(name="portal.tasks.launch", ignore_result=True)
+@shared_task(name=wake.LAUNCH_TASK, ignore_result=True)
 def launch(attempt_ids: list[int]) -> dict[int, str]:
-    """Create the workloads of a tick's admissions (portal.apply.launch_soon)."""
-    from portal import services
+    """Create the workloads of a tick's admissions (portal.tick.apply.launch_soon)."""
 
-    return services.attempts_launch(attempt_ids)
+    return attempts_launch(attempt_ids)
 
 
-@shared_task(name="portal.tasks.reconcile", ignore_result=True)
+@shared_task(name=wake.RECONCILE_TASK, ignore_result=True)
 def reconcile() -> dict[str, int]:
-    from portal.reconcile import reconcile as reconcile_now
+    from portal.tick.reconcile import reconcile as reconcile_now
 
     counts = reconcile_now()
     if any(counts.get(k) for k in ("succeeded", "failed", "preempted", "node_lost", "cancelled")):
@@ -41,71 +43,71 @@ def reconcile() -> dict[str, int]:
 
 
 @shared_task(
-    name="portal.tasks.notify",
+    name=wake.NOTIFY_TASK,
     ignore_result=True,
     autoretry_for=(OSError,),
     retry_backoff=True,
     max_retries=3,
 )
 def notify(request_id: int, event: str) -> dict[str, int]:
-    from portal.notify import deliver
+    from portal.services.notify import deliver
 
     return deliver(request_id, event)
 
 
-@shared_task(name="portal.tasks.notify_long_waits", ignore_result=True)
+@shared_task(name=wake.NOTIFY_LONG_WAITS_TASK, ignore_result=True)
 def notify_long_waits() -> int:
-    from portal.notify import long_waits
+    from portal.services.notify import long_waits
 
     return long_waits()
 
 
-@shared_task(name="portal.tasks.decisions_prune", ignore_result=True)
+@shared_task(name=wake.DECISIONS_PRUNE_TASK, ignore_result=True)
 def decisions_prune() -> int:
-    from portal.retention import decisions_prune as prune
+    from portal.services.retention import decisions_prune as prune
 
     return prune()
 
 
-@shared_task(name="portal.tasks.demo_trickle", ignore_result=True)
+@shared_task(name=wake.DEMO_TRICKLE_TASK, ignore_result=True)
 def demo_trickle() -> int:
     """Submit a synthetic request now and then so the demo queue visibly moves."""
     if not settings.DEMO_TRICKLE:
         return 0
-    from portal.demo import submit_synthetic
+    from portal.demo.seed import submit_synthetic
 
     return submit_synthetic(rng=random.Random())
 
 
-@shared_task(name="portal.tasks.serving_sample", ignore_result=True)
+@shared_task(name=wake.SERVING_SAMPLE_TASK, ignore_result=True)
 def serving_sample() -> int:
     """Read the serving replicas' /metrics into stored samples (docs/metrics.md)."""
-    from portal import serving_metrics
+    from portal.services import serving_samples as serving_metrics
 
     stored = serving_metrics.sample_serving()
     serving_metrics.serving_prune()
     return stored
 
 
-@shared_task(name="portal.tasks.utilization", ignore_result=True)
+@shared_task(name=wake.UTILIZATION_TASK, ignore_result=True)
 def utilization() -> dict[str, object]:
-    """The minute's device samples, their rollups and retention (portal/utilization.py)."""
-    from portal import utilization as history
+    """The minute's device samples, their rollups and retention (portal/services/utilization.py)."""
+    from portal.services import utilization as history
 
     return history.utilization_tick()
 
 
-@shared_task(name="portal.tasks.rollouts_tick", ignore_result=True)
+@shared_task(name=wake.ROLLOUTS_TICK_TASK, ignore_result=True)
 def rollouts_tick() -> dict[str, int]:
     """Advance running rollouts and judge finished node validations (docs/lifecycle.md)."""
-    from portal.rollouts import rollouts_advance
+    from portal.services.rollouts import rollouts_advance
 
     return rollouts_advance()
 
 
-@shared_task(name="portal.tasks.whatif_run", ignore_result=True)
+@shared_task(name=wake.WHATIF_TASK, ignore_result=True)
 def whatif_run(run_id: int) -> str:
-    """Replay a drafted policy change on the site's history (portal/services_whatif.py)."""
-    from portal.services_whatif import whatif_execute
+    """Replay a drafted policy change on the site's history (portal/tick/whatif_runs.py)."""
+    from portal.tick.whatif_runs import whatif_execute
 
     return str(whatif_execute(run_id).state)

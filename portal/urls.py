@@ -7,19 +7,64 @@ from django.urls import include, path, register_converter
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.permissions import IsAuthenticated
 
-from portal import (
-    agent_api,
-    api,
-    api_capacity,
-    api_lifecycle,
-    api_serving,
-    metrics,
-    views,
-    views_admin,
-    views_lifecycle,
-    views_people,
-    views_serving,
-    views_whatif,
+from portal.api import agent as agent_api
+from portal.api import demand as api_capacity
+from portal.api import lifecycle as api_lifecycle
+from portal.api import serving as api_serving
+from portal.api.agent import AttemptCheckpointApi
+from portal.api.audit import AuditListApi, DecisionListApi
+from portal.api.capacity import CapacityApi, DeviceClearQuarantineApi, NodeActionApi, PoolListApi
+from portal.api.profiles import ProfileActivateApi, ProfileDetailApi, ProfileListCreateApi
+from portal.api.requests import (
+    GpuRequestCancelApi,
+    GpuRequestDetailApi,
+    GpuRequestListSubmitApi,
+    GpuRequestPreviewApi,
+    QueueApi,
+)
+from portal.api.teams import (
+    QuotaSetApi,
+    TeamDetailApi,
+    TeamListApi,
+    TeamMemberDetailApi,
+    TeamMemberListApi,
+)
+from portal.metrics import collector as metrics
+from portal.views import lifecycle as views_lifecycle
+from portal.views import whatif as views_whatif
+from portal.views.audit import audit_csv, audit_log, decision_log
+from portal.views.capacity import capacity, device_clear_quarantine, node_action, nodes_bulk_action
+from portal.views.health import healthz, readyz
+from portal.views.history import node_history, pool_history, team_history
+from portal.views.me import LoginView, notification_settings, template_delete
+from portal.views.requests import (
+    home,
+    queue,
+    request_cancel,
+    request_detail,
+    request_logs,
+    request_logs_download,
+    request_preview,
+    request_submit,
+    requests_bulk_cancel,
+)
+from portal.views.serving import serving_change, serving_panel
+from portal.views.settings import (
+    pool_edit,
+    profile_activate,
+    profile_create,
+    profile_edit,
+    settings_page,
+    workload_class_edit,
+)
+from portal.views.teams import (
+    member_add,
+    member_edit,
+    member_remove,
+    quota_edit,
+    team_create,
+    team_detail,
+    team_list,
 )
 
 
@@ -36,51 +81,51 @@ class NodeActionConverter:
 register_converter(NodeActionConverter, "node_action")
 
 portal_patterns = [
-    path("", views.home, name="home"),
-    path("requests/new/", views.request_submit, name="request-submit"),
-    path("requests/preview/", views.request_preview, name="request-preview"),
-    path("requests/<int:request_id>/", views.request_detail, name="request-detail"),
-    path("requests/<int:request_id>/cancel/", views_admin.request_cancel, name="request-cancel"),
-    path("requests/<int:request_id>/logs/", views_people.request_logs, name="request-logs"),
+    path("", home, name="home"),
+    path("requests/new/", request_submit, name="request-submit"),
+    path("requests/preview/", request_preview, name="request-preview"),
+    path("requests/<int:request_id>/", request_detail, name="request-detail"),
+    path("requests/<int:request_id>/cancel/", request_cancel, name="request-cancel"),
+    path("requests/<int:request_id>/logs/", request_logs, name="request-logs"),
     path(
         "requests/<int:request_id>/logs/download/",
-        views_people.request_logs_download,
+        request_logs_download,
         name="request-logs-download",
     ),
-    path("me/notifications/", views_people.notification_settings, name="notifications"),
+    path("me/notifications/", notification_settings, name="notifications"),
     path(
         "me/templates/<int:template_id>/delete/",
-        views_people.template_delete,
+        template_delete,
         name="template-delete",
     ),
-    path("queue/", views.queue, name="queue"),
-    path("decisions/", views.decision_log, name="decisions"),
-    path("teams/", views.team_list, name="team-list"),
-    path("teams/new/", views.team_create, name="team-create"),
-    path("teams/<int:team_id>/", views.team_detail, name="team-detail"),
-    path("teams/<int:team_id>/members/add/", views.member_add, name="member-add"),
+    path("queue/", queue, name="queue"),
+    path("decisions/", decision_log, name="decisions"),
+    path("teams/", team_list, name="team-list"),
+    path("teams/new/", team_create, name="team-create"),
+    path("teams/<int:team_id>/", team_detail, name="team-detail"),
+    path("teams/<int:team_id>/members/add/", member_add, name="member-add"),
     path(
         "teams/<int:team_id>/members/<int:membership_id>/remove/",
-        views.member_remove,
+        member_remove,
         name="member-remove",
     ),
-    path("teams/<int:team_id>/quotas/<int:pool_id>/", views.quota_edit, name="quota-edit"),
-    path("teams/<int:team_id>/members/<int:membership_id>/", views.member_edit, name="member-edit"),
-    path("ops/capacity/", views.capacity, name="capacity"),
-    path("ops/audit/", views_admin.audit_log, name="audit"),
-    path("ops/settings/", views.settings_page, name="settings"),
-    path("ops/classes/<int:class_id>/", views.workload_class_edit, name="class-edit"),
-    path("ops/pools/<int:pool_id>/", views.pool_edit, name="pool-edit"),
-    path("ops/profiles/new/", views.profile_create, name="profile-create"),
-    path("ops/profiles/<int:profile_id>/", views.profile_edit, name="profile-edit"),
+    path("teams/<int:team_id>/quotas/<int:pool_id>/", quota_edit, name="quota-edit"),
+    path("teams/<int:team_id>/members/<int:membership_id>/", member_edit, name="member-edit"),
+    path("ops/capacity/", capacity, name="capacity"),
+    path("ops/audit/", audit_log, name="audit"),
+    path("ops/settings/", settings_page, name="settings"),
+    path("ops/classes/<int:class_id>/", workload_class_edit, name="class-edit"),
+    path("ops/pools/<int:pool_id>/", pool_edit, name="pool-edit"),
+    path("ops/profiles/new/", profile_create, name="profile-create"),
+    path("ops/profiles/<int:profile_id>/", profile_edit, name="profile-edit"),
     path(
         "ops/profiles/<int:profile_id>/activate/",
-        views.profile_activate,
+        profile_activate,
         name="profile-activate",
     ),
     path(
         "ops/nodes/<int:node_id>/<node_action:action>/",
-        views_admin.node_action,
+        node_action,
         name="node-action",
     ),
     path("ops/whatif/", views_whatif.whatif_list, name="whatif"),
@@ -88,21 +133,21 @@ portal_patterns = [
     path("ops/whatif/<int:run_id>/apply/", views_whatif.whatif_apply, name="whatif-apply"),
     path(
         "ops/devices/<int:device_id>/clear-quarantine/",
-        views.device_clear_quarantine,
+        device_clear_quarantine,
         name="device-clear-quarantine",
     ),
-    path("ops/audit.csv", views_admin.audit_csv, name="audit-csv"),
-    path("requests/bulk-cancel/", views_admin.requests_bulk_cancel, name="requests-bulk-cancel"),
-    path("ops/nodes/bulk/", views_admin.nodes_bulk_action, name="nodes-bulk-action"),
-    path("requests/<int:request_id>/serving/", views_serving.serving_panel, name="request-serving"),
+    path("ops/audit.csv", audit_csv, name="audit-csv"),
+    path("requests/bulk-cancel/", requests_bulk_cancel, name="requests-bulk-cancel"),
+    path("ops/nodes/bulk/", nodes_bulk_action, name="nodes-bulk-action"),
+    path("requests/<int:request_id>/serving/", serving_panel, name="request-serving"),
     path(
         "requests/<int:request_id>/serving/change/",
-        views_serving.serving_change,
+        serving_change,
         name="request-serving-change",
     ),
-    path("pools/<int:pool_id>/history/", views_serving.pool_history, name="pool-history"),
-    path("ops/nodes/<int:node_id>/history/", views_serving.node_history, name="node-history"),
-    path("teams/<int:team_id>/history/", views_serving.team_history, name="team-history"),
+    path("pools/<int:pool_id>/history/", pool_history, name="pool-history"),
+    path("ops/nodes/<int:node_id>/history/", node_history, name="node-history"),
+    path("teams/<int:team_id>/history/", team_history, name="team-history"),
     path("ops/pools/<int:pool_id>/lifecycle/", views_lifecycle.pool_detail, name="pool-detail"),
     path(
         "ops/pools/<int:pool_id>/rollouts/",
@@ -121,46 +166,44 @@ portal_patterns = [
 ]
 
 api_patterns = [
-    path("requests/", api.GpuRequestListSubmitApi.as_view(), name="requests"),
-    path("requests/preview/", api.GpuRequestPreviewApi.as_view(), name="request-preview"),
-    path("requests/<int:request_id>/", api.GpuRequestDetailApi.as_view(), name="request-detail"),
+    path("requests/", GpuRequestListSubmitApi.as_view(), name="requests"),
+    path("requests/preview/", GpuRequestPreviewApi.as_view(), name="request-preview"),
+    path("requests/<int:request_id>/", GpuRequestDetailApi.as_view(), name="request-detail"),
     path(
         "requests/<int:request_id>/cancel/",
-        api.GpuRequestCancelApi.as_view(),
+        GpuRequestCancelApi.as_view(),
         name="request-cancel",
     ),
-    path("queue/", api.QueueApi.as_view(), name="queue"),
-    path("pools/", api.PoolListApi.as_view(), name="pools"),
-    path("capacity/", api.CapacityApi.as_view(), name="capacity"),
-    path(
-        "nodes/<int:node_id>/<node_action:action>/", api.NodeActionApi.as_view(), name="node-action"
-    ),
+    path("queue/", QueueApi.as_view(), name="queue"),
+    path("pools/", PoolListApi.as_view(), name="pools"),
+    path("capacity/", CapacityApi.as_view(), name="capacity"),
+    path("nodes/<int:node_id>/<node_action:action>/", NodeActionApi.as_view(), name="node-action"),
     path(
         "devices/<int:device_id>/clear-quarantine/",
-        api.DeviceClearQuarantineApi.as_view(),
+        DeviceClearQuarantineApi.as_view(),
         name="device-clear-quarantine",
     ),
     path(
         "attempts/<int:attempt_id>/checkpoint",
-        api.AttemptCheckpointApi.as_view(),
+        AttemptCheckpointApi.as_view(),
         name="attempt-checkpoint",
     ),
-    path("decisions/", api.DecisionListApi.as_view(), name="decisions"),
-    path("audit/", api.AuditListApi.as_view(), name="audit"),
-    path("teams/", api.TeamListApi.as_view(), name="teams"),
-    path("teams/<int:team_id>/", api.TeamDetailApi.as_view(), name="team-detail"),
-    path("teams/<int:team_id>/members/", api.TeamMemberListApi.as_view(), name="team-members"),
+    path("decisions/", DecisionListApi.as_view(), name="decisions"),
+    path("audit/", AuditListApi.as_view(), name="audit"),
+    path("teams/", TeamListApi.as_view(), name="teams"),
+    path("teams/<int:team_id>/", TeamDetailApi.as_view(), name="team-detail"),
+    path("teams/<int:team_id>/members/", TeamMemberListApi.as_view(), name="team-members"),
     path(
         "teams/<int:team_id>/members/<int:membership_id>/",
-        api.TeamMemberDetailApi.as_view(),
+        TeamMemberDetailApi.as_view(),
         name="team-member",
     ),
-    path("teams/<int:team_id>/quotas/<int:pool_id>/", api.QuotaSetApi.as_view(), name="quota-set"),
-    path("profiles/", api.ProfileListCreateApi.as_view(), name="profiles"),
-    path("profiles/<int:profile_id>/", api.ProfileDetailApi.as_view(), name="profile-detail"),
+    path("teams/<int:team_id>/quotas/<int:pool_id>/", QuotaSetApi.as_view(), name="quota-set"),
+    path("profiles/", ProfileListCreateApi.as_view(), name="profiles"),
+    path("profiles/<int:profile_id>/", ProfileDetailApi.as_view(), name="profile-detail"),
     path(
         "profiles/<int:profile_id>/activate/",
-        api.ProfileActivateApi.as_view(),
+        ProfileActivateApi.as_view(),
         name="profile-activate",
     ),
     path(
@@ -196,7 +239,7 @@ api_patterns = [
 urlpatterns = [
     path("", include((portal_patterns, "portal"))),
     path("api/v1/", include((api_patterns, "api"))),
-    # Machine endpoints (bearer tokens, no sessions): see portal/agent_api.py.
+    # Machine endpoints (bearer tokens, no sessions): see portal/api/agent.py.
     path("api/v1/agent/report/", agent_api.agent_report, name="agent-report"),
     path(
         "api/v1/agent/attempts/<int:attempt_id>/ready",
@@ -213,15 +256,15 @@ urlpatterns = [
         SpectacularSwaggerView.as_view(url_name="schema", permission_classes=[IsAuthenticated]),
         name="api-docs",
     ),
-    path("accounts/login/", views.LoginView.as_view(), name="login"),
-    # Single sign-on (portal/sso.py): /oidc/authenticate/ and /oidc/callback/; 404 while off.
+    path("accounts/login/", LoginView.as_view(), name="login"),
+    # Single sign-on (portal/auth/sso.py): /oidc/authenticate/ and /oidc/callback/; 404 while off.
     path("oidc/", include("mozilla_django_oidc.urls")),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
-    path("healthz", views.healthz, name="healthz"),
-    path("readyz", views.readyz, name="readyz"),
+    path("healthz", healthz, name="healthz"),
+    path("readyz", readyz, name="readyz"),
     path("metrics", metrics.metrics_view, name="metrics"),
 ]
 
-handler404 = "portal.views.not_found"
-handler403 = "portal.views_people.permission_denied"
+handler404 = "portal.views.errors.not_found"
+handler403 = "portal.views.errors.permission_denied"

@@ -1,6 +1,6 @@
 """What-if: a site's own history replayed under its current and a proposed setting.
 
-The portal (portal/whatif.py) reads the last N days of requests (real arrivals, shapes,
+The portal (portal/tick/whatif.py) reads the last N days of requests (real arrivals, shapes,
 durations) and the site as the tick sees it (`Site`: nodes, pools, classes, teams,
 quotas, the active profile's `Policy`); `apply_settings` makes the proposed site from
 `KEY=VALUE` changes; `replay` runs the jobs through `schedule()` in the replay

@@ -1,6 +1,6 @@
 """The test world, personas and small builders for portal tests.
 
-The world is built here, not from the demo seed (portal/demo.py), so that the
+The world is built here, not from the demo seed (portal/demo/seed.py), so that the
 demo can change without moving every test: device profiles, workload classes,
 the pools and nodes of tests/world_cluster.yaml (the simulated cluster in
 tests, set by tests/conftest.py), teams and their quotas.
@@ -22,7 +22,6 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractUser
 from django.db import transaction
 
-from portal import services
 from portal.backends.simulated import inventory_from_file, load_cluster
 from portal.models import (
     DeviceProfile,
@@ -33,6 +32,9 @@ from portal.models import (
     Team,
     WorkloadClass,
 )
+from portal.services.nodes import inventory_sync
+from portal.services.requests import gpu_request_submit
+from portal.services.teams import team_create
 
 WORLD_CLUSTER = Path(__file__).resolve().parent / "world_cluster.yaml"
 
@@ -105,10 +107,10 @@ def build_cluster() -> None:
             taints=spec.get("taints", []),
             inference_floor_milli=spec.get("inference_floor_milli", 0),
         )
-    services.inventory_sync(nodes=inventory_from_file(path))
+    inventory_sync(nodes=inventory_from_file(path))
     pools = {p.name: p for p in Pool.objects.all()}
     for team_name, per_pool in QUOTAS.items():
-        team = services.team_create(actor=None, name=team_name)
+        team = team_create(actor=None, name=team_name)
         for pool_name, gpus in per_pool.items():
             Quota.objects.create(
                 team=team,
@@ -144,7 +146,7 @@ def submit(user: Any, team: Team, **kw: Any) -> GpuRequest:
         "estimated_runtime_s": 3600,
     }
     defaults.update(kw)
-    return services.gpu_request_submit(user=user, team=team, **defaults)
+    return gpu_request_submit(user=user, team=team, **defaults)
 
 
 def submit_serving(user: Any, team: Team, **kw: Any) -> GpuRequest:

@@ -87,9 +87,9 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 
 
 def test_the_api_policy_imports_first_in_a_fresh_process() -> None:
-    """axes imports portal.api_policy (client_address) on a process's first login, before DRF."""
+    """axes imports portal.api.guards (client_address) on a process's first login, before DRF."""
     code = (
-        "import django; django.setup(); import portal.api_policy;"
+        "import django; django.setup(); import portal.api.guards;"
         "from rest_framework.settings import api_settings;"
         "print(api_settings.DEFAULT_PARSER_CLASSES[0].__name__)"
     )

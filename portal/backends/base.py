@@ -111,7 +111,7 @@ def checkpoint_env(
 ) -> tuple[tuple[str, str], ...]:
     """What a checkpointing workload is told, on every backend (docs/checkpoints.md).
 
-    Set by the platform, never by a request (`QM_*` is reserved in portal.contract):
+    Set by the platform, never by a request (`QM_*` is reserved in portal.lib.contract):
     only for a request with a checkpoint interval. `QM_RESUME=1` on an attempt that
     follows a preempted or node-lost one, whose checkpoints are in the same directory.
     """

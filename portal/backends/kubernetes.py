@@ -144,7 +144,7 @@ class KubernetesBackend:
         def setting(name: str, default: Any) -> Any:
             return getattr(settings, name, default)
 
-        from portal.readiness import ready_token_key
+        from portal.lib.readiness import ready_token_key
 
         key = ready_token_key()
         options = JobOptions(

@@ -1,6 +1,6 @@
 """Serving replicas of the simulated cluster: one synthetic model server process each.
 
-`portal.serving_sim` is the server. The simulated backend starts one per replica at
+`portal.backends.serving_sim` is the server. The simulated backend starts one per replica at
 launch (its port and pid go in the workload row's spec), stops it with the workload,
 restarts a replica whose process is gone (as a Deployment would; the web and worker
 processes of the portal may have restarted), and on a revision change restarts the
@@ -88,7 +88,7 @@ def start(serving: dict[str, Any], seed: int = 0) -> dict[str, Any]:
     cmd = [
         sys.executable,
         "-m",
-        "portal.serving_sim",
+        "portal.backends.serving_sim",
         "--port",
         str(port),
         "--runtime",

@@ -48,7 +48,7 @@ from portal.backends.base import (
     member_name,
     rendezvous_env,
 )
-from portal.bulk import insert_rows
+from portal.lib.bulk import insert_rows
 from portal.models import SimulatedNode, SimulatedWorkload
 from scheduling import mig
 

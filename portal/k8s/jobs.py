@@ -14,7 +14,6 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from portal import contract
 from portal.backends.base import (
     RENDEZVOUS_PORT,
     LaunchSpec,
@@ -53,7 +52,8 @@ from portal.k8s.names import (
     mig_resource,
 )
 from portal.k8s.provisioning import consume_annotations
-from portal.readiness import attempt_token
+from portal.lib import contract
+from portal.lib.readiness import attempt_token
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ class JobOptions:
     image_pull_secrets: tuple[str, ...] = ()
     runtime_class: str = ""
     #: allowed registries, optionally with a repository prefix ("registry.example.com",
-    #: "nvcr.io/nvidia/"), matched on parsed references (portal.contract); empty allows any
+    #: "nvcr.io/nvidia/"), matched on parsed references (portal.lib.contract); empty allows any
     allowed_images: tuple[str, ...] = ()
     shm_size_mib: int = 1024
     #: resource name for time-sliced shares when the node cannot be asked

@@ -1,6 +1,6 @@
 """Nodes for autoscaled pools through the cluster autoscaler's ProvisioningRequest API.
 
-One `NodeProvision` (portal/autoscale.py) becomes PodTemplates and ProvisioningRequests
+One `NodeProvision` (portal/services/autoscale.py) becomes PodTemplates and ProvisioningRequests
 (`autoscaling.x-k8s.io/v1`) in the namespace of the team whose requests it names (the
 autoscaler resolves a pod's consume annotation in the pod's own namespace; an ask that
 names no request, for a pool's `min_nodes`, goes to the portal's namespace):
@@ -18,7 +18,7 @@ Each placeholder pod asks for a whole node of the pool: all its GPUs, its CPU an
 are, so the autoscaler picks the node group that serves the pool. The requests are
 named after the NodeProvision (deterministic: a retried create is a harmless 409).
 The attempts the nodes were asked for name their request in their pods' `CONSUME`
-annotation (`consume_annotations`, portal/consume.py).
+annotation (`consume_annotations`, portal/services/provisioning.py).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ DCGM diagnostics level 1 and a short model warm-up, on every GPU of one cordoned
 
 The pod prints one line `QM_VALIDATION {json}` with its figures and, when the portal is
 reachable, POSTs the same JSON to its report URL; the portal judges them against the
-thresholds (`portal.lifecycle.verdict`), never the pod.
+thresholds (`portal.lib.lifecycle.verdict`), never the pod.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ class ValidationRun(models.Model):
     #: the burn-in workload's name (a Job on Kubernetes)
     name = models.CharField(max_length=63)
     state = models.CharField(max_length=10, choices=State.choices, default=State.RUNNING)
-    #: `portal.lifecycle.DEFAULT_THRESHOLDS` keys
+    #: `portal.lib.lifecycle.DEFAULT_THRESHOLDS` keys
     thresholds = models.JSONField(default=dict)
     #: devices_visible, nccl_busbw_gbps, dcgm_diag, warmup_s
     results = models.JSONField(default=dict, blank=True)

@@ -11,7 +11,7 @@ from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import Q
 
-from portal import validation
+from portal.lib import validation
 
 if TYPE_CHECKING:
     from portal.models.teams import Team
@@ -148,7 +148,7 @@ class Pool(models.Model):
         max_length=20, choices=Lifecycle.choices, default=Lifecycle.PRODUCTION
     )
     inference_floor_milli = models.PositiveIntegerField(default=0)
-    # Autoscaling (portal/autoscale.py): the pool asks for nodes of one shape, between
+    # Autoscaling (portal/services/autoscale.py): the pool asks for nodes of one shape, between
     # min_nodes and max_nodes, when pending demand outgrows it.
     autoscaled = models.BooleanField(default=False)
     min_nodes = models.PositiveIntegerField(default=0)
@@ -239,7 +239,7 @@ class Node(models.Model):
     #: the node agent's latest report as sent (see docs/node-agent.md)
     agent_report = models.JSONField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
-    #: software versions from its labels (`portal.lifecycle.node_software`), set at each sync
+    #: software versions from its labels (`portal.lib.lifecycle.node_software`), set at each sync
     software = models.JSONField(default=dict, blank=True)
     #: why it is cordoned, where the portal cordoned it (a failed validation, a rollout)
     maintenance_reason = models.CharField(max_length=300, blank=True)

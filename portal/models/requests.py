@@ -7,9 +7,9 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
 
+from portal.lib.shapes import request_shape
 from portal.models.pools import Device, DeviceProfile, Pool, WorkloadClass
 from portal.models.teams import Team
-from portal.shapes import request_shape
 
 
 class GpuRequest(models.Model):
@@ -66,7 +66,7 @@ class GpuRequest(models.Model):
     queue_position = models.PositiveIntegerField(null=True, blank=True)
     #: why the queue position last changed ("moved from #4 to #6: 2 requests … arrived")
     position_note = models.CharField(max_length=300, blank=True)
-    #: when the one "still waiting" notification went out (portal/notify.py)
+    #: when the one "still waiting" notification went out (portal/services/notify.py)
     long_wait_notified_at = models.DateTimeField(null=True, blank=True)
     escalated = models.BooleanField(default=False)
     estimated_start = models.DateTimeField(null=True, blank=True)
@@ -74,7 +74,7 @@ class GpuRequest(models.Model):
     checkpoints_deleted_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     updated_at = models.DateTimeField(auto_now=True)
-    # Where the wait went (portal/capacity.py): the reason of the open stretch of waiting,
+    # Where the wait went (portal/tick/waits.py): the reason of the open stretch of waiting,
     # when it began, and the seconds of the closed stretches by reason.
     wait_reason = models.CharField(max_length=20, blank=True)
     wait_since = models.DateTimeField(null=True, blank=True)

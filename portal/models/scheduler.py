@@ -158,7 +158,7 @@ class DecisionTally(models.Model):
 
 
 class WhatIfRun(models.Model):
-    """An admin's drafted policy change, replayed on the site's history (portal/whatif.py)
+    """An admin's drafted policy change, replayed on the site's history (portal/tick/whatif.py)
     by a Celery task, compared, and perhaps applied (audited with this result)."""
 
     class State(models.TextChoices):

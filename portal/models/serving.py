@@ -23,7 +23,7 @@ class RevisionChange(models.Model):
 
 class ServingSample(models.Model):
     """A serving workload's request path at one moment, read from its replicas' /metrics:
-    the fallback history when no Prometheus is configured (portal/serving_metrics.py)."""
+    the fallback history when no Prometheus is configured (portal/services/serving_samples.py)."""
 
     request = models.ForeignKey(
         GpuRequest, on_delete=models.CASCADE, related_name="serving_samples"

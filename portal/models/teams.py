@@ -6,8 +6,7 @@ from django.conf import settings
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 
-from portal import validation
-from portal.models.pools import Pool
+from portal.lib import validation
 
 slug_validator = RegexValidator(
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
@@ -66,7 +65,7 @@ class Quota(models.Model):
     """A team's share of a pool, in GPU milli. Null limits are unlimited."""
 
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="quotas")
-    pool = models.ForeignKey(Pool, on_delete=models.CASCADE, related_name="quotas")
+    pool = models.ForeignKey("Pool", on_delete=models.CASCADE, related_name="quotas")
     nominal_milli = models.PositiveIntegerField(default=0)
     borrowing_limit_milli = models.PositiveIntegerField(null=True, blank=True)
     lending_limit_milli = models.PositiveIntegerField(null=True, blank=True)
@@ -82,7 +81,7 @@ class Quota(models.Model):
 
 
 class NotificationPreference(models.Model):
-    """What a user is told about their requests, and how (portal/notify.py).
+    """What a user is told about their requests, and how (portal/services/notify.py).
 
     A user without a row gets the defaults below (email, if they have an address).
     """

@@ -16,8 +16,10 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 
-from portal import services, tick
 from portal.models import AuditEvent, GpuRequest, Node, Pool
+from portal.services.nodes import node_cordon
+from portal.services.teams import quota_set
+from portal.tick import run as tick
 from tests.base import World, submit
 from tests.browser import test_portal_browser as base
 
@@ -141,10 +143,8 @@ def test_axe_finds_no_serious_or_critical_violations_on_any_page(
     submit(world.carol, world.nlp, count=8, name="waiting")
     tick.run_tick()
     a100 = Pool.objects.get(name="a100-train")
-    services.quota_set(
-        actor=world.dave, team=world.vision, pool=a100, nominal_milli=12000, reason="axe"
-    )
-    services.node_cordon(actor=world.dave, node=a100.nodes.first(), reason="axe")
+    quota_set(actor=world.dave, team=world.vision, pool=a100, nominal_milli=12000, reason="axe")
+    node_cordon(actor=world.dave, node=a100.nodes.first(), reason="axe")
     assert AuditEvent.objects.count() >= 3
     found: dict[str, list[str]] = {}
     walked = 0

@@ -11,8 +11,9 @@ from datetime import timedelta
 
 import pytest
 
-from portal import reconcile, services, tick
 from portal.models import GpuRequest, SimulatedWorkload
+from portal.tick import reconcile
+from portal.tick import run as tick
 from tests.base import World, submit
 from tests.browser import test_portal_browser as base
 
@@ -32,7 +33,7 @@ def test_the_preview_follows_the_form_and_refuses_what_would_be_rejected(
     world: World,
     monkeypatch,  # noqa: ANN001
 ) -> None:
-    monkeypatch.setattr(services, "_wake_scheduler", lambda: None)
+    monkeypatch.setattr("portal.services.requests._wake_scheduler", lambda: None)
     aborted: list[str] = []
     login(page, "bob")
     page.goto("/requests/new/")

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from portal import reconcile, services, tick
 from portal.models import GpuRequest, Pool, Quota
+from portal.services.nodes import node_cordon
+from portal.tick import reconcile
+from portal.tick import run as tick
 from tests.base import World, make_world, submit
 
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
@@ -77,7 +79,7 @@ def test_a_researcher_submits_and_sees_it_queued_then_running(
     page, world: World, monkeypatch
 ) -> None:  # noqa: ANN001
     # The test drives the tick itself, as beat would a few seconds later.
-    monkeypatch.setattr(services, "_wake_scheduler", lambda: None)
+    monkeypatch.setattr("portal.services.requests._wake_scheduler", lambda: None)
     login(page, "bob")
     page.goto("/requests/new/")
     page.select_option("#id_workload_class", label="training")
@@ -166,7 +168,7 @@ def test_an_admin_filters_decisions_and_sees_the_capacity_map(page, world: World
         cls="interactive",
     )
     tick.run_tick()
-    services.node_cordon(actor=world.dave, node=Pool.objects.get(name="l4-shared").nodes.last())
+    node_cordon(actor=world.dave, node=Pool.objects.get(name="l4-shared").nodes.last())
     login(page, "dave")
 
     page.goto("/decisions/")

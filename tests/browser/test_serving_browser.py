@@ -7,10 +7,10 @@ import time
 import pytest
 from django.test import override_settings
 
-from portal import services, serving_metrics
 from portal.backends import serving_replicas
 from portal.models import SimulatedWorkload
-from portal.tick import run_tick
+from portal.services import serving_samples as serving_metrics
+from portal.tick.run import run_tick
 from tests.base import World, submit
 from tests.browser import test_portal_browser as portal_browser
 from tests.browser.test_portal_browser import login, shot
@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 def test_the_serving_panel_draws_live_charts_and_rolls_over(
     page, world: World, monkeypatch
 ) -> None:  # noqa: ANN001
-    monkeypatch.setattr(services, "_wake_scheduler", lambda: None)
+    monkeypatch.setattr("portal.services.requests._wake_scheduler", lambda: None)
     with override_settings(SIMULATED_SERVING_WARMUP_S=0.2, SIMULATED_SERVING_RPS=6):
         try:
             req = submit(

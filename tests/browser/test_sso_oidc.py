@@ -30,8 +30,8 @@ import requests
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 
-from portal import services
 from portal.models import AuditEvent, GpuRequest, Membership
+from portal.services.nodes import node_cordon
 from portal.settings import _group_map
 from tests.base import make_world, submit
 from tests.browser import test_portal_browser as base
@@ -112,7 +112,7 @@ def provider(live_server, tmp_path: Path, settings) -> Iterator[dict]:  # noqa: 
         settings.OIDC_GROUP_MAP = _group_map(GROUP_MAP)
         settings.AUTHENTICATION_BACKENDS = [
             *settings.AUTHENTICATION_BACKENDS,
-            "portal.sso.GroupMappingBackend",
+            "portal.auth.sso.GroupMappingBackend",
         ]
         yield {"issuer": issuer, "accounts": accounts}
     finally:
@@ -166,7 +166,7 @@ def roles(username: str) -> dict[str, tuple[str, str]]:
 def test_sso_signs_in_with_pkce_maps_groups_and_a_second_sign_in_removes_a_membership(
     browser, live_server, provider, monkeypatch
 ) -> None:  # noqa: ANN001
-    monkeypatch.setattr(services, "_wake_scheduler", lambda: None)
+    monkeypatch.setattr("portal.services.requests._wake_scheduler", lambda: None)
     world = make_world()
     set_groups(provider, erin=["gpu-vision-leads", "gpu-nlp", "unmapped"])
     # The provider refuses an authorization request without a PKCE challenge, so the
@@ -222,7 +222,7 @@ def test_with_password_login_off_the_login_page_only_offers_sso(
 ) -> None:  # noqa: ANN001
     make_world()
     settings.PASSWORD_LOGIN = False
-    settings.AUTHENTICATION_BACKENDS = ["portal.sso.GroupMappingBackend"]
+    settings.AUTHENTICATION_BACKENDS = ["portal.auth.sso.GroupMappingBackend"]
     set_groups(provider, frank=["gpu-vision"])
     page = new_page(browser, live_server)
     page.goto("/accounts/login/")
@@ -245,7 +245,7 @@ def password_login(page, username: str, password: str) -> None:  # noqa: ANN001
 def test_a_lead_adds_caps_and_removes_members_on_the_team_page(
     browser, live_server, monkeypatch
 ) -> None:  # noqa: ANN001
-    monkeypatch.setattr(services, "_wake_scheduler", lambda: None)
+    monkeypatch.setattr("portal.services.requests._wake_scheduler", lambda: None)
     world = make_world()
     submit(world.bob, world.vision, name="bob-pending")
     page = new_page(browser, live_server)
@@ -277,7 +277,7 @@ def test_an_auditor_reads_the_admin_pages_and_sees_no_buttons_that_change_anythi
 ) -> None:  # noqa: ANN001
     world = make_world()
     submit(world.bob, world.vision, name="vision-train")
-    services.node_cordon(actor=world.dave, node=world.vision.quotas.first().pool.nodes.first())
+    node_cordon(actor=world.dave, node=world.vision.quotas.first().pool.nodes.first())
     erin = get_user_model().objects.create_user("erin", password="pw-erin-123")
     erin.groups.add(Group.objects.get_or_create(name="auditors")[0])
     page = new_page(browser, live_server)

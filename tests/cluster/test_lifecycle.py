@@ -19,8 +19,8 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 import portal.backends
-from portal import lifecycle, rollouts, services
 from portal.backends.kubernetes import KubernetesBackend
+from portal.lib import lifecycle
 from portal.models import (
     Attempt,
     GpuRequest,
@@ -28,8 +28,12 @@ from portal.models import (
     RolloutNode,
     ValidationRun,
 )
-from portal.reconcile import reconcile
-from portal.tick import run_tick
+from portal.services.checkpoints import attempt_checkpoint_record
+from portal.services.requests import gpu_request_submit
+from portal.services.rollouts import rollout_start, rollouts_advance
+from portal.services.validations import validation_report
+from portal.tick.reconcile import reconcile
+from portal.tick.run import run_tick
 from tests.cluster.conftest import JOB_OPTIONS
 from tests.cluster.kube import Cluster, node_ready, node_settled, wait_for
 from tests.cluster.nodes import POOL, a100
@@ -121,7 +125,7 @@ def _world() -> dict[str, Any]:
 def _step(until: Any, what: str, timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        rollouts.rollouts_advance()
+        rollouts_advance()
         reconcile()
         if until():
             return
@@ -139,7 +143,7 @@ def test_a_three_wave_rollout_halts_after_the_wave_with_a_failing_node(
     w = _world()
     core = cluster.core()
     reqs = [
-        services.gpu_request_submit(
+        gpu_request_submit(
             user=w["user"],
             team=w["team"],
             workload_class=w["cls"],
@@ -162,7 +166,7 @@ def test_a_three_wave_rollout_halts_after_the_wave_with_a_failing_node(
         "both attempts running",
     )
 
-    rollout = rollouts.rollout_start(
+    rollout = rollout_start(
         actor=w["admin"],
         pool=w["pool"],
         kind="device-plugin",
@@ -180,15 +184,13 @@ def test_a_three_wave_rollout_halts_after_the_wave_with_a_failing_node(
                 for a in Attempt.objects.filter(
                     state="running", allocations__device__node=m.node
                 ).distinct():
-                    services.attempt_checkpoint_record(a.pk, timezone.now())
+                    attempt_checkpoint_record(a.pk, timezone.now())
             if m.step == "validating" and m.validation and m.validation.pk not in reported:
                 job = cluster.batch().read_namespaced_job(m.validation.name, VALIDATION_NS)
                 pod_spec = job.spec.template.spec
                 assert pod_spec.node_selector == {"kubernetes.io/hostname": m.node.name}
                 assert pod_spec.containers[0].resources.limits == {"nvidia.com/gpu": "8"}
-                rollouts.validation_report(
-                    run=m.validation, results=BAD if m.node.name == "lc-1" else GOOD
-                )
+                validation_report(run=m.validation, results=BAD if m.node.name == "lc-1" else GOOD)
                 reported.add(m.validation.pk)
         rollout.refresh_from_db()
         return rollout.state != Rollout.State.RUNNING

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 import portal.backends
-from portal import services
 from portal.backends.kubernetes import KubernetesBackend
 from portal.models import GpuRequest
-from portal.reconcile import reconcile
-from portal.tick import run_tick
+from portal.services.requests import gpu_request_submit
+from portal.tick.reconcile import reconcile
+from portal.tick.run import run_tick
 from tests.cluster.kube import Cluster, node_ready
 from tests.cluster.nodes import POOL_SELECTORS
 from tests.cluster.world import training_world
@@ -61,7 +61,7 @@ def _pods(cluster: Cluster, req: GpuRequest) -> list[Any]:
 def test_a_submitted_request_runs_on_the_node_the_packer_chose(
     world: dict[str, Any], cluster: Cluster
 ) -> None:
-    req = services.gpu_request_submit(
+    req = gpu_request_submit(
         user=world["user"],
         team=world["team"],
         workload_class=world["cls"],
@@ -85,7 +85,7 @@ def test_a_submitted_request_runs_on_the_node_the_packer_chose(
 
 
 def test_a_gang_runs_one_pod_on_each_of_its_nodes(world: dict[str, Any], cluster: Cluster) -> None:
-    req = services.gpu_request_submit(
+    req = gpu_request_submit(
         user=world["user"],
         team=world["team"],
         workload_class=world["cls"],
@@ -116,7 +116,7 @@ def test_a_request_on_a_node_that_goes_not_ready_is_requeued(
     from tests.cluster.test_failures import NOT_READY
 
     core = cluster.core()
-    req = services.gpu_request_submit(
+    req = gpu_request_submit(
         user=world["user"],
         team=world["team"],
         workload_class=world["cls"],

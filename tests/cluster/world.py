@@ -7,8 +7,9 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 
-from portal import services
 from portal.models import DeviceProfile, Membership, Pool, Quota, WorkloadClass
+from portal.services.nodes import inventory_sync
+from portal.services.teams import team_create
 
 
 def training_world(pool_name: str, node_selector: dict[str, str]) -> dict[str, Any]:
@@ -26,9 +27,9 @@ def training_world(pool_name: str, node_selector: dict[str, str]) -> dict[str, A
         gpu_memory_mib=81920,
         node_selector=node_selector,
     )
-    team = services.team_create(actor=None, name="team-a", namespace="team-a")
+    team = team_create(actor=None, name="team-a", namespace="team-a")
     Quota.objects.create(team=team, pool=pool, nominal_milli=16000)
     user = get_user_model().objects.create_user("bob", password="pw-bob-123")
     Membership.objects.create(user=user, team=team, role="member")
-    services.inventory_sync()
+    inventory_sync()
     return {"user": user, "team": team, "pool": pool, "cls": training}

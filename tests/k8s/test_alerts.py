@@ -29,9 +29,9 @@ import yaml
 from django.test import Client
 from django.utils import timezone
 
-from portal.metrics import PortalCollector
-from portal.reconcile import reconcile
-from portal.tick import run_tick
+from portal.metrics.collector import PortalCollector
+from portal.tick.reconcile import reconcile
+from portal.tick.run import run_tick
 from tests.base import make_world, submit
 from tests.k8s.chart import CASES, CHART, one, render
 from tests.k8s.scrape import input_series, label_names

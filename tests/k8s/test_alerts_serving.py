@@ -1,7 +1,7 @@
 """Issue 13 §4: the serving SLO and queue-age alerts, unit-tested with promtool on series
 the real exporter (the portal's /metrics) and the test serving process produced.
 
-The serving process (`portal.serving_sim.Engine`, vLLM's names) runs on a simulated clock:
+The serving process (`portal.backends.serving_sim.Engine`, vLLM's names) runs on a simulated clock:
 each promtool interval is one minute of its engine, then one scrape of it and of the
 portal. Ten light minutes, then an overload: first tokens queue far past the inference
 class's 500 ms objective, and the fast burn-rate alert fires.
@@ -19,9 +19,9 @@ import time_machine
 from django.test import Client
 from django.utils import timezone
 
+from portal.backends.serving_sim import STEP_S, Engine
 from portal.models import Attempt
-from portal.serving_sim import STEP_S, Engine
-from portal.tick import run_tick
+from portal.tick.run import run_tick
 from tests.base import make_world, submit, submit_serving
 from tests.k8s.test_alerts import _promtool_on, _scrape
 

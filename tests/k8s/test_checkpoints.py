@@ -11,7 +11,7 @@ import pytest
 from portal.backends.base import GrantSpec, PodLaunch
 from portal.k8s.jobs import checkpoint_pvc_build, job_build, job_to_dict
 from portal.k8s.names import L_REQUEST, JobConflict
-from portal.readiness import attempt_token
+from portal.lib.readiness import attempt_token
 from tests.fakes.fake_k8s import FakeCluster, apis
 from tests.k8s.builders import NS, OPTIONS, backend, cluster_with_nodes, spec
 from tests.k8s.pss import restricted_violations

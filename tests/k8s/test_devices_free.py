@@ -10,7 +10,7 @@ import pytest
 
 from portal import node_agent
 from portal.backends.base import GrantSpec
-from portal.readiness import devices_free
+from portal.lib.readiness import devices_free
 from tests.fakes.fake_pynvml import standard_node
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)

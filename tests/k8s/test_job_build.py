@@ -19,7 +19,7 @@ import pytest
 from portal.backends.base import GrantSpec
 from portal.k8s.jobs import READY_SCRIPT, job_build, job_to_dict
 from portal.k8s.names import READY_EXIT_BUSY, READY_EXIT_REFUSED, LaunchRefused
-from portal.readiness import attempt_token
+from portal.lib.readiness import attempt_token
 from tests.k8s.builders import OPTIONS, mig_spec, shared_spec, spec
 from tests.k8s.pss import restricted_violations
 

@@ -125,9 +125,9 @@ def test_without_prometheus_the_portal_reads_ready_replica_pods() -> None:
     import socket
     import urllib.request
 
-    from portal import serving_metrics
+    from portal.backends.serving_sim import Engine, serve
     from portal.k8s.serving import serving_replica_endpoints
-    from portal.serving_sim import Engine, serve
+    from portal.services import serving_samples as serving_metrics
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

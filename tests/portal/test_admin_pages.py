@@ -16,9 +16,10 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from portal import services
-from portal.audit_words import describe
 from portal.models import AuditEvent, GpuRequest, Node, PolicyProfile, Pool, Quota, WorkloadClass
+from portal.selectors.audit_words import describe
+from portal.services.nodes import node_cordon, node_drain
+from portal.services.teams import quota_set
 from tests.base import World, make_world, submit
 
 pytestmark = pytest.mark.django_db
@@ -37,7 +38,7 @@ def login(user) -> Client:  # noqa: ANN001
 
 def _quota_change(world: World, nominal: int = 12000) -> Quota:
     a100 = Pool.objects.get(name="a100-train")
-    return services.quota_set(
+    return quota_set(
         actor=world.dave,
         team=world.vision,
         pool=a100,
@@ -50,7 +51,7 @@ def _quota_change(world: World, nominal: int = 12000) -> Quota:
 def test_it_shows_the_audit_log_in_words(world: World) -> None:
     _quota_change(world)
     node = Node.objects.filter(pool__name="a100-train").first()
-    services.node_cordon(actor=world.dave, node=node, reason="fan noise")
+    node_cordon(actor=world.dave, node=node, reason="fan noise")
     r = login(world.dave).get(reverse("portal:audit"))
     body = r.content.decode()
     assert r.status_code == 200
@@ -72,9 +73,7 @@ def test_it_names_every_row_with_a_fixed_number_of_queries(world: World) -> None
         c.get(reverse("portal:audit"))
     for n in range(30):
         _quota_change(world, nominal=1000 * (n % 10))
-        services.node_cordon(
-            actor=world.dave, node=Node.objects.order_by("pk")[n % 4], reason=f"r{n}"
-        )
+        node_cordon(actor=world.dave, node=Node.objects.order_by("pk")[n % 4], reason=f"r{n}")
         submit(world.bob, world.vision, name=f"job-{n}")
     with CaptureQueriesContext(connection) as many:
         r = c.get(reverse("portal:audit"))
@@ -87,7 +86,7 @@ def test_it_names_every_row_with_a_fixed_number_of_queries(world: World) -> None
 def test_it_filters_the_audit_log_by_text_and_date(world: World) -> None:
     _quota_change(world)
     node = Node.objects.filter(pool__name="h100-mig").first() or Node.objects.first()
-    services.node_drain(actor=world.dave, node=node, reason="bad DIMM")
+    node_drain(actor=world.dave, node=node, reason="bad DIMM")
     submit(world.bob, world.vision, name="resnet")
     c = login(world.dave)
 
@@ -116,7 +115,7 @@ def test_it_filters_the_audit_log_by_text_and_date(world: World) -> None:
 def test_it_exports_the_filtered_audit_log_as_csv(world: World) -> None:
     _quota_change(world)
     node = Node.objects.first()
-    services.node_cordon(actor=world.dave, node=node, reason="fan noise")
+    node_cordon(actor=world.dave, node=node, reason="fan noise")
     r = login(world.dave).get(reverse("portal:audit-csv"), {"q": "fan"})
     assert r.status_code == 200 and r["Content-Type"].startswith("text/csv")
     rows = list(csv.reader(io.StringIO(b"".join(r.streaming_content).decode())))
@@ -124,17 +123,18 @@ def test_it_exports_the_filtered_audit_log_as_csv(world: World) -> None:
     assert len(rows) == 2 and rows[1][2] == "node.cordon"
     assert rows[1][7] == "fan noise" and "cordoned: no → yes" in rows[1][6]
     # All of it, past the CSV's chunk size, newest first with no duplicates.
-    from portal import views_admin
 
     for n in range(7):
         _quota_change(world, nominal=1000 * n)
-    old = views_admin.CSV_CHUNK
-    views_admin.CSV_CHUNK = 3
+    from portal.views import audit as audit_views
+
+    old = audit_views.CSV_CHUNK
+    audit_views.CSV_CHUNK = 3
     try:
         r = login(world.dave).get(reverse("portal:audit-csv"))
         rows = list(csv.reader(io.StringIO(b"".join(r.streaming_content).decode())))
     finally:
-        views_admin.CSV_CHUNK = old
+        audit_views.CSV_CHUNK = old
     assert len(rows) - 1 == AuditEvent.objects.count()
 
 

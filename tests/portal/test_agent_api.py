@@ -9,10 +9,10 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
+from portal.lib.readiness import attempt_token, ready_token_key
 from portal.models import Decision, Device, Node
-from portal.readiness import attempt_token, ready_token_key
-from portal.snapshot import build_snapshot
-from portal.tick import run_tick
+from portal.tick.run import run_tick
+from portal.tick.snapshot import build_snapshot
 from tests.base import make_world, submit
 
 pytestmark = pytest.mark.django_db

@@ -6,8 +6,8 @@ import pytest
 from django.test import Client
 from rest_framework.authtoken.models import Token
 
-from portal import tick
 from portal.models import AuditEvent, GpuRequest, Pool, Quota
+from portal.tick import run as tick
 from tests.base import World, make_world, submit
 
 pytestmark = pytest.mark.django_db

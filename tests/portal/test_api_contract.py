@@ -28,8 +28,8 @@ from django.db import OperationalError, close_old_connections, connection
 from django.test import Client
 from rest_framework.authtoken.models import Token
 
-from portal import tick
 from portal.celery import app as celery_app
+from portal.tick import run as tick
 from tests.base import World, make_world, submit
 
 pytestmark = pytest.mark.django_db

@@ -26,7 +26,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from portal import tick
+from portal.tick import run as tick
 from tests.base import make_world, submit
 
 pytestmark = [pytest.mark.django_db, pytest.mark.fuzz]

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from django.db import IntegrityError, connection, transaction
 
-from portal.bulk import RowMaker, bulk_set, bulk_set_sent, insert_rows
+from portal.lib.bulk import RowMaker, bulk_set, bulk_set_sent, insert_rows
 from portal.models import Team
 
 pytestmark = pytest.mark.django_db

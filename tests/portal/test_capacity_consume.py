@@ -15,10 +15,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from portal import services
-from portal.autoscale import autoscale_step
 from portal.models import Attempt, GpuRequest, Node, NodeProvision, Pool, Quota
-from portal.tick import run_tick
+from portal.services.attempts import attempts_launch, launch_spec
+from portal.services.autoscale import autoscale_step
+from portal.tick.run import run_tick
 from tests.base import make_world, submit
 
 pytestmark = pytest.mark.django_db
@@ -51,7 +51,7 @@ def launched(monkeypatch: pytest.MonkeyPatch) -> dict[int, Any]:
         def __getattr__(self, name: str) -> object:
             return getattr(inner, name)
 
-    monkeypatch.setattr(services, "get_backend", lambda: Recording())
+    monkeypatch.setattr("portal.services.attempts.get_backend", lambda: Recording())
     return seen
 
 
@@ -121,11 +121,11 @@ def test_a_relaunch_reads_the_name_from_the_stored_provision() -> None:
             pool=pool, name="qm-a100-train-abc", nodes=1, request_ids=[req.pk], state=state
         )
         attempt = Attempt.objects.get(request=req)
-        assert services.launch_spec(attempt).provisioning_request == "qm-a100-train-abc"
-        assert services.launch_spec(Attempt.objects.get(request=other)).provisioning_request == ""
+        assert launch_spec(attempt).provisioning_request == "qm-a100-train-abc"
+        assert launch_spec(Attempt.objects.get(request=other)).provisioning_request == ""
     # A failed ask booked nothing.
     NodeProvision.objects.update(state=NodeProvision.State.FAILED)
-    assert services.launch_spec(Attempt.objects.get(request=req)).provisioning_request == ""
+    assert launch_spec(Attempt.objects.get(request=req)).provisioning_request == ""
 
 
 def test_the_bulk_launch_reads_the_provisions_once_whatever_the_number_of_requests() -> None:
@@ -152,7 +152,7 @@ def test_the_bulk_launch_reads_the_provisions_once_whatever_the_number_of_reques
     for n in (1, 4):
         ids = admitted(n)
         with CaptureQueriesContext(connection) as queries:
-            services.attempts_launch(ids)
+            attempts_launch(ids)
         counts.append(len(queries))
     assert counts[0] == counts[1]
     assert GpuRequest.objects.filter(state=GpuRequest.State.ADMITTED).count() >= 5

@@ -9,16 +9,16 @@ import pytest
 from django.conf import settings
 from django.utils import timezone
 
-from portal import capacity
-from portal.autoscale import autoscale_step
-from portal.demo import seed, submit_burst
+from portal.demo.seed import seed, submit_burst
 from portal.models import GpuRequest, Node, NodeProvision, Pool
-from portal.reconcile import reconcile
-from portal.tick import run_tick
+from portal.services.autoscale import autoscale_step
+from portal.tick import waits as capacity
+from portal.tick.reconcile import reconcile
+from portal.tick.run import run_tick
 
 pytestmark = pytest.mark.django_db
 
-DEMO_CLUSTER = Path(settings.BASE_DIR) / "portal" / "demo_cluster.yaml"
+DEMO_CLUSTER = Path(settings.BASE_DIR) / "portal" / "demo" / "cluster.yaml"
 
 
 def test_a_burst_shows_provisioning_time_then_new_nodes_then_the_requests_running() -> None:

@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from portal import autoscale, consume
-from portal.autoscale import autoscale_step
 from portal.models import Attempt, GpuRequest, Node, NodeProvision, Pool
-from portal.tick import run_tick
+from portal.services import autoscale
+from portal.services import provisioning as consume
+from portal.services.autoscale import autoscale_step
+from portal.tick.run import run_tick
 from tests.base import make_world, submit
 
 pytestmark = pytest.mark.django_db

@@ -8,11 +8,13 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from portal import capacity, services
-from portal.autoscale import autoscale_step
 from portal.backends.base import Outcome, WorkloadStatus
 from portal.models import GpuRequest, Node, NodeProvision, Pool, Quota
-from portal.tick import run_tick
+from portal.services.attempts import attempt_observe
+from portal.services.autoscale import autoscale_step
+from portal.services.pools import pool_update
+from portal.tick import waits as capacity
+from portal.tick.run import run_tick
 from tests.base import make_world, submit
 
 pytestmark = pytest.mark.django_db
@@ -92,7 +94,7 @@ def test_a_requeued_request_waits_in_backoff_then_starts_over() -> None:
     t0 = timezone.now()
     run_tick(t0)
     attempt = req.attempts.get()
-    services.attempt_observe(
+    attempt_observe(
         attempt_id=attempt.pk, status=WorkloadStatus("x", "y", Outcome.NODE_LOST), now=t0
     )
     req.refresh_from_db()
@@ -173,7 +175,7 @@ def test_a_gang_asks_for_its_nodes_atomically_and_idle_added_nodes_are_released(
 
     # The gang ends; its nodes sit idle, and are released only after idle_release_s.
     attempt = gang.attempts.get()
-    services.attempt_observe(
+    attempt_observe(
         attempt_id=attempt.pk, status=WorkloadStatus("x", "y", Outcome.SUCCEEDED), now=ready
     )
     assert autoscale_step(ready + timedelta(seconds=100))["released"] == 0
@@ -218,7 +220,7 @@ def test_the_request_and_queue_pages_show_where_the_wait_went(client: Client) ->
 def _metrics() -> dict[str, float]:
     from django.test.utils import override_settings
 
-    from portal.metrics import metrics_text
+    from portal.metrics.collector import metrics_text
 
     with override_settings(METRICS_REPLICA="web-0"):
         text = metrics_text().decode()
@@ -307,11 +309,11 @@ def test_autoscale_settings_are_changed_through_the_audited_service() -> None:
 
     w = make_world()
     pool = Pool.objects.get(name="a100-train")
-    services.pool_update(actor=w.dave, pool=pool, autoscaled=True, min_nodes=2, max_nodes=6)
+    pool_update(actor=w.dave, pool=pool, autoscaled=True, min_nodes=2, max_nodes=6)
     event = AuditEvent.objects.get(action="pool.update")
     assert event.before["autoscaled"] is False and event.after["max_nodes"] == 6
     assert PolicyVersion.objects.filter(action="pool.update").exists()
     with pytest.raises(ValidationError) as err:
-        services.pool_update(actor=w.dave, pool=pool, min_nodes=8)
+        pool_update(actor=w.dave, pool=pool, min_nodes=8)
     assert "max_nodes" in err.value.message_dict
     assert Pool.objects.get(pk=pool.pk).min_nodes == 2

@@ -19,8 +19,8 @@ from django.db import transaction
 from django.test import Client
 from django.utils import timezone
 
-from portal import services
 from portal.backends.base import Outcome, WorkloadStatus
+from portal.lib.readiness import attempt_token, ready_token_key
 from portal.models import (
     Attempt,
     Decision,
@@ -28,9 +28,11 @@ from portal.models import (
     SimulatedWorkload,
     UsageRecord,
 )
-from portal.readiness import attempt_token, ready_token_key
-from portal.reconcile import reconcile
-from portal.tick import run_tick
+from portal.services.attempts import attempt_observe, attempt_stop
+from portal.services.checkpoints import attempt_checkpoint_record, checkpoints_release
+from portal.services.requests import gpu_request_cancel
+from portal.tick.reconcile import reconcile
+from portal.tick.run import run_tick
 from scheduling.types import Policy
 from tests.base import World, make_world, submit
 
@@ -131,7 +133,7 @@ def test_lost_work_reaches_the_metrics(world: World, client: Client, settings: A
     run_tick()
     attempt = req.attempts.get()
     _run_for(attempt, started_ago_s=1200, checkpoint_ago_s=300)
-    services.attempt_observe(
+    attempt_observe(
         attempt_id=attempt.pk, status=WorkloadStatus(attempt.workload_name, "", Outcome.NODE_LOST)
     )
     settings.METRICS_TOKEN = "m-token"
@@ -160,10 +162,10 @@ def test_the_retry_sees_the_same_directory_and_resumes(world: World, ending: str
 
     if ending == "preempted":
         with transaction.atomic():
-            services.attempt_stop(first, reason="preempted")
+            attempt_stop(first, reason="preempted")
         reconcile()
     else:
-        services.attempt_observe(
+        attempt_observe(
             attempt_id=first.pk,
             status=WorkloadStatus(first.workload_name, first.namespace, Outcome.NODE_LOST),
         )
@@ -236,7 +238,7 @@ def test_the_storage_goes_when_the_request_ends_for_good(world: World) -> None:
     folder = Path(_workload(attempt).spec["env"]["QM_CHECKPOINT_DIR"])
     _advance(attempt, 5)
     reconcile()  # running
-    assert folder.is_dir() and services.checkpoints_release() == 0
+    assert folder.is_dir() and checkpoints_release() == 0
     _advance(attempt, 4000)
     reconcile()  # succeeded, and the folder is deleted after
     req.refresh_from_db()
@@ -249,13 +251,13 @@ def test_a_cancelled_requests_storage_waits_for_its_attempt_to_stop(world: World
     run_tick()
     attempt = req.attempts.get()
     folder = Path(_workload(attempt).spec["env"]["QM_CHECKPOINT_DIR"])
-    assert services.checkpoints_release() == 0  # still running
-    services.gpu_request_cancel(user=world.bob, gpu_request=req)
+    assert checkpoints_release() == 0  # still running
+    gpu_request_cancel(user=world.bob, gpu_request=req)
     # Cancelled, but its pod is still stopping: it may be writing a last checkpoint.
-    assert services.checkpoints_release() == 0 and folder.is_dir()
+    assert checkpoints_release() == 0 and folder.is_dir()
     reconcile()
     assert not folder.exists()
-    assert services.checkpoints_release() == 0  # once
+    assert checkpoints_release() == 0  # once
 
 
 # -- the endpoint ---------------------------------------------------------------------------
@@ -294,9 +296,9 @@ def test_last_checkpoint_at_never_moves_back(world: World) -> None:
     run_tick()
     attempt = req.attempts.get()
     now = timezone.now()
-    assert services.attempt_checkpoint_record(attempt.pk, now) is True
-    assert services.attempt_checkpoint_record(attempt.pk, now - timedelta(minutes=5)) is False
-    assert services.attempt_checkpoint_record(attempt.pk, now) is False
+    assert attempt_checkpoint_record(attempt.pk, now) is True
+    assert attempt_checkpoint_record(attempt.pk, now - timedelta(minutes=5)) is False
+    assert attempt_checkpoint_record(attempt.pk, now) is False
     attempt.refresh_from_db()
     assert attempt.last_checkpoint_at == now and attempt.checkpoints == 1
 
@@ -326,7 +328,7 @@ def test_the_endpoint_refuses_other_tokens_and_ended_attempts(world: World) -> N
     assert unknown.json() == wrong.json()
 
     # An attempt that has ended: 409.
-    services.attempt_observe(
+    attempt_observe(
         attempt_id=b.pk, status=WorkloadStatus(b.workload_name, b.namespace, Outcome.SUCCEEDED)
     )
     r = _report(b.pk, _token(b))
@@ -338,7 +340,7 @@ def test_a_stopping_workload_may_still_report_its_last_checkpoint(world: World) 
     run_tick()
     attempt = req.attempts.get()
     with transaction.atomic():
-        services.attempt_stop(attempt, reason="preempted")
+        attempt_stop(attempt, reason="preempted")
     assert _report(attempt.pk, _token(attempt)).status_code == 200
 
 

@@ -10,12 +10,12 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from portal import contract
 from portal.backends.base import LaunchRefused
 from portal.k8s.jobs import job_build
+from portal.lib import contract
 from portal.models import Allocation, Attempt, Decision, GpuRequest, SimulatedWorkload
-from portal.reconcile import reconcile
-from portal.tick import run_tick
+from portal.tick.reconcile import reconcile
+from portal.tick.run import run_tick
 from tests.base import make_world, submit
 from tests.k8s.builders import OPTIONS, spec
 
@@ -189,10 +189,10 @@ class _Failing(_Refusing):
 
 
 def _use(monkeypatch: pytest.MonkeyPatch, cls: type) -> Any:
-    from portal import backends, services
+    from portal import backends
 
     backend = cls(backends.get_backend())
-    monkeypatch.setattr(services, "get_backend", lambda: backend)
+    monkeypatch.setattr("portal.services.attempts.get_backend", lambda: backend)
     monkeypatch.setattr(backends, "get_backend", lambda: backend)
     return backend
 

@@ -15,7 +15,6 @@ import pytest
 from django.db import connection, connections
 from django.utils import timezone
 
-from portal import services
 from portal.models import (
     Allocation,
     Attempt,
@@ -27,17 +26,19 @@ from portal.models import (
     Quota,
     SchedulerState,
 )
-from portal.tick import TICK_LOCK_KEY, run_tick
+from portal.services.requests import _wake_scheduler
+from portal.services.teams import quota_set
+from portal.tick.run import TICK_LOCK_KEY, run_tick
 from tests.base import make_world, submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
-_real_wake = services._wake_scheduler
+_real_wake = _wake_scheduler
 
 
 @pytest.fixture(autouse=True)
 def _no_wake(monkeypatch: pytest.MonkeyPatch) -> None:
     """Submits do not tick on their own here: each test decides when ticks run."""
-    monkeypatch.setattr(services, "_wake_scheduler", lambda: None)
+    monkeypatch.setattr("portal.services.requests._wake_scheduler", lambda: None)
 
 
 def _assert_invariants() -> None:
@@ -101,7 +102,7 @@ def test_fi05_a_submit_succeeds_with_the_broker_down(monkeypatch: pytest.MonkeyP
         raise ConnectionError("redis is down")
 
     monkeypatch.setattr(tasks.tick, "delay", down)
-    monkeypatch.setattr(services, "_wake_scheduler", _real_wake)
+    monkeypatch.setattr("portal.services.requests._wake_scheduler", _real_wake)
     w = make_world()
     req = submit(w.bob, w.vision)
     assert GpuRequest.objects.get(pk=req.pk).state == "pending"
@@ -113,8 +114,8 @@ def test_fi06_a_tick_that_dies_midway_leaves_nothing_half_applied(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """FI-06: the tick fails after writing its admissions; all of it rolls back, the next one succeeds."""
-    from portal import apply
     from portal.models import Decision
+    from portal.tick import apply
 
     w = make_world()
     reqs = [submit(w.bob, w.vision) for _ in range(3)]
@@ -145,9 +146,7 @@ def test_fi18_lowering_a_quota_blocks_admissions_but_keeps_running_work() -> Non
     pool = Pool.objects.get(name="a100-train")
     running = submit(w.bob, w.vision, count=4)
     run_tick()
-    services.quota_set(
-        actor=w.dave, team=w.vision, pool=pool, nominal_milli=0, borrowing_limit_milli=0
-    )
+    quota_set(actor=w.dave, team=w.vision, pool=pool, nominal_milli=0, borrowing_limit_milli=0)
     later = submit(w.bob, w.vision, count=1)
     run_tick()
     assert GpuRequest.objects.get(pk=running.pk).state == "admitted"

@@ -10,7 +10,6 @@ import pytest
 from django.test import Client
 from rest_framework.test import APIClient
 
-from portal import services
 from portal.backends.base import GrantSpec, LaunchRefused, Outcome, PodLaunch, WorkloadStatus
 from portal.k8s.jobs import job_to_dict
 from portal.models import (
@@ -22,8 +21,10 @@ from portal.models import (
     SimulatedWorkload,
     WorkloadClass,
 )
-from portal.reconcile import reconcile
-from portal.tick import run_tick
+from portal.services.attempts import attempt_observe, launch_spec
+from portal.services.requests import gpu_request_cancel
+from portal.tick.reconcile import reconcile
+from portal.tick.run import run_tick
 from tests.base import make_world, submit
 from tests.fakes.fake_k8s import FakeCluster
 from tests.k8s.builders import a100_node, backend, spec
@@ -48,7 +49,7 @@ def test_a_two_by_eight_gang_runs_two_eight_gpu_pods_on_its_two_nodes() -> None:
     assert len(attempt.nodes) == 2 and len(set(attempt.nodes)) == 2
     assert Allocation.objects.filter(attempt=attempt, active=True).count() == 16
 
-    launch = services.launch_spec(attempt)
+    launch = launch_spec(attempt)
     members = launch.members()
     assert [m.node for m in members] == attempt.nodes
     assert [len(m.grants) for m in members] == [8, 8]
@@ -78,7 +79,7 @@ def test_a_two_by_eight_gang_runs_two_eight_gpu_pods_on_its_two_nodes() -> None:
     assert attempt.state == Attempt.State.RUNNING
 
     # Stopped all or nothing: cancelling stops both pods; devices held until both are gone.
-    services.gpu_request_cancel(user=w.bob, gpu_request=req)
+    gpu_request_cancel(user=w.bob, gpu_request=req)
     assert SimulatedWorkload.objects.filter(stopped_at__isnull=False).count() == 2
     reconcile()
     attempt.refresh_from_db()
@@ -92,7 +93,7 @@ def test_one_failed_pod_stops_the_whole_gang_then_fails_it() -> None:
     req = submit(w.bob, w.vision, count=4, pods=2)
     run_tick()
     attempt = req.attempts.get()
-    names = [m.name for m in services.launch_spec(attempt).members()]
+    names = [m.name for m in launch_spec(attempt).members()]
     _shift(names, 5)
     reconcile()
     # Pod 1 fails with exit 3 while pod 0 runs on.
@@ -106,7 +107,7 @@ def test_one_failed_pod_stops_the_whole_gang_then_fails_it() -> None:
     assert Allocation.objects.filter(attempt=attempt, active=True).count() == 8
     # While a pod still runs (say, Terminating on Kubernetes) the gang holds its devices.
     still = WorkloadStatus(attempt.workload_name, attempt.namespace, Outcome.FAILED, active_pods=1)
-    assert services.attempt_observe(attempt_id=attempt.pk, status=still) == "stopping"
+    assert attempt_observe(attempt_id=attempt.pk, status=still) == "stopping"
     assert Allocation.objects.filter(attempt=attempt, active=True).count() == 8
     reconcile()
     attempt.refresh_from_db()

@@ -11,16 +11,16 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 import portal.backends
-from portal import rollouts
 from portal.backends.simulated import SimulatedBackend
-from portal.demo import seed
-from portal.demo_lifecycle import start_demo_rollouts
+from portal.demo.lifecycle import start_demo_rollouts
+from portal.demo.seed import seed
 from portal.models import Node, Rollout
-from portal.reconcile import reconcile
+from portal.services.rollouts import rollouts_advance
+from portal.tick.reconcile import reconcile
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-DEMO = Path(portal.__file__).resolve().parent / "demo_cluster.yaml"
+DEMO = Path(portal.__file__).resolve().parent / "demo" / "cluster.yaml"
 
 
 def test_the_demo_rollouts_run_to_their_end_on_their_pages(
@@ -40,7 +40,7 @@ def test_the_demo_rollouts_run_to_their_end_on_their_pages(
     first = admin.get(pages["l4-shared"]).content.decode()
     assert "running" in first and 'hx-trigger="every 3s"' in first
     for _ in range(40):
-        rollouts.rollouts_advance()
+        rollouts_advance()
         reconcile()
         if not Rollout.objects.filter(state=Rollout.State.RUNNING).exists():
             break

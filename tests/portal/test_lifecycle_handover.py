@@ -11,7 +11,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 import portal
-from portal.tick import run_tick
+from portal.tick.run import run_tick
 from tests.base import World, make_world, submit
 
 ROOT = Path(portal.__file__).resolve().parents[1]
@@ -26,12 +26,12 @@ def test_the_committed_cluster_diagram_is_the_demo_clusters(tmp_path: Path) -> N
     out = tmp_path / "diagram.md"
     call_command(
         "cluster_diagram",
-        cluster_file="portal/demo_cluster.yaml",
+        cluster_file="portal/demo/cluster.yaml",
         output=str(out),
         stdout=StringIO(),
     )
     assert out.read_text() == (ROOT / "docs" / "cluster-diagram.md").read_text(), (
-        "run: python manage.py cluster_diagram --cluster-file portal/demo_cluster.yaml "
+        "run: python manage.py cluster_diagram --cluster-file portal/demo/cluster.yaml "
         "--output docs/cluster-diagram.md"
     )
     text = out.read_text()

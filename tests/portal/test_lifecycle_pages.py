@@ -10,11 +10,13 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.test import Client
 
-from portal import lifecycle, rollouts
-from portal.api_lifecycle import validation_token
-from portal.mig_relayout import config_name, mig_demand, proposal_for
+from portal.api.lifecycle import validation_token
+from portal.lib import lifecycle
 from portal.models import AuditEvent, Node, Pool, Rollout, ValidationRun
-from portal.tick import run_tick
+from portal.services.mig_relayout import config_name, mig_demand, proposal_for
+from portal.services.rollouts import rollout_start, rollouts_advance
+from portal.services.validations import validation_report, validation_start
+from portal.tick.run import run_tick
 from scheduling import mig, relayout
 from tests.base import World, make_world, submit
 
@@ -168,7 +170,7 @@ def test_a_bad_rollout_is_refused_naming_the_field(world: World, data: dict, fie
 
 def test_a_burn_in_reports_its_results_with_its_own_token(world: World) -> None:
     node = Node.objects.get(name="a100-01")
-    run = rollouts.validation_start(actor=world.dave, node=node)
+    run = validation_start(actor=world.dave, node=node)
     url = f"/api/v1/validations/{run.pk}/result"
     results = {"devices_visible": 8, "nccl_busbw_gbps": 20, "dcgm_diag": "pass", "warmup_s": 9}
     wrong = Client().post(
@@ -182,7 +184,7 @@ def test_a_burn_in_reports_its_results_with_its_own_token(world: World) -> None:
         HTTP_AUTHORIZATION=f"Bearer {validation_token(run)}",
     )
     assert ok.status_code == 200, ok.content
-    rollouts.rollouts_advance()
+    rollouts_advance()
     run.refresh_from_db()
     node.refresh_from_db()
     # The reported figures are judged, not the simulation's: 20 GB/s fails.
@@ -249,7 +251,7 @@ def test_a_pool_is_validated_node_by_idle_node(world: World, settings: Any) -> N
     validated = sorted(ValidationRun.objects.values_list("node__name", flat=True))
     assert len(validated) == 3 and all(n.startswith("a100-") for n in validated)
     assert AuditEvent.objects.filter(action="node.validate").count() == 3
-    rollouts.rollouts_advance()
+    rollouts_advance()
     states = dict(ValidationRun.objects.values_list("node__name", "state"))
     assert states.get("a100-02", "failed") == "failed"
     assert sum(1 for s in states.values() if s == "passed") >= 2
@@ -267,9 +269,9 @@ def test_unreadable_reported_figures_fail_the_node_not_the_step(
     world: World, figures: dict
 ) -> None:
     node = Node.objects.get(name="a100-01")
-    run = rollouts.validation_start(actor=world.dave, node=node)
-    rollouts.validation_report(run=run, results=figures)
-    rollouts.rollouts_advance()
+    run = validation_start(actor=world.dave, node=node)
+    validation_report(run=run, results=figures)
+    rollouts_advance()
     run.refresh_from_db()
     assert run.state == "failed" and run.reason == "the results could not be read as numbers"
 
@@ -280,9 +282,9 @@ def test_an_admin_halts_a_running_rollout_and_its_burn_ins_still_finish(
 ) -> None:
     settings.SIMULATED_VALIDATION_SECONDS = 3600  # the canary's burn-in runs on
     pool = Pool.objects.get(name="l4-shared")
-    rollout = rollouts.rollout_start(actor=world.dave, pool=pool, kind="driver", target="1.2")
+    rollout = rollout_start(actor=world.dave, pool=pool, kind="driver", target="1.2")
     for _ in range(4):  # cordon, drain (nothing runs), apply, the change took: validate
-        rollouts.rollouts_advance()
+        rollouts_advance()
     assert ValidationRun.objects.filter(state="running").count() == 1
     assert client_for(world.bob).post(f"/api/v1/rollouts/{rollout.pk}/halt/").status_code == 403
     r = client_for(world.dave).post(
@@ -296,7 +298,7 @@ def test_an_admin_halts_a_running_rollout_and_its_burn_ins_still_finish(
     assert again.status_code == 400 and "state" in again.json()
     assert AuditEvent.objects.filter(action="rollout.halt", actor=world.dave).count() == 1
     settings.SIMULATED_VALIDATION_SECONDS = 0
-    rollouts.rollouts_advance()
+    rollouts_advance()
     assert ValidationRun.objects.get().state == "passed"
     assert Node.objects.get(name="l4-01").cordoned  # left for an admin to return
 

@@ -14,7 +14,6 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from portal import rollouts, services
 from portal.models import (
     Attempt,
     AuditEvent,
@@ -27,8 +26,13 @@ from portal.models import (
     UsageRecord,
     ValidationRun,
 )
-from portal.reconcile import reconcile
-from portal.tick import run_tick
+from portal.services.checkpoints import attempt_checkpoint_record
+from portal.services.nodes import node_return
+from portal.services.requests import gpu_request_cancel
+from portal.services.rollouts import mig_relayout_start, rollout_start, rollouts_advance
+from portal.services.validations import validation_start
+from portal.tick.reconcile import reconcile
+from portal.tick.run import run_tick
 from tests.base import World, make_world, submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -81,7 +85,7 @@ def _fill_pool(world: World) -> dict[str, Attempt]:
 
 def _step(times: int = 1) -> None:
     for _ in range(times):
-        rollouts.rollouts_advance()
+        rollouts_advance()
         reconcile()
 
 
@@ -94,7 +98,7 @@ def test_a_three_wave_driver_rollout_with_a_failing_node_halts_after_that_wave(
 ) -> None:
     attempts = _fill_pool(world)
     pool = Pool.objects.get(name="a100-train")
-    rollout = rollouts.rollout_start(
+    rollout = rollout_start(
         actor=world.dave,
         pool=pool,
         kind="driver",
@@ -115,7 +119,7 @@ def test_a_three_wave_driver_rollout_with_a_failing_node_halts_after_that_wave(
     _step(2)
     assert Attempt.objects.get(pk=attempts["a100-01"].pk).state == Attempt.State.RUNNING
     assert "checkpoint" in RolloutNode.objects.get(rollout=rollout, node=canary).reason
-    services.attempt_checkpoint_record(attempts["a100-01"].pk, timezone.now())
+    attempt_checkpoint_record(attempts["a100-01"].pk, timezone.now())
     _step(8)
     assert _members(rollout)["a100-01"] == "returned"
     canary.refresh_from_db()
@@ -126,7 +130,7 @@ def test_a_three_wave_driver_rollout_with_a_failing_node_halts_after_that_wave(
 
     # Wave 1: a100-02's run checkpoints and is stopped; a100-03's does not and is waited for.
     _step(2)
-    services.attempt_checkpoint_record(attempts["a100-02"].pk, timezone.now())
+    attempt_checkpoint_record(attempts["a100-02"].pk, timezone.now())
     _step(3)
     assert _members(rollout)["a100-03"] == "draining"
     a3 = Attempt.objects.get(pk=attempts["a100-03"].pk)
@@ -187,16 +191,14 @@ def test_a_second_rollout_on_the_pool_and_bad_fields_are_refused_naming_the_fiel
 ) -> None:
     pool = Pool.objects.get(name="a100-train")
     with pytest.raises(ValidationError) as exc:
-        rollouts.rollout_start(actor=world.dave, pool=pool, kind="mig-layout", target="all-1g")
+        rollout_start(actor=world.dave, pool=pool, kind="mig-layout", target="all-1g")
     assert "kind" in exc.value.message_dict
     with pytest.raises(ValidationError) as exc:
-        rollouts.rollout_start(
-            actor=world.dave, pool=pool, kind="driver", target="5 5", wave_percent=0
-        )
+        rollout_start(actor=world.dave, pool=pool, kind="driver", target="5 5", wave_percent=0)
     assert set(exc.value.message_dict) == {"target", "wave_percent"}
-    rollouts.rollout_start(actor=world.dave, pool=pool, kind="driver", target=TARGET)
+    rollout_start(actor=world.dave, pool=pool, kind="driver", target=TARGET)
     with pytest.raises(ValidationError) as exc:
-        rollouts.rollout_start(actor=world.dave, pool=pool, kind="driver", target=TARGET)
+        rollout_start(actor=world.dave, pool=pool, kind="driver", target=TARGET)
     assert "pool" in exc.value.message_dict
     assert Rollout.objects.count() == 1
 
@@ -206,31 +208,31 @@ def test_a_lone_validation_returns_a_passing_node_and_keeps_a_failing_one_cordon
 ) -> None:
     good, bad = Node.objects.get(name="a100-01"), Node.objects.get(name="a100-02")
     for node in (good, bad):
-        rollouts.validation_start(actor=world.dave, node=node)
+        validation_start(actor=world.dave, node=node)
     assert Node.objects.get(name="a100-01").cordoned
-    rollouts.rollouts_advance()
+    rollouts_advance()
     good.refresh_from_db()
     bad.refresh_from_db()
     assert not good.cordoned and good.maintenance_reason == ""
     assert bad.cordoned and bad.maintenance_reason.startswith("validation failed: NCCL")
     with pytest.raises(ValidationError) as exc:
-        rollouts.validation_start(actor=world.dave, node=good, thresholds={"speed": 1})
+        validation_start(actor=world.dave, node=good, thresholds={"speed": 1})
     assert "thresholds" in exc.value.message_dict
     # A stricter threshold fails the node that passed.
-    rollouts.validation_start(actor=world.dave, node=good, thresholds={"nccl_busbw_gbps": 300})
-    rollouts.rollouts_advance()
+    validation_start(actor=world.dave, node=good, thresholds={"nccl_busbw_gbps": 300})
+    rollouts_advance()
     good.refresh_from_db()
     assert good.cordoned and "below 300" in good.maintenance_reason
 
 
 def test_an_admin_returns_a_node_that_failed_validation_for_good(world: World) -> None:
     bad = Node.objects.get(name="a100-02")
-    rollouts.validation_start(actor=world.dave, node=bad)
-    rollouts.rollouts_advance()
+    validation_start(actor=world.dave, node=bad)
+    rollouts_advance()
     reconcile()  # the inventory sync sees the cluster's cordon
     bad.refresh_from_db()
     assert bad.cordoned and bad.maintenance_reason
-    services.node_return(actor=world.dave, node=bad)
+    node_return(actor=world.dave, node=bad)
     reconcile()
     bad.refresh_from_db()
     assert not bad.cordoned and bad.maintenance_reason == ""
@@ -251,13 +253,13 @@ def test_the_proposed_mig_layout_rolls_out_and_becomes_the_pools(
             profile_kind="mig",
             mig_profile="1g.10gb",
         )
-        services.gpu_request_cancel(user=world.carol, gpu_request=req)
+        gpu_request_cancel(user=world.carol, gpu_request=req)
     _step(3)
     with pytest.raises(ValidationError) as exc:
-        rollouts.mig_relayout_start(actor=world.dave, pool=pool)
+        mig_relayout_start(actor=world.dave, pool=pool)
     assert "not open to MIG re-layout" in exc.value.message_dict["pool"][0]
     settings.MIG_RELAYOUT_POOLS = ["h100-mig"]  # type: ignore[attr-defined]
-    rollout = rollouts.mig_relayout_start(actor=world.dave, pool=pool)
+    rollout = mig_relayout_start(actor=world.dave, pool=pool)
     assert rollout.kind == "mig-layout" and rollout.target == "qm-" + "-".join(["1g.10gb"] * 7)
     _step(12)
     rollout.refresh_from_db()

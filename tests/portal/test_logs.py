@@ -13,8 +13,8 @@ from django.urls import reverse
 
 from portal.backends import get_backend
 from portal.models import GpuRequest, SimulatedWorkload
-from portal.reconcile import reconcile
-from portal.tick import run_tick
+from portal.tick.reconcile import reconcile
+from portal.tick.run import run_tick
 from tests.base import World, make_world, submit
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -10,11 +10,11 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from portal import services
 from portal.models import AuditEvent, Decision, GpuRequest, Membership, Pool, WorkloadClass
-from portal.preview import gpu_request_preview
-from portal.snapshot import build_snapshot
-from portal.tick import run_tick
+from portal.services.teams import membership_remove
+from portal.tick.preview import gpu_request_preview
+from portal.tick.run import run_tick
+from portal.tick.snapshot import build_snapshot
 from tests.base import World, make_world, submit
 
 pytestmark = pytest.mark.django_db
@@ -109,7 +109,7 @@ def test_membership_remove_cancels_the_members_pending_requests_with_audit(world
     mine = [submit(world.bob, world.vision), submit(world.bob, world.vision)]
     other = submit(world.alice, world.vision)
     membership = Membership.objects.get(user=world.bob, team=world.vision)
-    services.membership_remove(actor=world.alice, membership=membership)
+    membership_remove(actor=world.alice, membership=membership)
     assert not Membership.objects.filter(pk=membership.pk).exists()
     for req in mine:
         req.refresh_from_db()
@@ -128,7 +128,7 @@ def test_membership_remove_cancels_the_members_pending_requests_with_audit(world
 def test_membership_remove_leaves_admitted_work_running(world: World) -> None:
     running = submit(world.bob, world.vision)
     run_tick()
-    services.membership_remove(
+    membership_remove(
         actor=world.alice, membership=Membership.objects.get(user=world.bob, team=world.vision)
     )
     assert GpuRequest.objects.get(pk=running.pk).state == "admitted"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.core.management import CommandError, call_command
 
-from portal import metric_catalog
+from portal.metrics import catalog as metric_catalog
 
 pytestmark = pytest.mark.django_db
 

@@ -11,14 +11,14 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from portal import services
-from portal.apply import decisions_apply, reason_key
-from portal.metrics import metrics_text
+from portal.metrics.collector import metrics_text
 from portal.models import Attempt, Decision, DecisionTally, GpuRequest
-from portal.reconcile import reconcile
-from portal.retention import decisions_prune
-from portal.snapshot import build_snapshot
-from portal.tick import run_tick
+from portal.services.requests import gpu_request_cancel
+from portal.services.retention import decisions_prune
+from portal.tick.apply import decisions_apply, reason_key
+from portal.tick.reconcile import reconcile
+from portal.tick.run import run_tick
+from portal.tick.snapshot import build_snapshot
 from scheduling import types as st
 from tests.base import World, make_world, submit
 from tests.k8s.scrape import parse
@@ -53,7 +53,7 @@ def test_the_admission_wait_histogram_counts_real_waits(world: World) -> None:
         clock.move_to(start + timedelta(seconds=90))
         for r in running:
             if r.attempts.exists():
-                services.gpu_request_cancel(user=world.bob, gpu_request=r)
+                gpu_request_cancel(user=world.bob, gpu_request=r)
         reconcile()
         run_tick()
         assert waiting.attempts.exists()

@@ -20,10 +20,12 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from portal import notify, services
 from portal.models import GpuRequest, NotificationPreference, SimulatedWorkload
-from portal.reconcile import reconcile
-from portal.tick import run_tick
+from portal.services import notify
+from portal.services.attempts import attempt_stop
+from portal.services.me import notification_preference_set
+from portal.tick.reconcile import reconcile
+from portal.tick.run import run_tick
 from tests.base import World, make_world, submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -110,7 +112,7 @@ def _advance(req: GpuRequest, seconds: float) -> None:
 
 
 def _prefs(user: Any, **kw: Any) -> None:
-    services.notification_preference_set(user=user, **kw)
+    notification_preference_set(user=user, **kw)
 
 
 def test_a_failure_is_mailed_and_posted_with_the_last_log_lines(
@@ -156,7 +158,7 @@ def test_a_preemption_is_sent(world: World, smtp: _Inbox) -> None:
     req = submit(world.bob, world.vision)
     run_tick()
     with transaction.atomic():
-        services.attempt_stop(req.attempts.get(), reason="preempted")
+        attempt_stop(req.attempts.get(), reason="preempted")
     reconcile()
     req.refresh_from_db()
     assert req.state == GpuRequest.State.PENDING

@@ -9,9 +9,10 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from portal import apply, tick
 from portal.models import GpuRequest, RequestTemplate
 from portal.templatetags.qm import duration, gpu_count, gpus
+from portal.tick import apply
+from portal.tick import run as tick
 from tests.base import World, make_world, submit
 from tests.portal.test_views import form_data
 

@@ -10,7 +10,6 @@ from django.core.exceptions import ValidationError
 from django.test import Client
 from rest_framework.test import APIClient
 
-from portal import services
 from portal.models import (
     AuditEvent,
     Decision,
@@ -20,7 +19,8 @@ from portal.models import (
     Team,
     WorkloadClass,
 )
-from portal.tick import run_tick
+from portal.services.teams import membership_set
+from portal.tick.run import run_tick
 from tests.base import make_world, submit
 
 pytestmark = pytest.mark.django_db
@@ -225,7 +225,7 @@ def test_admins_create_teams_and_leads_add_and_remove_members_on_pages() -> None
     # Leads do not remove leads.
     alice_m = Membership.objects.get(user=w.alice, team=w.vision)
     other_lead = _client(w.alice)
-    services.membership_set(actor=w.dave, team=w.vision, user=w.carol, role="lead")
+    membership_set(actor=w.dave, team=w.vision, user=w.carol, role="lead")
     carol_m = Membership.objects.get(user=w.carol, team=w.vision)
     assert other_lead.post(f"/teams/{w.vision.pk}/members/{carol_m.pk}/remove/").status_code == 403
     assert Membership.objects.filter(pk=alice_m.pk).exists()

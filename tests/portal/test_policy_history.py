@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from portal import services
 from portal.models import Decision, PolicyVersion, Pool, Quota, WorkloadClass
-from portal.tick import run_tick
+from portal.services.pools import workload_class_update
+from portal.services.teams import quota_set, team_create
+from portal.tick.run import run_tick
 from tests.base import make_world, submit
 
 pytestmark = pytest.mark.django_db
@@ -20,7 +21,7 @@ def test_each_applied_change_is_a_version_and_decisions_link_to_the_one_in_force
     w = make_world()
     first = PolicyVersion.objects.order_by("-number").values_list("number", flat=True).first()
     pool = Pool.objects.get(name="a100-train")
-    services.quota_set(actor=w.dave, team=w.vision, pool=pool, nominal_milli=0,
+    quota_set(actor=w.dave, team=w.vision, pool=pool, nominal_milli=0,
                        borrowing_limit_milli=0)  # fmt: skip
     v1 = PolicyVersion.objects.order_by("-number").first()
     assert v1 is not None and v1.action == "quota.set"
@@ -31,8 +32,8 @@ def test_each_applied_change_is_a_version_and_decisions_link_to_the_one_in_force
     waited = Decision.objects.get(request=req, kind="wait")
     assert waited.policy_version == v1.number
 
-    services.quota_set(actor=w.dave, team=w.vision, pool=pool, nominal_milli=16000)
-    services.workload_class_update(
+    quota_set(actor=w.dave, team=w.vision, pool=pool, nominal_milli=16000)
+    workload_class_update(
         actor=w.dave, workload_class=WorkloadClass.objects.get(name="training"), band=110
     )
     v3 = PolicyVersion.objects.order_by("-number").first()
@@ -42,7 +43,7 @@ def test_each_applied_change_is_a_version_and_decisions_link_to_the_one_in_force
     assert admitted.policy_version == v3.number
 
     # Changes that are not policy make no version.
-    services.team_create(actor=w.dave, name="robotics")
+    team_create(actor=w.dave, name="robotics")
     assert PolicyVersion.objects.order_by("-number").first() == v3
 
     client.force_login(w.dave)

@@ -11,10 +11,15 @@ from django.db import IntegrityError, transaction
 from django.test import Client
 from rest_framework.authtoken.models import Token
 
-from portal import services
 from portal.models import AuditEvent, Decision, GpuRequest, PolicyProfile
-from portal.snapshot import build_snapshot
-from portal.tick import run_tick
+from portal.services.profiles import (
+    policy_profile_activate,
+    policy_profile_create,
+    policy_profile_ensure,
+    policy_profile_update,
+)
+from portal.tick.run import run_tick
+from portal.tick.snapshot import build_snapshot
 from scheduling import profile as scheduling_profile
 from tests.base import World, make_world, submit
 
@@ -42,8 +47,8 @@ def active() -> PolicyProfile:
 
 
 def test_it_stores_the_shipped_profile_active_once() -> None:
-    first = services.policy_profile_ensure()
-    assert services.policy_profile_ensure().pk == first.pk
+    first = policy_profile_ensure()
+    assert policy_profile_ensure().pk == first.pk
     assert PolicyProfile.objects.filter(active=True).count() == 1
     shipped = scheduling_profile.load()
     assert (first.name, first.version) == (shipped.name, shipped.version)
@@ -52,15 +57,15 @@ def test_it_stores_the_shipped_profile_active_once() -> None:
 
 def test_it_stores_the_shipped_profile_in_an_emptied_database() -> None:
     PolicyProfile.objects.all().delete()
-    row = services.policy_profile_ensure()
+    row = policy_profile_ensure()
     assert row.active and row.name == "default"
     assert AuditEvent.objects.filter(action="profile.activate", object_id=str(row.pk)).exists()
 
 
 def test_it_audits_a_change_old_to_new_and_bumps_the_version(world: World) -> None:
-    row = services.policy_profile_ensure()
+    row = policy_profile_ensure()
     version = row.version
-    row = services.policy_profile_update(
+    row = policy_profile_update(
         actor=world.dave, profile=row, knobs={"preempt_after_s": 60, "max_reservations": 4}
     )
     assert row.version == version + 1
@@ -71,7 +76,7 @@ def test_it_audits_a_change_old_to_new_and_bumps_the_version(world: World) -> No
     assert event.before == {"version": version, "preempt_after_s": 300}
     assert event.after == {"version": version + 1, "preempt_after_s": 60}
     # no change: no new version, no audit
-    again = services.policy_profile_update(actor=world.dave, profile=row, knobs={})
+    again = policy_profile_update(actor=world.dave, profile=row, knobs={})
     assert again.version == version + 1
     assert AuditEvent.objects.filter(action="profile.update").count() == 1
 
@@ -88,23 +93,21 @@ def test_it_audits_a_change_old_to_new_and_bumps_the_version(world: World) -> No
 def test_it_refuses_bad_knobs_naming_them_and_keeps_the_profile(
     world: World, knobs: dict[str, object], field: str
 ) -> None:
-    row = services.policy_profile_ensure()
+    row = policy_profile_ensure()
     before = (row.version, dict(row.knobs), AuditEvent.objects.count())
     with pytest.raises(ValidationError) as exc:
-        services.policy_profile_update(actor=world.dave, profile=row, knobs=knobs)
+        policy_profile_update(actor=world.dave, profile=row, knobs=knobs)
     assert field in exc.value.message_dict
     row.refresh_from_db()
     assert (row.version, row.knobs, AuditEvent.objects.count()) == before
 
 
 def test_it_keeps_exactly_one_profile_active(world: World) -> None:
-    default = services.policy_profile_ensure()
-    tight = services.policy_profile_create(
-        actor=world.dave, name="tight", knobs={"preempt_after_s": 0}
-    )
+    default = policy_profile_ensure()
+    tight = policy_profile_create(actor=world.dave, name="tight", knobs={"preempt_after_s": 0})
     assert not tight.active and tight.version == 1
     assert tight.knobs["max_reservations"] == default.knobs["max_reservations"]
-    services.policy_profile_activate(actor=world.dave, profile=tight)
+    policy_profile_activate(actor=world.dave, profile=tight)
     assert list(PolicyProfile.objects.filter(active=True)) == [tight]
     event = AuditEvent.objects.get(action="profile.activate", object_id=str(tight.pk))
     assert event.before == {"active": str(default)} and event.after == {"active": "tight v1"}
@@ -112,10 +115,10 @@ def test_it_keeps_exactly_one_profile_active(world: World) -> None:
     with pytest.raises(IntegrityError), transaction.atomic():
         PolicyProfile.objects.filter(pk=default.pk).update(active=True)
     with pytest.raises(ValidationError) as exc:
-        services.policy_profile_create(actor=world.dave, name="tight")
+        policy_profile_create(actor=world.dave, name="tight")
     assert "name" in exc.value.message_dict
     with pytest.raises(ValidationError) as exc:
-        services.policy_profile_create(actor=world.dave, name="Not A Name")
+        policy_profile_create(actor=world.dave, name="Not A Name")
     assert "name" in exc.value.message_dict
 
 
@@ -123,14 +126,12 @@ def test_it_keeps_exactly_one_profile_active(world: World) -> None:
 
 
 def test_each_decision_records_the_profile_in_force(world: World) -> None:
-    row = services.policy_profile_ensure()
+    row = policy_profile_ensure()
     first = submit(world.bob, world.vision)
     run_tick()
     decision = Decision.objects.get(request=first, kind="admit")
     assert (decision.profile_name, decision.profile_version) == (row.name, row.version)
-    row = services.policy_profile_update(
-        actor=world.dave, profile=row, knobs={"max_reservations": 2}
-    )
+    row = policy_profile_update(actor=world.dave, profile=row, knobs={"max_reservations": 2})
     second = submit(world.bob, world.vision)
     run_tick()
     decision = Decision.objects.get(request=second, kind="admit")
@@ -175,10 +176,10 @@ def test_a_short_request_backfills_ahead_of_a_reserved_big_one(world: World) -> 
 
 def test_the_tick_runs_the_active_profiles_knobs(world: World) -> None:
     # Without reservations (a profile that allows none) nothing holds the node back.
-    open_profile = services.policy_profile_create(
+    open_profile = policy_profile_create(
         actor=world.dave, name="no-reservations", knobs={"max_reservations": 0}
     )
-    services.policy_profile_activate(actor=world.dave, profile=open_profile)
+    policy_profile_activate(actor=world.dave, profile=open_profile)
     _fill_for_backfill(world)
     long = submit(world.bob, world.vision, count=2, estimated_runtime_s=7200)
     run_tick()
@@ -200,7 +201,7 @@ def test_pending_requests_carry_the_estimate_capped_by_the_limit(world: World) -
 
 
 def test_the_api_lets_admins_list_create_change_and_activate(world: World) -> None:
-    services.policy_profile_ensure()
+    policy_profile_ensure()
     dave = api(world.dave)
     r = dave.get("/api/v1/profiles/")
     assert r.status_code == 200
@@ -241,7 +242,7 @@ def test_the_api_lets_admins_list_create_change_and_activate(world: World) -> No
 def test_the_api_answers_400_naming_the_field(
     world: World, body: dict[str, object], field: str
 ) -> None:
-    row = services.policy_profile_ensure()
+    row = policy_profile_ensure()
     r = api(world.dave).patch(f"/api/v1/profiles/{row.pk}/", body, content_type="application/json")
     assert r.status_code == 400
     assert field in r.json()
@@ -250,7 +251,7 @@ def test_the_api_answers_400_naming_the_field(
 
 
 def test_the_api_refuses_profiles_to_others(world: World) -> None:
-    row = services.policy_profile_ensure()
+    row = policy_profile_ensure()
     bob = api(world.bob)
     assert bob.get("/api/v1/profiles/").status_code == 403
     assert bob.get(f"/api/v1/profiles/{row.pk}/").status_code == 403
@@ -283,7 +284,7 @@ def _form_data(row: PolicyProfile, **changes: object) -> dict[str, object]:
 
 
 def test_the_settings_page_edits_a_profile_one_field_per_knob(world: World) -> None:
-    row = services.policy_profile_ensure()
+    row = policy_profile_ensure()
     client = Client()
     client.force_login(world.dave)
     page = client.get("/ops/settings/").content.decode()
@@ -297,7 +298,7 @@ def test_the_settings_page_edits_a_profile_one_field_per_knob(world: World) -> N
 
 
 def test_the_settings_page_shows_errors_on_the_form(world: World) -> None:
-    row = services.policy_profile_ensure()
+    row = policy_profile_ensure()
     client = Client()
     client.force_login(world.dave)
     r = client.post(f"/ops/profiles/{row.pk}/", _form_data(row, escalate_after=3))
@@ -317,7 +318,7 @@ def test_the_settings_page_shows_errors_on_the_form(world: World) -> None:
 
 
 def test_the_settings_page_creates_and_activates_profiles(world: World) -> None:
-    services.policy_profile_ensure()
+    policy_profile_ensure()
     client = Client()
     client.force_login(world.dave)
     data = {f"pp-new-{k}": v for k, v in scheduling_profile.load().knobs.items()}
@@ -332,7 +333,7 @@ def test_the_settings_page_creates_and_activates_profiles(world: World) -> None:
 
 
 def test_the_profile_pages_are_for_admins_only(world: World) -> None:
-    row = services.policy_profile_ensure()
+    row = policy_profile_ensure()
     client = Client()
     client.force_login(world.alice)
     assert client.post(f"/ops/profiles/{row.pk}/", _form_data(row)).status_code == 403

@@ -19,9 +19,9 @@ from django.test import Client, RequestFactory
 from django.urls import reverse
 from rest_framework.authtoken.models import Token
 
-from portal import services
-from portal.metrics import metrics_view
+from portal.metrics.collector import metrics_view
 from portal.models import GpuRequest, Node, Pool, WorkloadClass
+from portal.services.pools import pool_update, workload_class_update
 from tests.base import World, make_world, submit
 
 pytestmark = pytest.mark.django_db
@@ -367,7 +367,7 @@ def test_malformed_pool_settings_are_a_400_and_the_preview_still_works(
 @pytest.mark.parametrize(("field", "value"), BAD_POOL_SETTINGS)
 def test_the_pool_service_refuses_malformed_settings(world: World, field: str, value: str) -> None:
     with pytest.raises(ValidationError) as exc:
-        services.pool_update(
+        pool_update(
             actor=world.dave, pool=Pool.objects.get(name="h100-mig"), **{field: json.loads(value)}
         )
     assert any(k.startswith(field) for k in exc.value.message_dict)
@@ -375,7 +375,7 @@ def test_the_pool_service_refuses_malformed_settings(world: World, field: str, v
 
 def test_good_pool_settings_pass(world: World) -> None:
     pool = Pool.objects.get(name="h100-mig")
-    services.pool_update(
+    pool_update(
         actor=world.dave,
         pool=pool,
         taints=[{"key": "example.com/gpu", "value": "", "effect": "NoExecute"}],
@@ -406,5 +406,5 @@ def test_a_negative_class_band_is_a_400(world: World) -> None:
     wc.refresh_from_db()
     assert wc.band == 100
     with pytest.raises(ValidationError) as exc:
-        services.workload_class_update(actor=world.dave, workload_class=wc, band=-1)
+        workload_class_update(actor=world.dave, workload_class=wc, band=-1)
     assert "band" in exc.value.message_dict

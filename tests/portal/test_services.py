@@ -3,8 +3,10 @@ from __future__ import annotations
 import pytest
 from django.core.exceptions import ValidationError
 
-from portal import services
 from portal.models import AuditEvent, GpuRequest, Pool, Quota
+from portal.services.pools import pool_update
+from portal.services.requests import gpu_request_cancel
+from portal.services.teams import quota_set
 from tests.base import make_world, submit
 
 pytestmark = pytest.mark.django_db
@@ -65,9 +67,9 @@ def test_it_lets_a_lead_set_quota_within_the_grant_only() -> None:
     w = make_world()
     pool = Pool.objects.get(name="a100-train")
     granted = Quota.objects.get(team=w.vision, pool=pool).granted_milli
-    services.quota_set(actor=w.alice, team=w.vision, pool=pool, nominal_milli=granted - 1000)
+    quota_set(actor=w.alice, team=w.vision, pool=pool, nominal_milli=granted - 1000)
     with pytest.raises(ValidationError) as exc:
-        services.quota_set(actor=w.alice, team=w.vision, pool=pool, nominal_milli=granted + 1000)
+        quota_set(actor=w.alice, team=w.vision, pool=pool, nominal_milli=granted + 1000)
     assert "nominal_milli" in exc.value.message_dict
     assert Quota.objects.get(team=w.vision, pool=pool).nominal_milli == granted - 1000
     event = AuditEvent.objects.filter(action="quota.set").first()
@@ -81,36 +83,32 @@ def test_it_lets_only_admins_change_grants() -> None:
     w = make_world()
     pool = Pool.objects.get(name="a100-train")
     with pytest.raises(ValidationError) as exc:
-        services.quota_set(
-            actor=w.alice, team=w.vision, pool=pool, nominal_milli=0, granted_milli=99000
-        )
+        quota_set(actor=w.alice, team=w.vision, pool=pool, nominal_milli=0, granted_milli=99000)
     assert "granted_milli" in exc.value.message_dict
-    services.quota_set(
-        actor=w.dave, team=w.vision, pool=pool, nominal_milli=20000, granted_milli=20000
-    )
+    quota_set(actor=w.dave, team=w.vision, pool=pool, nominal_milli=20000, granted_milli=20000)
     assert Quota.objects.get(team=w.vision, pool=pool).granted_milli == 20000
 
 
 def test_it_cancels_a_pending_request_once() -> None:
     w = make_world()
     req = submit(w.bob, w.vision)
-    services.gpu_request_cancel(user=w.bob, gpu_request=req)
+    gpu_request_cancel(user=w.bob, gpu_request=req)
     req.refresh_from_db()
     assert req.state == GpuRequest.State.CANCELLED
     with pytest.raises(ValidationError) as exc:
-        services.gpu_request_cancel(user=w.bob, gpu_request=req)
+        gpu_request_cancel(user=w.bob, gpu_request=req)
     assert "state" in exc.value.message_dict
 
 
 def test_it_audits_class_and_pool_edits_and_refuses_unknown_fields() -> None:
     w = make_world()
     pool = Pool.objects.get(name="l4-shared")
-    services.pool_update(actor=w.dave, pool=pool, lifecycle="maintenance")
+    pool_update(actor=w.dave, pool=pool, lifecycle="maintenance")
     assert Pool.objects.get(pk=pool.pk).lifecycle == "maintenance"
     assert AuditEvent.objects.filter(action="pool.update", object_id=str(pool.pk)).exists()
     with pytest.raises(ValidationError) as exc:
-        services.pool_update(actor=w.dave, pool=pool, name="renamed")
+        pool_update(actor=w.dave, pool=pool, name="renamed")
     assert "name" in exc.value.message_dict
     with pytest.raises(ValidationError) as exc:
-        services.pool_update(actor=w.dave, pool=pool, lifecycle="bogus")
+        pool_update(actor=w.dave, pool=pool, lifecycle="bogus")
     assert "lifecycle" in exc.value.message_dict

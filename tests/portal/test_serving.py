@@ -13,7 +13,6 @@ import pytest
 from django.test import Client, override_settings
 from rest_framework.test import APIClient
 
-from portal import serving_metrics
 from portal.backends import serving_replicas
 from portal.models import (
     Attempt,
@@ -23,7 +22,8 @@ from portal.models import (
     ServingSample,
     SimulatedWorkload,
 )
-from portal.tick import run_tick
+from portal.services import serving_samples as serving_metrics
+from portal.tick.run import run_tick
 from tests.base import make_world, submit, submit_serving
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -201,7 +201,7 @@ def test_scaling_from_the_page_places_the_new_count() -> None:
     while any(serving_replicas.alive(p) for p in old_pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(serving_replicas.alive(p) for p in old_pids)
-    from portal.reconcile import reconcile
+    from portal.tick.reconcile import reconcile
 
     reconcile()
     first.refresh_from_db()
@@ -288,7 +288,7 @@ def test_the_submit_form_starts_a_serving_workload_and_names_a_bad_field() -> No
 
 
 def test_start_estimates_never_expect_a_serving_workloads_devices_back() -> None:
-    from portal.estimates import running_ends
+    from portal.tick.estimates import running_ends
 
     w = make_world()
     _serve(w.bob, w.vision, replicas=1)

@@ -16,9 +16,9 @@ import pytest
 from django.test import override_settings
 from rest_framework.test import APIClient
 
-from portal import serving_metrics
+from portal.backends.serving_sim import Engine, serve
 from portal.models import GpuRequest
-from portal.serving_sim import Engine, serve
+from portal.services import serving_samples as serving_metrics
 from tests.base import make_world, submit_serving
 
 PROMETHEUS = "/usr/bin/prometheus"

@@ -7,9 +7,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from portal import services
 from portal.models import ShapeHistory
-from portal.snapshot import build_snapshot
+from portal.tick.snapshot import build_snapshot
 from scheduling import types as st
 from scheduling import workload
 from tests.base import make_world, submit
@@ -66,9 +65,9 @@ def test_weight_halves_after_one_half_life(monkeypatch: pytest.MonkeyPatch) -> N
     w = make_world()
     t0 = timezone.now()
     half = timedelta(seconds=st.Policy().shape_half_life_s)
-    monkeypatch.setattr(services.timezone, "now", lambda: t0)
+    monkeypatch.setattr(timezone, "now", lambda: t0)
     submit(w.alice, w.vision, count=8)
-    monkeypatch.setattr(services.timezone, "now", lambda: t0 + half)
+    monkeypatch.setattr(timezone, "now", lambda: t0 + half)
     submit(w.alice, w.vision, count=1)
     assert weights("a100-train") == {
         st.Shape(count=8, cpu_milli=1000): pytest.approx(0.5),

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from django.utils import timezone
 
-from portal import shapes
+from portal.lib import shapes
 from portal.models import DeviceProfile, Pool, WorkloadClass
-from portal.snapshot import build_snapshot
+from portal.tick.snapshot import build_snapshot
 from tests.base import make_world, submit
 
 

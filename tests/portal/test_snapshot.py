@@ -4,7 +4,7 @@ import pytest
 from django.utils import timezone
 
 from portal.models import Device
-from portal.snapshot import build_snapshot
+from portal.tick.snapshot import build_snapshot
 from scheduling import types as st
 from tests.base import make_world
 

@@ -14,10 +14,10 @@ from django.contrib.auth.models import Group
 from django.core.exceptions import ImproperlyConfigured
 from django.test import Client
 
-from portal import services
+from portal.auth.sso import GroupMappingBackend
 from portal.models import AuditEvent, GpuRequest, Membership
+from portal.services.teams import membership_set
 from portal.settings import _group_map
-from portal.sso import GroupMappingBackend
 from tests.base import World, make_world, submit
 
 pytestmark = pytest.mark.django_db
@@ -44,7 +44,7 @@ def world(settings) -> World:  # noqa: ANN001
         setattr(settings, key, value)
     settings.AUTHENTICATION_BACKENDS = [
         *settings.AUTHENTICATION_BACKENDS,
-        "portal.sso.GroupMappingBackend",
+        "portal.auth.sso.GroupMappingBackend",
     ]
     return make_world()
 
@@ -132,7 +132,7 @@ def test_it_leaves_memberships_leads_added_by_hand(world: World, monkeypatch) ->
 def test_it_keeps_a_members_cap_when_the_role_changes(world: World, monkeypatch) -> None:  # noqa: ANN001
     erin = sign_in("erin", ["gpu-vision"], monkeypatch)
     m = Membership.objects.get(user=erin, team=world.vision)
-    services.membership_set(
+    membership_set(
         actor=world.alice, team=world.vision, user=erin, role="member", gpu_cap_milli=2000
     )
     sign_in("erin", ["gpu-vision-leads"], monkeypatch)
@@ -223,7 +223,7 @@ def test_the_login_page_offers_both_ways_in(world: World) -> None:
 
 def test_with_password_login_off_only_sso_is_offered(world: World, settings) -> None:  # noqa: ANN001
     settings.PASSWORD_LOGIN = False
-    settings.AUTHENTICATION_BACKENDS = ["portal.sso.GroupMappingBackend"]
+    settings.AUTHENTICATION_BACKENDS = ["portal.auth.sso.GroupMappingBackend"]
     client = Client()
     page = client.get("/accounts/login/").content.decode()
     assert "/oidc/authenticate/" in page and 'name="password"' not in page

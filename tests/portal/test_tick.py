@@ -6,11 +6,12 @@ import pytest
 from django.db import connection, connections, transaction
 from django.utils import timezone
 
-from portal import services
 from portal.backends.base import Outcome, WorkloadStatus
 from portal.models import Allocation, Attempt, Decision, GpuRequest, SchedulerState, UsageRecord
-from portal.reconcile import reconcile
-from portal.tick import TICK_LOCK_KEY, run_tick
+from portal.services.attempts import attempt_observe, attempt_stop, release_attempt
+from portal.services.requests import gpu_request_cancel
+from portal.tick.reconcile import reconcile
+from portal.tick.run import TICK_LOCK_KEY, run_tick
 from tests.base import make_world, submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -54,8 +55,8 @@ def test_it_admits_runs_and_finishes_a_request_releasing_quota_once() -> None:
 
     # A late, duplicated ending changes nothing: quota is released exactly once.
     released_at = attempt.released_at
-    assert services.release_attempt(attempt, now=timezone.now(), charged=True) is False
-    services.attempt_observe(attempt_id=attempt.pk, status=WorkloadStatus("x", "y", Outcome.FAILED))
+    assert release_attempt(attempt, now=timezone.now(), charged=True) is False
+    attempt_observe(attempt_id=attempt.pk, status=WorkloadStatus("x", "y", Outcome.FAILED))
     attempt.refresh_from_db()
     assert attempt.released_at == released_at and attempt.state == Attempt.State.SUCCEEDED
 
@@ -80,7 +81,7 @@ def test_it_requeues_a_preempted_attempt_with_backoff_and_does_not_charge_it(
     run_tick()
     attempt = req.attempts.get()
     with transaction.atomic():
-        services.attempt_stop(attempt, reason="preempted")
+        attempt_stop(attempt, reason="preempted")
     reconcile()
     req.refresh_from_db()
     attempt.refresh_from_db()
@@ -107,9 +108,7 @@ def test_it_gives_up_after_the_requeue_limit(settings: object) -> None:
     for _ in range(2):
         run_tick(now=timezone.now() + timedelta(hours=2))
         attempt = req.attempts.filter(state__in=Attempt.ACTIVE_STATES).get()
-        services.attempt_observe(
-            attempt_id=attempt.pk, status=WorkloadStatus("n", "ns", Outcome.NODE_LOST)
-        )
+        attempt_observe(attempt_id=attempt.pk, status=WorkloadStatus("n", "ns", Outcome.NODE_LOST))
     req.refresh_from_db()
     assert req.state == GpuRequest.State.FAILED
     assert "gave up after 1 requeues" in req.end_reason
@@ -133,7 +132,7 @@ def test_it_keeps_cancelled_running_work_on_its_devices_until_the_pod_is_gone() 
     w = make_world()
     req = submit(w.bob, w.vision)
     run_tick()
-    services.gpu_request_cancel(user=w.bob, gpu_request=req)
+    gpu_request_cancel(user=w.bob, gpu_request=req)
     attempt = req.attempts.get()
     assert attempt.state == Attempt.State.STOPPING
     assert Allocation.objects.filter(attempt=attempt, active=True).exists()
@@ -185,7 +184,7 @@ def test_it_skips_a_tick_while_another_holds_the_lock() -> None:
 def test_a_reconcile_is_skipped_while_another_one_holds_the_lock() -> None:
     import threading
 
-    from portal.reconcile import reconcile_lock
+    from portal.tick.reconcile import reconcile_lock
 
     make_world()
     held, release = threading.Event(), threading.Event()

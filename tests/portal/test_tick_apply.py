@@ -7,9 +7,9 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 import scheduling
-from portal.apply import decisions_apply
 from portal.models import Allocation, Attempt, Decision, Device, GpuRequest, UsageRecord
-from portal.snapshot import build_snapshot
+from portal.tick.apply import decisions_apply
+from portal.tick.snapshot import build_snapshot
 from scheduling import types as st
 from tests.base import make_world, submit
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture(autouse=True)
 def _no_wake(monkeypatch: pytest.MonkeyPatch) -> None:
     """These tests run the tick's steps by hand: submits must not tick on their own."""
-    monkeypatch.setattr("portal.wake.wake_tick", lambda: None)
+    monkeypatch.setattr("portal.lib.wake.wake_tick", lambda: None)
 
 
 def test_a_double_booking_in_the_batch_leaves_only_that_request_waiting() -> None:
@@ -93,9 +93,9 @@ def test_apply_writes_only_what_changed() -> None:
 def test_a_failed_bulk_launch_falls_back_to_one_launch_per_attempt(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from portal import backends, services
+    from portal import backends
     from portal.models import SimulatedWorkload
-    from portal.tick import run_tick
+    from portal.tick.run import run_tick
 
     inner = backends.get_backend()
 
@@ -113,7 +113,7 @@ def test_a_failed_bulk_launch_falls_back_to_one_launch_per_attempt(
             return getattr(inner, name)
 
     backend = BulkBroken()
-    monkeypatch.setattr(services, "get_backend", lambda: backend)
+    monkeypatch.setattr("portal.services.attempts.get_backend", lambda: backend)
     w = make_world()
     reqs = [submit(w.bob, w.vision) for _ in range(2)]
     result = run_tick()
@@ -162,7 +162,7 @@ def test_every_kind_of_decision_records_the_profile_and_a_preemption_its_lost_wo
 
 def _notes_by_definition(old: dict, new: dict) -> dict:
     """The rule position_notes counts, request by request (quadratic: the reference)."""
-    from portal.apply import _plural
+    from portal.tick.apply import _plural
 
     notes = {}
     for rid, n in new.items():
@@ -199,7 +199,7 @@ def _notes_by_definition(old: dict, new: dict) -> dict:
 def test_position_notes_count_as_the_rule_says(seed: int) -> None:
     import random
 
-    from portal.apply import position_notes
+    from portal.tick.apply import position_notes
 
     rng = random.Random(seed)
     ids = [f"r{i}" for i in range(rng.randint(1, 60))]
@@ -273,7 +273,9 @@ def test_rejections_are_told_after_the_commit_through_one_hook(
     w = make_world()
     a, b = submit(w.bob, w.vision), submit(w.alice, w.vision)
     sent: list[tuple[int, str]] = []
-    monkeypatch.setattr("portal.notify._enqueue", lambda pk, event: sent.append((pk, event)))
+    monkeypatch.setattr(
+        "portal.services.notify._enqueue", lambda pk, event: sent.append((pk, event))
+    )
     snapshot, ctx = build_snapshot(timezone.now())
     decisions = [
         st.Decision(st.DecisionKind.REJECT, str(a.pk), "too-big", "never fits"),
@@ -296,13 +298,13 @@ def test_the_tick_hands_its_admissions_to_the_launch_task(
     """The decisions commit first; the workloads are created by the launch task, as
     kube-scheduler binds outside its scheduling cycle."""
     from portal.models import SimulatedWorkload
-    from portal.tick import run_tick
+    from portal.tick.run import run_tick
 
     w = make_world()
     reqs = [submit(w.bob, w.vision), submit(w.alice, w.vision)]
     sent: list[tuple[str, tuple[object, ...]]] = []
     monkeypatch.setattr(
-        "portal.wake.enqueue", lambda name, *args: sent.append((name, args)) or True
+        "portal.lib.wake.enqueue", lambda name, *args: sent.append((name, args)) or True
     )
     assert run_tick().admitted == 2
     attempts = sorted(Attempt.objects.filter(request__in=reqs).values_list("pk", flat=True))
@@ -318,11 +320,11 @@ def test_with_the_broker_down_the_tick_launches_its_admissions_itself(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from portal.models import SimulatedWorkload
-    from portal.tick import run_tick
+    from portal.tick.run import run_tick
 
     w = make_world()
     submit(w.bob, w.vision)
-    monkeypatch.setattr("portal.wake.enqueue", lambda name, *args: False)
+    monkeypatch.setattr("portal.lib.wake.enqueue", lambda name, *args: False)
     assert run_tick().admitted == 1
     assert SimulatedWorkload.objects.count() == 1
 
@@ -334,14 +336,14 @@ def test_a_reconcile_before_the_launch_task_leaves_the_launch_to_it(
     from datetime import timedelta
 
     from portal.models import SimulatedWorkload
-    from portal.reconcile import reconcile
     from portal.tasks import launch
-    from portal.tick import run_tick
+    from portal.tick.reconcile import reconcile
+    from portal.tick.run import run_tick
 
     w = make_world()
     submit(w.bob, w.vision)
     sent: list[tuple[object, ...]] = []
-    monkeypatch.setattr("portal.wake.enqueue", lambda name, *args: sent.append(args) or True)
+    monkeypatch.setattr("portal.lib.wake.enqueue", lambda name, *args: sent.append(args) or True)
     now = timezone.now()
     run_tick(now=now)
     counts = reconcile(now=now + timedelta(seconds=1))

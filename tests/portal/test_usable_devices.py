@@ -11,9 +11,10 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from portal import selectors, services
 from portal.models import AuditEvent, Device, DeviceCondition, Node, Pool
-from portal.snapshot import build_snapshot
+from portal.selectors.capacity import capacity_nodes, pool_summaries
+from portal.services.nodes import node_agent_report
+from portal.tick.snapshot import build_snapshot
 from tests.base import make_world
 
 pytestmark = pytest.mark.django_db
@@ -54,14 +55,14 @@ def test_the_queryset_and_the_row_rule_agree_on_every_combination(settings: Any)
 def test_a_quarantined_gpu_is_drawn_quarantined_and_not_counted_free() -> None:
     make_world()
     pool = Pool.objects.get(name="a100-train")
-    before = next(s for s in selectors.pool_summaries() if s["pool"] == pool)
+    before = next(s for s in pool_summaries() if s["pool"] == pool)
     assert before["free_milli"] == before["devices"] * 1000
     device = _first_pool_device()
     Device.objects.filter(pk=device.pk).update(quarantined=True, health_reason="critical Xid 79")
-    after = next(s for s in selectors.pool_summaries() if s["pool"] == pool)
+    after = next(s for s in pool_summaries() if s["pool"] == pool)
     assert after["free_milli"] == before["free_milli"] - 1000
     assert after["quarantined"] == 1
-    view = selectors.capacity_nodes([device.node])[0]
+    view = capacity_nodes([device.node])[0]
     d = next(v for v in view.devices if v.index == device.index)
     assert d.condition == "quarantined" and not d.healthy
     assert [c.status for c in d.cells] == ["quarantined"]
@@ -75,16 +76,16 @@ def test_unhealthy_and_stale_devices_are_drawn_as_such(settings: Any) -> None:
     make_world()
     device = _first_pool_device()
     Device.objects.filter(pk=device.pk).update(agent_healthy=False)
-    d = selectors.capacity_nodes([device.node])[0].devices[device.index]
+    d = capacity_nodes([device.node])[0].devices[device.index]
     assert [c.status for c in d.cells] == ["unhealthy"]
     Device.objects.filter(pk=device.pk).update(agent_healthy=True)
     Node.objects.filter(pk=device.node_id).update(
         last_heartbeat=timezone.now() - timedelta(seconds=settings.HEARTBEAT_STALE_SECONDS + 1)
     )
     node = Node.objects.get(pk=device.node_id)
-    views = selectors.capacity_nodes([node])[0].devices
+    views = capacity_nodes([node])[0].devices
     assert {c.status for v in views for c in v.cells} == {"stale"}
-    pool = next(s for s in selectors.pool_summaries() if s["pool"].pk == node.pool_id)
+    pool = next(s for s in pool_summaries() if s["pool"].pk == node.pool_id)
     assert pool["stale"] == len(views)
     assert pool["free_milli"] == (pool["devices"] - len(views)) * 1000
 
@@ -96,8 +97,8 @@ def test_a_healthy_report_does_not_clear_a_quarantine() -> None:
         "node": device.node.name,
         "devices": [{"index": device.index, "xids": [{"xid": 79, "critical": True}]}],
     }
-    services.node_agent_report(report=report)
-    services.node_agent_report(
+    node_agent_report(report=report)
+    node_agent_report(
         report={"node": device.node.name, "devices": [{"index": device.index, "healthy": True}]}
     )
     device.refresh_from_db()

@@ -8,9 +8,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.test import Client, override_settings
 
-from portal import charts, utilization
+from portal.lib import charts
 from portal.models import Device, Node, Pool, UtilizationRollup, UtilizationSample
-from portal.tick import run_tick
+from portal.services import utilization
+from portal.tick.run import run_tick
 from tests.base import make_world, submit
 
 pytestmark = pytest.mark.django_db

@@ -6,7 +6,6 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from portal import reconcile, tick
 from portal.models import (
     AuditEvent,
     DeviceProfile,
@@ -16,6 +15,8 @@ from portal.models import (
     Quota,
     WorkloadClass,
 )
+from portal.tick import reconcile
+from portal.tick import run as tick
 from tests.base import World, make_world, submit
 
 pytestmark = pytest.mark.django_db

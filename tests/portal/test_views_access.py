@@ -19,7 +19,6 @@ from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 from rest_framework.authtoken.models import Token
 
-from portal import rollouts, tick
 from portal.models import (
     AuditEvent,
     Decision,
@@ -36,6 +35,9 @@ from portal.models import (
     WhatIfRun,
     WorkloadClass,
 )
+from portal.services.rollouts import rollout_start
+from portal.services.validations import validation_start
+from portal.tick import run as tick
 from tests.base import World, make_world, submit
 
 # Not walked, and why:
@@ -105,12 +107,10 @@ def world(django_db_setup, django_db_blocker) -> Iterator[dict]:  # noqa: ANN001
                 user=w.bob, name=MARKER, fields={"name": MARKER}
             ).pk,
             # Admins' and auditors' only; a node's burn-in reports with its own token.
-            "rollout_id": rollouts.rollout_start(
+            "rollout_id": rollout_start(
                 actor=w.dave, pool=Pool.objects.get(name="l4-shared"), kind="driver", target="1"
             ).pk,
-            "validation_id": rollouts.validation_start(
-                actor=w.dave, node=Node.objects.get(name="l4-01")
-            ).pk,
+            "validation_id": validation_start(actor=w.dave, node=Node.objects.get(name="l4-01")).pk,
             # a finished what-if an admin could apply
             "run_id": WhatIfRun.objects.create(
                 days=1,

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from portal import tasks, wake
+from portal import tasks
+from portal.lib import wake
 
 
 class _Broker:

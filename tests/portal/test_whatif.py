@@ -10,8 +10,8 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from portal import whatif
 from portal.models import Attempt, GpuRequest, Pool
+from portal.tick import whatif
 from tests.base import World, make_world, submit
 
 pytestmark = pytest.mark.django_db

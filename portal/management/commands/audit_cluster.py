@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from portal.handover import audit, audit_text
+from portal.selectors.handover import audit, audit_text
 
 
 class Command(BaseCommand):

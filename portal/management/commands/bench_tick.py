@@ -17,14 +17,14 @@ it and fills it with bulk inserts:
 - ``--pending`` pending requests: whole GPUs (1-8), shared slices, MIG instances and
   two-pod gangs, a quarter naming a pool.
 
-The child then runs ONE tick through `portal.tick.run_tick` (what beat runs), with the
+The child then runs ONE tick through `portal.tick.run.run_tick` (what beat runs), with the
 portal's settings and the simulated backend, and prints one JSON object:
 
 - ``seconds``: the whole `run_tick` wall time, from the lock to the commit;
   ``snapshot_s``, ``schedule_s``, ``apply_s``: its steps (the rest is the lock, the
   record and the commit);
 - ``launch_s``, ``launch_queries``: the launch task's work for the tick's admissions,
-  which the tick hands to a worker on commit (`portal.apply.launch_soon`); run here after
+  which the tick hands to a worker on commit (`portal.tick.apply.launch_soon`); run here after
   the tick, outside ``seconds``;
 - ``queries``: the tick's SQL statements, COPY included (``queries_by_step``, the
   launch's too; ``sql_s`` is their time waiting on the database, ``slowest_sql`` the
@@ -217,11 +217,11 @@ def run(opts: dict[str, Any]) -> dict[str, Any]:
 
 @contextmanager
 def _phases(save_snapshot: str = "") -> Iterator[dict[str, Any]]:
-    """Time and count the queries of the tick's steps, wrapping what `portal.tick` calls."""
+    """Time and count the queries of the tick's steps, wrapping what `portal.tick.run` calls."""
     from django.db import connection
 
-    import portal.apply
-    import portal.tick
+    import portal.tick.apply
+    import portal.tick.run
 
     stats: dict[str, Any] = {"phase": "lock", "seconds": defaultdict(float), "queries": 0}
     by_phase: dict[str, int] = defaultdict(int)
@@ -254,12 +254,12 @@ def _phases(save_snapshot: str = "") -> Iterator[dict[str, Any]]:
     launches: list[list[int]] = []
     stats["launches"] = launches
     originals = (
-        portal.tick.build_snapshot,
-        portal.tick.scheduling.schedule,
-        portal.tick.decisions_apply,
-        portal.apply.launch_soon,
+        portal.tick.run.build_snapshot,
+        portal.tick.run.scheduling.schedule,
+        portal.tick.run.decisions_apply,
+        portal.tick.apply.launch_soon,
     )
-    portal.tick.build_snapshot = timed("snapshot", originals[0])  # type: ignore[assignment]
+    portal.tick.run.build_snapshot = timed("snapshot", originals[0])  # type: ignore[assignment]
     schedule = timed("schedule", originals[1])
 
     def saving(snapshot: Any, *a: Any) -> Any:
@@ -269,20 +269,20 @@ def _phases(save_snapshot: str = "") -> Iterator[dict[str, Any]]:
             Path(save_snapshot).write_bytes(pickle.dumps(snapshot))
         return schedule(snapshot, *a)
 
-    portal.tick.scheduling.schedule = saving  # type: ignore[assignment]
-    portal.tick.decisions_apply = timed("apply", originals[2])  # type: ignore[assignment]
+    portal.tick.run.scheduling.schedule = saving  # type: ignore[assignment]
+    portal.tick.run.decisions_apply = timed("apply", originals[2])  # type: ignore[assignment]
     # The launch task's work, kept to run after the tick as a worker would (no message is
     # left in a broker for a database this command drops).
-    portal.apply.launch_soon = launches.append  # type: ignore[assignment]
+    portal.tick.apply.launch_soon = launches.append  # type: ignore[assignment]
     try:
         with connection.execute_wrapper(counter):
             yield stats
     finally:
         (
-            portal.tick.build_snapshot,
-            portal.tick.scheduling.schedule,
-            portal.tick.decisions_apply,
-            portal.apply.launch_soon,
+            portal.tick.run.build_snapshot,
+            portal.tick.run.scheduling.schedule,
+            portal.tick.run.decisions_apply,
+            portal.tick.apply.launch_soon,
         ) = originals  # type: ignore[assignment]
 
 
@@ -290,9 +290,9 @@ def time_tick(*, profile: bool = False, save_snapshot: str = "") -> dict[str, An
     """Run one tick through `run_tick` and report where its time and queries went."""
     from django.db import connection
 
-    import portal.apply
+    import portal.tick.apply
     from portal.models import Device, GpuRequest
-    from portal.tick import run_tick
+    from portal.tick.run import run_tick
 
     pending = GpuRequest.objects.filter(state=GpuRequest.State.PENDING).count()
     gpus = Device.objects.count()
@@ -313,7 +313,7 @@ def time_tick(*, profile: bool = False, save_snapshot: str = "") -> dict[str, An
         tick_queries, stats["phase"] = stats["queries"], "launch"
         launch_started = time.perf_counter()
         for ids in stats["launches"]:
-            portal.apply.launch_attempts(ids)
+            portal.tick.apply.launch_attempts(ids)
         launch_s = time.perf_counter() - launch_started
     if profiler:
         import pstats
@@ -362,8 +362,8 @@ def fill(*, pending: int, teams: int, nodes: int, gpus: int, allocated: float, s
     from django.db import transaction
     from django.utils import timezone
 
-    from portal import demo
     from portal.backends.simulated import load_cluster
+    from portal.demo import seed as demo
     from portal.models import (
         DeviceProfile,
         Membership,
@@ -396,7 +396,7 @@ def fill(*, pending: int, teams: int, nodes: int, gpus: int, allocated: float, s
             )
         pools = []
         # The shipped demo cluster's pools (whatever SIMULATED_CLUSTER says): one of each kind.
-        shipped = Path(demo.__file__).with_name("demo_cluster.yaml")
+        shipped = Path(demo.__file__).with_name("cluster.yaml")
         for spec in sorted(
             # one pool of each kind: the autoscaled demo pool is a second exclusive one
             [p for p in load_cluster(shipped)["pools"] if "autoscale" not in p],

@@ -212,8 +212,8 @@ def _history_child(opts: dict[str, Any]) -> dict[str, Any]:
     from django.core.management import call_command
     from django.db.models import Max
 
-    from portal import utilization
     from portal.models import Device, Node, Pool, UtilizationRollup, UtilizationSample
+    from portal.services import utilization
 
     call_command("migrate", verbosity=0)
     started = time.perf_counter()
@@ -356,7 +356,7 @@ def _seed(*, pending: int, nodes: int) -> dict[str, Any]:
     from django.utils import timezone
     from rest_framework.authtoken.models import Token
 
-    from portal.demo import seed
+    from portal.demo.seed import seed
     from portal.models import (
         Allocation,
         Attempt,

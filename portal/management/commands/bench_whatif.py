@@ -9,7 +9,7 @@ bench cluster (`bench_tick.fill`: the demo's three pools, ``--teams`` teams with
 nominal quotas, ``--nodes`` nodes sharing ``--gpus`` GPUs, nothing running or pending)
 and seeds ``--days`` × ``--per-day`` finished requests at uniform random times: whole
 GPUs (1-8), two-pod gangs, shared slices and MIG instances as `bench_tick` draws them,
-each with one attempt that ran 10 min to 8 h. Then it runs `portal.whatif.run` (the
+each with one attempt that ran 10 min to 8 h. Then it runs `portal.tick.whatif.run` (the
 command `whatif` runs) with one proposed change, a quota raise for one team, and prints:
 
 - ``seconds``: the what-if's wall time (history read, both replays, the comparison);
@@ -100,9 +100,9 @@ def run(opts: dict[str, Any]) -> dict[str, Any]:
     """Migrate, seed, time one what-if (also what the test calls on its own database)."""
     from django.core.management import call_command
 
-    from portal import whatif
     from portal.management.commands.bench_tick import fill
     from portal.models import GpuRequest
+    from portal.tick import whatif
 
     call_command("migrate", verbosity=0)
     fill(
@@ -166,7 +166,7 @@ def seed_history(*, days: int, per_day: int, seed: int) -> None:
     from django.db import transaction
     from django.utils import timezone
 
-    from portal.bulk import bulk_set, insert_rows
+    from portal.lib.bulk import bulk_set, insert_rows
     from portal.models import Attempt, GpuRequest, Membership, Pool, WorkloadClass
 
     rng = random.Random(seed)

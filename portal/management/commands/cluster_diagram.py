@@ -10,7 +10,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from portal.backends.simulated import ClusterFileError, inventory_from_file
-from portal.handover import mermaid, nodes_from_db, nodes_from_inventory
+from portal.selectors.handover import mermaid, nodes_from_db, nodes_from_inventory
 
 HEADER = """# Cluster diagram
 

@@ -5,8 +5,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from portal.demo import seed, submit_burst, submit_synthetic
-from portal.demo_lifecycle import start_demo_rollouts
+from portal.demo.lifecycle import start_demo_rollouts
+from portal.demo.seed import seed, submit_burst, submit_synthetic
 
 
 class Command(BaseCommand):

@@ -1,4 +1,4 @@
-"""Write docs/metrics.md from code (portal/metric_catalog.py); --check: fail if stale."""
+"""Write docs/metrics.md from code (portal/metrics/catalog.py); --check: fail if stale."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
-from portal import metric_catalog
+from portal.metrics import catalog as metric_catalog
 
 
 class Command(BaseCommand):

@@ -16,7 +16,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-from portal.demo import DEMO_PASSWORD, DEMO_USERS
+from portal.demo.seed import DEMO_PASSWORD, DEMO_USERS
 
 
 class Command(BaseCommand):

@@ -48,7 +48,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **opts: Any) -> None:
-        from portal import whatif
+        from portal.tick import whatif
 
         if not 1 <= opts["days"] <= 365:
             raise CommandError("--days must be between 1 and 365")

@@ -1,0 +1,111 @@
+"""What every API request goes through: the JSON parser, throttles and the error handler.
+
+- JSON deeper than `validation.MAX_JSON_DEPTH`, or with a NUL in any string,
+  is a 400 before a view sees it (PostgreSQL refuses NUL in text; deep
+  nesting overflows the stack further in).
+- Throttles count per user, per API token and per anonymous client address
+  in the shared cache (Redis when REDIS_URL is set), so every web replica
+  sees the same counts; over the rate the answer is 429 with Retry-After.
+  Rates are read when a request comes, so settings changes take effect.
+- A database that cannot be reached is a 503 with Retry-After, not a 500.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from django.db import InterfaceError, OperationalError
+from rest_framework import exceptions, parsers, permissions, throttling
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.settings import api_settings
+
+from portal.lib.validation import json_problem
+
+DATABASE_RETRY_AFTER_S = 5
+
+
+class SafeJSONParser(parsers.JSONParser):
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
+        try:
+            data = super().parse(stream, media_type, parser_context)
+        except RecursionError:
+            raise exceptions.ParseError("JSON parse error - nested too deeply") from None
+        problem = json_problem(data)
+        if problem:
+            raise exceptions.ParseError(f"JSON parse error - {problem}")
+        return data
+
+
+class ReadOnlyRolePermission(permissions.BasePermission):
+    """Read-only users (auditors) may only use safe methods, by session or by token."""
+
+    message = "Auditors may read but not change anything."
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        # Imported here: DRF imports this module while it reads its settings.
+        from portal import access
+
+        return request.method in permissions.SAFE_METHODS or not access.is_read_only(request.user)
+
+
+class _LiveRates:
+    """Read the rate from the settings at each request (DRF binds it at import)."""
+
+    scope: str
+
+    def get_rate(self) -> str | None:
+        return api_settings.DEFAULT_THROTTLE_RATES.get(self.scope)
+
+
+class AnonThrottle(_LiveRates, throttling.AnonRateThrottle):
+    """Anonymous clients, by address (X-Forwarded-For as NUM_PROXIES allows)."""
+
+
+class UserThrottle(_LiveRates, throttling.UserRateThrottle):
+    """Signed-in users, by user id, whichever way they authenticated."""
+
+
+class TokenThrottle(_LiveRates, throttling.SimpleRateThrottle):
+    """API tokens, by token: a leaked token is slowed even while its user works in a browser."""
+
+    scope = "token"
+
+    def get_cache_key(self, request: Request, view: Any) -> str | None:
+        token = getattr(request, "auth", None)
+        key = getattr(token, "key", None)
+        if not key:
+            return None
+        # A digest, so that the cache never holds a usable token.
+        ident = hashlib.sha256(key.encode()).hexdigest()[:24]
+        return self.cache_format % {"scope": self.scope, "ident": ident}
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    # Imported here: rest_framework.views reads REST_FRAMEWORK, which names this module.
+    from rest_framework.views import exception_handler as drf_exception_handler
+
+    if isinstance(exc, OperationalError | InterfaceError):
+        return Response(
+            {"detail": "The database cannot be reached; try again shortly."},
+            status=503,
+            headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)},
+        )
+    # Imported here: rest_framework.views reads DEFAULT_PARSER_CLASSES (this module) when
+    # it is first imported, so importing it above fails whenever this module is imported
+    # first (axes calls client_address on a fresh process's first login).
+
+    return drf_exception_handler(exc, context)
+
+
+def client_address(request: Any) -> str:
+    """The client's address as the throttles see it: X-Forwarded-For's NUM_PROXIES-th hop from
+    the right behind that many proxies (the chart's Ingress), else the socket's peer."""
+    hops = api_settings.NUM_PROXIES
+    forwarded = request.META.get("HTTP_X_FORWARDED_FOR", "")
+    if hops and forwarded:
+        addrs = [a.strip() for a in forwarded.split(",") if a.strip()]
+        if addrs:
+            return addrs[-min(hops, len(addrs))]
+    return str(request.META.get("REMOTE_ADDR", ""))

@@ -1,0 +1,307 @@
+"""GPU requests over the API: list, submit, preview, detail, cancel; the queue."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers, status
+from rest_framework.exceptions import ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from portal import access
+from portal.api.base import ApiView, ListApiView, StrictSerializer, _paginate
+from portal.api.schema import name_nested_serializers
+from portal.lib import shapes
+from portal.models import DeviceProfile, GpuRequest, Pool, Team, WorkloadClass
+from portal.selectors.queue import queue_list
+from portal.selectors.requests import request_list
+from portal.services.requests import MAX_GPUS_PER_NODE, gpu_request_cancel, gpu_request_submit
+from portal.tick.preview import gpu_request_preview
+
+# Keys a client may not send: the platform derives them (RELIABILITY.md §8.6).
+FORBIDDEN_KEYS = {
+    "namespace",
+    "node",
+    "nodeName",
+    "node_name",
+    "tolerations",
+    "runtimeClassName",
+    "priorityClassName",
+    "state",
+    "submitted_by",
+    "queue_position",
+    "position_note",
+    "queue_position_note",
+    "status_code",
+    "status_message",
+    "allocated_devices",
+}
+
+
+class GpuRequestOutputSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    team = serializers.CharField(source="team.name")
+    submitted_by = serializers.CharField(source="submitted_by.username")
+    workload_class = serializers.CharField(source="workload_class.name")
+    pool = serializers.CharField(source="pool.name", allow_null=True, default=None)
+    profile_kind = serializers.CharField()
+    mig_profile = serializers.CharField()
+    milli = serializers.IntegerField()
+    gpu_memory_mib = serializers.IntegerField()
+    profile = serializers.CharField(source="profile_label")
+    count = serializers.IntegerField()
+    pods = serializers.IntegerField()
+    image = serializers.CharField()
+    command = serializers.ListField(child=serializers.CharField())
+    env = serializers.DictField(child=serializers.CharField())
+    checkpoint_interval_s = serializers.IntegerField()
+    max_runtime_s = serializers.IntegerField()
+    estimated_runtime_s = serializers.IntegerField()
+    state = serializers.CharField()
+    queue_position = serializers.IntegerField(allow_null=True)
+    #: why the queue position last changed, in words ("" until it does)
+    queue_position_note = serializers.CharField(source="position_note")
+    reason_code = serializers.CharField(source="status_code")
+    reason = serializers.CharField(source="status_message")
+    escalated = serializers.BooleanField()
+    estimated_start = serializers.DateTimeField(allow_null=True)
+    attempts = serializers.SerializerMethodField()
+    requeue_count = serializers.IntegerField()
+    end_reason = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+    kind = serializers.CharField(help_text='"batch", or "serving" (runs until stopped)')
+    model_name = serializers.CharField()
+    model_revision = serializers.CharField()
+    runtime = serializers.CharField()
+
+    def get_attempts(self, obj: GpuRequest) -> int:
+        n = getattr(obj, "attempt_count", None)
+        return int(n) if n is not None else obj.attempts.count()
+
+
+class SubmitFields(StrictSerializer):
+    """The fields of a request a client chooses; everything else comes from the platform."""
+
+    team = serializers.SlugField(
+        required=False, help_text="team name; optional if you are in one team"
+    )
+    workload_class = serializers.SlugField()
+    pool = serializers.CharField(
+        required=False, allow_null=True, allow_blank=True, help_text='pool name, or "any"'
+    )
+    profile = serializers.CharField(
+        required=False, help_text="device profile name, e.g. mig-3g.40gb"
+    )
+    profile_kind = serializers.ChoiceField(choices=DeviceProfile.Kind.values, required=False)
+    mig_profile = serializers.CharField(required=False, allow_blank=True, max_length=30)
+    milli = serializers.IntegerField(required=False, min_value=1, max_value=1000)
+    gpu_memory_mib = serializers.IntegerField(required=False, min_value=0, max_value=10**7)
+    count = serializers.IntegerField(default=1, min_value=1, max_value=MAX_GPUS_PER_NODE)
+
+    def resolve(self, user: Any) -> dict[str, Any]:
+        """Turn names into rows; the team must be one of the user's (membership, never request data)."""
+        d = dict(self.validated_data)
+        mine = Team.objects.filter(memberships__user=user)
+        if d.get("team"):
+            team = mine.filter(name=d.pop("team")).first()
+            if team is None:
+                raise ValidationError({"team": ["You are not a member of this team."]})
+        else:
+            teams = list(mine[:2])
+            if len(teams) != 1:
+                raise ValidationError({"team": ["Name the team to submit for."]})
+            team = teams[0]
+        d["team"] = team
+        wc = WorkloadClass.objects.filter(name=d.pop("workload_class")).first()
+        if wc is None:
+            raise ValidationError({"workload_class": ["No such workload class."]})
+        d["workload_class"] = wc
+        pool_name = d.pop("pool", None)
+        d["pool"] = None
+        if pool_name and pool_name != "any":
+            d["pool"] = Pool.objects.filter(name=pool_name).first()
+            if d["pool"] is None:
+                raise ValidationError({"pool": ["No such pool."]})
+        profile_name = d.pop("profile", None)
+        if profile_name:
+            # The named profile, if some pool the request may land in offers it (as selectors.offered_profiles).
+            profile = DeviceProfile.objects.filter(name=profile_name).first()
+            if profile is not None and not any(
+                p.offers(profile.kind, profile.mig_profile) for p in Pool.offering(d["pool"])
+            ):
+                profile = None
+            if profile is None:
+                raise ValidationError(
+                    {"profile": ["No pool you chose offers this device profile."]}
+                )
+            d.update(shapes.profile_fields(profile))
+        elif "profile_kind" not in d and wc.default_profile is not None:
+            d.update(shapes.profile_fields(wc.default_profile))
+        d.setdefault("profile_kind", DeviceProfile.Kind.WHOLE)
+        return d
+
+
+class GpuRequestListSubmitApi(ListApiView):
+    """GET: list the requests you may see. POST: submit a request."""
+
+    class SubmitInputSerializer(SubmitFields):
+        name = serializers.CharField(required=False, allow_blank=True, max_length=100)
+        pods = serializers.IntegerField(default=1, min_value=1, max_value=64)
+        cpu_milli = serializers.IntegerField(default=1000, min_value=0, max_value=10**9)
+        memory_mib = serializers.IntegerField(default=4096, min_value=0, max_value=10**9)
+        image = serializers.CharField(max_length=500)
+        command = serializers.JSONField(
+            required=False, default=list, help_text="list of strings (or one string)"
+        )
+        env = serializers.JSONField(required=False, default=dict, help_text="mapping NAME -> value")
+        checkpoint_interval_s = serializers.IntegerField(default=0, min_value=0, max_value=10**9)
+        max_runtime_s = serializers.IntegerField(default=0, min_value=0, max_value=10**9)
+        estimated_runtime_s = serializers.IntegerField(default=3600, min_value=1, max_value=10**9)
+        priority = serializers.IntegerField(default=0, min_value=-100, max_value=100)
+        kind = serializers.ChoiceField(choices=GpuRequest.Kind.values, default="batch")
+        model_name = serializers.CharField(required=False, default="", max_length=200)
+        model_revision = serializers.CharField(required=False, default="", max_length=100)
+        runtime = serializers.CharField(required=False, default="", max_length=10)
+
+    OutputSerializer = GpuRequestOutputSerializer
+
+    @extend_schema(
+        operation_id="requests_list",
+        parameters=[
+            OpenApiParameter("state", str, enum=GpuRequest.State.values),
+            OpenApiParameter("mine", bool, description="only requests you submitted"),
+        ],
+        responses=GpuRequestOutputSerializer(many=True),
+    )
+    def get(self, request: Request) -> Response:
+        state = request.query_params.get("state", "")
+        if state and state not in GpuRequest.State.values:
+            raise ValidationError(
+                {"state": [f"Choose one of {', '.join(GpuRequest.State.values)}."]}
+            )
+        qs = request_list(
+            request.user, mine=request.query_params.get("mine") in ("1", "true"), state=state
+        )
+        return _paginate(self, request, qs, self.OutputSerializer)
+
+    @extend_schema(
+        operation_id="requests_submit",
+        request=SubmitInputSerializer,
+        responses={201: GpuRequestOutputSerializer},
+    )
+    def post(self, request: Request) -> Response:
+        serializer = self.SubmitInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        req = gpu_request_submit(user=request.user, **serializer.resolve(request.user))
+        req.attempt_count = 0  # type: ignore[attr-defined]  # new: no query needed
+        return Response(self.OutputSerializer(req).data, status=status.HTTP_201_CREATED)
+
+
+class GpuRequestPreviewApi(ApiView):
+    """What the scheduler would do with this request now; nothing is written."""
+
+    class InputSerializer(SubmitFields):
+        pass
+
+    class OutputSerializer(serializers.Serializer):
+        outcome = serializers.ChoiceField(choices=["fits", "waits", "rejected"])
+        message = serializers.CharField()
+        pool = serializers.CharField()
+        code = serializers.CharField()
+        position = serializers.IntegerField()
+        estimated_start = serializers.DateTimeField(allow_null=True)
+        borrowing = serializers.BooleanField()
+
+    @extend_schema(
+        operation_id="requests_preview", request=InputSerializer, responses=OutputSerializer
+    )
+    def post(self, request: Request) -> Response:
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        d = serializer.resolve(request.user)
+        preview = gpu_request_preview(**d)
+        return Response(self.OutputSerializer(preview).data)
+
+
+class GpuRequestDetailApi(ApiView):
+    OutputSerializer = GpuRequestOutputSerializer
+
+    @extend_schema(operation_id="requests_get", responses=GpuRequestOutputSerializer)
+    def get(self, request: Request, request_id: int) -> Response:
+        req = access.get_gpu_request_for_user(request.user, request_id)
+        return Response(self.OutputSerializer(req).data)
+
+
+class ReasonInputSerializer(StrictSerializer):
+    reason = serializers.CharField(
+        required=False, allow_blank=True, max_length=500, help_text="why; goes into the audit log"
+    )
+
+
+class GpuRequestCancelApi(ApiView):
+    OutputSerializer = GpuRequestOutputSerializer
+
+    @extend_schema(
+        operation_id="requests_cancel",
+        request=ReasonInputSerializer,
+        responses=GpuRequestOutputSerializer,
+    )
+    def post(self, request: Request, request_id: int) -> Response:
+        req = access.get_gpu_request_for_user(request.user, request_id, write=True)
+        serializer = ReasonInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        req = gpu_request_cancel(
+            user=request.user, gpu_request=req, reason=serializer.validated_data.get("reason", "")
+        )
+        return Response(self.OutputSerializer(req).data)
+
+
+class QueueApi(ListApiView):
+    """Pending requests in scheduling order (your teams'; all for admins)."""
+
+    class OutputSerializer(serializers.Serializer):
+        id = serializers.IntegerField()
+        queue_position = serializers.IntegerField(allow_null=True)
+        team = serializers.CharField(source="team.name")
+        workload_class = serializers.CharField(source="workload_class.name")
+        pool = serializers.CharField(source="pool.name", allow_null=True, default=None)
+        profile = serializers.CharField(source="profile_label")
+        count = serializers.IntegerField()
+        reason_code = serializers.CharField(source="status_code")
+        reason = serializers.CharField(source="status_message")
+        escalated = serializers.BooleanField()
+        estimated_start = serializers.DateTimeField(allow_null=True)
+        created_at = serializers.DateTimeField()
+
+    @extend_schema(
+        operation_id="queue_list",
+        parameters=[
+            OpenApiParameter("workload_class", str),
+            OpenApiParameter("team", str),
+            OpenApiParameter("pool", str),
+        ],
+        responses=OutputSerializer(many=True),
+    )
+    def get(self, request: Request) -> Response:
+        filters: dict[str, Any] = {}
+        # Teams among the user's only: another team's name answers as a name that does not exist.
+        teams = access.teams_for(request.user)
+        for key, qs in (
+            ("workload_class", WorkloadClass.objects.all()),
+            ("team", teams),
+            ("pool", Pool.objects.all()),
+        ):
+            name = request.query_params.get(key)
+            if name:
+                obj = qs.filter(name=name).first()
+                if obj is None:
+                    raise ValidationError({key: [f"No such {key.replace('_', ' ')}."]})
+                filters[key] = obj
+        return _paginate(self, request, queue_list(request.user, **filters), self.OutputSerializer)
+
+
+name_nested_serializers(globals())

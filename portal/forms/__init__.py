@@ -1,0 +1,1 @@
+"""Forms validate and convert input; services decide and write."""

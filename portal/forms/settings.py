@@ -1,0 +1,113 @@
+"""Forms of the settings page: pools, workload classes, scheduling profiles."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+
+from portal.forms.fields import (
+    GpuField,
+    MigLayoutField,
+    NodeSelectorField,
+    TaintsField,
+    _gpus,
+    _milli,
+)
+from portal.models import Pool, WorkloadClass
+from portal.services.pools import CLASS_FIELDS, POOL_FIELDS
+from scheduling import profile as scheduling_profile
+
+
+class WorkloadClassForm(forms.ModelForm):  # type: ignore[type-arg]
+    class Meta:
+        model = WorkloadClass
+        fields = [*CLASS_FIELDS, "teams"]
+        widgets = {"teams": forms.CheckboxSelectMultiple}
+        labels = {
+            "band": "Priority band",
+            "min_runtime_s": "Minimum runtime before preemption (seconds)",
+            "max_queue_s": "Maximum queue time (seconds)",
+            "latency_objective_ms": "Latency objective (milliseconds)",
+            "priority_class_name": "Kubernetes priority class",
+        }
+
+
+class PoolForm(forms.ModelForm):  # type: ignore[type-arg]
+    """A pool's settings in plain fields (no JSON): taints, labels and MIG layout as text
+    in the forms kubectl and nvidia-smi use, the inference floor in GPUs."""
+
+    taints = TaintsField(
+        required=False,
+        label="Taints",
+        help_text="one a line: key=value:Effect (NoSchedule, PreferNoSchedule or NoExecute)",
+    )
+    node_selector = NodeSelectorField(
+        required=False,
+        label="Node selector",
+        help_text="node labels, e.g. qm.example.com/pool=a100, gpu=a100 (comma-separated)",
+    )
+    mig_layout = MigLayoutField(
+        required=False,
+        label="MIG layout",
+        help_text="profiles each GPU is cut into, e.g. 3g.40gb, 2g.20gb, 1g.10gb, 1g.10gb",
+    )
+    inference_floor_milli = GpuField(
+        label="Inference floor (GPUs)",
+        help_text="kept for production inference; training uses it only preemptibly",
+    )
+
+    class Meta:
+        model = Pool
+        fields = POOL_FIELDS
+        labels = {
+            "time_slicing_replicas": "Time-slicing replicas (per GPU)",
+            "interconnect": "Interconnect",
+            "architecture": "Architecture",
+        }
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not self.is_bound and self.instance.pk:
+            self.initial["inference_floor_milli"] = _gpus(self.instance.inference_floor_milli)
+
+    def clean_inference_floor_milli(self) -> int:
+        return _milli(self.cleaned_data["inference_floor_milli"]) or 0
+
+
+def _knob_label(name: str) -> str:
+    """The knob's own name (as in the profile file), with its unit where the name has one."""
+    if name.endswith("_gpu_s"):
+        return f"{name} (GPU-seconds)"
+    if name.endswith("_s"):
+        return f"{name} (seconds)"
+    return name
+
+
+def _knob_form_field(knob: scheduling_profile.Knob) -> forms.Field:
+    """A form field with the core's own bounds for one knob (`scheduling.profile`)."""
+    kw: dict[str, Any] = {"label": _knob_label(knob.name), "help_text": knob.help}
+    if knob.choices:
+        return forms.ChoiceField(choices=[(c, c) for c in knob.choices], **kw)
+    if knob.type is str:
+        return forms.CharField(**kw)
+    bounds = {"min_value": knob.minimum, "max_value": knob.maximum}
+    if knob.type is int:
+        return forms.IntegerField(**bounds, **kw)
+    return forms.FloatField(**bounds, **kw)
+
+
+class PolicyProfileForm(forms.Form):
+    """One field per knob of the scheduling core; the services check them again."""
+
+    def __init__(self, *args: Any, with_name: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if with_name:
+            self.fields["name"] = forms.CharField(
+                max_length=63, help_text="lower-case letters, digits, '-', '_' or '.'"
+            )
+        for name, knob in scheduling_profile.KNOBS.items():
+            self.fields[name] = _knob_form_field(knob)
+
+    def knobs(self) -> dict[str, Any]:
+        return {k: self.cleaned_data[k] for k in scheduling_profile.KNOBS}

@@ -1,0 +1,41 @@
+"""Words for numbers people read: lengths of time and GPU counts, for pages and the audit log alike."""
+
+from __future__ import annotations
+
+from decimal import ROUND_HALF_UP, Decimal
+
+
+def duration(seconds: float | int | None) -> str:
+    """A length of time as people read it: 45 s, 12 min, 2 h 5 min, 3 d 4 h; "" for None."""
+    if seconds is None:
+        return ""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min"
+    if s < 86400:
+        h, m = divmod(s // 60, 60)
+        return f"{h} h {m} min" if m else f"{h} h"
+    d, h = divmod(s // 3600, 24)
+    return f"{d} d {h} h" if h else f"{d} d"
+
+
+def gpus(milli: int | None) -> str:
+    """Milli-GPU for people, to two decimals: 16000 -> "16", 1500 -> "1.5", 4666 -> "4.67",
+    None -> "". Below 0.01 GPU the third decimal stays (5 -> "0.005"). A missing value
+    (a template variable that does not resolve, such as a quota a team has not got) is ""."""
+    if milli is None or milli == "":
+        return ""
+    value = Decimal(int(milli)) / 1000
+    step = Decimal("0.01") if value >= Decimal("0.01") or not value else Decimal("0.001")
+    text = str(value.quantize(step, rounding=ROUND_HALF_UP))
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def gpu_count(milli: int | None) -> str:
+    """With the unit, singular when it is one: "1 GPU", "0.5 GPU", "2 GPUs", "1.5 GPUs"."""
+    if milli is None or milli == "":
+        return ""
+    text = gpus(milli)
+    return f"{text} GPU" if float(text) <= 1 else f"{text} GPUs"

@@ -1,0 +1,1 @@
+"""`/metrics` in Prometheus text format and the catalogue of its series."""

@@ -1,0 +1,1 @@
+"""Reads for pages and the API: querysets and plain rows, never a write."""

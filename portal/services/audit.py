@@ -1,0 +1,105 @@
+"""The audit log's one writer: every change is one event, old → new; policy changes become versions."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.db.models import Model
+from django.forms.models import model_to_dict
+
+from portal.models import AuditEvent, PolicyVersion, Team
+
+User = AbstractBaseUser | AnonymousUser | None
+
+
+def audit(
+    *,
+    actor: User,
+    action: str,
+    obj: Model,
+    team: Team | None = None,
+    before: dict[str, Any] | None = None,
+    after: dict[str, Any] | None = None,
+    actor_name: str = "",
+    reason: str = "",
+) -> AuditEvent:
+    """Record who changed what; call inside the transaction that made the change.
+
+    With no signed-in actor, `actor_name` says what acted ("sso"; default "system").
+    `reason` is the actor's own words on why.
+    """
+    real = actor if actor is not None and getattr(actor, "is_authenticated", False) else None
+    event = AuditEvent.objects.create(
+        actor=real,
+        actor_name=getattr(real, "username", "") or actor_name or "system",
+        action=action,
+        object_type=obj._meta.model_name or "",
+        object_id=str(obj.pk),
+        team=team,
+        before=_jsonable(before),
+        after=_jsonable(after),
+        reason=reason[:500],
+    )
+    if action in POLICY_ACTIONS:
+        policy_version_record(event)
+    return event
+
+
+#: audited changes that change how the scheduler decides: each is a new policy version
+POLICY_ACTIONS = frozenset(
+    {
+        "quota.set",
+        "class.update",
+        "class.teams",
+        "pool.update",
+        "profile.create",
+        "profile.update",
+        "profile.activate",
+    }
+)
+
+
+def policy_version_record(event: AuditEvent) -> PolicyVersion:
+    """The next policy version, for an audited change (in its transaction). Numbers come
+    from the latest row under a lock on it, so two changes never share one."""
+    latest = PolicyVersion.objects.select_for_update().order_by("-number").first()
+    return PolicyVersion.objects.create(
+        number=(latest.number if latest else 0) + 1,
+        action=event.action,
+        object_type=event.object_type,
+        object_id=event.object_id,
+        actor_name=event.actor_name,
+        before=event.before,
+        after=event.after,
+    )
+
+
+def _jsonable(data: dict[str, Any] | None) -> dict[str, Any] | None:
+    if data is None:
+        return None
+    return {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in data.items()}
+
+
+def _snapshot(obj: Model, fields: list[str]) -> dict[str, Any]:
+    return model_to_dict(obj, fields=fields)
+
+
+def _update(
+    *, actor: AbstractBaseUser, obj: Any, fields: list[str], action: str, changes: dict[str, Any]
+) -> Any:
+    unknown = set(changes) - set(fields)
+    if unknown:
+        raise ValidationError({sorted(unknown)[0]: "This field cannot be changed here."})
+    with transaction.atomic():
+        obj = type(obj).objects.select_for_update().get(pk=obj.pk)
+        before = _snapshot(obj, fields)
+        for key, value in changes.items():
+            setattr(obj, key, value)
+        obj.full_clean()
+        obj.save()
+        audit(actor=actor, action=action, obj=obj, before=before, after=_snapshot(obj, fields))
+    return obj

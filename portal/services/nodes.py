@@ -1,0 +1,204 @@
+"""Nodes and devices: inventory from the cluster, node agent reports, cordon, drain, return, quarantine."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from portal.backends import get_backend
+from portal.lib import lifecycle
+from portal.models import Allocation, Attempt, Decision, Device, Node, Pool
+from portal.services.attempts import attempt_stop, backend_call
+from portal.services.audit import _snapshot, audit
+
+
+def node_cordon(*, actor: AbstractBaseUser, node: Node, reason: str = "") -> Node:
+    return _node_maintenance(
+        actor=actor, node=node, cordoned=True, draining=False, action="node.cordon", reason=reason
+    )
+
+
+def node_return(*, actor: AbstractBaseUser, node: Node, reason: str = "") -> Node:
+    with transaction.atomic():
+        node = _node_maintenance(
+            actor=actor,
+            node=node,
+            cordoned=False,
+            draining=False,
+            action="node.return",
+            reason=reason,
+        )
+        if node.maintenance_reason:
+            # Cordoned on the cluster too by a validation or rollout (docs/lifecycle.md):
+            # uncordon it there, or the next inventory sync would cordon it again.
+            node.maintenance_reason = ""
+            node.save(update_fields=["maintenance_reason", "updated_at"])
+            name = node.name
+            transaction.on_commit(lambda: backend_call("node_patch", name, {}, False))
+    return node
+
+
+def node_drain(*, actor: AbstractBaseUser, node: Node, reason: str = "") -> Node:
+    """Cordon the node and stop what runs there; stopped work requeues, not charged."""
+    with transaction.atomic():
+        node = _node_maintenance(
+            actor=actor, node=node, cordoned=True, draining=True, action="node.drain", reason=reason
+        )
+        attempt_ids = Allocation.objects.filter(device__node=node, active=True).values_list(
+            "attempt_id", flat=True
+        )
+        for attempt in Attempt.objects.filter(
+            pk__in=set(attempt_ids), state__in=Attempt.ACTIVE_STATES
+        ):
+            attempt_stop(attempt, reason="drained")
+    return node
+
+
+def _node_maintenance(
+    *,
+    actor: AbstractBaseUser,
+    node: Node,
+    cordoned: bool,
+    draining: bool,
+    action: str,
+    reason: str = "",
+) -> Node:
+    with transaction.atomic():
+        node = Node.objects.select_for_update().get(pk=node.pk)
+        before = _snapshot(node, ["cordoned", "draining"])
+        node.cordoned, node.draining = cordoned, draining
+        node.save(update_fields=["cordoned", "draining", "updated_at"])
+        audit(
+            actor=actor,
+            action=action,
+            obj=node,
+            before=before,
+            after=_snapshot(node, ["cordoned", "draining"]),
+            reason=reason,
+        )
+    return node
+
+
+def inventory_sync(*, nodes: list[Any] | None = None) -> int:
+    """Bring Node and Device rows in line with what the backend reports. Returns nodes seen."""
+    inventory = nodes if nodes is not None else get_backend().inventory()
+    pools = {p.name: p for p in Pool.objects.all()}
+    seen = 0
+    with transaction.atomic():
+        for inv in inventory:
+            pool = pools.get(inv.pool)
+            if pool is None:
+                continue
+            node, _ = Node.objects.update_or_create(
+                name=inv.name,
+                defaults={
+                    "pool": pool,
+                    "cpu_milli": inv.cpu_milli,
+                    "memory_mib": inv.memory_mib,
+                    "labels": inv.labels,
+                    "taints": [{"key": k, "value": v, "effect": e} for k, v, e in inv.taints],
+                    "ready": inv.ready,
+                    "interconnect": inv.interconnect,
+                    "software": lifecycle.node_software(inv.labels),
+                },
+            )
+            if inv.cordoned and not node.cordoned:
+                Node.objects.filter(pk=node.pk).update(cordoned=True)
+            for d in inv.devices:
+                Device.objects.update_or_create(
+                    node=node,
+                    index=d.index,
+                    defaults={
+                        # Only the node agent knows UUIDs on a real cluster: never blank one out.
+                        **({"uuid": d.uuid} if d.uuid else {}),
+                        "model": d.model,
+                        "memory_mib": d.memory_mib,
+                        "partitioning": d.partitioning,
+                        "replicas": d.replicas,
+                        "mig_instances": [
+                            {"profile": m.profile, "start": m.start, "size": m.size}
+                            for m in d.mig_instances
+                        ],
+                        "healthy": d.healthy,
+                    },
+                )
+            seen += 1
+    return seen
+
+
+CRITICAL_XID_QUARANTINE = "critical Xid"
+
+
+def node_agent_report(*, report: dict[str, Any], now: datetime | None = None) -> Node:
+    """Store a node agent's report: heartbeat, per-device NVML readings, health, quarantine."""
+    now = now or timezone.now()
+    name = report.get("node")
+    if not isinstance(name, str) or not name:
+        raise ValidationError({"node": "The report must name its node."})
+    devices = report.get("devices")
+    if not isinstance(devices, list):
+        raise ValidationError({"devices": "The report must list its devices."})
+    with transaction.atomic():
+        node = Node.objects.select_for_update().filter(name=name).first()
+        if node is None:
+            raise ValidationError({"node": f"Node {name} is not in the inventory."})
+        node.last_heartbeat, node.agent_report = now, report
+        node.save(update_fields=["last_heartbeat", "agent_report", "updated_at"])
+        by_index = {d.index: d for d in node.devices.all()}
+        for raw in devices:
+            if not isinstance(raw, dict) or raw.get("index") not in by_index:
+                continue
+            _device_report(by_index[raw["index"]], raw, now)
+    return node
+
+
+def _device_report(device: Device, raw: dict[str, Any], now: datetime) -> None:
+    xids = [x for x in raw.get("xids") or [] if isinstance(x, dict)]
+    critical = [x for x in xids if x.get("critical")]
+    device.memory_used_mib = max(0, int(raw.get("memory_used_mib") or 0))
+    device.utilization_pct = max(0, int(raw.get("utilization_pct") or 0))
+    device.processes = [p for p in raw.get("processes") or [] if isinstance(p, dict)][:50]
+    device.xids = (device.xids + xids)[-20:]
+    device.agent_healthy = bool(raw.get("healthy", True))
+    device.reported_at = now
+    if raw.get("uuid"):
+        device.uuid = str(raw["uuid"])[:100]
+    if critical and not device.quarantined:
+        device.quarantined = True
+        device.health_reason = f"{CRITICAL_XID_QUARANTINE} {critical[-1].get('xid')}"
+        Decision.objects.create(
+            node=device.node.name,
+            kind=Decision.Kind.END,
+            code="quarantined",
+            message=f"{device}: quarantined after Xid {critical[-1].get('xid')}; an admin must clear it",
+            facts={"xids": critical},
+        )
+    elif not device.agent_healthy:
+        device.health_reason = str(
+            raw.get("error") or "the node agent reports the device unhealthy"
+        )[:200]
+    device.save()
+
+
+def device_clear_quarantine(*, actor: AbstractBaseUser, device: Device) -> Device:
+    """An admin returns a quarantined device to service (a healthy report never does)."""
+    with transaction.atomic():
+        device = Device.objects.select_for_update().select_related("node").get(pk=device.pk)
+        if not device.quarantined:
+            raise ValidationError({"device": f"{device} is not quarantined."})
+        before = _snapshot(device, ["quarantined", "health_reason"])
+        device.quarantined, device.health_reason = False, ""
+        device.save(update_fields=["quarantined", "health_reason"])
+        audit(
+            actor=actor,
+            action="device.clear-quarantine",
+            obj=device,
+            before=before,
+            after=_snapshot(device, ["quarantined", "health_reason"]),
+        )
+    return device

@@ -1,0 +1,191 @@
+"""Teams, memberships and quotas: who may use which pool, and how much."""
+
+from __future__ import annotations
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from portal import access
+from portal.models import GpuRequest, Membership, Pool, Quota, Team
+from portal.services.audit import _snapshot, audit
+from portal.services.requests import gpu_request_cancel_not_member
+
+QUOTA_FIELDS = ["nominal_milli", "borrowing_limit_milli", "lending_limit_milli", "granted_milli"]
+
+
+def quota_set(
+    *,
+    actor: AbstractBaseUser,
+    team: Team,
+    pool: Pool,
+    nominal_milli: int,
+    borrowing_limit_milli: int | None = None,
+    lending_limit_milli: int | None = None,
+    granted_milli: int | None = None,
+    reason: str = "",
+) -> Quota:
+    """Set a team's quota in a pool. Lowering it never stops running work; it only blocks new admissions."""
+    is_admin = access.is_admin(actor)
+    with transaction.atomic():
+        quota, _ = Quota.objects.select_for_update().get_or_create(team=team, pool=pool)
+        before = _snapshot(quota, QUOTA_FIELDS)
+        if granted_milli is not None:
+            if not is_admin:
+                raise ValidationError(
+                    {"granted_milli": "Only platform admins change what a team is granted."}
+                )
+            quota.granted_milli = granted_milli
+        if not is_admin and nominal_milli > quota.granted_milli:
+            raise ValidationError(
+                {
+                    "nominal_milli": f"At most {quota.granted_milli / 1000:g} GPUs were granted to {team.name} in {pool.name}."
+                }
+            )
+        for field_name, value in (
+            ("nominal_milli", nominal_milli),
+            ("borrowing_limit_milli", borrowing_limit_milli),
+            ("lending_limit_milli", lending_limit_milli),
+        ):
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise ValidationError(
+                    {field_name: "Must be a whole number of milli-GPU, 0 or more."}
+                )
+        quota.nominal_milli = nominal_milli
+        quota.borrowing_limit_milli = borrowing_limit_milli
+        quota.lending_limit_milli = lending_limit_milli
+        quota.full_clean()
+        quota.save()
+        audit(
+            actor=actor,
+            action="quota.set",
+            obj=quota,
+            team=team,
+            before=before,
+            after=_snapshot(quota, QUOTA_FIELDS),
+            reason=reason,
+        )
+    return quota
+
+
+def team_create(
+    *,
+    actor: AbstractBaseUser | None,
+    name: str,
+    namespace: str = "",
+    display_name: str = "",
+    weight: int = 1,
+) -> Team:
+    with transaction.atomic():
+        team = Team(
+            name=name,
+            namespace=namespace or f"qm-{name}",
+            display_name=display_name or name,
+            weight=weight,
+        )
+        team.full_clean()
+        team.save()
+        audit(
+            actor=actor,
+            action="team.create",
+            obj=team,
+            team=team,
+            after={"name": name, "namespace": team.namespace},
+        )
+    return team
+
+
+def membership_set(
+    *,
+    actor: AbstractBaseUser | None,
+    team: Team,
+    user: AbstractBaseUser,
+    role: str,
+    gpu_cap_milli: int | None = None,
+    source: str | None = None,
+    actor_name: str = "",
+) -> Membership:
+    """Add `user` to `team` or change their role and cap, audited with before and after.
+
+    `source` marks who manages the membership (Membership.Source); None keeps it.
+    """
+    if role not in Membership.Role.values:
+        raise ValidationError({"role": f"Choose one of {', '.join(Membership.Role.values)}."})
+    if gpu_cap_milli is not None and (not isinstance(gpu_cap_milli, int) or gpu_cap_milli < 0):
+        raise ValidationError({"gpu_cap_milli": "Must be a whole number of milli-GPU, 0 or more."})
+    with transaction.atomic():
+        m, created = Membership.objects.select_for_update().get_or_create(
+            user=user, team=team, defaults={"role": role}
+        )
+        before = None if created else {"user": user.get_username(), **_snapshot(m, MEMBER_FIELDS)}
+        m.role, m.gpu_cap_milli = role, gpu_cap_milli
+        if source is not None:
+            m.source = source
+        m.save()
+        audit(
+            actor=actor,
+            action="membership.set",
+            obj=m,
+            team=team,
+            before=before,
+            after={"user": user.get_username(), **_snapshot(m, MEMBER_FIELDS)},
+            actor_name=actor_name,
+        )
+    return m
+
+
+MEMBER_FIELDS = ["role", "gpu_cap_milli", "source"]
+
+
+def membership_add(
+    *, actor: AbstractBaseUser, team: Team, username: str, role: str = Membership.Role.MEMBER
+) -> Membership:
+    """Add an existing user to a team (leads add members; admins choose the role)."""
+    from django.contrib.auth import get_user_model
+
+    user = get_user_model().objects.filter(username=username, is_active=True).first()
+    if user is None:
+        raise ValidationError({"username": f"No active user is called {username!r}."})
+    if Membership.objects.filter(user=user, team=team).exists():
+        raise ValidationError({"username": f"{username} is already in team {team.name}."})
+    return membership_set(actor=actor, team=team, user=user, role=role)
+
+
+def membership_remove(
+    *, actor: AbstractBaseUser | None, membership: Membership, actor_name: str = ""
+) -> int:
+    """Remove a member from a team and cancel their pending requests in it, audited.
+
+    Admitted and running work runs on (stopping it is a separate, explicit act).
+    Returns how many pending requests were cancelled. A request the tick admits
+    concurrently is left admitted; one submitted concurrently is cancelled by the
+    next tick (`scheduling.members`).
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        m = (
+            Membership.objects.select_for_update()
+            .select_related("team", "user")
+            .get(pk=membership.pk)
+        )
+        pending = GpuRequest.objects.filter(
+            team=m.team, submitted_by_id=m.user_id, state=GpuRequest.State.PENDING
+        ).select_related("team")
+        cancelled = sum(
+            gpu_request_cancel_not_member(r, actor=actor, now=now) for r in pending.order_by("id")
+        )
+        audit(
+            actor=actor,
+            action="membership.remove",
+            obj=m,
+            team=m.team,
+            before={
+                "user": m.user.get_username(),
+                **_snapshot(m, MEMBER_FIELDS),
+            },
+            after={"cancelled_requests": cancelled},
+            actor_name=actor_name,
+        )
+        m.delete()
+    return cancelled

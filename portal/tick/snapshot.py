@@ -1,0 +1,599 @@
+"""The tick's snapshot: the database read into frozen `scheduling.types` data.
+
+Plus a `Context` that lets the apply step find rows again from snapshot ids.
+Reads only: the preview builds it outside the tick lock, so nothing here may write
+(member rules are the core's, `scheduling.members`; the apply step writes).
+
+Rows are read as tuples of the columns the core needs (`values_list`), never as model
+instances: at 10,000 pending requests and 8,000 devices building model objects took
+most of the tick. One query per table; shapes and tolerations are shared between
+requests that have the same ones.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import Q, TextField
+from django.db.models.functions import Cast
+
+from portal.lib import shapes
+from portal.models import (
+    Allocation,
+    Attempt,
+    Device,
+    GpuRequest,
+    Membership,
+    Node,
+    Pool,
+    Quota,
+    ShapeHistory,
+    Team,
+    UsageRecord,
+    WorkloadClass,
+    heartbeat_stale_before,
+)
+from portal.services import autoscale
+from portal.tick import waits as capacity
+from scheduling import types as st
+from scheduling import usage_decay, workload
+
+
+def _ms(dt: datetime) -> int:
+    return int(dt.timestamp() * 1000)
+
+
+@dataclass(slots=True)
+class QueuedRow:
+    """A pending request as the apply step needs it: ids and the status last written."""
+
+    pk: int
+    team_id: int
+    workload_class_id: int
+    submitted_by_id: int
+    status_code: str
+    status_message: str
+    queue_position: int | None
+    escalated: bool
+    estimated_start: datetime | None
+    gpus_milli: int
+    #: why its queue position last moved (`portal.tick.apply.position_notes`)
+    position_note: str = ""
+    created_at: datetime | None = None
+    #: where its wait went so far (portal/tick/waits.py)
+    wait: capacity.WaitState | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceRow:
+    """A device as the apply step needs it to book slots (see `portal.tick.apply._slots`)."""
+
+    pk: int
+    partitioning: str
+    replicas: int
+
+
+@dataclass
+class Context:
+    """What the apply step needs to find rows again from snapshot ids."""
+
+    now: datetime
+    requests: dict[str, QueuedRow]
+    devices: dict[tuple[str, int], DeviceRow]
+    active_slots: dict[int, set[str]]
+    pools: dict[str, Pool]
+    teams: dict[int, tuple[str, str]]  # pk -> (name, namespace)
+    #: the scheduling profile the tick runs: its name and version go on every decision
+    profile_name: str = ""
+    profile_version: int | None = None
+    #: the policy version in force (`PolicyVersion`): every decision records it
+    policy_version: int | None = None
+    #: pending request ids that nodes are being added for (portal/services/autoscale.py)
+    provisioning: set[str] = field(default_factory=set)
+
+
+def _device_healthy(quarantined: bool, healthy: bool, agent_healthy: bool) -> bool:
+    """Not a fault of the device itself (DEVICE_FAULTS in `Device.condition`, the one rule).
+
+    Its node's faults (stale, not ready, cordoned) go on the snapshot's node instead.
+    """
+    return not quarantined and healthy and agent_healthy
+
+
+def build_snapshot(now: datetime, policy: st.Policy | None = None) -> tuple[st.Snapshot, Context]:
+    """The snapshot the core schedules; `policy` is the one it will run (its usage
+    half-life decays the team usage here)."""
+    policy = policy or st.Policy()
+    pools = {p.name: p for p in Pool.objects.all()}
+    pool_names = {p.pk: p.name for p in pools.values()}
+    teams = {
+        pk: (name, namespace, weight)
+        for pk, name, namespace, weight in Team.objects.values_list(
+            "pk", "name", "namespace", "weight"
+        )
+    }
+    class_rows = list(WorkloadClass.objects.all())
+    class_names = {c.pk: c.name for c in class_rows}
+    nodes, devices, active_slots, held_grants = _nodes(now, pool_names)
+    running = _running(held_grants, teams, class_names, pool_names)
+    pending, queued = _pending(now, pools, teams, class_names)
+    snapshot = st.Snapshot(
+        now_ms=_ms(now),
+        pools=tuple(
+            st.Pool(
+                p.name,
+                st.Partitioning(p.partitioning),
+                st.Lifecycle(p.lifecycle),
+                p.inference_floor_milli,
+            )
+            for p in pools.values()
+        ),
+        nodes=nodes,
+        running=running,
+        pending=pending,
+        teams=tuple(st.Team(name, weight) for name, _, weight in teams.values()),
+        quotas=tuple(
+            st.Quota(teams[team_id][0], pool_names[pool_id], nominal, borrowing, lending)
+            for team_id, pool_id, nominal, borrowing, lending in Quota.objects.order_by(
+                "team__name", "pool__name"
+            ).values_list(
+                "team_id",
+                "pool_id",
+                "nominal_milli",
+                "borrowing_limit_milli",
+                "lending_limit_milli",
+            )
+        ),
+        classes=tuple(
+            st.WorkloadClass(
+                c.name,
+                c.band,
+                st.PreemptionPolicy(c.preemption),
+                c.min_runtime_s,
+                c.max_queue_s,
+                c.inference,
+            )
+            for c in class_rows
+        ),
+        usage=tuple(_usage(now, teams, policy.usage_half_life_s)),
+        members=_members({q.team_id for q in queued.values()}),
+        workloads=_workloads(policy.shape_half_life_s),
+        growth=autoscale.growth(pools.values(), nodes),
+    )
+    ctx = Context(
+        now=now,
+        requests=queued,
+        devices=devices,
+        active_slots=active_slots,
+        pools=pools,
+        teams={pk: (name, namespace) for pk, (name, namespace, _) in teams.items()},
+        provisioning=autoscale.provisioning_for(pools.values()),
+    )
+    return snapshot, ctx
+
+
+def _nodes(
+    now: datetime, pool_names: dict[int, str]
+) -> tuple[
+    tuple[st.Node, ...],
+    dict[tuple[str, int], DeviceRow],
+    dict[int, set[str]],
+    dict[int, dict[tuple[str, int, int], st.DeviceGrant]],
+]:
+    """Nodes with their devices, and the active allocations (slots per device, grants per attempt)."""
+    stale_before = heartbeat_stale_before(now)
+    node_rows = list(
+        Node.objects.order_by("name").values_list(
+            "pk",
+            "name",
+            "pool_id",
+            "cpu_milli",
+            "memory_mib",
+            "labels",
+            "taints",
+            "ready",
+            "cordoned",
+            "interconnect",
+            "last_heartbeat",
+        )
+    )
+    node_names = {row[0]: row[1] for row in node_rows}
+    held_grants: dict[int, dict[tuple[str, int, int], st.DeviceGrant]] = defaultdict(dict)
+    active_slots: dict[int, set[str]] = defaultdict(set)
+    # The two JSON columns come as text: thousands of devices share a few MIG layouts
+    # (decoded once each), and only a device with processes needs its list decoded.
+    device_rows = list(
+        Device.objects.order_by("node_id", "index")
+        .annotate(
+            mig_text=Cast("mig_instances", TextField()),
+            processes_text=Cast("processes", TextField()),
+        )
+        .values_list(
+            "pk",
+            "node_id",
+            "index",
+            "model",
+            "memory_mib",
+            "partitioning",
+            "replicas",
+            "mig_text",
+            "healthy",
+            "agent_healthy",
+            "quarantined",
+            "processes_text",
+        )
+    )
+    where = {pk: (node_names.get(node_id, ""), index) for pk, node_id, index, *_ in device_rows}
+    for attempt_id, device_id, slot, milli, memory, mig_profile, mig_start, mig_size in (
+        Allocation.objects.filter(active=True)
+        .order_by("id")
+        .values_list(
+            "attempt_id",
+            "device_id",
+            "slot",
+            "milli",
+            "gpu_memory_mib",
+            "mig_profile",
+            "mig_start",
+            "mig_size",
+        )
+    ):
+        active_slots[device_id].add(slot)
+        node, idx = where.get(device_id, ("", -1))
+        grants = held_grants[attempt_id]
+        if (node, idx, mig_start) in grants:
+            continue
+        mig = st.MigInstance(mig_profile, mig_start, mig_size) if mig_profile else None
+        grants[(node, idx, mig_start)] = st.DeviceGrant(
+            node, idx, milli if mig is None else 0, memory, mig
+        )
+    # Devices that run a process the portal did not place there: not free, whatever the
+    # books say. Held devices are the portal's own.
+    devices_by_node: dict[int, list[st.Device]] = defaultdict(list)
+    devices: dict[tuple[str, int], DeviceRow] = {}
+    mig_layouts: dict[str, tuple[st.MigInstance, ...]] = {}
+    for (
+        pk,
+        node_id,
+        index,
+        model,
+        memory_mib,
+        partitioning,
+        replicas,
+        mig_instances,
+        healthy,
+        agent_healthy,
+        quarantined,
+        processes,
+    ) in device_rows:
+        migs = mig_layouts.get(mig_instances)
+        if migs is None:
+            migs = mig_layouts[mig_instances] = tuple(
+                st.MigInstance(m["profile"], int(m["start"]), int(m["size"]))
+                for m in json.loads(mig_instances)
+            )
+        devices_by_node[node_id].append(
+            st.Device(
+                index=index,
+                model=model,
+                memory_mib=memory_mib,
+                partitioning=st.Partitioning(partitioning),
+                replicas=replicas,
+                mig_instances=migs,
+                healthy=_device_healthy(quarantined, healthy, agent_healthy)
+                and (pk in active_slots or processes == "[]" or not json.loads(processes)),
+            )
+        )
+        devices[(node_names.get(node_id, ""), index)] = DeviceRow(pk, partitioning, replicas)
+    taints_seen: dict[str, tuple[st.Taint, ...]] = {}
+    nodes = []
+    for (
+        pk,
+        name,
+        pool_id,
+        cpu_milli,
+        memory_mib,
+        labels,
+        taints,
+        ready,
+        cordoned,
+        interconnect,
+        last_heartbeat,
+    ) in node_rows:
+        stale = last_heartbeat is not None and last_heartbeat < stale_before
+        key = repr(taints)
+        node_taints = taints_seen.get(key)
+        if node_taints is None:
+            node_taints = taints_seen[key] = shapes.taints(taints)
+        nodes.append(
+            st.Node(
+                name=name,
+                pool=pool_names[pool_id],
+                cpu_milli=cpu_milli,
+                memory_mib=memory_mib,
+                devices=tuple(devices_by_node[pk]),
+                labels=tuple(sorted((k, str(v)) for k, v in labels.items())),
+                taints=node_taints,
+                ready=ready and not stale,
+                cordoned=cordoned,
+                interconnect=interconnect,
+            )
+        )
+    return tuple(nodes), devices, active_slots, held_grants
+
+
+class _Shapes:
+    """One `Shape` per distinct set of shape fields: requests share them (they are frozen)."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[Any, ...], st.Shape] = {}
+
+    def get(self, fields: tuple[Any, ...], tolerations: tuple[st.Taint, ...] = ()) -> st.Shape:
+        key = (fields, tolerations)
+        shape = self._seen.get(key)
+        if shape is None:
+            kind, mig_profile, milli, memory, count, pods, cpu, mem, request_kind = fields
+            shape = self._seen[key] = shapes.shape_build(
+                profile_kind=kind,
+                mig_profile=mig_profile,
+                milli=milli,
+                gpu_memory_mib=memory,
+                count=count,
+                pods=pods,
+                cpu_milli=cpu,
+                memory_mib=mem,
+                tolerations=tolerations,
+                kind=request_kind,
+            )
+        return shape
+
+
+SHAPE_FIELDS = (
+    "profile_kind",
+    "mig_profile",
+    "milli",
+    "gpu_memory_mib",
+    "count",
+    "pods",
+    "cpu_milli",
+    "memory_mib",
+    "kind",
+)
+
+
+def _pending(
+    now: datetime,
+    pools: dict[str, Pool],
+    teams: dict[int, tuple[str, str, int]],
+    class_names: dict[int, str],
+) -> tuple[tuple[st.PendingRequest, ...], dict[str, QueuedRow]]:
+    pool_names = {p.pk: p.name for p in pools.values()}
+    # What a request tolerates depends only on its pool (or on all pools): once per pool.
+    tolerations = {pk: shapes.tolerations([p]) for pk, p in ((p.pk, p) for p in pools.values())}
+    tolerations[None] = shapes.tolerations(pools.values())
+    shape_of = _Shapes()
+    pending = []
+    queued: dict[str, QueuedRow] = {}
+    rows = (
+        GpuRequest.objects.filter(state=GpuRequest.State.PENDING)
+        .filter(Q(requeue_at__isnull=True) | Q(requeue_at__lte=now))
+        .order_by("created_at", "id")
+        .values_list(
+            "pk",
+            "team_id",
+            "workload_class_id",
+            "pool_id",
+            "submitted_by_id",
+            "created_at",
+            "priority",
+            "requeue_count",
+            "status_code",
+            "status_message",
+            "queue_position",
+            "escalated",
+            "estimated_start",
+            "position_note",
+            "estimated_runtime_s",
+            "max_runtime_s",
+            *capacity.COLUMNS,
+            *SHAPE_FIELDS,
+        )
+    )
+    for (
+        pk,
+        team_id,
+        class_id,
+        pool_id,
+        user_id,
+        created_at,
+        priority,
+        requeue_count,
+        status_code,
+        status_message,
+        queue_position,
+        escalated,
+        estimated_start,
+        position_note,
+        estimated_runtime_s,
+        max_runtime_s,
+        wait_reason,
+        wait_since,
+        *rest,
+    ) in rows:
+        rid = str(pk)
+        waited, fields = rest[:_WAITED], rest[_WAITED:]
+        shape = shape_of.get(tuple(fields), tolerations[pool_id])
+        pending.append(
+            st.PendingRequest(
+                id=rid,
+                team=teams[team_id][0],
+                workload_class=class_names[class_id],
+                shape=shape,
+                created_at_ms=_ms(created_at),
+                pool=pool_names[pool_id] if pool_id else "",
+                priority=priority,
+                attempts=requeue_count,
+                # the room its victims free is kept for it (scheduling.queue.request_key)
+                preempting=status_code in ("preempting", "awaiting-stop"),
+                # EASY backfill: the submitter's estimate, never past the hard limit
+                expected_runtime_ms=_ms_or_none(
+                    _expected_runtime_s(estimated_runtime_s, max_runtime_s)
+                ),
+                user=str(user_id),
+            )
+        )
+        queued[rid] = QueuedRow(
+            pk,
+            team_id,
+            class_id,
+            user_id,
+            status_code,
+            status_message,
+            queue_position,
+            escalated,
+            estimated_start,
+            shape.gpus_milli,
+            position_note,
+            created_at,
+            capacity.WaitState(wait_reason, wait_since, tuple(waited)),
+        )
+    return tuple(pending), queued
+
+
+_WAITED = len(capacity.FIELDS)
+
+
+def _workloads(half_life_s: int) -> tuple[st.PoolWorkload, ...]:
+    """Each pool's shape history: FGD's target workload (a pool without one: its prior),
+    decayed with the active profile's half-life."""
+    return tuple(
+        workload.ShapeHistory.from_dict(histogram, half_life_s=half_life_s).to_workload(pool)
+        for pool, histogram in ShapeHistory.objects.order_by("pool__name").values_list(
+            "pool__name", "histogram"
+        )
+    )
+
+
+def _members(team_ids: set[int]) -> tuple[st.Member, ...]:
+    """Members of the teams with pending requests, with their caps: the core applies them."""
+    return tuple(
+        st.Member(team, str(user_id), cap)
+        for team, user_id, cap in Membership.objects.filter(team_id__in=team_ids)
+        .order_by("team__name", "user_id")
+        .values_list("team__name", "user_id", "gpu_cap_milli")
+    )
+
+
+def _running(
+    held_grants: dict[int, dict[tuple[str, int, int], st.DeviceGrant]],
+    teams: dict[int, tuple[str, str, int]],
+    class_names: dict[int, str],
+    pool_names: dict[int, str],
+) -> tuple[st.Running, ...]:
+    shape_of = _Shapes()
+    running = []
+    rows = (
+        Attempt.objects.filter(state__in=Attempt.ACTIVE_STATES)
+        .order_by("request_id", "number")
+        .values_list(
+            "pk",
+            "state",
+            "pool_id",
+            "started_at",
+            "admitted_at",
+            "last_checkpoint_at",
+            "admitted_by_preemption",
+            "request_id",
+            "request__team_id",
+            "request__workload_class_id",
+            "request__priority",
+            "request__submitted_by_id",
+            "request__estimated_runtime_s",
+            "request__max_runtime_s",
+            *(f"request__{f}" for f in SHAPE_FIELDS),
+        )
+    )
+    for (
+        pk,
+        state,
+        pool_id,
+        started_at,
+        admitted_at,
+        last_checkpoint_at,
+        admitted_by_preemption,
+        request_id,
+        team_id,
+        class_id,
+        priority,
+        user_id,
+        estimated_runtime_s,
+        max_runtime_s,
+        *fields,
+    ) in rows:
+        per_node: dict[str, list[st.DeviceGrant]] = defaultdict(list)
+        for (node, _, _), g in sorted(held_grants.get(pk, {}).items()):
+            per_node[node].append(g)
+        cpu_milli, memory_mib = fields[6], fields[7]
+        placement = st.Placement(
+            tuple(
+                st.PodPlacement(n, tuple(gs), cpu_milli, memory_mib)
+                for n, gs in sorted(per_node.items())
+            )
+        )
+        # Expected end for reservations (EASY backfilling), as for pending requests.
+        runtime_s = _expected_runtime_s(estimated_runtime_s, max_runtime_s)
+        begun = _ms(started_at or admitted_at)
+        running.append(
+            st.Running(
+                request_id=str(request_id),
+                attempt_id=str(pk),
+                team=teams[team_id][0],
+                workload_class=class_names[class_id],
+                pool=pool_names[pool_id],
+                shape=shape_of.get(tuple(fields)),
+                placement=placement,
+                started_at_ms=begun,
+                last_checkpoint_ms=_ms(last_checkpoint_at) if last_checkpoint_at else None,
+                priority=priority,
+                stopping=state == Attempt.State.STOPPING,
+                admitted_by_preemption=admitted_by_preemption,
+                expected_end_ms=begun + runtime_s * 1000 if runtime_s is not None else None,
+                user=str(user_id),
+            )
+        )
+    return tuple(running)
+
+
+def _expected_runtime_s(estimated_runtime_s: int | None, max_runtime_s: int | None) -> int | None:
+    """The user's runtime estimate, never past the hard limit when one is set; None (the
+    rules without estimates) when neither is set."""
+    limits = [s for s in (estimated_runtime_s, max_runtime_s) if s]
+    return min(limits) if limits else None
+
+
+def _ms_or_none(seconds: int | None) -> int | None:
+    return None if seconds is None else seconds * 1000
+
+
+def _usage(
+    now: datetime, teams: dict[int, tuple[str, str, int]], half_life: int
+) -> list[st.TeamUsage]:
+    """GPU milli-seconds per team, each record decayed by the profile's half-life."""
+    now_ms = _ms(now)
+    horizon = now - timedelta(seconds=half_life * 8)
+    totals: dict[str, int] = defaultdict(int)
+    records = UsageRecord.objects.filter(charged=True).filter(
+        Q(ended_at__isnull=True) | Q(ended_at__gte=horizon)
+    )
+    for team_id, gpus_milli, started_at, ended_at in records.values_list(
+        "team_id", "gpus_milli", "started_at", "ended_at"
+    ):
+        end_ms = _ms(ended_at) if ended_at else now_ms
+        totals[teams[team_id][0]] += usage_decay.interval_usage(
+            gpus_milli, _ms(started_at), end_ms, now_ms, half_life
+        )
+    return [st.TeamUsage(team, v) for team, v in sorted(totals.items())]

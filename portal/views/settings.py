@@ -1,0 +1,165 @@
+"""The settings page for admins: pools, workload classes and scheduling profiles."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import ValidationError
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_POST
+
+from portal import access
+from portal.forms.settings import PolicyProfileForm, PoolForm, WorkloadClassForm
+from portal.models import PolicyProfile, Pool, Quota, Team, WorkloadClass
+from portal.services.pools import pool_update, workload_class_update
+from portal.services.profiles import (
+    policy_profile_activate,
+    policy_profile_create,
+    policy_profile_update,
+)
+from portal.views.base import _add_errors, _refused
+
+
+@login_required
+@require_GET
+def settings_page(request: HttpRequest) -> HttpResponse:
+    """Scheduling profiles, workload classes, pools and team guarantees, each editable by
+    admins (auditors read them)."""
+    access.require_admin_read(request.user)
+    template = "portal/settings.html"
+    if request.htmx:
+        template += "#profiles"
+    return render(request, template, _settings_context())
+
+
+def _settings_context(override: dict[tuple[str, int], Any] | None = None) -> dict[str, Any]:
+    override = override or {}
+    classes = [
+        (c, override.get(("class", c.pk)) or WorkloadClassForm(instance=c, prefix=f"c{c.pk}"))
+        for c in WorkloadClass.objects.all()
+    ]
+    pools = [
+        (p, override.get(("pool", p.pk)) or PoolForm(instance=p, prefix=f"p{p.pk}"))
+        for p in Pool.objects.all()
+    ]
+    quotas = Quota.objects.select_related("team", "pool").order_by("team__name", "pool__name")
+    profiles = [
+        (
+            p,
+            override.get(("profile", p.pk))
+            or PolicyProfileForm(initial=dict(p.profile().knobs), prefix=f"pp{p.pk}"),
+        )
+        for p in PolicyProfile.objects.select_related("updated_by").order_by("-active", "name")
+    ]
+    new_profile = override.get(("profile", 0)) or PolicyProfileForm(
+        initial=PolicyProfile.objects.active_profile().knobs, with_name=True, prefix="pp-new"
+    )
+    return {
+        "classes": classes,
+        "pools": pools,
+        "quotas": quotas,
+        "teams": Team.objects.all(),
+        "profiles": profiles,
+        "new_profile": new_profile,
+    }
+
+
+def _profiles_answer(
+    request: HttpRequest, override: dict[tuple[str, int], Any] | None = None
+) -> HttpResponse:
+    """After a profile change: the profiles section for HTMX, else the page (400 with the
+    form's errors, or a redirect after a change)."""
+    status = 400 if override else 200
+    if request.htmx:
+        return render(
+            request, "portal/settings.html#profiles", _settings_context(override), status=status
+        )
+    if override:
+        return render(request, "portal/settings.html", _settings_context(override), status=400)
+    return redirect(reverse("portal:settings") + "#profiles")
+
+
+@login_required
+@require_POST
+def profile_create(request: HttpRequest) -> HttpResponse:
+    access.require_admin(request.user)
+    form = PolicyProfileForm(request.POST, with_name=True, prefix="pp-new")
+    if form.is_valid():
+        try:
+            policy_profile_create(
+                actor=request.user,  # type: ignore[arg-type]
+                name=form.cleaned_data["name"],
+                knobs=form.knobs(),
+            )
+        except ValidationError as exc:
+            _add_errors(form, exc)
+        else:
+            return _profiles_answer(request)
+    return _profiles_answer(request, {("profile", 0): form})
+
+
+@login_required
+@require_POST
+def profile_edit(request: HttpRequest, profile_id: int) -> HttpResponse:
+    row = access.get_policy_profile_for_admin(request.user, profile_id)
+    form = PolicyProfileForm(request.POST, prefix=f"pp{row.pk}")
+    if form.is_valid():
+        try:
+            policy_profile_update(actor=request.user, profile=row, knobs=form.knobs())  # type: ignore[arg-type]
+        except ValidationError as exc:
+            _add_errors(form, exc)
+        else:
+            return _profiles_answer(request)
+    return _profiles_answer(request, {("profile", row.pk): form})
+
+
+@login_required
+@require_POST
+def profile_activate(request: HttpRequest, profile_id: int) -> HttpResponse:
+    row = access.get_policy_profile_for_admin(request.user, profile_id)
+    try:
+        policy_profile_activate(actor=request.user, profile=row)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        return _refused(exc)
+    return _profiles_answer(request)
+
+
+@login_required
+@require_POST
+def workload_class_edit(request: HttpRequest, class_id: int) -> HttpResponse:
+    wc = access.get_workload_class_for_admin(request.user, class_id)
+    form = WorkloadClassForm(
+        request.POST, instance=WorkloadClass.objects.get(pk=wc.pk), prefix=f"c{wc.pk}"
+    )
+    if form.is_valid():
+        changes = {f: form.cleaned_data[f] for f in form.Meta.fields}
+        try:
+            workload_class_update(actor=request.user, workload_class=wc, **changes)  # type: ignore[arg-type]
+        except ValidationError as exc:
+            _add_errors(form, exc)
+        else:
+            return redirect(reverse("portal:settings") + "#classes")
+    return render(
+        request, "portal/settings.html", _settings_context({("class", wc.pk): form}), status=400
+    )
+
+
+@login_required
+@require_POST
+def pool_edit(request: HttpRequest, pool_id: int) -> HttpResponse:
+    pool = access.get_pool_for_admin(request.user, pool_id)
+    form = PoolForm(request.POST, instance=Pool.objects.get(pk=pool.pk), prefix=f"p{pool.pk}")
+    if form.is_valid():
+        changes = {f: form.cleaned_data[f] for f in form.Meta.fields}
+        try:
+            pool_update(actor=request.user, pool=pool, **changes)  # type: ignore[arg-type]
+        except ValidationError as exc:
+            _add_errors(form, exc)
+        else:
+            return redirect(reverse("portal:settings") + "#pools")
+    return render(
+        request, "portal/settings.html", _settings_context({("pool", pool.pk): form}), status=400
+    )

@@ -1,0 +1,76 @@
+"""What-if pages for admins: draft a change, watch the replay, compare, apply."""
+
+from __future__ import annotations
+
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import ValidationError
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_http_methods, require_POST
+
+from portal import access
+from portal.models import WhatIfRun
+from portal.tick import whatif_runs as services_whatif
+
+EXAMPLE = "quota.vision.a100-train=24\npolicy.preempt_after_s=120"
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def whatif_list(request: HttpRequest) -> HttpResponse:
+    """Recent what-ifs, and the form that drafts one (KEY=VALUE lines, N days)."""
+    access.require_admin_read(request.user)
+    errors: dict[str, list[str]] = {}
+    days, text = "7", ""
+    if request.method == "POST":
+        access.require_admin(request.user)
+        days, text = request.POST.get("days", "7"), request.POST.get("settings", "")
+        try:
+            if not days.isdigit():
+                raise ValidationError({"days": "A whole number of days."})
+            changes = services_whatif.parse_settings(text)
+            run = services_whatif.whatif_draft(
+                actor=request.user,  # type: ignore[arg-type]
+                days=int(days),
+                settings=changes,
+            )
+        except ValidationError as exc:
+            errors = exc.message_dict
+        else:
+            return redirect("portal:whatif-detail", run.pk)
+    context = {
+        "runs": WhatIfRun.objects.select_related("created_by")[:20],
+        "errors": errors,
+        "other_errors": errors.get("__all__", []),
+        "days": days,
+        "text": text,
+        "example": EXAMPLE,
+    }
+    return render(request, "portal/whatif.html", context, status=400 if errors else 200)
+
+
+@login_required
+def whatif_detail(request: HttpRequest, run_id: int) -> HttpResponse:
+    """A what-if's progress (polled while it runs) or its comparison, per team and class."""
+    access.require_admin_read(request.user)
+    run = get_object_or_404(WhatIfRun, pk=run_id)
+    template = "portal/whatif_detail.html"
+    if request.htmx:
+        template += "#whatif-result"
+    teams = sorted((run.result or {}).get("teams", {}).items())
+    return render(request, template, {"run": run, "teams": teams, "error": ""})
+
+
+@login_required
+@require_POST
+def whatif_apply(request: HttpRequest, run_id: int) -> HttpResponse:
+    access.require_admin(request.user)
+    run = get_object_or_404(WhatIfRun, pk=run_id)
+    try:
+        services_whatif.whatif_apply(actor=request.user, run=run)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        teams = sorted((run.result or {}).get("teams", {}).items())
+        error = "; ".join(m for ms in exc.message_dict.values() for m in ms)
+        context = {"run": run, "teams": teams, "error": error}
+        return render(request, "portal/whatif_detail.html", context, status=400)
+    return redirect("portal:whatif-detail", run.pk)
