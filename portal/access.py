@@ -15,8 +15,6 @@ from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth.backends import RemoteUserBackend
-from django.contrib.auth.middleware import RemoteUserMiddleware
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
@@ -247,32 +245,6 @@ def get_policy_profile_for_admin(
         return PolicyProfile.objects.get(pk=int(pk))
     except (PolicyProfile.DoesNotExist, ValueError, TypeError):
         raise Http404("No such scheduling profile.") from None
-
-
-# ---------------------------------------------------------------------------
-# Single sign-on seam
-
-
-class TrustedHeaderMiddleware(RemoteUserMiddleware):
-    """Sign users in from a header set by an authenticating proxy (oauth2-proxy, an ingress with OIDC).
-
-    Off unless settings.MIDDLEWARE lists it after AuthenticationMiddleware and
-    AUTHENTICATION_BACKENDS includes `portal.access.TrustedHeaderBackend`. Only
-    safe when the proxy strips the header from client requests: see docs/portal.md.
-    """
-
-    header = "HTTP_X_FORWARDED_USER"
-    force_logout_if_no_header = False
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.header = getattr(settings, "QM_TRUSTED_USER_HEADER", self.header)
-
-
-class TrustedHeaderBackend(RemoteUserBackend):
-    """Creates unknown users on first sign-in with no team and no staff bit: admins add memberships."""
-
-    create_unknown_user = True
 
 
 def get_rollout(user: AnyUser, pk: int | str, *, read_only: bool = False) -> Rollout:

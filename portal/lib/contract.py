@@ -155,13 +155,3 @@ def check_env(env: Mapping[str, object] | Iterable[tuple[str, object]]) -> dict[
     if len(clean) > MAX_ENV:
         raise ContractError("env", f"At most {MAX_ENV} environment variables.")
     return clean
-
-
-def check_workload(
-    *,
-    image: str,
-    env: Mapping[str, object] | Iterable[tuple[str, object]],
-    allowed_images: Iterable[str] = (),
-) -> tuple[ImageRef, dict[str, str]]:
-    """Everything both submit and launch refuse, in one call."""
-    return check_image(image, allowed_images), check_env(env)

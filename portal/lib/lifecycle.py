@@ -7,8 +7,7 @@ commands call these with plain values. docs/lifecycle.md describes the whole fea
 from __future__ import annotations
 
 import math
-from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -223,11 +222,3 @@ def thresholds_check(raw: Any) -> dict[str, float]:
             raise ValueError(f"Threshold {k} must be a number of at least 0.")
         out[k] = float(v)
     return out
-
-
-def team_counts(rows: Iterable[tuple[str, int]]) -> dict[str, int]:
-    """Sum (team, milli) rows into milli per team, largest first."""
-    c: Counter[str] = Counter()
-    for team, milli in rows:
-        c[team] += milli
-    return dict(sorted(c.items(), key=lambda kv: (-kv[1], kv[0])))

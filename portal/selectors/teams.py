@@ -5,10 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Count, QuerySet, Sum
+from django.db.models import Count, Sum
 
-from portal import access
-from portal.access import AnyUser
 from portal.models import Attempt, GpuRequest, Membership, Pool, Quota, Team
 
 
@@ -107,11 +105,3 @@ def team_members(team: Team) -> list[dict[str, Any]]:
         .select_related("user")
         .order_by("user__username")
     ]
-
-
-def led_teams(user: AnyUser) -> QuerySet[Team]:
-    if access.is_admin(user):
-        return Team.objects.all()
-    if not user.is_authenticated:
-        return Team.objects.none()
-    return Team.objects.filter(memberships__user=user, memberships__role=Membership.Role.LEAD)

@@ -43,13 +43,6 @@ def mig_demand(pool: Pool) -> dict[str, float]:
     return out
 
 
-def profiles_of(config: str) -> list[str] | None:
-    """The profiles a `config_name` names (None: not one of ours, e.g. `all-balanced`)."""
-    if not config.startswith("qm-"):
-        return None
-    return [p.replace("_me", "+me") for p in config[3:].split("-") if p]
-
-
 def config_name(profiles: tuple[str, ...]) -> str:
     """A mig-parted config name for the layout (a label value: no '+', at most 63)."""
     name = "qm-" + "-".join(p.replace("+", "_") for p in profiles)

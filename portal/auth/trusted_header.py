@@ -1,0 +1,31 @@
+"""Sign-in from a header that an authenticating proxy sets (oauth2-proxy, an ingress with OIDC)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.backends import RemoteUserBackend
+from django.contrib.auth.middleware import RemoteUserMiddleware
+
+
+class TrustedHeaderMiddleware(RemoteUserMiddleware):
+    """Sign users in from a header set by an authenticating proxy (oauth2-proxy, an ingress with OIDC).
+
+    Off unless settings.MIDDLEWARE lists it after AuthenticationMiddleware and
+    AUTHENTICATION_BACKENDS includes `portal.auth.trusted_header.TrustedHeaderBackend`. Only
+    safe when the proxy strips the header from client requests: see docs/portal.md.
+    """
+
+    header = "HTTP_X_FORWARDED_USER"
+    force_logout_if_no_header = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.header = getattr(settings, "QM_TRUSTED_USER_HEADER", self.header)
+
+
+class TrustedHeaderBackend(RemoteUserBackend):
+    """Creates unknown users on first sign-in with no team and no staff bit: admins add memberships."""
+
+    create_unknown_user = True
