@@ -58,3 +58,15 @@ def test_a_submitted_request_is_the_same_shape_in_the_tick_as_in_the_preview() -
         )
         assert in_tick == in_preview, profile.name
         assert req.gpus_milli == in_tick.gpus_milli
+
+
+@pytest.mark.parametrize("profile_kind", ["whole", "shared", "mig"])
+def test_a_serving_request_asks_the_core_to_spread_its_replicas(profile_kind: str) -> None:
+    # The request's kind (serving or batch) is not its device profile's kind (whole, shared, mig):
+    # a serving shape must keep the `spread` placement whatever device it asks for.
+    mig = "1g.10gb" if profile_kind == "mig" else ""
+    serving = shapes.shape_build(profile_kind=profile_kind, mig_profile=mig, kind="serving")
+    batch = shapes.shape_build(profile_kind=profile_kind, mig_profile=mig, kind="batch")
+    assert serving.placement == "spread"
+    assert batch.placement == ""
+    assert serving.kind == batch.kind == profile_kind
