@@ -119,11 +119,11 @@ def shape_build(
 
     Builds, never refuses: the submit service checked the fields (`normalize`).
     """
-    kind, mig_profile, milli, gpu_memory_mib = _kept(
+    profile_kind, mig_profile, milli, gpu_memory_mib = _kept(
         profile_kind, mig_profile, milli, gpu_memory_mib
     )
     return st.Shape(
-        kind=st.ProfileKind(kind),
+        kind=st.ProfileKind(profile_kind),
         count=count,
         milli=milli,
         gpu_memory_mib=gpu_memory_mib,
