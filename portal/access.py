@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, User
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
@@ -46,6 +46,12 @@ def _denied(user: AnyUser, what: str, pk: Any, exc: type[Exception], message: st
     return exc(message)
 
 
+def _signed_in(user: AnyUser) -> User:
+    """The user model behind a request's user, once `is_authenticated` has been checked (DRF and
+    Django type `request.user` as any user; this site's user model is `User`)."""
+    return cast(User, user)
+
+
 def is_admin(user: AnyUser) -> bool:
     return bool(user.is_authenticated and user.is_active and getattr(user, "is_staff", False))
 
@@ -56,8 +62,8 @@ def is_auditor(user: AnyUser) -> bool:
         return False
     cached = getattr(user, "_qm_auditor", None)
     if cached is None:
-        cached = user.groups.filter(name=settings.AUDITOR_GROUP).exists()  # type: ignore[union-attr]
-        user._qm_auditor = cached  # type: ignore[union-attr]
+        cached = _signed_in(user).groups.filter(name=settings.AUDITOR_GROUP).exists()
+        setattr(user, "_qm_auditor", cached)  # noqa: B010 (a per-request memo, not a model field)
     return bool(cached)
 
 
@@ -76,13 +82,13 @@ def teams_for(user: AnyUser) -> QuerySet[Team]:
         return Team.objects.none()
     if sees_all(user):
         return Team.objects.all()
-    return Team.objects.filter(memberships__user=user).distinct()
+    return Team.objects.filter(memberships__user=_signed_in(user)).distinct()
 
 
 def role_in(user: AnyUser, team: Team) -> str | None:
     if not user.is_authenticated:
         return None
-    m = Membership.objects.filter(user=user, team=team).only("role").first()
+    m = Membership.objects.filter(user=_signed_in(user), team=team).only("role").first()
     return m.role if m else None
 
 
@@ -134,7 +140,7 @@ def get_gpu_request_for_user(user: AnyUser, pk: int | str, *, write: bool = Fals
 def get_template_for_user(user: AnyUser, pk: int | str) -> RequestTemplate:
     """One of the user's own saved request templates (nobody else's, admins included)."""
     try:
-        return RequestTemplate.objects.get(pk=int(pk), user_id=user.pk)
+        return RequestTemplate.objects.get(pk=int(pk), user=_signed_in(user))
     except (RequestTemplate.DoesNotExist, ValueError, TypeError):
         raise _denied(user, "template", pk, Http404, "No such template.") from None
 

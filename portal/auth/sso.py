@@ -13,7 +13,7 @@ import logging
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.core.exceptions import SuspiciousOperation
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
@@ -40,7 +40,8 @@ class GroupMappingBackend(OIDCAuthenticationBackend):  # type: ignore[misc]
     """OpenID Connect sign-in that keeps memberships and roles in step with the IdP's groups."""
 
     def filter_users_by_claims(self, claims: dict[str, Any]) -> QuerySet[Any]:
-        return self.UserModel.objects.filter(username=_username(claims))
+        users: QuerySet[Any] = self.UserModel.objects.filter(username=_username(claims))
+        return users
 
     def describe_user_by_claims(self, claims: dict[str, Any]) -> str:
         return f"{settings.OIDC_USERNAME_CLAIM} {claims.get(settings.OIDC_USERNAME_CLAIM)!r}"
@@ -49,19 +50,19 @@ class GroupMappingBackend(OIDCAuthenticationBackend):  # type: ignore[misc]
         _username(claims)
         return True
 
-    def create_user(self, claims: dict[str, Any]) -> AbstractBaseUser:
+    def create_user(self, claims: dict[str, Any]) -> User:
         user = self.UserModel.objects.create_user(
             _username(claims), email=str(claims.get("email") or "")
         )
         return self._synced(user, claims)
 
-    def update_user(self, user: AbstractBaseUser, claims: dict[str, Any]) -> AbstractBaseUser:
-        if claims.get("email") and user.email != claims["email"]:  # type: ignore[attr-defined]
-            user.email = str(claims["email"])  # type: ignore[attr-defined]
+    def update_user(self, user: User, claims: dict[str, Any]) -> User:
+        if claims.get("email") and user.email != claims["email"]:
+            user.email = str(claims["email"])
             user.save(update_fields=["email"])
         return self._synced(user, claims)
 
-    def _synced(self, user: AbstractBaseUser, claims: dict[str, Any]) -> AbstractBaseUser:
+    def _synced(self, user: User, claims: dict[str, Any]) -> User:
         changes = sso_sync(user=user, groups=claims.get(settings.OIDC_GROUPS_CLAIM, []))
         if changes["unknown_teams"]:
             log.warning(

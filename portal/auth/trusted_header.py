@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.conf import settings
 from django.contrib.auth.backends import RemoteUserBackend
 from django.contrib.auth.middleware import RemoteUserMiddleware
@@ -17,12 +15,11 @@ class TrustedHeaderMiddleware(RemoteUserMiddleware):
     safe when the proxy strips the header from client requests: see docs/portal.md.
     """
 
-    header = "HTTP_X_FORWARDED_USER"
     force_logout_if_no_header = False
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.header = getattr(settings, "QM_TRUSTED_USER_HEADER", self.header)
+    @property
+    def header(self) -> str:  # type: ignore[override]  # a setting, read per request
+        return str(getattr(settings, "QM_TRUSTED_USER_HEADER", "HTTP_X_FORWARDED_USER"))
 
 
 class TrustedHeaderBackend(RemoteUserBackend):

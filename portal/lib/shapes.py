@@ -23,6 +23,21 @@ MAX_GPUS_PER_NODE = 16
 #: pods a gang may span
 MAX_PODS = 64
 
+#: a request's fields that its shape is built from, as `shape_build` takes them: the one list
+#: that the submit form, the submit service, the preview and the tick's snapshot read
+DEVICE_FIELDS = (
+    "profile_kind",
+    "mig_profile",
+    "milli",
+    "gpu_memory_mib",
+    "count",
+    "pods",
+    "cpu_milli",
+    "memory_mib",
+)
+#: the same and the request's kind (serving replicas are spread)
+SHAPE_FIELDS = (*DEVICE_FIELDS, "kind")
+
 
 class ShapeError(ValueError):
     """A shape field that is out of range; `field` names it for a form or a 400."""
@@ -139,14 +154,7 @@ def shape_build(
 def request_shape(r: Any, tolerations: tuple[st.Taint, ...] = ()) -> st.Shape:
     """The Shape of a stored request (a GpuRequest, or anything with its fields)."""
     return shape_build(
-        profile_kind=r.profile_kind,
-        mig_profile=r.mig_profile,
-        milli=r.milli,
-        gpu_memory_mib=r.gpu_memory_mib,
-        count=r.count,
-        pods=r.pods,
-        cpu_milli=r.cpu_milli,
-        memory_mib=r.memory_mib,
+        **{f: getattr(r, f) for f in DEVICE_FIELDS},
         tolerations=tolerations,
         kind=getattr(r, "kind", "batch"),
     )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -92,7 +92,7 @@ class WorkloadClass(models.Model):
     restricted = models.BooleanField(
         default=False, help_text="Only the teams listed may use this class."
     )
-    teams = models.ManyToManyField(
+    teams: models.ManyToManyField[Team, Any] = models.ManyToManyField(
         "Team",
         blank=True,
         related_name="allowed_classes",

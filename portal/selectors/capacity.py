@@ -171,7 +171,7 @@ def capacity_nodes(nodes: Sequence[Node], now: datetime | None = None) -> list[N
         "attempt__request_id",
         "attempt__request__team__name",
     ):
-        allocs[a["device_id"]].append(a)
+        allocs[a["device_id"]].append(dict(a))
     return [
         NodeView(n, [_device_view(d, allocs.get(d.pk, []), now) for d in by_node.get(n.pk, [])])
         for n in nodes

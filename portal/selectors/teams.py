@@ -17,6 +17,8 @@ class PoolUsage:
     used_milli: int
     borrowed_milli: int
     lent_milli: int
+    #: the quota form of the team page, set by the view for each pool
+    form: Any = None
 
     @property
     def nominal_milli(self) -> int:

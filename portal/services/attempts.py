@@ -49,6 +49,30 @@ GANG_STOP = "gang:"
 RESCALE = "rescale"
 
 
+def end_decision(
+    req: GpuRequest,
+    *,
+    code: str,
+    message: str,
+    attempt: Attempt | None = None,
+    facts: dict[str, Any] | None = None,
+    tick: int = 0,
+) -> Decision:
+    """The decision log's END row of a request, or of one of its attempts: built here only."""
+    return Decision.objects.create(
+        tick=tick,
+        request=req,
+        attempt=attempt,
+        team=req.team,
+        pool_id=attempt.pool_id if attempt else None,
+        node=",".join(attempt.nodes) if attempt else "",
+        kind=Decision.Kind.END,
+        code=code,
+        message=(f"attempt {attempt.number}: {message}" if attempt else message)[:500],
+        facts=facts or {},
+    )
+
+
 def attempt_stop(attempt: Attempt, *, reason: str) -> None:
     """Ask the backend to stop an attempt; its devices stay held until the pod is gone."""
     if attempt.state == Attempt.State.STOPPING:
@@ -257,7 +281,7 @@ def attempts_launch(attempt_ids: list[int], *, now: datetime | None = None) -> d
         .order_by("attempt_id", "device__node__name", "device__index", "slot")
         .values_list("attempt_id", *LAUNCH_ALLOCATION_FIELDS)
     ):
-        allocations[attempt_id].append(tuple(fields))  # type: ignore[arg-type]
+        allocations[attempt_id].append(tuple(fields))
     lost = _lost_numbers(attempts)
     consumes = consume.consumed(attempts)
     specs = {
@@ -320,15 +344,11 @@ def attempt_end_unlaunched(
         )
         attempt.save(update_fields=["state", "ended_at", "end_reason"])
         release_attempt(attempt, now=now, charged=False)
-        Decision.objects.create(
-            request=req,
+        end_decision(
+            req,
             attempt=attempt,
-            team=req.team,
-            pool_id=attempt.pool_id,
-            node=",".join(attempt.nodes),
-            kind=Decision.Kind.END,
             code=code,
-            message=f"attempt {attempt.number}: {reason}"[:500],
+            message=reason,
             facts={"launch_tries": attempt.launch_tries},
         )
         if req.state in GpuRequest.TERMINAL_STATES:
@@ -584,15 +604,11 @@ def _end_attempt(
     attempt.end_reason = reason[:300]
     attempt.save(update_fields=["state", "ended_at", "exit_code", "end_reason", "log_tail"])
     release_attempt(attempt, now=now, charged=charged)
-    Decision.objects.create(
-        request=req,
+    end_decision(
+        req,
         attempt=attempt,
-        team=req.team,
-        pool=attempt.pool,
-        node=",".join(attempt.nodes),
-        kind=Decision.Kind.END,
         code=outcome.value,
-        message=f"attempt {attempt.number}: {reason}"[:500],
+        message=reason,
         facts={"exit_code": status.exit_code, "reason": status.reason},
     )
     if req.state in GpuRequest.TERMINAL_STATES:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, User
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Model
@@ -13,12 +13,15 @@ from django.forms.models import model_to_dict
 
 from portal.models import AuditEvent, PolicyVersion, Team
 
-User = AbstractBaseUser | AnonymousUser | None
+M = TypeVar("M", bound=Model)
+
+#: who acted: a signed-in user, or None (or an anonymous user) for the system
+Actor = AbstractBaseUser | AnonymousUser | None
 
 
 def audit(
     *,
-    actor: User,
+    actor: Actor,
     action: str,
     obj: Model,
     team: Team | None = None,
@@ -32,7 +35,7 @@ def audit(
     With no signed-in actor, `actor_name` says what acted ("sso"; default "system").
     `reason` is the actor's own words on why.
     """
-    real = actor if actor is not None and getattr(actor, "is_authenticated", False) else None
+    real = actor if isinstance(actor, User) and actor.is_authenticated else None
     event = AuditEvent.objects.create(
         actor=real,
         actor_name=getattr(real, "username", "") or actor_name or "system",
@@ -88,14 +91,15 @@ def _snapshot(obj: Model, fields: list[str]) -> dict[str, Any]:
     return model_to_dict(obj, fields=fields)
 
 
-def _update(
-    *, actor: AbstractBaseUser, obj: Any, fields: list[str], action: str, changes: dict[str, Any]
-) -> Any:
+def update_audited(
+    *, actor: Actor, obj: M, fields: list[str], action: str, changes: dict[str, Any]
+) -> M:
+    """Change `fields` of `obj` (validated, under a row lock), audited as one event, old → new."""
     unknown = set(changes) - set(fields)
     if unknown:
         raise ValidationError({sorted(unknown)[0]: "This field cannot be changed here."})
     with transaction.atomic():
-        obj = type(obj).objects.select_for_update().get(pk=obj.pk)
+        obj = type(obj)._default_manager.select_for_update().get(pk=obj.pk)
         before = _snapshot(obj, fields)
         for key, value in changes.items():
             setattr(obj, key, value)

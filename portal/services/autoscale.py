@@ -180,7 +180,7 @@ def _demand(pool: Pool, named: set[int], now: datetime) -> list[dict[str, Any]]:
     if pool.lifecycle == Pool.Lifecycle.PRODUCTION:
         where |= Q(pool__isnull=True)
     return [
-        r
+        dict(r)
         for r in GpuRequest.objects.filter(
             where,
             state=GpuRequest.State.PENDING,

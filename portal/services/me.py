@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 
@@ -12,7 +12,7 @@ from portal.lib import validation
 from portal.models import NotificationPreference, RequestTemplate
 
 
-def notification_preference_set(*, user: AbstractBaseUser, **fields: Any) -> NotificationPreference:
+def notification_preference_set(*, user: User, **fields: Any) -> NotificationPreference:
     pref, _ = NotificationPreference.objects.get_or_create(user=user)
     for key, value in fields.items():
         setattr(pref, key, value)
@@ -25,9 +25,7 @@ def notification_preference_set(*, user: AbstractBaseUser, **fields: Any) -> Not
 MAX_TEMPLATES = 50
 
 
-def request_template_save(
-    *, user: AbstractBaseUser, name: str, fields: dict[str, Any]
-) -> RequestTemplate:
+def request_template_save(*, user: User, name: str, fields: dict[str, Any]) -> RequestTemplate:
     """Save (or replace) the user's template of this name: the submit form's fields as posted."""
     name = name.strip()
     if not name:
@@ -47,7 +45,7 @@ def request_template_save(
     return tpl
 
 
-def request_template_delete(*, user: AbstractBaseUser, template: RequestTemplate) -> None:
+def request_template_delete(*, user: User, template: RequestTemplate) -> None:
     if template.user_id != user.pk:
         raise PermissionDenied("Not your template.")
     template.delete()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
@@ -17,13 +17,13 @@ from portal.services.attempts import attempt_stop, backend_call
 from portal.services.audit import _snapshot, audit
 
 
-def node_cordon(*, actor: AbstractBaseUser, node: Node, reason: str = "") -> Node:
+def node_cordon(*, actor: User, node: Node, reason: str = "") -> Node:
     return _node_maintenance(
         actor=actor, node=node, cordoned=True, draining=False, action="node.cordon", reason=reason
     )
 
 
-def node_return(*, actor: AbstractBaseUser, node: Node, reason: str = "") -> Node:
+def node_return(*, actor: User, node: Node, reason: str = "") -> Node:
     with transaction.atomic():
         node = _node_maintenance(
             actor=actor,
@@ -43,7 +43,7 @@ def node_return(*, actor: AbstractBaseUser, node: Node, reason: str = "") -> Nod
     return node
 
 
-def node_drain(*, actor: AbstractBaseUser, node: Node, reason: str = "") -> Node:
+def node_drain(*, actor: User, node: Node, reason: str = "") -> Node:
     """Cordon the node and stop what runs there; stopped work requeues, not charged."""
     with transaction.atomic():
         node = _node_maintenance(
@@ -61,7 +61,7 @@ def node_drain(*, actor: AbstractBaseUser, node: Node, reason: str = "") -> Node
 
 def _node_maintenance(
     *,
-    actor: AbstractBaseUser,
+    actor: User,
     node: Node,
     cordoned: bool,
     draining: bool,
@@ -185,7 +185,7 @@ def _device_report(device: Device, raw: dict[str, Any], now: datetime) -> None:
     device.save()
 
 
-def device_clear_quarantine(*, actor: AbstractBaseUser, device: Device) -> Device:
+def device_clear_quarantine(*, actor: User, device: Device) -> Device:
     """An admin returns a quarantined device to service (a healthy report never does)."""
     with transaction.atomic():
         device = Device.objects.select_for_update().select_related("node").get(pk=device.pk)

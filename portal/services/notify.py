@@ -51,7 +51,12 @@ def notify_many_later(request_ids: list[int], event: str) -> None:
     """`notify_later` for many requests (a tick's rejections): one commit hook, no queries."""
     if request_ids:
         ids = list(request_ids)
-        transaction.on_commit(lambda: [_enqueue(pk, event) for pk in ids])
+
+        def enqueue_all() -> None:
+            for pk in ids:
+                _enqueue(pk, event)
+
+        transaction.on_commit(enqueue_all)
 
 
 def _enqueue(request_id: int, event: str) -> None:
@@ -151,7 +156,7 @@ def post_webhook(url: str, text: str) -> bool:
     opener = urllib.request.build_opener(_NoRedirect)
     try:
         with opener.open(req, timeout=settings.NOTIFY_WEBHOOK_TIMEOUT_SECONDS) as resp:
-            return 200 <= resp.status < 300
+            return bool(200 <= resp.status < 300)
     except (urllib.error.URLError, OSError, ValueError) as exc:
         log.warning("webhook %s failed: %s", urlsplit(url).netloc, exc)
         return False

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import transaction
 
 from portal.models import Pool, WorkloadClass
-from portal.services.audit import _update, audit
+from portal.services.audit import audit, update_audited
 
 CLASS_FIELDS = [
     "band",
@@ -25,14 +25,14 @@ CLASS_FIELDS = [
 
 def workload_class_update(
     *,
-    actor: AbstractBaseUser,
+    actor: User,
     workload_class: WorkloadClass,
     teams: Any = None,
     **changes: Any,
 ) -> WorkloadClass:
     """Change a class; `teams` (the teams a restricted class is open to) is audited apart."""
     with transaction.atomic():
-        wc = _update(
+        wc = update_audited(
             actor=actor,
             obj=workload_class,
             fields=CLASS_FIELDS,
@@ -79,8 +79,8 @@ POOL_AUTOSCALE_FIELDS = [
 ]
 
 
-def pool_update(*, actor: AbstractBaseUser, pool: Pool, **changes: Any) -> Pool:
-    return _update(
+def pool_update(*, actor: User, pool: Pool, **changes: Any) -> Pool:
+    return update_audited(
         actor=actor,
         obj=pool,
         fields=POOL_FIELDS + POOL_AUTOSCALE_FIELDS,

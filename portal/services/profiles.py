@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
@@ -32,7 +32,7 @@ def _knobs_of(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def policy_profile_create(
-    *, actor: AbstractBaseUser | None, name: str, knobs: dict[str, Any] | None = None
+    *, actor: User | None, name: str, knobs: dict[str, Any] | None = None
 ) -> PolicyProfile:
     """A new, inactive profile: the shipped default's knobs with `knobs` over them."""
     base = dict(scheduling_profile.load().knobs)
@@ -53,7 +53,7 @@ def policy_profile_create(
 
 
 def policy_profile_update(
-    *, actor: AbstractBaseUser | None, profile: PolicyProfile, knobs: dict[str, Any]
+    *, actor: User | None, profile: PolicyProfile, knobs: dict[str, Any]
 ) -> PolicyProfile:
     """Change some knobs; the version goes up by one when anything changed. Audited with the
     changed knobs, old and new."""
@@ -79,9 +79,7 @@ def policy_profile_update(
     return row
 
 
-def policy_profile_activate(
-    *, actor: AbstractBaseUser | None, profile: PolicyProfile
-) -> PolicyProfile:
+def policy_profile_activate(*, actor: User | None, profile: PolicyProfile) -> PolicyProfile:
     """Make this the profile the tick runs; the one active before stops being active."""
     with transaction.atomic():
         rows = list(PolicyProfile.objects.select_for_update().order_by("pk"))

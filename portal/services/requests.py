@@ -6,7 +6,7 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Count, Q
@@ -16,7 +16,6 @@ from portal import access
 from portal.lib import contract, shapes, wake
 from portal.models import (
     Attempt,
-    Decision,
     DeviceProfile,
     GpuRequest,
     Membership,
@@ -27,7 +26,7 @@ from portal.models import (
     WorkloadClass,
 )
 from portal.services import serving_spec
-from portal.services.attempts import attempt_stop
+from portal.services.attempts import attempt_stop, end_decision
 from portal.services.audit import audit
 from scheduling import workload
 from scheduling.members import NOT_A_MEMBER
@@ -89,7 +88,7 @@ def check_priority(user: Any, team: Team, priority: Any, role: str | None = None
         raise ValidationError(
             {"priority": f"Choose a priority between {low} and {high} in team {team.name}."}
         )
-    return priority
+    return int(priority)
 
 
 def check_class(team: Team, workload_class: WorkloadClass) -> None:
@@ -104,7 +103,7 @@ def check_class(team: Team, workload_class: WorkloadClass) -> None:
 
 def gpu_request_submit(
     *,
-    user: AbstractBaseUser,
+    user: User,
     team: Team,
     workload_class: WorkloadClass,
     image: str,
@@ -241,7 +240,7 @@ def _observe_shape(req: GpuRequest, pools: list[Pool]) -> None:
         row.save(update_fields=["histogram", "updated_at"])
 
 
-def _check_pending_caps(*, user: AbstractBaseUser, team: Team) -> None:
+def _check_pending_caps(*, user: User, team: Team) -> None:
     # Both counts in one query (one round trip inside the team lock).
     mine, team_q = Q(submitted_by=user), Q(team=team)
     counts = GpuRequest.objects.filter(mine | team_q, state=GpuRequest.State.PENDING).aggregate(
@@ -263,9 +262,7 @@ def _wake_scheduler() -> None:
     transaction.on_commit(wake.wake_tick)
 
 
-def gpu_request_cancel(
-    *, user: AbstractBaseUser, gpu_request: GpuRequest, reason: str = ""
-) -> GpuRequest:
+def gpu_request_cancel(*, user: User, gpu_request: GpuRequest, reason: str = "") -> GpuRequest:
     """Cancel a pending request, or stop a running one; `reason` goes into the audit log."""
     with transaction.atomic():
         req = GpuRequest.objects.select_for_update().get(pk=gpu_request.pk)
@@ -280,13 +277,7 @@ def gpu_request_cancel(
         req.status_code, req.status_message = "cancelled", req.end_reason
         req.queue_position = None
         req.save()
-        Decision.objects.create(
-            request=req,
-            team=req.team,
-            kind=Decision.Kind.END,
-            code="cancelled",
-            message=req.end_reason,
-        )
+        end_decision(req, code="cancelled", message=req.end_reason)
         audit(
             actor=user,
             action="request.cancel",
@@ -302,7 +293,7 @@ def gpu_request_cancel(
 def gpu_request_cancel_not_member(
     gpu_request: GpuRequest,
     *,
-    actor: AbstractBaseUser | None,
+    actor: User | None,
     now: datetime,
     tick: int = 0,
 ) -> bool:
@@ -322,14 +313,7 @@ def gpu_request_cancel_not_member(
     )
     if cancelled != 1:
         return False
-    Decision.objects.create(
-        tick=tick,
-        request=gpu_request,
-        team=gpu_request.team,
-        kind=Decision.Kind.END,
-        code="not-a-member",
-        message=reason,
-    )
+    end_decision(gpu_request, code="not-a-member", message=reason, tick=tick)
     audit(
         actor=actor,
         action="request.cancel",

@@ -7,7 +7,7 @@ import re
 from datetime import datetime
 from typing import Any
 
-from django.contrib.auth.base_user import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -95,7 +95,7 @@ def _check(kind: str, target: str, pool: Pool, fields: dict[str, Any]) -> dict[s
 
 def rollout_start(
     *,
-    actor: AbstractBaseUser,
+    actor: User,
     pool: Pool,
     kind: str,
     target: str,
@@ -400,7 +400,7 @@ def _validate(rollout: Rollout, m: RolloutNode, now: datetime) -> None:
         _audit(rollout, "rollout.node_failed", node=node.name, reason=reason)
 
 
-def mig_relayout_start(*, actor: AbstractBaseUser, pool: Pool, **options: Any) -> Rollout:
+def mig_relayout_start(*, actor: User, pool: Pool, **options: Any) -> Rollout:
     """Roll the pool's proposed MIG layout out (`portal.services.mig_relayout`), where the pool allows
     it; on success the pool's `mig_layout` becomes it. 400 `pool` otherwise."""
     from portal.services import mig_relayout
@@ -420,7 +420,7 @@ def mig_relayout_start(*, actor: AbstractBaseUser, pool: Pool, **options: Any) -
     return rollout
 
 
-def rollout_halt(*, actor: AbstractBaseUser, rollout: Rollout, reason: str = "") -> Rollout:
+def rollout_halt(*, actor: User, rollout: Rollout, reason: str = "") -> Rollout:
     """An admin stops a running rollout now (audited). Nodes it has taken stay cordoned with
     their reason; burn-ins under way finish and are recorded. 400 `state` if not running."""
     reason = str(reason or "")[:200]

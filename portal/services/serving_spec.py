@@ -28,7 +28,7 @@ def check_replicas(replicas: Any) -> int:
         raise ValidationError({"replicas": "A whole number of replicas."})
     if not 1 <= replicas <= MAX_REPLICAS:
         raise ValidationError({"replicas": f"Between 1 and {MAX_REPLICAS} replicas."})
-    return replicas
+    return int(replicas)
 
 
 def check(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import transaction
 
 from portal.models import Membership, Team
@@ -33,7 +33,7 @@ def sso_roles_from_groups(groups: Any) -> tuple[dict[str, str], set[str]]:
     return teams, platform
 
 
-def sso_sync(*, user: AbstractBaseUser, groups: Any) -> dict[str, list[str]]:
+def sso_sync(*, user: User, groups: Any) -> dict[str, list[str]]:
     """Bring the user's memberships and platform roles in line with their IdP groups.
 
     Called at each sign-in. Memberships the map grants are created or changed (and marked
@@ -76,28 +76,28 @@ def sso_sync(*, user: AbstractBaseUser, groups: Any) -> dict[str, list[str]]:
                 changes["removed"].append(name)
 
         mapped = {role for _, team, role in settings.OIDC_GROUP_MAP if team == "*"}
-        before = {"admin": bool(user.is_staff), "auditor": False}  # type: ignore[attr-defined]
+        before = {"admin": bool(user.is_staff), "auditor": False}
         auditors, _ = Group.objects.get_or_create(name=settings.AUDITOR_GROUP)
-        before["auditor"] = user.groups.filter(pk=auditors.pk).exists()  # type: ignore[attr-defined]
+        before["auditor"] = user.groups.filter(pk=auditors.pk).exists()
         after = dict(before)
-        if "admin" in mapped and not user.is_superuser:  # type: ignore[attr-defined]
+        if "admin" in mapped and not user.is_superuser:
             after["admin"] = "admin" in platform
         if "auditor" in mapped:
             after["auditor"] = "auditor" in platform
         if after != before:
             if after["admin"] != before["admin"]:
-                user.is_staff = after["admin"]  # type: ignore[attr-defined]
+                user.is_staff = after["admin"]
                 user.save(update_fields=["is_staff"])
             if after["auditor"] and not before["auditor"]:
-                user.groups.add(auditors)  # type: ignore[attr-defined]
+                user.groups.add(auditors)
             elif before["auditor"] and not after["auditor"]:
-                user.groups.remove(auditors)  # type: ignore[attr-defined]
+                user.groups.remove(auditors)
             user._qm_auditor = after["auditor"]  # type: ignore[attr-defined]
             audit(
                 actor=None,
                 actor_name=SSO_ACTOR,
                 action="user.roles",
-                obj=user,  # type: ignore[arg-type]
+                obj=user,
                 before={"user": user.get_username(), **before},
                 after={"user": user.get_username(), **after},
             )

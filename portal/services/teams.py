@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
@@ -17,7 +17,7 @@ QUOTA_FIELDS = ["nominal_milli", "borrowing_limit_milli", "lending_limit_milli",
 
 def quota_set(
     *,
-    actor: AbstractBaseUser,
+    actor: User,
     team: Team,
     pool: Pool,
     nominal_milli: int,
@@ -71,7 +71,7 @@ def quota_set(
 
 def team_create(
     *,
-    actor: AbstractBaseUser | None,
+    actor: User | None,
     name: str,
     namespace: str = "",
     display_name: str = "",
@@ -98,9 +98,9 @@ def team_create(
 
 def membership_set(
     *,
-    actor: AbstractBaseUser | None,
+    actor: User | None,
     team: Team,
-    user: AbstractBaseUser,
+    user: User,
     role: str,
     gpu_cap_milli: int | None = None,
     source: str | None = None,
@@ -139,7 +139,7 @@ MEMBER_FIELDS = ["role", "gpu_cap_milli", "source"]
 
 
 def membership_add(
-    *, actor: AbstractBaseUser, team: Team, username: str, role: str = Membership.Role.MEMBER
+    *, actor: User, team: Team, username: str, role: str = Membership.Role.MEMBER
 ) -> Membership:
     """Add an existing user to a team (leads add members; admins choose the role)."""
     from django.contrib.auth import get_user_model
@@ -152,9 +152,7 @@ def membership_add(
     return membership_set(actor=actor, team=team, user=user, role=role)
 
 
-def membership_remove(
-    *, actor: AbstractBaseUser | None, membership: Membership, actor_name: str = ""
-) -> int:
+def membership_remove(*, actor: User | None, membership: Membership, actor_name: str = "") -> int:
     """Remove a member from a team and cancel their pending requests in it, audited.
 
     Admitted and running work runs on (stopping it is a separate, explicit act).

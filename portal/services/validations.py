@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth.base_user import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
@@ -84,7 +84,7 @@ def _backend_patch(name: str, labels: dict[str, str | None], unschedulable: bool
 
 def validation_start(
     *,
-    actor: AbstractBaseUser | None,
+    actor: User | None,
     node: Node,
     thresholds: Any = None,
     rollout: Rollout | None = None,
@@ -128,9 +128,7 @@ def validation_start(
     return run
 
 
-def pool_validate(
-    *, actor: AbstractBaseUser, pool: Pool, thresholds: Any = None
-) -> list[ValidationRun]:
+def pool_validate(*, actor: User, pool: Pool, thresholds: Any = None) -> list[ValidationRun]:
     """Validate every node of the pool that runs nothing now and is not being validated or
     rolled out (busy nodes are left in service: validate them when they drain)."""
     busy = set(

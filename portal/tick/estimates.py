@@ -137,7 +137,7 @@ def request_estimates(requests: Sequence[GpuRequest]) -> dict[int, datetime | No
         ahead = 0
         if r.queue_position:
             for pool_id, pos, milli in ahead_rows:
-                if pos >= r.queue_position:
+                if pos is None or pos >= r.queue_position:
                     break
                 if pool_id is None or pool_id in pools:
                     ahead += milli

@@ -352,19 +352,6 @@ class _Shapes:
         return shape
 
 
-SHAPE_FIELDS = (
-    "profile_kind",
-    "mig_profile",
-    "milli",
-    "gpu_memory_mib",
-    "count",
-    "pods",
-    "cpu_milli",
-    "memory_mib",
-    "kind",
-)
-
-
 def _pending(
     now: datetime,
     pools: dict[str, Pool],
@@ -373,7 +360,9 @@ def _pending(
 ) -> tuple[tuple[st.PendingRequest, ...], dict[str, QueuedRow]]:
     pool_names = {p.pk: p.name for p in pools.values()}
     # What a request tolerates depends only on its pool (or on all pools): once per pool.
-    tolerations = {pk: shapes.tolerations([p]) for pk, p in ((p.pk, p) for p in pools.values())}
+    tolerations: dict[int | None, tuple[st.Taint, ...]] = {
+        p.pk: shapes.tolerations([p]) for p in pools.values()
+    }
     tolerations[None] = shapes.tolerations(pools.values())
     shape_of = _Shapes()
     pending = []
@@ -400,7 +389,7 @@ def _pending(
             "estimated_runtime_s",
             "max_runtime_s",
             *capacity.COLUMNS,
-            *SHAPE_FIELDS,
+            *shapes.SHAPE_FIELDS,
         )
     )
     for (
@@ -514,7 +503,7 @@ def _running(
             "request__submitted_by_id",
             "request__estimated_runtime_s",
             "request__max_runtime_s",
-            *(f"request__{f}" for f in SHAPE_FIELDS),
+            *(f"request__{f}" for f in shapes.SHAPE_FIELDS),
         )
     )
     for (

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from django.contrib.auth.base_user import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
@@ -23,7 +23,7 @@ MAX_DAYS = 90
 MAX_SETTINGS = 50
 
 
-def _admin(actor: AbstractBaseUser) -> None:
+def _admin(actor: User) -> None:
     if not access.is_admin(actor):
         raise ValidationError({"__all__": "Only platform admins run and apply what-ifs."})
 
@@ -46,7 +46,7 @@ def parse_settings(text: str) -> dict[str, str]:
     return out
 
 
-def whatif_draft(*, actor: AbstractBaseUser, days: int, settings: dict[str, str]) -> WhatIfRun:
+def whatif_draft(*, actor: User, days: int, settings: dict[str, str]) -> WhatIfRun:
     """Check the change against the site now and queue its replay."""
     from portal.tick import whatif
 
@@ -107,7 +107,7 @@ def whatif_execute(run_id: int, now: datetime | None = None) -> WhatIfRun:
     return run
 
 
-def whatif_apply(*, actor: AbstractBaseUser, run: WhatIfRun) -> WhatIfRun:
+def whatif_apply(*, actor: User, run: WhatIfRun) -> WhatIfRun:
     """Make the replayed change real, each part through its own audited service, and audit
     the whole with the replay's result attached."""
     _admin(actor)
@@ -140,10 +140,10 @@ def _gpus(key: str, value: str) -> int | None:
         raise ValidationError({"settings": f"{key}: expected a number of GPUs"}) from None
 
 
-def _apply_one(actor: AbstractBaseUser, key: str, value: str) -> None:
+def _apply_one(actor: User, key: str, value: str) -> None:
     head, _, rest = key.partition(".")
     if head == "quota":
-        team_name, pool_name, *what = rest.split(".")
+        team_name, pool_name, *parts = rest.split(".")
         team = Team.objects.get(name=team_name)
         pool = Pool.objects.get(name=pool_name)
         quota = team.quotas.filter(pool=pool).first()
@@ -153,7 +153,7 @@ def _apply_one(actor: AbstractBaseUser, key: str, value: str) -> None:
             "lending_limit_milli": quota.lending_limit_milli if quota else None,
         }
         field = {"nominal": "nominal_milli", "borrowing": "borrowing_limit_milli"}.get(
-            (what or ["nominal"])[0], "lending_limit_milli"
+            (parts or ["nominal"])[0], "lending_limit_milli"
         )
         milli = _gpus(key, value)
         current[field] = 0 if milli is None and field == "nominal_milli" else milli
@@ -169,10 +169,11 @@ def _apply_one(actor: AbstractBaseUser, key: str, value: str) -> None:
     elif head == "policy":
         active = PolicyProfile.objects.get(active=True)
         current_value = active.profile().knobs.get(rest)
-        cast: Any = type(current_value)(value) if current_value is not None else value
+        kind: Any = type(current_value)
+        typed: Any = kind(value) if current_value is not None else value
         if isinstance(current_value, bool):
-            cast = value.lower() in ("true", "1")
-        policy_profile_update(actor=actor, profile=active, knobs={rest: cast})
+            typed = value.lower() in ("true", "1")
+        policy_profile_update(actor=actor, profile=active, knobs={rest: typed})
     elif head == "pool" and rest.endswith(".inference_floor"):
         pool = Pool.objects.get(name=rest.rsplit(".", 1)[0])
         pool_update(actor=actor, pool=pool, inference_floor_milli=_gpus(key, value) or 0)

@@ -7,7 +7,7 @@ from typing import Any
 
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.http import HttpResponse, StreamingHttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
@@ -16,12 +16,12 @@ from portal.forms.fields import ReasonForm
 from portal.forms.filters import AuditFilterForm, DecisionFilterForm
 from portal.selectors.audit import audit_list, decision_list
 from portal.selectors.audit_words import describe
-from portal.views.base import PAGE_SIZE
+from portal.views.base import PAGE_SIZE, AuthedRequest
 
 
 @login_required
 @require_GET
-def decision_log(request: HttpRequest) -> HttpResponse:
+def decision_log(request: AuthedRequest) -> HttpResponse:
     """Decisions of the user's teams (all for admins), filtered and paginated."""
     teams = access.teams_for(request.user)
     form = DecisionFilterForm(request.GET or None, teams=teams)
@@ -48,7 +48,7 @@ def decision_log(request: HttpRequest) -> HttpResponse:
 CSV_CHUNK = 2000
 
 
-def _audit_filters(request: HttpRequest) -> tuple[AuditFilterForm, dict[str, Any]]:
+def _audit_filters(request: AuthedRequest) -> tuple[AuditFilterForm, dict[str, Any]]:
     form = AuditFilterForm(request.GET or None)
     filters: dict[str, Any] = {
         # The old exact filters still work (links from other pages use them).
@@ -62,7 +62,7 @@ def _audit_filters(request: HttpRequest) -> tuple[AuditFilterForm, dict[str, Any
 
 @login_required
 @require_GET
-def audit_log(request: HttpRequest) -> HttpResponse:
+def audit_log(request: AuthedRequest) -> HttpResponse:
     access.require_admin_read(request.user)
     form, filters = _audit_filters(request)
     qs = audit_list(**filters)
@@ -88,13 +88,13 @@ class _Echo:
 
 @login_required
 @require_GET
-def audit_csv(request: HttpRequest) -> HttpResponse:
+def audit_csv(request: AuthedRequest) -> HttpResponse | StreamingHttpResponse:
     """The filtered audit log as CSV, streamed in chunks; authorised like the page."""
     access.require_admin_read(request.user)
     form, filters = _audit_filters(request)
     if form.errors:
         return HttpResponse(
-            "; ".join(f"{k}: {' '.join(v)}" for k, v in form.errors.items()),
+            "; ".join(f"{k}: {' '.join(str(e) for e in v)}" for k, v in form.errors.items()),
             status=400,
             content_type="text/plain",
         )
@@ -138,7 +138,7 @@ def audit_csv(request: HttpRequest) -> HttpResponse:
 
 
 def confirm_page(
-    request: HttpRequest, *, form: ReasonForm, title: str, action_url: str, hidden: dict[str, Any]
+    request: AuthedRequest, *, form: ReasonForm, title: str, action_url: str, hidden: dict[str, Any]
 ) -> HttpResponse:
     """The confirmation again, with the form's errors (400): a reason is required."""
     context = {"form": form, "title": title, "action_url": action_url, "hidden": hidden}

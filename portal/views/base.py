@@ -4,9 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse
 from django.utils.http import url_has_allowed_host_and_scheme
+from django_htmx.middleware import HtmxDetails
+
+
+class AuthedRequest(HttpRequest):
+    """A page request behind `login_required`: `user` is a signed-in `User`, and django-htmx's
+    middleware has set `htmx`. Views annotate `request` with it instead of casting."""
+
+    user: User
+    htmx: HtmxDetails
+
 
 PAGE_SIZE = 50
 

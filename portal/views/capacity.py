@@ -6,7 +6,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
@@ -20,14 +20,14 @@ from portal.selectors.capacity import capacity_nodes, pool_summaries
 from portal.services.nodes import device_clear_quarantine as clear_quarantine
 from portal.services.nodes import node_cordon, node_drain, node_return
 from portal.views.audit import confirm_page
-from portal.views.base import _next_url, _refused
+from portal.views.base import AuthedRequest, _next_url, _refused
 
 NODES_PER_PAGE = 20
 
 
 @login_required
 @require_GET
-def capacity(request: HttpRequest) -> HttpResponse:
+def capacity(request: AuthedRequest) -> HttpResponse:
     """Pool → node → device → slot, coloured free / team / fragmented / unhealthy."""
     access.require_admin_read(request.user)
     form = CapacityFilterForm(request.GET or None)
@@ -61,11 +61,11 @@ def capacity(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_POST
-def device_clear_quarantine(request: HttpRequest, device_id: int) -> HttpResponse:
+def device_clear_quarantine(request: AuthedRequest, device_id: int) -> HttpResponse:
     """Admins return a quarantined device to service; audited."""
     device = access.get_device_for_admin(request.user, device_id)
     try:
-        clear_quarantine(actor=request.user, device=device)  # type: ignore[arg-type]
+        clear_quarantine(actor=request.user, device=device)
     except ValidationError as exc:
         return _refused(exc)
     return redirect(_next_url(request, reverse("portal:capacity")))
@@ -80,7 +80,7 @@ NODE_SERVICES = {
 
 @login_required
 @require_POST
-def nodes_bulk_action(request: HttpRequest) -> HttpResponse:
+def nodes_bulk_action(request: AuthedRequest) -> HttpResponse:
     """Cordon, drain or return the selected nodes (admins only), one reason for all."""
     access.require_admin(request.user)
     action = request.POST.get("action", "")
@@ -100,7 +100,7 @@ def nodes_bulk_action(request: HttpRequest) -> HttpResponse:
         access.get_node_for_admin(request.user, pk) for pk in sorted(set(form.cleaned_data["ids"]))
     ]
     for node in nodes:
-        NODE_SERVICES[action](actor=request.user, node=node, reason=form.cleaned_data["reason"])  # type: ignore[operator]
+        NODE_SERVICES[action](actor=request.user, node=node, reason=form.cleaned_data["reason"])
     past = {"cordon": "Cordoned", "drain": "Drained", "return": "Returned"}[action]
     messages.success(request, f"{past} {len(nodes)} node{'s' if len(nodes) != 1 else ''}.")
     return redirect(_next_url(request, default))
@@ -108,7 +108,7 @@ def nodes_bulk_action(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_POST
-def node_action(request: HttpRequest, node_id: int, action: str) -> HttpResponse:
+def node_action(request: AuthedRequest, node_id: int, action: str) -> HttpResponse:
     """One node's cordon, drain or return (admins only), with its reason."""
     node = access.get_node_for_admin(request.user, node_id)
     form = ReasonForm(request.POST)
@@ -121,5 +121,5 @@ def node_action(request: HttpRequest, node_id: int, action: str) -> HttpResponse
             action_url=reverse("portal:node-action", args=[node.pk, action]),
             hidden={"next": _next_url(request, default)},
         )
-    NODE_SERVICES[action](actor=request.user, node=node, reason=form.cleaned_data["reason"])  # type: ignore[operator]
+    NODE_SERVICES[action](actor=request.user, node=node, reason=form.cleaned_data["reason"])
     return redirect(_next_url(request, default))

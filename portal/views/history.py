@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
@@ -14,11 +14,12 @@ from portal.lib import charts
 from portal.models import GpuRequest, Node
 from portal.services import serving_samples as serving_metrics
 from portal.services import utilization
+from portal.views.base import AuthedRequest
 
 SPANS = tuple(utilization.RANGES)
 
 
-def _span(request: HttpRequest) -> str:
+def _span(request: AuthedRequest) -> str:
     span = request.GET.get("range", "24h")
     return span if span in utilization.RANGES else "24h"
 
@@ -42,7 +43,7 @@ def _history(scope: str, key: str, span: str) -> Any:
 
 
 def _history_page(
-    request: HttpRequest, title: str, scope: str, key: str, serving: Any = ()
+    request: AuthedRequest, title: str, scope: str, key: str, serving: Any = ()
 ) -> HttpResponse:
     span = _span(request)
     context = {
@@ -70,7 +71,7 @@ def _serving_in(**where: Any) -> Any:
 
 @login_required
 @require_GET
-def pool_history(request: HttpRequest, pool_id: int) -> HttpResponse:
+def pool_history(request: AuthedRequest, pool_id: int) -> HttpResponse:
     # Beside the capacity map: which pools run hot is for admins and auditors.
     access.require_admin_read(request.user)
     pool = access.get_pool(request.user, pool_id)
@@ -80,7 +81,7 @@ def pool_history(request: HttpRequest, pool_id: int) -> HttpResponse:
 
 @login_required
 @require_GET
-def node_history(request: HttpRequest, node_id: int) -> HttpResponse:
+def node_history(request: AuthedRequest, node_id: int) -> HttpResponse:
     access.require_admin_read(request.user)
     node = Node.objects.filter(pk=node_id).first()
     if node is None:
@@ -90,6 +91,6 @@ def node_history(request: HttpRequest, node_id: int) -> HttpResponse:
 
 @login_required
 @require_GET
-def team_history(request: HttpRequest, team_id: int) -> HttpResponse:
+def team_history(request: AuthedRequest, team_id: int) -> HttpResponse:
     team = access.get_team_for_user(request.user, team_id)
     return _history_page(request, f"Team {team.name}", "team", team.name, _serving_in(team=team))

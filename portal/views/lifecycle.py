@@ -8,7 +8,7 @@ from typing import Any
 from django import forms
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
@@ -22,7 +22,7 @@ from portal.services.rollouts import mig_relayout_start, rollout_plan, rollout_s
 from portal.services.rollouts import rollout_halt as rollout_halt_
 from portal.services.validations import pool_validate as pool_validate_
 from portal.services.validations import rollout_active_for, validation_start
-from portal.views.base import _add_errors, _refused
+from portal.views.base import AuthedRequest, _add_errors, _refused
 
 
 class RolloutForm(forms.Form):
@@ -54,7 +54,9 @@ def _pool_for_read(user: Any, pool_id: int) -> Pool:
     return access.get_pool(user, pool_id)
 
 
-def _pool_context(pool: Pool, form: RolloutForm, plan: list[dict[str, Any]] | None) -> dict:
+def _pool_context(
+    pool: Pool, form: RolloutForm, plan: list[dict[str, Any]] | None
+) -> dict[str, Any]:
     return {
         "pool": pool,
         "software": lifecycle_selectors.pool_software(pool),
@@ -69,7 +71,7 @@ def _pool_context(pool: Pool, form: RolloutForm, plan: list[dict[str, Any]] | No
 
 @login_required
 @require_GET
-def pool_detail(request: HttpRequest, pool_id: int) -> HttpResponse:
+def pool_detail(request: AuthedRequest, pool_id: int) -> HttpResponse:
     pool = _pool_for_read(request.user, pool_id)
     form = RolloutForm()
     _, plan = rollout_plan(pool, canary_nodes=1, wave_percent=25)
@@ -78,7 +80,7 @@ def pool_detail(request: HttpRequest, pool_id: int) -> HttpResponse:
 
 @login_required
 @require_POST
-def rollout_create(request: HttpRequest, pool_id: int) -> HttpResponse:
+def rollout_create(request: AuthedRequest, pool_id: int) -> HttpResponse:
     """Start a rollout, or (`preview`) show its waves and capacity impact without starting."""
     pool = access.get_pool_for_admin(request.user, pool_id)
     form = RolloutForm(request.POST)
@@ -92,7 +94,7 @@ def rollout_create(request: HttpRequest, pool_id: int) -> HttpResponse:
         if "preview" not in request.POST:
             try:
                 rollout = rollout_start(
-                    actor=request.user,  # type: ignore[arg-type]
+                    actor=request.user,
                     pool=pool,
                     thresholds=thresholds,
                     **data,
@@ -109,10 +111,10 @@ def rollout_create(request: HttpRequest, pool_id: int) -> HttpResponse:
 
 @login_required
 @require_POST
-def node_validate(request: HttpRequest, node_id: int) -> HttpResponse:
+def node_validate(request: AuthedRequest, node_id: int) -> HttpResponse:
     node = access.get_node_for_admin(request.user, node_id)
     try:
-        validation_start(actor=request.user, node=node)  # type: ignore[arg-type]
+        validation_start(actor=request.user, node=node)
     except ValidationError as exc:
         return _refused(exc)
     return redirect(reverse("portal:pool-detail", args=[node.pool_id]))
@@ -120,22 +122,22 @@ def node_validate(request: HttpRequest, node_id: int) -> HttpResponse:
 
 @login_required
 @require_GET
-def rollout_detail(request: HttpRequest, rollout_id: int) -> HttpResponse:
+def rollout_detail(request: AuthedRequest, rollout_id: int) -> HttpResponse:
     rollout = access.get_rollout(request.user, rollout_id, read_only=True)
     context = {"rollout": rollout, "progress": lifecycle_selectors.rollout_progress(rollout)}
     template = "portal/rollout_detail.html"
-    if request.htmx:  # type: ignore[attr-defined]
+    if request.htmx:
         template += "#rollout-progress"
     return render(request, template, context)
 
 
 @login_required
 @require_POST
-def pool_mig_relayout(request: HttpRequest, pool_id: int) -> HttpResponse:
+def pool_mig_relayout(request: AuthedRequest, pool_id: int) -> HttpResponse:
     """Roll the proposed MIG layout out (one canary node, then waves of 25 %)."""
     pool = access.get_pool_for_admin(request.user, pool_id)
     try:
-        rollout = mig_relayout_start(actor=request.user, pool=pool)  # type: ignore[arg-type]
+        rollout = mig_relayout_start(actor=request.user, pool=pool)
     except ValidationError as exc:
         return _refused(exc)
     return redirect(reverse("portal:rollout-detail", args=[rollout.pk]))
@@ -143,11 +145,11 @@ def pool_mig_relayout(request: HttpRequest, pool_id: int) -> HttpResponse:
 
 @login_required
 @require_POST
-def pool_validate(request: HttpRequest, pool_id: int) -> HttpResponse:
+def pool_validate(request: AuthedRequest, pool_id: int) -> HttpResponse:
     """Validate every idle node of the pool."""
     pool = access.get_pool_for_admin(request.user, pool_id)
     try:
-        pool_validate_(actor=request.user, pool=pool)  # type: ignore[arg-type]
+        pool_validate_(actor=request.user, pool=pool)
     except ValidationError as exc:
         return _refused(exc)
     return redirect(reverse("portal:pool-detail", args=[pool.pk]))
@@ -155,11 +157,11 @@ def pool_validate(request: HttpRequest, pool_id: int) -> HttpResponse:
 
 @login_required
 @require_POST
-def rollout_halt(request: HttpRequest, rollout_id: int) -> HttpResponse:
+def rollout_halt(request: AuthedRequest, rollout_id: int) -> HttpResponse:
     rollout = access.get_rollout(request.user, rollout_id)
     try:
         rollout_halt_(
-            actor=request.user,  # type: ignore[arg-type]
+            actor=request.user,
             rollout=rollout,
             reason=request.POST.get("reason", ""),
         )

@@ -17,6 +17,7 @@ from portal import access
 from portal.forms.requests import NotificationPreferenceForm
 from portal.models import NotificationPreference
 from portal.services.me import notification_preference_set, request_template_delete
+from portal.views.base import AuthedRequest
 
 if TYPE_CHECKING:
     pass
@@ -43,7 +44,7 @@ class LoginView(auth_views.LoginView):
 
 @login_required
 @require_http_methods(["GET", "POST"])
-def notification_settings(request: HttpRequest) -> HttpResponse:
+def notification_settings(request: AuthedRequest) -> HttpResponse:
     pref = NotificationPreference.objects.filter(user=request.user).first()
     form = NotificationPreferenceForm(
         request.POST or None, instance=pref or NotificationPreference(user=request.user)
@@ -51,7 +52,7 @@ def notification_settings(request: HttpRequest) -> HttpResponse:
     if request.method == "POST" and form.is_valid():
         try:
             notification_preference_set(
-                user=request.user,  # type: ignore[arg-type]
+                user=request.user,
                 **{k: form.cleaned_data[k] for k in form.Meta.fields},
             )
         except ValidationError as exc:
@@ -71,8 +72,8 @@ def notification_settings(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_POST
-def template_delete(request: HttpRequest, template_id: int) -> HttpResponse:
+def template_delete(request: AuthedRequest, template_id: int) -> HttpResponse:
     tpl = access.get_template_for_user(request.user, template_id)
-    request_template_delete(user=request.user, template=tpl)  # type: ignore[arg-type]
+    request_template_delete(user=request.user, template=tpl)
     messages.success(request, f"Template “{tpl.name}” deleted.")
     return redirect("portal:home")

@@ -8,7 +8,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -32,12 +32,12 @@ from portal.services.requests import gpu_request_cancel, gpu_request_submit
 from portal.tick.estimates import request_estimates
 from portal.tick.preview import gpu_request_preview
 from portal.views.audit import confirm_page
-from portal.views.base import PAGE_SIZE, _add_errors, _next_url
+from portal.views.base import PAGE_SIZE, AuthedRequest, _add_errors, _next_url
 
 
 @login_required
 @require_GET
-def home(request: HttpRequest) -> HttpResponse:
+def home(request: AuthedRequest) -> HttpResponse:
     """My jobs (or, with ?scope=team, every request of my teams)."""
     scope = "team" if request.GET.get("scope") == "team" else "mine"
     filters = RequestFilterForm(request.GET or None, teams=access.teams_for(request.user))
@@ -48,8 +48,8 @@ def home(request: HttpRequest) -> HttpResponse:
     request_attempt_facts(rows)
     estimates = request_estimates(rows)
     for r in rows:
-        r.estimate = estimates.get(r.pk)  # type: ignore[attr-defined]
-        r.can_cancel = r.state not in GpuRequest.TERMINAL_STATES  # type: ignore[attr-defined]
+        r.estimate = estimates.get(r.pk)
+        r.can_cancel = r.state not in GpuRequest.TERMINAL_STATES
     template = "portal/home.html"
     if request.htmx:
         template += "#request-table"
@@ -61,7 +61,7 @@ def home(request: HttpRequest) -> HttpResponse:
         "scope": scope,
         "query": query.urlencode(),
         "filters": filters,
-        "templates": request.user.request_templates.all(),  # type: ignore[union-attr]
+        "templates": request.user.request_templates.all(),
         "now": timezone.now(),
     }
     return render(request, template, context)
@@ -69,7 +69,7 @@ def home(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_http_methods(["GET", "POST"])
-def request_submit(request: HttpRequest) -> HttpResponse:
+def request_submit(request: AuthedRequest) -> HttpResponse:
     teams = access.teams_for(request.user)
     if request.method == "GET" and request.htmx and "pool" in request.GET:
         # The pool changed: offer the device profiles it really has.
@@ -89,7 +89,7 @@ def request_submit(request: HttpRequest) -> HttpResponse:
             fields = {k: request.POST.get(k, "") for k in TEMPLATE_FIELDS}
             try:
                 request_template_save(
-                    user=request.user,  # type: ignore[arg-type]
+                    user=request.user,
                     name=save_as.cleaned_data["template_name"],
                     fields=fields,
                 )
@@ -109,7 +109,7 @@ def request_submit(request: HttpRequest) -> HttpResponse:
             form.add_error(None, f"This request would be rejected: {verdict.message}")
         else:
             try:
-                req = gpu_request_submit(user=request.user, **form.service_kwargs())  # type: ignore[arg-type]
+                req = gpu_request_submit(user=request.user, **form.service_kwargs())
             except ValidationError as exc:
                 _add_errors(form, exc)
             else:
@@ -125,7 +125,7 @@ def request_submit(request: HttpRequest) -> HttpResponse:
     return render(request, "portal/submit.html", context, status=status)
 
 
-def _submit_initial(request: HttpRequest) -> dict[str, Any] | None:
+def _submit_initial(request: AuthedRequest) -> dict[str, Any] | None:
     """The form prefilled from `?from=<request>` (resubmit) or `?template=<id>` (saved)."""
     if request.GET.get("from"):
         return initial_from_request(
@@ -139,7 +139,7 @@ def _submit_initial(request: HttpRequest) -> dict[str, Any] | None:
 
 @login_required
 @require_POST
-def request_preview(request: HttpRequest) -> HttpResponse:
+def request_preview(request: AuthedRequest) -> HttpResponse:
     """What would happen if this were submitted now. Reads only; POST so the env stays out of URLs."""
     form = SubmitForm(request.POST, teams=access.teams_for(request.user))
     preview = None
@@ -150,7 +150,7 @@ def request_preview(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_GET
-def request_detail(request: HttpRequest, request_id: int) -> HttpResponse:
+def request_detail(request: AuthedRequest, request_id: int) -> HttpResponse:
     req = access.get_gpu_request_for_user(request.user, request_id)
     template = "portal/request_detail.html"
     if request.htmx:
@@ -168,7 +168,7 @@ def request_detail(request: HttpRequest, request_id: int) -> HttpResponse:
 
 @login_required
 @require_GET
-def queue(request: HttpRequest) -> HttpResponse:
+def queue(request: AuthedRequest) -> HttpResponse:
     """Pending requests in scheduling order, by class, team and pool (scoped for non-admins)."""
     form = QueueFilterForm(request.GET or None, teams=access.teams_for(request.user))
     filters: dict[str, Any] = {}
@@ -190,11 +190,11 @@ def queue(request: HttpRequest) -> HttpResponse:
     return render(request, template, context)
 
 
-def _cancel(request: HttpRequest, req: GpuRequest, reason: str) -> bool:
+def _cancel(request: AuthedRequest, req: GpuRequest, reason: str) -> bool:
     """Cancel or stop one request; False where it had already ended."""
     try:
         gpu_request_cancel(
-            user=request.user,  # type: ignore[arg-type]
+            user=request.user,
             gpu_request=req,
             reason=reason,
         )
@@ -205,7 +205,7 @@ def _cancel(request: HttpRequest, req: GpuRequest, reason: str) -> bool:
 
 @login_required
 @require_POST
-def requests_bulk_cancel(request: HttpRequest) -> HttpResponse:
+def requests_bulk_cancel(request: AuthedRequest) -> HttpResponse:
     """Cancel the selected requests: each is authorised as a single cancel would be."""
     form = BulkIdsForm(request.POST)
     default = reverse("portal:home")
@@ -222,7 +222,8 @@ def requests_bulk_cancel(request: HttpRequest) -> HttpResponse:
         access.get_gpu_request_for_user(request.user, pk, write=True)
         for pk in sorted(set(form.cleaned_data["ids"]))
     ]
-    done, over = [], []
+    done: list[int] = []
+    over: list[int] = []
     for req in reqs:
         (done if _cancel(request, req, form.cleaned_data["reason"]) else over).append(req.pk)
     text = f"Cancelled {len(done)} request{'s' if len(done) != 1 else ''}"
@@ -234,7 +235,7 @@ def requests_bulk_cancel(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_POST
-def request_cancel(request: HttpRequest, request_id: int) -> HttpResponse:
+def request_cancel(request: AuthedRequest, request_id: int) -> HttpResponse:
     """Cancel or stop one request, with its reason."""
     req = access.get_gpu_request_for_user(request.user, request_id, write=True)
     form = ReasonForm(request.POST)
@@ -254,7 +255,7 @@ def request_cancel(request: HttpRequest, request_id: int) -> HttpResponse:
 
 @login_required
 @require_GET
-def request_logs(request: HttpRequest, request_id: int) -> HttpResponse:
+def request_logs(request: AuthedRequest, request_id: int) -> HttpResponse:
     """The latest attempt's log tail and events; the panel polls this while the attempt runs.
 
     Authorized like the request page (its team, leads, admins): the log may hold secrets
@@ -272,7 +273,7 @@ def request_logs(request: HttpRequest, request_id: int) -> HttpResponse:
 
 @login_required
 @require_GET
-def request_logs_download(request: HttpRequest, request_id: int) -> HttpResponse:
+def request_logs_download(request: AuthedRequest, request_id: int) -> HttpResponse:
     req = access.get_gpu_request_for_user(request.user, request_id)
     view = request_logs_(req, tail_lines=LOG_DOWNLOAD_LINES, events=False)
     name = view.attempt.workload_name if view.attempt else f"request-{req.pk}"

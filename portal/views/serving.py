@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
@@ -17,6 +17,7 @@ from portal.lib import charts
 from portal.models import GpuRequest
 from portal.services import serving
 from portal.services import serving_samples as serving_metrics
+from portal.views.base import AuthedRequest
 from portal.views.history import _points
 
 if TYPE_CHECKING:
@@ -72,7 +73,7 @@ def _panel_context(req: GpuRequest, window: str) -> dict[str, Any]:
 
 @login_required
 @require_GET
-def serving_panel(request: HttpRequest, request_id: int) -> HttpResponse:
+def serving_panel(request: AuthedRequest, request_id: int) -> HttpResponse:
     """The request path beside the GPU: TTFT, batch, queue, tokens/s, utilization, memory."""
     req = access.get_gpu_request_for_user(request.user, request_id)
     window = request.GET.get("window", "1h")
@@ -82,7 +83,7 @@ def serving_panel(request: HttpRequest, request_id: int) -> HttpResponse:
 
 @login_required
 @require_POST
-def serving_change(request: HttpRequest, request_id: int) -> HttpResponse:
+def serving_change(request: AuthedRequest, request_id: int) -> HttpResponse:
     """Scale (replicas) or change revision (model_revision) from the request page; bad
     input answers 400 with the panel and the error on its field."""
     req = access.get_gpu_request_for_user(request.user, request_id, write=True)

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
@@ -20,12 +20,12 @@ from portal.services.profiles import (
     policy_profile_create,
     policy_profile_update,
 )
-from portal.views.base import _add_errors, _refused
+from portal.views.base import AuthedRequest, _add_errors, _refused
 
 
 @login_required
 @require_GET
-def settings_page(request: HttpRequest) -> HttpResponse:
+def settings_page(request: AuthedRequest) -> HttpResponse:
     """Scheduling profiles, workload classes, pools and team guarantees, each editable by
     admins (auditors read them)."""
     access.require_admin_read(request.user)
@@ -68,7 +68,7 @@ def _settings_context(override: dict[tuple[str, int], Any] | None = None) -> dic
 
 
 def _profiles_answer(
-    request: HttpRequest, override: dict[tuple[str, int], Any] | None = None
+    request: AuthedRequest, override: dict[tuple[str, int], Any] | None = None
 ) -> HttpResponse:
     """After a profile change: the profiles section for HTMX, else the page (400 with the
     form's errors, or a redirect after a change)."""
@@ -84,13 +84,13 @@ def _profiles_answer(
 
 @login_required
 @require_POST
-def profile_create(request: HttpRequest) -> HttpResponse:
+def profile_create(request: AuthedRequest) -> HttpResponse:
     access.require_admin(request.user)
     form = PolicyProfileForm(request.POST, with_name=True, prefix="pp-new")
     if form.is_valid():
         try:
             policy_profile_create(
-                actor=request.user,  # type: ignore[arg-type]
+                actor=request.user,
                 name=form.cleaned_data["name"],
                 knobs=form.knobs(),
             )
@@ -103,12 +103,12 @@ def profile_create(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_POST
-def profile_edit(request: HttpRequest, profile_id: int) -> HttpResponse:
+def profile_edit(request: AuthedRequest, profile_id: int) -> HttpResponse:
     row = access.get_policy_profile_for_admin(request.user, profile_id)
     form = PolicyProfileForm(request.POST, prefix=f"pp{row.pk}")
     if form.is_valid():
         try:
-            policy_profile_update(actor=request.user, profile=row, knobs=form.knobs())  # type: ignore[arg-type]
+            policy_profile_update(actor=request.user, profile=row, knobs=form.knobs())
         except ValidationError as exc:
             _add_errors(form, exc)
         else:
@@ -118,10 +118,10 @@ def profile_edit(request: HttpRequest, profile_id: int) -> HttpResponse:
 
 @login_required
 @require_POST
-def profile_activate(request: HttpRequest, profile_id: int) -> HttpResponse:
+def profile_activate(request: AuthedRequest, profile_id: int) -> HttpResponse:
     row = access.get_policy_profile_for_admin(request.user, profile_id)
     try:
-        policy_profile_activate(actor=request.user, profile=row)  # type: ignore[arg-type]
+        policy_profile_activate(actor=request.user, profile=row)
     except ValidationError as exc:
         return _refused(exc)
     return _profiles_answer(request)
@@ -129,7 +129,7 @@ def profile_activate(request: HttpRequest, profile_id: int) -> HttpResponse:
 
 @login_required
 @require_POST
-def workload_class_edit(request: HttpRequest, class_id: int) -> HttpResponse:
+def workload_class_edit(request: AuthedRequest, class_id: int) -> HttpResponse:
     wc = access.get_workload_class_for_admin(request.user, class_id)
     form = WorkloadClassForm(
         request.POST, instance=WorkloadClass.objects.get(pk=wc.pk), prefix=f"c{wc.pk}"
@@ -137,7 +137,7 @@ def workload_class_edit(request: HttpRequest, class_id: int) -> HttpResponse:
     if form.is_valid():
         changes = {f: form.cleaned_data[f] for f in form.Meta.fields}
         try:
-            workload_class_update(actor=request.user, workload_class=wc, **changes)  # type: ignore[arg-type]
+            workload_class_update(actor=request.user, workload_class=wc, **changes)
         except ValidationError as exc:
             _add_errors(form, exc)
         else:
@@ -149,13 +149,13 @@ def workload_class_edit(request: HttpRequest, class_id: int) -> HttpResponse:
 
 @login_required
 @require_POST
-def pool_edit(request: HttpRequest, pool_id: int) -> HttpResponse:
+def pool_edit(request: AuthedRequest, pool_id: int) -> HttpResponse:
     pool = access.get_pool_for_admin(request.user, pool_id)
     form = PoolForm(request.POST, instance=Pool.objects.get(pk=pool.pk), prefix=f"p{pool.pk}")
     if form.is_valid():
         changes = {f: form.cleaned_data[f] for f in form.Meta.fields}
         try:
-            pool_update(actor=request.user, pool=pool, **changes)  # type: ignore[arg-type]
+            pool_update(actor=request.user, pool=pool, **changes)
         except ValidationError as exc:
             _add_errors(form, exc)
         else:

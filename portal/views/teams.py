@@ -6,7 +6,7 @@ from typing import Any
 
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
@@ -19,12 +19,12 @@ from portal.selectors.audit_words import describe
 from portal.selectors.teams import team_members, team_usage
 from portal.services.teams import membership_add, membership_remove, membership_set, quota_set
 from portal.services.teams import team_create as create_team
-from portal.views.base import _add_errors, _next_url
+from portal.views.base import AuthedRequest, _add_errors, _next_url
 
 
 @login_required
 @require_GET
-def team_list(request: HttpRequest) -> HttpResponse:
+def team_list(request: AuthedRequest) -> HttpResponse:
     teams = list(access.teams_for(request.user))
     admin = access.is_admin(request.user)
     if len(teams) == 1 and not admin:
@@ -35,13 +35,13 @@ def team_list(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_POST
-def team_create(request: HttpRequest) -> HttpResponse:
+def team_create(request: AuthedRequest) -> HttpResponse:
     """Admins create teams; audited."""
     access.require_admin(request.user)
     form = TeamCreateForm(request.POST)
     if form.is_valid():
         try:
-            team = create_team(actor=request.user, **form.cleaned_data)  # type: ignore[arg-type]
+            team = create_team(actor=request.user, **form.cleaned_data)
         except ValidationError as exc:
             _add_errors(form, exc)
         else:
@@ -52,7 +52,7 @@ def team_create(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_POST
-def member_add(request: HttpRequest, team_id: int) -> HttpResponse:
+def member_add(request: AuthedRequest, team_id: int) -> HttpResponse:
     """Leads add members to their team (admins also choose the role); audited."""
     team = access.get_team_for_user(request.user, team_id, role=Membership.Role.LEAD)
     admin = access.is_admin(request.user)
@@ -61,7 +61,7 @@ def member_add(request: HttpRequest, team_id: int) -> HttpResponse:
         role = form.cleaned_data.get("role") or Membership.Role.MEMBER
         try:
             membership_add(
-                actor=request.user,  # type: ignore[arg-type]
+                actor=request.user,
                 team=team,
                 username=form.cleaned_data["username"],
                 role=role,
@@ -77,17 +77,17 @@ def member_add(request: HttpRequest, team_id: int) -> HttpResponse:
 
 @login_required
 @require_POST
-def member_remove(request: HttpRequest, team_id: int, membership_id: int) -> HttpResponse:
+def member_remove(request: AuthedRequest, team_id: int, membership_id: int) -> HttpResponse:
     """Leads remove members of their team (admins anyone): pending requests are cancelled."""
     team = access.get_team_for_user(request.user, team_id, role=Membership.Role.LEAD)
     membership = access.get_membership_for_lead(request.user, team, membership_id)
     if membership.role == Membership.Role.LEAD and not access.is_admin(request.user):
         raise PermissionDenied("Only platform admins remove a team's leads.")
-    membership_remove(actor=request.user, membership=membership)  # type: ignore[arg-type]
+    membership_remove(actor=request.user, membership=membership)
     return redirect(reverse("portal:team-detail", args=[team.pk]) + "#members")
 
 
-def _team_context(request: HttpRequest, team: Team) -> dict[str, Any]:
+def _team_context(request: AuthedRequest, team: Team) -> dict[str, Any]:
     role = access.role_in(request.user, team)
     admin = access.is_admin(request.user)
     can_edit = admin or role == Membership.Role.LEAD
@@ -96,7 +96,7 @@ def _team_context(request: HttpRequest, team: Team) -> dict[str, Any]:
     for u in usage:
         u.form = QuotaForm(
             initial=QuotaForm.initial_for(u.quota), admin=admin, prefix=f"pool{u.pool.pk}"
-        )  # type: ignore[attr-defined]
+        )
     members = team_members(team)
     for m in members:
         ms = m["membership"]
@@ -126,7 +126,7 @@ def _team_context(request: HttpRequest, team: Team) -> dict[str, Any]:
 
 @login_required
 @require_GET
-def team_detail(request: HttpRequest, team_id: int) -> HttpResponse:
+def team_detail(request: AuthedRequest, team_id: int) -> HttpResponse:
     team = access.get_team_for_user(request.user, team_id)
     template = "portal/team.html"
     if request.htmx:
@@ -136,14 +136,14 @@ def team_detail(request: HttpRequest, team_id: int) -> HttpResponse:
 
 @login_required
 @require_POST
-def quota_edit(request: HttpRequest, team_id: int, pool_id: int) -> HttpResponse:
+def quota_edit(request: AuthedRequest, team_id: int, pool_id: int) -> HttpResponse:
     team = access.get_team_for_user(request.user, team_id, role=Membership.Role.LEAD)
     pool = access.get_pool(request.user, pool_id)
     admin = access.is_admin(request.user)
     form = QuotaForm(request.POST, admin=admin, prefix=f"pool{pool.pk}")
     if form.is_valid():
         try:
-            quota_set(actor=request.user, team=team, pool=pool, **form.service_kwargs())  # type: ignore[arg-type]
+            quota_set(actor=request.user, team=team, pool=pool, **form.service_kwargs())
         except ValidationError as exc:
             _add_errors(form, exc, QuotaForm.FIELD_FOR)
         else:
@@ -159,7 +159,7 @@ def quota_edit(request: HttpRequest, team_id: int, pool_id: int) -> HttpResponse
 
 @login_required
 @require_POST
-def member_edit(request: HttpRequest, team_id: int, membership_id: int) -> HttpResponse:
+def member_edit(request: AuthedRequest, team_id: int, membership_id: int) -> HttpResponse:
     team = access.get_team_for_user(request.user, team_id, role=Membership.Role.LEAD)
     membership = access.get_membership_for_lead(request.user, team, membership_id)
     admin = access.is_admin(request.user)
@@ -169,7 +169,7 @@ def member_edit(request: HttpRequest, team_id: int, membership_id: int) -> HttpR
         role = form.cleaned_data.get("role") or membership.role
         try:
             membership_set(
-                actor=request.user,  # type: ignore[arg-type]
+                actor=request.user,
                 team=team,
                 user=membership.user,
                 role=role,

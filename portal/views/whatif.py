@@ -4,20 +4,21 @@ from __future__ import annotations
 
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
 from portal import access
 from portal.models import WhatIfRun
 from portal.tick import whatif_runs as services_whatif
+from portal.views.base import AuthedRequest
 
 EXAMPLE = "quota.vision.a100-train=24\npolicy.preempt_after_s=120"
 
 
 @login_required
 @require_http_methods(["GET", "POST"])
-def whatif_list(request: HttpRequest) -> HttpResponse:
+def whatif_list(request: AuthedRequest) -> HttpResponse:
     """Recent what-ifs, and the form that drafts one (KEY=VALUE lines, N days)."""
     access.require_admin_read(request.user)
     errors: dict[str, list[str]] = {}
@@ -30,7 +31,7 @@ def whatif_list(request: HttpRequest) -> HttpResponse:
                 raise ValidationError({"days": "A whole number of days."})
             changes = services_whatif.parse_settings(text)
             run = services_whatif.whatif_draft(
-                actor=request.user,  # type: ignore[arg-type]
+                actor=request.user,
                 days=int(days),
                 settings=changes,
             )
@@ -50,7 +51,7 @@ def whatif_list(request: HttpRequest) -> HttpResponse:
 
 
 @login_required
-def whatif_detail(request: HttpRequest, run_id: int) -> HttpResponse:
+def whatif_detail(request: AuthedRequest, run_id: int) -> HttpResponse:
     """A what-if's progress (polled while it runs) or its comparison, per team and class."""
     access.require_admin_read(request.user)
     run = get_object_or_404(WhatIfRun, pk=run_id)
@@ -63,11 +64,11 @@ def whatif_detail(request: HttpRequest, run_id: int) -> HttpResponse:
 
 @login_required
 @require_POST
-def whatif_apply(request: HttpRequest, run_id: int) -> HttpResponse:
+def whatif_apply(request: AuthedRequest, run_id: int) -> HttpResponse:
     access.require_admin(request.user)
     run = get_object_or_404(WhatIfRun, pk=run_id)
     try:
-        services_whatif.whatif_apply(actor=request.user, run=run)  # type: ignore[arg-type]
+        services_whatif.whatif_apply(actor=request.user, run=run)
     except ValidationError as exc:
         teams = sorted((run.result or {}).get("teams", {}).items())
         error = "; ".join(m for ms in exc.message_dict.values() for m in ms)
