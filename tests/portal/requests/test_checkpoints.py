@@ -359,7 +359,7 @@ def test_the_documented_python_helper_saves_and_reports(
     req = submit(world.bob, world.vision, checkpoint_interval_s=600)
     run_tick()
     attempt = req.attempts.get()
-    doc = (Path(__file__).resolve().parents[2] / "docs" / "checkpoints.md").read_text()
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "checkpoints.md").read_text()
     code = doc.split("```python\n", 1)[1].split("```", 1)[0]
     monkeypatch.setenv("QM_CHECKPOINT_DIR", str(tmp_path))
     monkeypatch.setenv("QM_CHECKPOINT_INTERVAL_S", "600")

@@ -108,7 +108,7 @@ def test_a_fresh_process_finds_the_tick_task_by_name() -> None:
     )
     out = subprocess.run(
         [sys.executable, "-c", code],
-        cwd=Path(__file__).resolve().parents[2],
+        cwd=Path(__file__).resolve().parents[3],
         env={**os.environ, "DJANGO_SETTINGS_MODULE": "portal.settings"},
         capture_output=True,
         text=True,

@@ -14,7 +14,7 @@ from portal.templatetags.qm import duration, gpu_count, gpus
 from portal.tick import apply
 from portal.tick import run as tick
 from tests.base import World, make_world, submit
-from tests.portal.test_views import form_data
+from tests.portal.requests.test_views import form_data
 
 pytestmark = pytest.mark.django_db
 

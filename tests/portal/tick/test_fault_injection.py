@@ -2,7 +2,7 @@
 
 The Kubernetes-level cases (FI-03, FI-07 to FI-13, FI-15 to FI-17) are in tests/k8s/;
 FI-04 (lost launch), FI-14 (backoff and its limit) and FI-22 (a second tick is a
-no-op and counted) are in tests/portal/test_tick.py.
+no-op and counted) are in tests/portal/tick/test_tick.py.
 """
 
 from __future__ import annotations

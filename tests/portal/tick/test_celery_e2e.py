@@ -22,7 +22,7 @@ from tests.base import make_world, submit
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.celery]
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _worker_env(tmp_path: Path) -> dict[str, str]:

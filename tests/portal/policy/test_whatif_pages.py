@@ -9,7 +9,7 @@ from django.test import Client
 
 from portal.models import AuditEvent, PolicyVersion, Quota, WhatIfRun
 from tests.base import World, make_world
-from tests.portal.test_whatif import _history
+from tests.portal.policy.test_whatif import _history
 
 pytestmark = pytest.mark.django_db
 
