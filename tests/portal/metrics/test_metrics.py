@@ -21,7 +21,7 @@ from portal.tick.run import run_tick
 from portal.tick.snapshot import build_snapshot
 from scheduling import types as st
 from tests.base import World, make_world, submit
-from tests.k8s.scrape import parse
+from tests.chart.scrape import parse
 
 pytestmark = pytest.mark.django_db
 

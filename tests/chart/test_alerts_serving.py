@@ -23,7 +23,7 @@ from portal.backends.serving_sim import STEP_S, Engine
 from portal.models import Attempt
 from portal.tick.run import run_tick
 from tests.base import make_world, submit, submit_serving
-from tests.k8s.test_alerts import _promtool_on, _scrape
+from tests.chart.test_alerts import _promtool_on, _scrape
 
 
 def _minute(engine: Engine, clock: list[float]) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 
-from tests.k8s.chart import CASES, one, render
+from tests.chart.chart import CASES, one, render
 
 FULL = "qm-quartermaster"
 
@@ -22,7 +22,7 @@ def test_nodes_are_patched_only_when_rollouts_are_enabled() -> None:
 
 
 def test_burn_ins_get_a_namespace_and_a_role_of_their_own_when_enabled() -> None:
-    from tests.k8s.chart import kinds
+    from tests.chart.chart import kinds
 
     assert not [
         r

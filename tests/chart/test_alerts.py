@@ -33,8 +33,8 @@ from portal.metrics.collector import PortalCollector
 from portal.tick.reconcile import reconcile
 from portal.tick.run import run_tick
 from tests.base import make_world, submit
-from tests.k8s.chart import CASES, CHART, one, render
-from tests.k8s.scrape import input_series, label_names
+from tests.chart.chart import CASES, CHART, one, render
+from tests.chart.scrape import input_series, label_names
 
 PROMTOOL = "/usr/bin/promtool"
 HERE = Path(__file__).resolve().parent / "promtool"
@@ -96,7 +96,7 @@ def test_a_broken_expectation_fails(tmp_path: Path) -> None:
 # The rules on series the real exporter produced from a real test database.
 # Each scenario drives the portal (services, ticks, node-agent reports) with the
 # clock moved one promtool interval per step, scrapes /metrics after each step,
-# and hands the scrapes to promtool as input series (tests/k8s/scrape.py).
+# and hands the scrapes to promtool as input series (tests/chart/scrape.py).
 
 STEP = timedelta(minutes=5)
 

@@ -17,7 +17,7 @@ import helm_python as helm
 import kubernetes_validate
 import pytest
 
-from tests.k8s.chart import (
+from tests.chart.chart import (
     CASES,
     CHART,
     CRD_KINDS,
