@@ -1,4 +1,4 @@
-"""Issue 13 §4: the serving SLO and queue-age alerts, unit-tested with promtool on series
+"""The serving SLO and queue-age alerts, unit-tested with promtool on series
 the real exporter (the portal's /metrics) and the test serving process produced.
 
 The serving process (`portal.backends.serving_sim.Engine`, vLLM's names) runs on a simulated clock:

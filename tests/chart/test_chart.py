@@ -5,7 +5,10 @@ and no cluster: `lookup` returns nothing). Every manifest is validated with
 kubernetes-validate --strict against Kubernetes 1.32; ServiceMonitor and
 PrometheusRule come from CRDs it has no schema for, so they are skipped there
 and checked by their own tests (and the rules by promtool, test_alerts.py).
-The assertions are those of ECOSYSTEM.md §7 and RELIABILITY.md §8.4-8.5.
+The assertions keep the chart installable and least-privileged: strict lint and schema,
+stable selectors, RBAC and writes confined to team namespaces, restricted pods, secrets
+generated or taken from an existing one, metrics behind a token, and values mapped onto
+the portal's environment.
 """
 
 from __future__ import annotations

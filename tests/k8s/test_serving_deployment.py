@@ -1,4 +1,4 @@
-"""Issue 13 §1 on Kubernetes: a serving workload is a Deployment and a Service; a
+"""Serving on Kubernetes: a serving workload is a Deployment and a Service; a
 revision change rolls the replicas over; readiness is the model warmed up."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 11 §5: one usable-device rule, drawn on the capacity map, never counted free."""
+"""One usable-device rule, drawn on the capacity map, never counted free."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 13 §5: docs/metrics.md is generated from code and CI fails when it is stale."""
+"""docs/metrics.md is generated from code and CI fails when it is stale."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 13 §3: utilization samples, rollups, bounded retention, history pages as SVG, and
+"""Utilization samples, rollups, bounded retention, history pages as SVG, and
 the node agent's readings exported."""
 
 from __future__ import annotations

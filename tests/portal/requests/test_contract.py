@@ -1,4 +1,4 @@
-"""Issue 11 §4: submit refuses exactly what launch refuses; refused launches end; relaunches are bounded."""
+"""Submit refuses exactly what launch refuses; refused launches end; relaunches are bounded."""
 
 from __future__ import annotations
 

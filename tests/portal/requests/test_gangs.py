@@ -1,4 +1,4 @@
-"""Issue 11 §6: a gang of N pods runs N pods, each on its node, all or nothing."""
+"""A gang of N pods runs N pods, each on its node, all or nothing."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Pool shape histories (issue 9 §2): every submit feeds them, the snapshot carries them."""
+"""Pool shape histories: every submit feeds them, the snapshot carries them."""
 
 from __future__ import annotations
 

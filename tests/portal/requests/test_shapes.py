@@ -1,4 +1,4 @@
-"""One shape builder (issue 11 §2): the form, the API, the preview and the tick agree."""
+"""One shape builder: the form, the API, the preview and the tick agree."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 11 §7: who may change what — Django admin, teams and members, classes, priority."""
+"""Who may change what — Django admin, teams and members, classes, priority."""
 
 from __future__ import annotations
 

@@ -53,7 +53,7 @@ BODY = {
 
 
 # ---------------------------------------------------------------------------
-# §10 /metrics
+# /metrics
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -82,7 +82,7 @@ def test_the_metrics_view_checks_the_token_itself(settings: Any, method: str) ->
 
 
 # ---------------------------------------------------------------------------
-# §11 brute force
+# brute force
 
 
 def test_password_logins_are_locked_out_after_repeated_failures(
@@ -149,7 +149,7 @@ def test_anonymous_clients_and_token_guesses_are_throttled(world: World, setting
 
 
 # ---------------------------------------------------------------------------
-# §12 500s any signed-in user could cause
+# 500s any signed-in user could cause
 
 
 @pytest.mark.parametrize(

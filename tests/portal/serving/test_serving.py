@@ -1,4 +1,4 @@
-"""Issue 13 §1: serving workloads run replicas of a synthetic model server in the
+"""Serving workloads run replicas of a synthetic model server in the
 simulated cluster, spread over nodes, scaled and rolled over to a new revision from the
 API and the page, audited, with their request path read back as series."""
 

@@ -1,4 +1,4 @@
-"""Issue 13 §2: the portal's queries run against a real Prometheus (Debian's
+"""The portal's queries run against a real Prometheus (Debian's
 `prometheus`, /usr/bin/prometheus) that scrapes a test serving process on loopback."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Membership and the queue: who may hold requests, and what reads may never write.
 
-Issue 11 §1: the submit preview built the tick's snapshot, whose member rules
+Kept from coming back: the submit preview built the tick's snapshot, whose member rules
 cancelled other people's pending requests outside the tick lock.
 """
 

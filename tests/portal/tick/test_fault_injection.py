@@ -1,4 +1,5 @@
-"""Database- and Celery-level cases of the fault-injection catalogue (RELIABILITY.md §7).
+"""Database- and Celery-level cases of fault injection (FI-nn): each
+test injects one fault and checks what the tick and the database do.
 
 The Kubernetes-level cases (FI-03, FI-07 to FI-13, FI-15 to FI-17) are in tests/k8s/;
 FI-04 (lost launch), FI-14 (backoff and its limit) and FI-22 (a second tick is a
