@@ -103,7 +103,7 @@ def test_a_fresh_process_finds_the_tick_task_by_name() -> None:
     from pathlib import Path
 
     code = (
-        "import django; django.setup(); import sys; from portal import wake;"
+        "import django; django.setup(); import sys; from portal.lib import wake;"
         "assert 'portal.tasks' not in sys.modules; print(wake._tick().name)"
     )
     out = subprocess.run(
