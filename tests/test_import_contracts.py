@@ -1,4 +1,4 @@
-"""The layering is checked, not hoped for (issue 11 §2).
+"""The layering is checked, not hoped for.
 
 The contracts in pyproject.toml ([tool.importlinter]) must hold, and no module of
 the portal may be part of an import cycle, counting imports inside functions (the

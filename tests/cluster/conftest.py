@@ -21,6 +21,7 @@ from kubernetes import client
 
 from portal.backends.kubernetes import KubernetesBackend
 from portal.k8s.jobs import JobOptions
+from tests.chart.chart import NAMESPACE, RELEASE, render
 from tests.cluster import nodes as gpu_nodes_mod
 from tests.cluster.kube import (
     SCRIPT,
@@ -30,7 +31,6 @@ from tests.cluster.kube import (
     token_client,
     wait_for,
 )
-from tests.k8s.chart import NAMESPACE, RELEASE, render
 
 HERE = Path(__file__).resolve().parent
 REQUIRE = os.environ.get("QM_REQUIRE_CLUSTER") == "1"

@@ -1,5 +1,5 @@
 """The simulated GPU nodes of the `cluster` tests, as GPU Feature Discovery and the device plugin
-publish them (ECOSYSTEM.md §1-§2).
+publish them.
 
 kwok manages every Node annotated `kwok.x-k8s.io/node: fake`: it keeps the node Ready, renews
 its lease and plays its pods' lifecycle (tests/cluster/kwok/kwok.yaml). The labels and the

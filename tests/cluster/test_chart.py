@@ -15,10 +15,10 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic.exceptions import DynamicApiError
 
 from portal.k8s.jobs import job_build
+from tests.chart.chart import NAMESPACE, kinds, one
 from tests.cluster.conftest import CHART_VALUES, JOB_OPTIONS, WORKLOAD_KINDS
 from tests.cluster.kube import Cluster, apply_one, wait_for
 from tests.cluster.specs import launch_spec
-from tests.k8s.chart import NAMESPACE, kinds, one
 
 FULL = "qm-quartermaster"
 

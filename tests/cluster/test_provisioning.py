@@ -21,11 +21,11 @@ from kubernetes.client.exceptions import ApiException
 from portal.backends.kubernetes import KubernetesBackend
 from portal.k8s import provisioning
 from portal.models import Pool
+from tests.chart.chart import NAMESPACE
 from tests.cluster import nodes as gpu_nodes_mod
 from tests.cluster.conftest import TEAM_NS
 from tests.cluster.kube import Cluster, can_i, node_ready, wait_for
 from tests.cluster.specs import launch_spec
-from tests.k8s.chart import NAMESPACE
 
 G, V, P = provisioning.GROUP, provisioning.VERSION, provisioning.PLURAL
 #: the team namespace the asks are for (the autoscaler resolves a pod's consume annotation

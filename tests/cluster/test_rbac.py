@@ -10,10 +10,10 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from portal.k8s.jobs import job_build
+from tests.chart.chart import NAMESPACE
 from tests.cluster.conftest import JOB_OPTIONS, TEAM_NS
 from tests.cluster.kube import Cluster, can_i
 from tests.cluster.specs import launch_spec
-from tests.k8s.chart import NAMESPACE
 
 
 def test_it_may_do_what_the_backend_does(qm_api: client.ApiClient) -> None:

@@ -8,7 +8,7 @@ real `ApiException` (404, 409, 410, 500, 403). `FakeWatch` replays the event
 log like `kubernetes.watch.Watch().stream` and answers `410 Gone` for a
 compacted resource version.
 
-Fault injection (RELIABILITY.md §7): `cluster.fail(method, status)` makes the
+Fault injection: `cluster.fail(method, status)` makes the
 next call of a method raise; `create_then_fail=True` creates the object first
 (a create whose answer was lost). Scripted transitions (`start_pod`,
 `run_pod`, `terminate`, `wait_container`, `disrupt`, `fail_pod`,

@@ -1,7 +1,7 @@
 """A Pod Security Standards `restricted` check over a pod spec (camelCase dict).
 
 The rules of https://kubernetes.io/docs/concepts/security/pod-security-standards
-(RELIABILITY.md §8.5) that a generated spec can break, one line each; tests
+that a generated spec can break, one line each; tests
 assert the list of violations is empty.
 """
 

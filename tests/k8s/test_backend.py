@@ -1,4 +1,5 @@
-"""KubernetesBackend against the in-memory fake API: launch, adopt, stop, status (RELIABILITY.md §7).
+"""KubernetesBackend against the in-memory fake API: launch, adopt, stop, status, and
+its answers to injected API faults.
 
 Real-cluster twins: tests/cluster/test_workloads.py (launch, bind, run, succeed),
 tests/cluster/test_failures.py (exit code, image pull, OOM, node lost, stop) and

@@ -220,7 +220,8 @@ def test_the_management_command_fails_without_a_token(
 
 
 def test_only_the_agent_imports_pynvml() -> None:
-    """STYLE.md §8 item 14: NVML is imported by the node agent only."""
+    """NVML is imported by the node agent only: no other module of portal/ or scheduling/
+    imports pynvml."""
     offenders = []
     for path in list((ROOT / "portal").rglob("*.py")) + list((ROOT / "scheduling").rglob("*.py")):
         if path.name == "node_agent.py" and path.parent.name == "portal":

@@ -1,4 +1,4 @@
-"""Issue 13 §1 on Kubernetes: a serving workload is a Deployment and a Service; a
+"""Serving on Kubernetes: a serving workload is a Deployment and a Service; a
 revision change rolls the replicas over; readiness is the model warmed up."""
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def test_launch_rollout_status_and_stop_through_the_backend() -> None:
 
 
 def test_the_chart_scrapes_replicas_with_the_labels_the_queries_select() -> None:
-    from tests.k8s.chart import CASES, one, render
+    from tests.chart.chart import CASES, one, render
 
     monitor = one(render(CASES["everything"]), "PodMonitor", "qm-quartermaster-serving")
     endpoints = monitor["spec"]["podMetricsEndpoints"]

@@ -1,0 +1,46 @@
+"""The chart's opt-in for rollouts: patching Node objects (docs/lifecycle.md)."""
+
+from __future__ import annotations
+
+import copy
+
+from tests.chart.chart import CASES, one, render
+
+FULL = "qm-quartermaster"
+
+
+def _node_rules(values: dict) -> list[dict]:
+    return one(render(values), "ClusterRole", f"{FULL}-node-reader")["rules"]
+
+
+def test_nodes_are_patched_only_when_rollouts_are_enabled() -> None:
+    assert all("patch" not in r["verbs"] for r in _node_rules(CASES["everything"]))
+    values = copy.deepcopy(CASES["everything"])
+    values.setdefault("rbac", {})["manageNodes"] = True
+    patch = [r for r in _node_rules(values) if "patch" in r["verbs"]]
+    assert patch == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]}]
+
+
+def test_burn_ins_get_a_namespace_and_a_role_of_their_own_when_enabled() -> None:
+    from tests.chart.chart import kinds
+
+    assert not [
+        r
+        for r in kinds(render(CASES["everything"]), "Role")
+        if "validation" in r["metadata"]["name"]
+    ]
+    values = copy.deepcopy(CASES["everything"])
+    values["validation"] = {"enabled": True, "namespace": "qm-burn-in"}
+    docs = render(values)
+    [ns] = [n for n in kinds(docs, "Namespace") if n["metadata"]["name"] == "qm-burn-in"]
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "baseline"
+    role = one(docs, "Role", f"{FULL}-validation")
+    assert role["metadata"]["namespace"] == "qm-burn-in"
+    assert {tuple(r["resources"]): r["verbs"] for r in role["rules"]} == {
+        ("jobs",): ["create", "get", "list", "watch", "delete"],
+        ("pods",): ["get", "list", "watch"],
+        ("pods/log",): ["get"],
+    }
+    config = one(docs, "ConfigMap", f"{FULL}-config")["data"]
+    assert config["VALIDATION_NAMESPACE"] == "qm-burn-in"
+    assert config["VALIDATION_IMAGE"].startswith("nvcr.io/nvidia/pytorch")
