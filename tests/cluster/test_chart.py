@@ -1,7 +1,7 @@
 """The chart applied to a real apiserver: strict server-side apply, Pod Security `restricted`
 on team namespaces, ResourceQuota on GPUs, and the ValidatingAdmissionPolicy's CEL compiled
 and enforced. The offline twins (rendering, kubernetes-validate, CEL by reading) are in
-tests/k8s/test_chart.py."""
+tests/chart/test_chart.py."""
 
 from __future__ import annotations
 

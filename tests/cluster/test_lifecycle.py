@@ -1,7 +1,7 @@
 """A rollout in waves against the real control plane (docs/lifecycle.md): cordons and label
 changes are patched on the Node objects and read back from the apiserver, the burn-in is a
 Job pinned to its node, drained attempts are Jobs deleted after their last checkpoint. The
-simulated-backend twin is tests/portal/test_lifecycle_rollout.py.
+simulated-backend twin is tests/portal/lifecycle/test_lifecycle_rollout.py.
 
 Three nodes of their own (`lc-0..2`, pool `lc`), removed at the end, so that the session's
 other nodes keep their state. Node changes need `patch` on nodes, which the chart grants

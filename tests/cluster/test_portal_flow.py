@@ -1,7 +1,7 @@
 """The whole portal against the real control plane: a member submits, the tick admits on the
 inventory read from the cluster, the Job is created as the chart's ServiceAccount, the real
 scheduler binds its pod to the node the packer chose, and the reconciler brings the states
-back. The simulated-backend twins are in tests/portal/test_tick.py."""
+back. The simulated-backend twins are in tests/portal/tick/test_tick.py."""
 
 from __future__ import annotations
 
