@@ -35,8 +35,7 @@ from portal.models import (
     UsageRecord,
     WorkloadClass,
 )
-from portal.services import notify
-from portal.services import provisioning as consume
+from portal.services import notify, provisioning
 from portal.services.checkpoints import attempt_checkpoint_record
 from scheduling import backoff
 
@@ -117,7 +116,7 @@ def launch_spec(
     """
     req = attempt.request
     if provisioning_request is None:
-        provisioning_request = consume.consumed([attempt]).get(attempt.pk, "")
+        provisioning_request = provisioning.consumed([attempt]).get(attempt.pk, "")
     if resume is None:
         resume = _resumes(attempt, _lost_numbers([attempt]).get(req.pk, []))
     if allocations is None:
@@ -283,7 +282,7 @@ def attempts_launch(attempt_ids: list[int], *, now: datetime | None = None) -> d
     ):
         allocations[attempt_id].append(tuple(fields))
     lost = _lost_numbers(attempts)
-    consumes = consume.consumed(attempts)
+    consumes = provisioning.consumed(attempts)
     specs = {
         a.pk: launch_spec(
             a,

@@ -43,7 +43,7 @@ from portal.models import (
 from portal.services import notify
 from portal.services.attempts import attempt_stop, attempts_launch, lost_work
 from portal.services.requests import gpu_request_cancel_not_member
-from portal.tick import waits as capacity
+from portal.tick import waits
 from portal.tick.snapshot import Context, DeviceRow, QueuedRow
 from scheduling import types as st
 
@@ -322,7 +322,7 @@ WAIT_FIELDS = (
     "escalated",
     "estimated_start",
     "position_note",
-    *capacity.COLUMNS,
+    *waits.COLUMNS,
 )
 
 
@@ -365,7 +365,7 @@ def _wait(
     # Where the wait went: a change of reason closes the stretch (portal/tick/waits.py).
     wait = req.wait
     assert wait is not None and req.created_at is not None
-    reason = capacity.reason_of(d.code, d.request_id in ctx.provisioning)
+    reason = waits.reason_of(d.code, d.request_id in ctx.provisioning)
     folded = reason != wait.reason
     if folded:
         wait = req.wait = wait.fold(ctx.now, req.created_at, reason)

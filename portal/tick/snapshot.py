@@ -38,7 +38,7 @@ from portal.models import (
     heartbeat_stale_before,
 )
 from portal.services import autoscale
-from portal.tick import waits as capacity
+from portal.tick import waits
 from scheduling import types as st
 from scheduling import usage_decay, workload
 
@@ -65,7 +65,7 @@ class QueuedRow:
     position_note: str = ""
     created_at: datetime | None = None
     #: where its wait went so far (portal/tick/waits.py)
-    wait: capacity.WaitState | None = None
+    wait: waits.WaitState | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -388,7 +388,7 @@ def _pending(
             "position_note",
             "estimated_runtime_s",
             "max_runtime_s",
-            *capacity.COLUMNS,
+            *waits.COLUMNS,
             *shapes.SHAPE_FIELDS,
         )
     )
@@ -448,12 +448,12 @@ def _pending(
             shape.gpus_milli,
             position_note,
             created_at,
-            capacity.WaitState(wait_reason, wait_since, tuple(waited)),
+            waits.WaitState(wait_reason, wait_since, tuple(waited)),
         )
     return tuple(pending), queued
 
 
-_WAITED = len(capacity.FIELDS)
+_WAITED = len(waits.FIELDS)
 
 
 def _workloads(half_life_s: int) -> tuple[st.PoolWorkload, ...]:

@@ -15,7 +15,7 @@ from portal import access
 from portal.forms.fields import BulkIdsForm, ReasonForm
 from portal.forms.filters import CapacityFilterForm
 from portal.models import Node
-from portal.selectors import lifecycle as lifecycle_selectors
+from portal.selectors import lifecycle
 from portal.selectors.capacity import capacity_nodes, pool_summaries
 from portal.services.nodes import device_clear_quarantine as clear_quarantine
 from portal.services.nodes import node_cordon, node_drain, node_return
@@ -42,7 +42,7 @@ def capacity(request: AuthedRequest) -> HttpResponse:
     query.pop("page", None)
     summaries = pool_summaries()
     # Node software from GFD labels: a pool whose nodes disagree is flagged (docs/lifecycle.md).
-    drift = lifecycle_selectors.drift_by_pool()
+    drift = lifecycle.drift_by_pool()
     for s in summaries:
         s["drift"] = drift.get(s["pool"].pk, {}).get("fields", {})
     context = {

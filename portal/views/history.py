@@ -12,8 +12,7 @@ from django.views.decorators.http import require_GET
 from portal import access
 from portal.lib import charts
 from portal.models import GpuRequest, Node
-from portal.services import serving_samples as serving_metrics
-from portal.services import utilization
+from portal.services import serving_samples, utilization
 from portal.views.base import AuthedRequest
 
 SPANS = tuple(utilization.RANGES)
@@ -53,7 +52,7 @@ def _history_page(
         "spans": SPANS,
         # busy is not healthy: each serving workload's utilization against its latency
         "serving": [
-            (r, serving_metrics.request_metrics(r, window_s=3600)["health"]) for r in serving
+            (r, serving_samples.request_metrics(r, window_s=3600)["health"]) for r in serving
         ],
     }
     return render(request, "portal/history.html", context)

@@ -15,8 +15,7 @@ from django.views.decorators.http import require_GET, require_POST
 from portal import access
 from portal.lib import charts
 from portal.models import GpuRequest
-from portal.services import serving
-from portal.services import serving_samples as serving_metrics
+from portal.services import serving, serving_samples
 from portal.views.base import AuthedRequest
 from portal.views.history import _points
 
@@ -25,7 +24,7 @@ if TYPE_CHECKING:
 
 
 def _panel_context(req: GpuRequest, window: str) -> dict[str, Any]:
-    m = serving_metrics.request_metrics(req, window_s=serving_metrics.WINDOWS[window])
+    m = serving_samples.request_metrics(req, window_s=serving_samples.WINDOWS[window])
     s = m["series"]
     markers = [(c["at"], f"→ {c['after']}") for c in m["revision_changes"]]
     objective = m["slo"]["objective_seconds"]
@@ -66,7 +65,7 @@ def _panel_context(req: GpuRequest, window: str) -> dict[str, Any]:
         "m": m,
         "figures": figures,
         "window": window,
-        "windows": list(serving_metrics.WINDOWS),
+        "windows": list(serving_samples.WINDOWS),
         "can_change": req.state not in GpuRequest.TERMINAL_STATES,
     }
 
@@ -77,7 +76,7 @@ def serving_panel(request: AuthedRequest, request_id: int) -> HttpResponse:
     """The request path beside the GPU: TTFT, batch, queue, tokens/s, utilization, memory."""
     req = access.get_gpu_request_for_user(request.user, request_id)
     window = request.GET.get("window", "1h")
-    window = window if window in serving_metrics.WINDOWS else "1h"
+    window = window if window in serving_samples.WINDOWS else "1h"
     return render(request, "portal/serving_panel.html", _panel_context(req, window))
 
 

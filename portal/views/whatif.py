@@ -10,7 +10,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from portal import access
 from portal.models import WhatIfRun
-from portal.tick import whatif_runs as services_whatif
+from portal.tick import whatif_runs
 from portal.views.base import AuthedRequest
 
 EXAMPLE = "quota.vision.a100-train=24\npolicy.preempt_after_s=120"
@@ -29,8 +29,8 @@ def whatif_list(request: AuthedRequest) -> HttpResponse:
         try:
             if not days.isdigit():
                 raise ValidationError({"days": "A whole number of days."})
-            changes = services_whatif.parse_settings(text)
-            run = services_whatif.whatif_draft(
+            changes = whatif_runs.parse_settings(text)
+            run = whatif_runs.whatif_draft(
                 actor=request.user,
                 days=int(days),
                 settings=changes,
@@ -68,7 +68,7 @@ def whatif_apply(request: AuthedRequest, run_id: int) -> HttpResponse:
     access.require_admin(request.user)
     run = get_object_or_404(WhatIfRun, pk=run_id)
     try:
-        services_whatif.whatif_apply(actor=request.user, run=run)
+        whatif_runs.whatif_apply(actor=request.user, run=run)
     except ValidationError as exc:
         teams = sorted((run.result or {}).get("teams", {}).items())
         error = "; ".join(m for ms in exc.message_dict.values() for m in ms)
