@@ -12,12 +12,15 @@ without its C extension, SQLite) nothing changes.
 from __future__ import annotations
 
 import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db.backends.signals import connection_created
 
+if TYPE_CHECKING:
+    from psycopg.abc import Loader as AnyLoader
 
-def _c_loader() -> type | None:
+
+def _c_loader() -> type[AnyLoader] | None:
     try:
         import psycopg
         from psycopg import postgres
@@ -26,15 +29,15 @@ def _c_loader() -> type | None:
         return None
     if psycopg.pq.__impl__ == "python":
         return None
-    loader: type = postgres.adapters.get_loader(postgres.types["timestamptz"].oid, Format.TEXT)
-    return loader
+    return postgres.adapters.get_loader(postgres.types["timestamptz"].oid, Format.TEXT)
 
 
-def utc_loader() -> type | None:
+def utc_loader() -> type[AnyLoader] | None:
     """A loader class for ``timestamptz`` that parses in C; None without psycopg's C part."""
-    c_loader = _c_loader()
-    if c_loader is None:
+    found = _c_loader()
+    if found is None:
         return None
+    c_loader: type[AnyLoader] = found
     from psycopg.adapt import Loader
 
     class UtcTimestamptzLoader(Loader):

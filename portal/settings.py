@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -116,6 +117,7 @@ TEMPLATES = [
 ]
 
 DATABASE_URL = env("DATABASE_URL")
+DATABASES: dict[str, Any]
 if DATABASE_URL:
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
 else:

@@ -3,12 +3,38 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
+from typing import Any, ParamSpec, Protocol, TypeVar, cast
 
-from celery import shared_task
+from celery import shared_task as _celery_shared_task
 from django.conf import settings
 
 from portal.lib import wake
 from portal.services.attempts import attempts_launch
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R", covariant=True)
+
+
+class Task(Protocol[_P, _R]):
+    """What mypy knows of a Celery task (Celery ships no types): the function, and the
+    calls that send it to a worker."""
+
+    def __call__(self, *args: _P.args, **kwargs: _P.kwargs) -> _R: ...
+
+    def delay(self, *args: _P.args, **kwargs: _P.kwargs) -> Any: ...
+
+    def apply_async(
+        self,
+        args: tuple[Any, ...] | None = None,
+        kwargs: dict[str, Any] | None = None,
+        **options: Any,
+    ) -> Any: ...
+
+
+def shared_task(**options: Any) -> Callable[[Callable[_P, _R]], Task[_P, _R]]:
+    """Celery's `shared_task(**options)`, typed."""
+    return cast(Callable[[Callable[_P, _R]], Task[_P, _R]], _celery_shared_task(**options))
 
 
 @shared_task(name=wake.TICK_TASK, ignore_result=True)
@@ -82,10 +108,10 @@ def demo_trickle() -> int:
 @shared_task(name=wake.SERVING_SAMPLE_TASK, ignore_result=True)
 def serving_sample() -> int:
     """Read the serving replicas' /metrics into stored samples (docs/metrics.md)."""
-    from portal.services import serving_samples as serving_metrics
+    from portal.services import serving_samples
 
-    stored = serving_metrics.sample_serving()
-    serving_metrics.serving_prune()
+    stored = serving_samples.sample_serving()
+    serving_samples.serving_prune()
     return stored
 
 

@@ -1,5 +1,5 @@
 """URLs. Object ids in paths are named after their model (request_id, team_id, ...) so the
-cross-tenant test in tests/portal/test_views_access.py knows what to put in each."""
+cross-tenant test in tests/portal/security/test_views_access.py knows what to put in each."""
 
 from django.contrib import admin
 from django.contrib.auth import views as auth_views

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hmac
 import json
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -123,7 +124,7 @@ class AttemptCheckpointApi(ApiView):
     authentication_classes: list[type] = []
     permission_classes = [AllowAny]
 
-    class OutputSerializer(serializers.Serializer):
+    class OutputSerializer(serializers.Serializer[Any]):
         attempt = serializers.IntegerField(source="pk")
         last_checkpoint_at = serializers.DateTimeField(allow_null=True)
         checkpoints = serializers.IntegerField()

@@ -18,7 +18,7 @@ from portal.selectors.audit import audit_list, decision_list
 
 
 class DecisionListApi(ListApiView):
-    class OutputSerializer(serializers.Serializer):
+    class OutputSerializer(serializers.Serializer[Any]):
         id = serializers.IntegerField()
         tick = serializers.IntegerField()
         request = serializers.IntegerField(source="request_id", allow_null=True)
@@ -74,7 +74,7 @@ class DecisionListApi(ListApiView):
 
 
 class AuditListApi(ListApiView):
-    class OutputSerializer(serializers.Serializer):
+    class OutputSerializer(serializers.Serializer[Any]):
         id = serializers.IntegerField()
         actor = serializers.CharField(source="actor_name")
         action = serializers.CharField()

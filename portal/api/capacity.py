@@ -11,7 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from portal import access
-from portal.api.base import ApiView, ListApiView
+from portal.api.base import ApiView, ListApiView, signed_in_user
 from portal.api.requests import ReasonInputSerializer
 from portal.api.schema import name_nested_serializers
 from portal.models import Node
@@ -22,7 +22,7 @@ from portal.services.nodes import device_clear_quarantine, node_cordon, node_dra
 class PoolListApi(ApiView):
     """Pools with their capacity summary and the device profiles they offer."""
 
-    class OutputSerializer(serializers.Serializer):
+    class OutputSerializer(serializers.Serializer[Any]):
         id = serializers.IntegerField(source="pool.pk")
         name = serializers.CharField(source="pool.name")
         gpu_model = serializers.CharField(source="pool.gpu_model")
@@ -55,14 +55,16 @@ class PoolListApi(ApiView):
 class CapacityApi(ListApiView):
     """Admins: node → device → slot, paginated by node."""
 
-    class CellSerializer(serializers.Serializer):
-        label = serializers.CharField()
+    class CellSerializer(serializers.Serializer[Any]):
+        # (a field named like a Field attribute: the serializer's metaclass takes fields out of
+        # the class, so nothing is shadowed)
+        label = serializers.CharField()  # type: ignore[assignment]
         status = serializers.CharField()
         team = serializers.CharField()
         request_id = serializers.IntegerField(allow_null=True)
         width = serializers.IntegerField()
 
-    class DeviceSerializer(serializers.Serializer):
+    class DeviceSerializer(serializers.Serializer[Any]):
         id = serializers.IntegerField(source="pk")
         index = serializers.IntegerField()
         model = serializers.CharField()
@@ -79,7 +81,7 @@ class CapacityApi(ListApiView):
         def get_cells(self, obj: Any) -> list[dict[str, Any]]:
             return CapacityApi.CellSerializer(obj.cells, many=True).data  # type: ignore[return-value]
 
-    class OutputSerializer(serializers.Serializer):
+    class OutputSerializer(serializers.Serializer[Any]):
         id = serializers.IntegerField(source="node.pk")
         name = serializers.CharField(source="node.name")
         pool = serializers.CharField(source="node.pool.name")
@@ -110,7 +112,7 @@ class CapacityApi(ListApiView):
 class NodeActionApi(ApiView):
     """Admins: cordon, drain or return a node."""
 
-    class OutputSerializer(serializers.Serializer):
+    class OutputSerializer(serializers.Serializer[Any]):
         id = serializers.IntegerField()
         name = serializers.CharField()
         cordoned = serializers.BooleanField()
@@ -137,14 +139,16 @@ class NodeActionApi(ApiView):
         }[action]
         reason = serializer.validated_data.get("reason", "")
         return Response(
-            self.OutputSerializer(service(actor=request.user, node=node, reason=reason)).data
+            self.OutputSerializer(
+                service(actor=signed_in_user(request), node=node, reason=reason)
+            ).data
         )
 
 
 class DeviceClearQuarantineApi(ApiView):
     """Admins: return a quarantined device to service (audited). 400 if it is not quarantined."""
 
-    class OutputSerializer(serializers.Serializer):
+    class OutputSerializer(serializers.Serializer[Any]):
         id = serializers.IntegerField()
         node = serializers.CharField(source="node.name")
         index = serializers.IntegerField()
@@ -156,7 +160,7 @@ class DeviceClearQuarantineApi(ApiView):
     )
     def post(self, request: Request, device_id: int) -> Response:
         device = access.get_device_for_admin(request.user, device_id)
-        device = device_clear_quarantine(actor=request.user, device=device)
+        device = device_clear_quarantine(actor=signed_in_user(request), device=device)
         return Response(self.OutputSerializer(device).data)
 
 

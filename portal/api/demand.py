@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from drf_spectacular.utils import extend_schema, extend_schema_serializer
 from rest_framework import serializers
 from rest_framework.exceptions import PermissionDenied
@@ -19,7 +21,7 @@ class DemandApi(ApiView):
     may see (all for admins): GPUs wanted, and how much of it fits no node that exists
     (only nodes an autoscaled pool may add could hold it)."""
 
-    class OutputSerializer(serializers.Serializer):
+    class OutputSerializer(serializers.Serializer[Any]):
         pool = serializers.CharField()
         profile = serializers.CharField()
         requests = serializers.IntegerField()
@@ -41,7 +43,7 @@ class PolicyVersionListApi(ListApiView):
     """Admins and auditors: every applied change of scheduling policy (quota, class, pool,
     profile), newest first; decisions record the number in force (`policy_version`)."""
 
-    class OutputSerializer(serializers.Serializer):
+    class OutputSerializer(serializers.Serializer[Any]):
         number = serializers.IntegerField()
         action = serializers.CharField()
         object_type = serializers.CharField()

@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import Any, cast
 
 from django.db import InterfaceError, OperationalError
 from rest_framework import exceptions, parsers, permissions, throttling
@@ -53,10 +53,12 @@ class ReadOnlyRolePermission(permissions.BasePermission):
 class _LiveRates:
     """Read the rate from the settings at each request (DRF binds it at import)."""
 
-    scope: str
+    scope: str | None
 
     def get_rate(self) -> str | None:
-        return api_settings.DEFAULT_THROTTLE_RATES.get(self.scope)
+        # Rates are strings ("30/min"); the stubs type the setting's values as numbers.
+        rates = cast(dict[str, str | None], api_settings.DEFAULT_THROTTLE_RATES)
+        return None if self.scope is None else rates.get(self.scope)
 
 
 class AnonThrottle(_LiveRates, throttling.AnonRateThrottle):
@@ -105,7 +107,7 @@ def client_address(request: Any) -> str:
     hops = api_settings.NUM_PROXIES
     forwarded = request.META.get("HTTP_X_FORWARDED_FOR", "")
     if hops and forwarded:
-        addrs = [a.strip() for a in forwarded.split(",") if a.strip()]
+        addrs: list[str] = [a.strip() for a in forwarded.split(",") if a.strip()]
         if addrs:
             return addrs[-min(hops, len(addrs))]
     return str(request.META.get("REMOTE_ADDR", ""))

@@ -15,7 +15,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from portal import access
-from portal.api.base import ApiView, ListApiView, StrictSerializer, _paginate
+from portal.api.base import ApiView, ListApiView, StrictSerializer, _paginate, signed_in_user
 from portal.lib import lifecycle
 from portal.lib.readiness import attempt_token, ready_token_key
 from portal.models import Pool, ValidationRun
@@ -24,7 +24,7 @@ from portal.services.rollouts import rollout_halt, rollout_start
 from portal.services.validations import validation_report
 
 
-class RolloutNodeSerializer(serializers.Serializer):
+class RolloutNodeSerializer(serializers.Serializer[Any]):
     node = serializers.CharField(source="node.name")
     wave = serializers.IntegerField()
     step = serializers.CharField()
@@ -33,7 +33,7 @@ class RolloutNodeSerializer(serializers.Serializer):
     validation = serializers.IntegerField(source="validation_id", allow_null=True)
 
 
-class RolloutSerializer(serializers.Serializer):
+class RolloutSerializer(serializers.Serializer[Any]):
     id = serializers.IntegerField()
     pool = serializers.CharField(source="pool.name")
     kind = serializers.CharField()
@@ -91,7 +91,7 @@ class RolloutListCreateApi(ListApiView):
             pool = Pool.objects.get(name=data.pop("pool"))
         except Pool.DoesNotExist:
             raise serializers.ValidationError({"pool": ["No such pool."]}) from None
-        rollout = rollout_start(actor=request.user, pool=pool, **data)
+        rollout = rollout_start(actor=signed_in_user(request), pool=pool, **data)
         return Response(RolloutDetailSerializer(rollout).data, status=status.HTTP_201_CREATED)
 
 
@@ -123,7 +123,9 @@ class RolloutHaltApi(ApiView):
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         rollout = rollout_halt(
-            actor=request.user, rollout=rollout, reason=serializer.validated_data.get("reason", "")
+            actor=signed_in_user(request),
+            rollout=rollout,
+            reason=serializer.validated_data.get("reason", ""),
         )
         return Response(RolloutDetailSerializer(rollout).data)
 
@@ -133,7 +135,7 @@ def validation_token(run: ValidationRun) -> str:
     return attempt_token(ready_token_key(), settings.VALIDATION_NAMESPACE, run.name, run.pk)
 
 
-class ValidationFiguresSerializer(serializers.Serializer):
+class ValidationFiguresSerializer(serializers.Serializer[Any]):
     """What a burn-in reports (docs/lifecycle.md); the portal judges the figures."""
 
     devices_visible = serializers.IntegerField(required=False)
@@ -142,7 +144,7 @@ class ValidationFiguresSerializer(serializers.Serializer):
     warmup_s = serializers.FloatField(required=False)
 
 
-class ValidationStateSerializer(serializers.Serializer):
+class ValidationStateSerializer(serializers.Serializer[Any]):
     id = serializers.IntegerField()
     state = serializers.CharField()
 

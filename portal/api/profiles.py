@@ -11,7 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from portal import access
-from portal.api.base import ApiView, ListApiView, StrictSerializer
+from portal.api.base import ApiView, ListApiView, StrictSerializer, signed_in_user
 from portal.api.schema import name_nested_serializers
 from portal.models import PolicyProfile
 from portal.services.profiles import (
@@ -22,27 +22,29 @@ from portal.services.profiles import (
 from scheduling import profile as scheduling_profile
 
 
-def _knob_field(knob: scheduling_profile.Knob, *, required: bool) -> serializers.Field:
+def _knob_field(
+    knob: scheduling_profile.Knob, *, required: bool
+) -> serializers.Field[Any, Any, Any, Any]:
     """A serializer field with the core's own bounds for one knob (`scheduling.profile`)."""
     kw: dict[str, Any] = {"required": required, "help_text": knob.help}
     if knob.choices:
         return serializers.ChoiceField(choices=list(knob.choices), **kw)
     if knob.type is str:
         return serializers.CharField(**kw)
-    bounds = {"min_value": knob.minimum, "max_value": knob.maximum}
+    bounds: dict[str, Any] = {"min_value": knob.minimum, "max_value": knob.maximum}
     if knob.type is int:
         return serializers.IntegerField(**bounds, **kw)
     return serializers.FloatField(**bounds, **kw)
 
 
-def _knob_fields(*, required: bool) -> dict[str, serializers.Field]:
+def _knob_fields(*, required: bool) -> dict[str, serializers.Field[Any, Any, Any, Any]]:
     return {
         name: _knob_field(knob, required=required)
         for name, knob in scheduling_profile.KNOBS.items()
     }
 
 
-class _ProfileMeta(serializers.Serializer):
+class _ProfileMeta(serializers.Serializer[Any]):
     id = serializers.IntegerField()
     name = serializers.CharField()
     version = serializers.IntegerField(help_text="goes up by one with each change of a knob")
@@ -105,7 +107,7 @@ class ProfileListCreateApi(ListApiView):
         serializer.is_valid(raise_exception=True)
         data = dict(serializer.validated_data)
         name = data.pop("name")
-        row = policy_profile_create(actor=request.user, name=name, knobs=data)
+        row = policy_profile_create(actor=signed_in_user(request), name=name, knobs=data)
         return Response(_profile_data(row), status=status.HTTP_201_CREATED)
 
 
@@ -127,7 +129,7 @@ class ProfileDetailApi(ApiView):
         serializer = ProfileUpdateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         row = policy_profile_update(
-            actor=request.user, profile=row, knobs=dict(serializer.validated_data)
+            actor=signed_in_user(request), profile=row, knobs=dict(serializer.validated_data)
         )
         return Response(_profile_data(row))
 
@@ -140,7 +142,7 @@ class ProfileActivateApi(ApiView):
     )
     def post(self, request: Request, profile_id: int) -> Response:
         row = access.get_policy_profile_for_admin(request.user, profile_id)
-        row = policy_profile_activate(actor=request.user, profile=row)
+        row = policy_profile_activate(actor=signed_in_user(request), profile=row)
         return Response(_profile_data(row))
 
 

@@ -11,7 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from portal import access
-from portal.api.base import ApiView, ListApiView, StrictSerializer, _paginate
+from portal.api.base import ApiView, ListApiView, StrictSerializer, _paginate, signed_in_user
 from portal.api.schema import name_nested_serializers
 from portal.lib import shapes
 from portal.models import DeviceProfile, GpuRequest, Pool, Team, WorkloadClass
@@ -40,7 +40,7 @@ FORBIDDEN_KEYS = {
 }
 
 
-class GpuRequestOutputSerializer(serializers.Serializer):
+class GpuRequestOutputSerializer(serializers.Serializer[Any]):
     id = serializers.IntegerField()
     name = serializers.CharField()
     team = serializers.CharField(source="team.name")
@@ -155,7 +155,10 @@ class GpuRequestListSubmitApi(ListApiView):
         memory_mib = serializers.IntegerField(default=4096, min_value=0, max_value=10**9)
         image = serializers.CharField(max_length=500)
         command = serializers.JSONField(
-            required=False, default=list, help_text="list of strings (or one string)"
+            required=False,
+            # (any JSON value may be a default; the stubs allow only mappings)
+            default=list,  # type: ignore[arg-type]
+            help_text="list of strings (or one string)",
         )
         env = serializers.JSONField(required=False, default=dict, help_text="mapping NAME -> value")
         checkpoint_interval_s = serializers.IntegerField(default=0, min_value=0, max_value=10**9)
@@ -196,7 +199,7 @@ class GpuRequestListSubmitApi(ListApiView):
     def post(self, request: Request) -> Response:
         serializer = self.SubmitInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        req = gpu_request_submit(user=request.user, **serializer.resolve(request.user))
+        req = gpu_request_submit(user=signed_in_user(request), **serializer.resolve(request.user))
         req.attempt_count = 0  # type: ignore[attr-defined]  # new: no query needed
         return Response(self.OutputSerializer(req).data, status=status.HTTP_201_CREATED)
 
@@ -207,7 +210,7 @@ class GpuRequestPreviewApi(ApiView):
     class InputSerializer(SubmitFields):
         pass
 
-    class OutputSerializer(serializers.Serializer):
+    class OutputSerializer(serializers.Serializer[Any]):
         outcome = serializers.ChoiceField(choices=["fits", "waits", "rejected"])
         message = serializers.CharField()
         pool = serializers.CharField()
@@ -255,7 +258,9 @@ class GpuRequestCancelApi(ApiView):
         serializer = ReasonInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         req = gpu_request_cancel(
-            user=request.user, gpu_request=req, reason=serializer.validated_data.get("reason", "")
+            user=signed_in_user(request),
+            gpu_request=req,
+            reason=serializer.validated_data.get("reason", ""),
         )
         return Response(self.OutputSerializer(req).data)
 
@@ -263,7 +268,7 @@ class GpuRequestCancelApi(ApiView):
 class QueueApi(ListApiView):
     """Pending requests in scheduling order (your teams'; all for admins)."""
 
-    class OutputSerializer(serializers.Serializer):
+    class OutputSerializer(serializers.Serializer[Any]):
         id = serializers.IntegerField()
         queue_position = serializers.IntegerField(allow_null=True)
         team = serializers.CharField(source="team.name")

@@ -13,8 +13,7 @@ from rest_framework.response import Response
 from portal import access
 from portal.api.base import ApiView, StrictSerializer
 from portal.api.requests import GpuRequestOutputSerializer
-from portal.services import serving
-from portal.services import serving_samples as serving_metrics
+from portal.services import serving, serving_samples
 
 
 class ServingUpdateApi(ApiView):
@@ -49,9 +48,11 @@ class RequestMetricsApi(ApiView):
     `batch_size`, `queue_depth`, `gpu_utilization`, `model_revision` … (docs/metrics.md).
     A batch request has none of them: its series are empty."""
 
-    class RequestMetricsSerializer(serializers.Serializer):
+    class RequestMetricsSerializer(serializers.Serializer[Any]):
         request = serializers.IntegerField()
-        source = serializers.ChoiceField(choices=["prometheus", "samples"])
+        # (a field named like a Field attribute: the serializer's metaclass takes fields out of
+        # the class, so nothing is shadowed)
+        source = serializers.ChoiceField(choices=["prometheus", "samples"])  # type: ignore[assignment]
         window_s = serializers.IntegerField()
         step_s = serializers.IntegerField()
         series = serializers.DictField(
@@ -65,16 +66,16 @@ class RequestMetricsApi(ApiView):
 
     @extend_schema(
         operation_id="requests_metrics",
-        parameters=[OpenApiParameter("window", str, enum=list(serving_metrics.WINDOWS))],
+        parameters=[OpenApiParameter("window", str, enum=list(serving_samples.WINDOWS))],
         responses=RequestMetricsSerializer,
     )
     def get(self, request: Request, request_id: int) -> Response:
         req = access.get_gpu_request_for_user(request.user, request_id)
         window = request.query_params.get("window", "1h")
-        if window not in serving_metrics.WINDOWS:
+        if window not in serving_samples.WINDOWS:
             raise ValidationError(
-                {"window": [f"Choose one of {', '.join(serving_metrics.WINDOWS)}."]}
+                {"window": [f"Choose one of {', '.join(serving_samples.WINDOWS)}."]}
             )
         return Response(
-            serving_metrics.request_metrics(req, window_s=serving_metrics.WINDOWS[window])
+            serving_samples.request_metrics(req, window_s=serving_samples.WINDOWS[window])
         )

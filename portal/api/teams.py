@@ -12,7 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from portal import access
-from portal.api.base import ApiView, ListApiView, StrictSerializer, _paginate
+from portal.api.base import ApiView, ListApiView, StrictSerializer, _paginate, signed_in_user
 from portal.api.schema import name_nested_serializers
 from portal.models import Membership
 from portal.selectors.teams import team_members, team_usage
@@ -25,7 +25,7 @@ from portal.services.teams import (
 )
 
 
-class QuotaOutputSerializer(serializers.Serializer):
+class QuotaOutputSerializer(serializers.Serializer[Any]):
     pool = serializers.CharField(source="pool.name")
     nominal_milli = serializers.IntegerField()
     borrowing_limit_milli = serializers.IntegerField(allow_null=True)
@@ -33,7 +33,7 @@ class QuotaOutputSerializer(serializers.Serializer):
     granted_milli = serializers.IntegerField()
 
 
-class TeamOutputSerializer(serializers.Serializer):
+class TeamOutputSerializer(serializers.Serializer[Any]):
     id = serializers.IntegerField()
     name = serializers.CharField()
     display_name = serializers.CharField()
@@ -67,16 +67,18 @@ class TeamListApi(ListApiView):
         access.require_admin(request.user)
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        team = team_create(actor=request.user, **serializer.validated_data)
+        team = team_create(actor=signed_in_user(request), **serializer.validated_data)
         return Response(self.OutputSerializer(team).data, status=status.HTTP_201_CREATED)
 
 
-class MemberOutputSerializer(serializers.Serializer):
+class MemberOutputSerializer(serializers.Serializer[Any]):
     id = serializers.IntegerField(source="membership.pk")
     username = serializers.CharField(source="membership.user.username")
     role = serializers.CharField(source="membership.role")
     gpu_cap_milli = serializers.IntegerField(source="membership.gpu_cap_milli", allow_null=True)
-    source = serializers.CharField(source="membership.source")
+    # (a field named like a Field attribute: the serializer's metaclass takes fields out of
+    # the class, so nothing is shadowed)
+    source = serializers.CharField(source="membership.source")  # type: ignore[assignment]
     holding_milli = serializers.IntegerField()
     pending = serializers.IntegerField()
 
@@ -118,11 +120,11 @@ class TeamMemberListApi(ListApiView):
         if role != Membership.Role.MEMBER and not access.is_admin(request.user):
             raise ValidationError({"role": ["Only platform admins add leads."]})
         membership = membership_add(
-            actor=request.user, team=team, username=data["username"], role=role
+            actor=signed_in_user(request), team=team, username=data["username"], role=role
         )
         if data.get("gpu_cap_milli") is not None:
             membership = membership_set(
-                actor=request.user,
+                actor=signed_in_user(request),
                 team=team,
                 user=membership.user,
                 role=membership.role,
@@ -145,7 +147,7 @@ class TeamMemberDetailApi(ApiView):
             min_value=0, max_value=10**9, required=False, allow_null=True
         )
 
-    class RemovedSerializer(serializers.Serializer):
+    class RemovedSerializer(serializers.Serializer[Any]):
         cancelled_requests = serializers.IntegerField()
 
     def _membership(self, request: Request, team_id: int, membership_id: int) -> Membership:
@@ -173,7 +175,7 @@ class TeamMemberDetailApi(ApiView):
             raise ValidationError({"role": ["Only platform admins change roles."]})
         cap = data.get("gpu_cap_milli", membership.gpu_cap_milli)
         membership = membership_set(
-            actor=request.user,
+            actor=signed_in_user(request),
             team=membership.team,
             user=membership.user,
             role=role,
@@ -188,14 +190,14 @@ class TeamMemberDetailApi(ApiView):
         membership = self._membership(request, team_id, membership_id)
         if membership.role == Membership.Role.LEAD and not access.is_admin(request.user):
             raise PermissionDenied("Only platform admins remove a team's leads.")
-        cancelled = membership_remove(actor=request.user, membership=membership)
+        cancelled = membership_remove(actor=signed_in_user(request), membership=membership)
         return Response({"cancelled_requests": cancelled})
 
 
 class TeamDetailApi(ApiView):
     """A team with its usage against guarantee per pool, and its members."""
 
-    class UsageSerializer(serializers.Serializer):
+    class UsageSerializer(serializers.Serializer[Any]):
         pool = serializers.CharField(source="pool.name")
         nominal_milli = serializers.IntegerField()
         used_milli = serializers.IntegerField()
@@ -204,7 +206,7 @@ class TeamDetailApi(ApiView):
 
     MemberSerializer = MemberOutputSerializer
 
-    class OutputSerializer(serializers.Serializer):
+    class OutputSerializer(serializers.Serializer[Any]):
         id = serializers.IntegerField()
         name = serializers.CharField()
         namespace = serializers.CharField()
@@ -261,7 +263,9 @@ class QuotaSetApi(ApiView):
         pool = access.get_pool(request.user, pool_id)
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        quota = quota_set(actor=request.user, team=team, pool=pool, **serializer.validated_data)
+        quota = quota_set(
+            actor=signed_in_user(request), team=team, pool=pool, **serializer.validated_data
+        )
         return Response(self.OutputSerializer(quota).data)
 
 

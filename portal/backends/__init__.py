@@ -14,7 +14,7 @@ def _backend(name: str) -> ClusterBackend:
     if name == "kubernetes":
         from portal.backends.kubernetes import KubernetesBackend
 
-        return KubernetesBackend.from_settings()  # type: ignore[no-any-return]
+        return KubernetesBackend.from_settings()
     from portal.backends.simulated import SimulatedBackend
 
     return SimulatedBackend(settings.SIMULATED_CLUSTER)

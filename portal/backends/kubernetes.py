@@ -48,6 +48,7 @@ from portal.k8s.jobs import (
     service_delete,
 )
 from portal.k8s.logs import pod_log, workload_events
+from portal.k8s.names import built
 from portal.k8s.serving import (
     deployment_build,
     rollout_patch,
@@ -311,7 +312,7 @@ class KubernetesBackend:
             pvc_create(self.core, pvc)
         owner = owner_reference(service_create(self.core, service))
         for job in jobs:
-            job.metadata.owner_references = [owner]
+            built(job.metadata).owner_references = [owner]
             job_create(self.batch, job, sleep=self._sleep)
 
     def _launch_serving(self, spec: LaunchSpec) -> None:
@@ -319,7 +320,7 @@ class KubernetesBackend:
         owns the Deployment, so deleting it (`stop`) deletes everything."""
         deployment, service = deployment_build(spec, self.job_options, self._node_facts)
         owner = owner_reference(service_create(self.core, service))
-        deployment.metadata.owner_references = [owner]
+        built(deployment.metadata).owner_references = [owner]
         try:
             self.apps.create_namespaced_deployment(spec.namespace, deployment)
         except ApiException as exc:

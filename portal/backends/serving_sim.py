@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--label", action="append", default=[], help="key=value, repeatable")
     a = p.parse_args(argv)
     labels = dict(x.split("=", 1) for x in a.label if "=" in x)
-    disable_created_metrics()
+    disable_created_metrics()  # type: ignore[no-untyped-call]  # (prometheus_client: unannotated)
     engine = Engine(
         a.runtime, labels, max_batch=a.max_batch, rps=a.rps, warmup_s=a.warmup_s, seed=a.seed
     )

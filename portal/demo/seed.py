@@ -126,11 +126,11 @@ def seed(*, path: str | None = None) -> dict[str, Any]:
     for name in QUOTAS:
         teams[name] = Team.objects.filter(name=name).first() or team_create(actor=None, name=name)
     # Production inference is not for everyone: only these teams serve models.
-    inference = WorkloadClass.objects.get(name="inference")
-    if not inference.restricted:
-        inference.restricted = True
-        inference.save(update_fields=["restricted"])
-        inference.teams.set([teams[t] for t in INFERENCE_TEAMS])
+    inference_class = WorkloadClass.objects.get(name="inference")
+    if not inference_class.restricted:
+        inference_class.restricted = True
+        inference_class.save(update_fields=["restricted"])
+        inference_class.teams.set([teams[t] for t in INFERENCE_TEAMS])
     for team_name, per_pool in QUOTAS.items():
         for pool_name, gpus in per_pool.items():
             if not Pool.objects.filter(name=pool_name).exists():
@@ -145,15 +145,15 @@ def seed(*, path: str | None = None) -> dict[str, Any]:
                 },
             )
     User = get_user_model()
-    for username, role, team_name, staff in DEMO_USERS:
+    for username, role, user_team, staff in DEMO_USERS:
         user, created = User.objects.get_or_create(
             username=username, defaults={"is_staff": staff, "is_superuser": staff}
         )
         if created:
             user.set_password(DEMO_PASSWORD)
             user.save()
-        if team_name and not Membership.objects.filter(user=user, team=teams[team_name]).exists():
-            membership_set(actor=None, team=teams[team_name], user=user, role=role or "member")
+        if user_team and not Membership.objects.filter(user=user, team=teams[user_team]).exists():
+            membership_set(actor=None, team=teams[user_team], user=user, role=role or "member")
     serving_demo()
     return {"users": [u[0] for u in DEMO_USERS], "password": DEMO_PASSWORD}
 

@@ -50,7 +50,8 @@ class TaintsField(forms.CharField):
             )
         return value
 
-    def to_python(self, value: Any) -> list[dict[str, str]]:
+    # A CharField's text, parsed: it cleans to the structure the services store, not a str.
+    def to_python(self, value: Any) -> list[dict[str, str]]:  # type: ignore[override]
         text = super().to_python(value) or ""
         out = []
         for n, line in enumerate(text.splitlines(), start=1):
@@ -80,7 +81,7 @@ class NodeSelectorField(forms.CharField):
             return ", ".join(f"{k}={v}" for k, v in value.items())
         return value
 
-    def to_python(self, value: Any) -> dict[str, str]:
+    def to_python(self, value: Any) -> dict[str, str]:  # type: ignore[override]
         text = super().to_python(value) or ""
         out: dict[str, str] = {}
         for item in text.replace("\n", ",").split(","):
@@ -106,7 +107,7 @@ class MigLayoutField(forms.CharField):
             return ", ".join(str(p) for p in value)
         return value
 
-    def to_python(self, value: Any) -> list[str]:
+    def to_python(self, value: Any) -> list[str]:  # type: ignore[override]
         text = super().to_python(value) or ""
         out = [p.strip() for p in text.replace("\n", ",").split(",") if p.strip()]
         try:
@@ -127,7 +128,7 @@ class ReasonForm(forms.Form):
     )
 
     def clean_reason(self) -> str:
-        reason = self.cleaned_data["reason"].strip()
+        reason: str = self.cleaned_data["reason"].strip()
         if not reason:
             raise forms.ValidationError("Say why: the reason goes into the audit log.")
         return reason

@@ -217,7 +217,9 @@ class NotificationPreferenceForm(forms.ModelForm):  # type: ignore[type-arg]
 
 
 class TemplateSaveForm(forms.Form):
-    template_name = forms.CharField(max_length=100, label="Save as template")
+    # A field named like BaseForm.template_name: the form's metaclass takes fields out of the
+    # class, so the attribute stays the template's; the posted name is kept as it is.
+    template_name = forms.CharField(max_length=100, label="Save as template")  # type: ignore[assignment]
 
 
 #: the submit form's fields a template keeps (the same names, as posted)

@@ -91,7 +91,7 @@ def _knob_form_field(knob: scheduling_profile.Knob) -> forms.Field:
         return forms.ChoiceField(choices=[(c, c) for c in knob.choices], **kw)
     if knob.type is str:
         return forms.CharField(**kw)
-    bounds = {"min_value": knob.minimum, "max_value": knob.maximum}
+    bounds: dict[str, Any] = {"min_value": knob.minimum, "max_value": knob.maximum}
     if knob.type is int:
         return forms.IntegerField(**bounds, **kw)
     return forms.FloatField(**bounds, **kw)

@@ -31,7 +31,7 @@ class QuotaForm(forms.Form):
             del self.fields["granted"]
 
     def clean_reason(self) -> str:
-        reason = self.cleaned_data["reason"].strip()
+        reason: str = self.cleaned_data["reason"].strip()
         if not reason:
             raise forms.ValidationError("Say why: the reason goes into the audit log.")
         return reason

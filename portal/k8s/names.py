@@ -5,11 +5,13 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 from kubernetes.utils import parse_quantity
 
 from portal.backends.base import LaunchRefused as _LaunchRefused
+
+_T = TypeVar("_T")
 
 GPU = "nvidia.com/gpu"
 GPU_SHARED = "nvidia.com/gpu.shared"
@@ -130,3 +132,10 @@ def mig_profile_of(resource: str) -> str | None:
         return None
     core, extra = match.groups()
     return f"{core}+{extra}" if extra else core
+
+
+def built(value: _T | None) -> _T:
+    """A field of an object the portal built itself, so always set: the Kubernetes client
+    types every field of its models as optional."""
+    assert value is not None
+    return value

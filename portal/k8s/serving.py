@@ -24,7 +24,7 @@ from kubernetes import client
 
 from portal.backends.base import LaunchSpec, Outcome, WorkloadStatus
 from portal.k8s.jobs import JobOptions, job_build
-from portal.k8s.names import L_INSTANCE, LABEL_HOSTNAME, LaunchRefused, label_value
+from portal.k8s.names import L_INSTANCE, LABEL_HOSTNAME, LaunchRefused, built, label_value
 
 L_MODEL = "quartermaster.io/model"
 L_REVISION = "quartermaster.io/model-revision"
@@ -60,14 +60,17 @@ def deployment_build(
     first = spec.members()[0]
     one = replace(first, pods=(), gang="", rank=0, world_size=1, name=spec.name)
     job = job_build(one, options, facts(one.node))
-    template = job.spec.template
+    job_meta = built(job.metadata)
+    template = built(job.spec).template
+    template_meta = built(template.metadata)
     extra = serving_labels(spec)
-    template.metadata.labels = {**template.metadata.labels, **extra}
-    pod = template.spec
+    template_meta.labels = {**built(template_meta.labels), **extra}
+    pod = built(template.spec)
     pod.restart_policy = "Always"
     hostnames = [str((facts(n) or {}).get("hostname") or n) for n in nodes]
-    term = pod.affinity.node_affinity.required_during_scheduling_ignored_during_execution
-    term.node_selector_terms[0].match_expressions[0].values = hostnames
+    node_affinity = built(built(pod.affinity).node_affinity)
+    term = built(node_affinity.required_during_scheduling_ignored_during_execution)
+    built(term.node_selector_terms[0].match_expressions)[0].values = hostnames
     pod.topology_spread_constraints = [
         client.V1TopologySpreadConstraint(
             max_skew=1,
@@ -101,7 +104,7 @@ def deployment_build(
         period_seconds=10,
         failure_threshold=90,
     )
-    labels = {**job.metadata.labels, **extra}
+    labels = {**built(job_meta.labels), **extra}
     selector = {L_INSTANCE: spec.name}
     deployment = client.V1Deployment(
         api_version="apps/v1",
@@ -110,7 +113,7 @@ def deployment_build(
             name=spec.name,
             namespace=spec.namespace,
             labels=labels,
-            annotations=job.metadata.annotations,
+            annotations=job_meta.annotations,
         ),
         spec=client.V1DeploymentSpec(
             replicas=len(nodes),

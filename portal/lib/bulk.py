@@ -19,7 +19,7 @@ import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from operator import itemgetter
-from typing import Any
+from typing import Any, cast
 
 from django.db import connection, models, transaction
 from django.utils import timezone
@@ -30,6 +30,12 @@ BATCH = 2000
 
 def _fields(model: type[models.Model]) -> list[models.Field[Any, Any]]:
     return [f for f in model._meta.concrete_fields if not f.primary_key]
+
+
+def _concrete_field(model: type[models.Model], name: str) -> models.Field[Any, Any]:
+    # `bulk_set` writes columns: its names are of concrete fields, never relations' reverse
+    # sides or generic foreign keys.
+    return cast(models.Field[Any, Any], model._meta.get_field(name))
 
 
 def _defaults(fields: list[models.Field[Any, Any]]) -> dict[str, Any]:
@@ -102,20 +108,26 @@ def insert_rows(
     make = RowMaker(model)
     if connection.vendor != "postgresql":
         # (a maker made dicts here: only PostgreSQL makes tuples)
-        dicts = [make(row) for row in rows]  # type: ignore[arg-type]
+        dict_rows = cast(Sequence[dict[str, Any]], rows)
+        dicts = cast(list[dict[str, Any]], [make(row) for row in dict_rows])
         if pks is not None:
             assert len(pks) == len(rows)
-            pk_name = model._meta.pk.attname  # type: ignore[union-attr]
+            pk_field = model._meta.pk
+            assert pk_field is not None
+            pk_name = pk_field.attname
             dicts = [{**row, pk_name: key} for key, row in zip(pks, dicts, strict=True)]
             ids = True
-        objs = [model(**row) for row in dicts]  # type: ignore[arg-type]
-        model.objects.bulk_create(objs, batch_size=500, ignore_conflicts=ignore_conflicts)
+        objs = [model(**row) for row in dicts]
+        model._default_manager.bulk_create(objs, batch_size=500, ignore_conflicts=ignore_conflicts)
         return [o.pk for o in objs] if ids else []
     pk = model._meta.pk
     assert pk is not None
     fields = _fields(model)
     names = [f.column for f in fields]
-    values: list[Sequence[Any]] = [row if isinstance(row, tuple) else make(row) for row in rows]
+    # (on PostgreSQL a maker makes tuples)
+    values = cast(
+        list[Sequence[Any]], [row if isinstance(row, tuple) else make(row) for row in rows]
+    )
     new_ids: list[int] = []
     with connection.cursor() as cur:
         if pks is not None:
@@ -210,12 +222,12 @@ def bulk_set_sent(
         if only_if or returning:
             raise NotImplementedError("only_if and returning need PostgreSQL")
         objs = [model(pk=row[0], **dict(zip(fields, row[1:], strict=True))) for row in rows]
-        model.objects.bulk_update(objs, list(fields), batch_size=500)
+        model._default_manager.bulk_update(objs, list(fields), batch_size=500)
         yield lambda: []
         return
     meta = model._meta
     assert meta.pk is not None
-    columns = [meta.pk, *(meta.get_field(f) for f in fields)]
+    columns = [meta.pk, *(_concrete_field(model, f) for f in fields)]
     quote = connection.ops.quote_name
     names = [quote(c.column) for c in columns]
     # COPY into a scratch table, then one UPDATE joins it: a fixed number of statements
@@ -225,7 +237,7 @@ def bulk_set_sent(
     conditions = [f"t.{names[0]} = v.{names[0]}"]
     params: list[Any] = []
     for name, value in (only_if or {}).items():
-        conditions.append(f"t.{quote(meta.get_field(name).column)} = %s")  # type: ignore[union-attr]
+        conditions.append(f"t.{quote(_concrete_field(model, name).column)} = %s")
         params.append(value)
     update = (
         f"UPDATE {quote(meta.db_table)} AS t SET "

@@ -68,10 +68,10 @@ def line_chart(
 
     out.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#ddd"/>')
     for frac in (0, 0.5, 1):
-        v = top_v * frac
+        level = top_v * frac
         out.append(
-            f'<text x="{left - 4}" y="{y(v) + 4:.1f}" text-anchor="end" font-size="10">'
-            f"{_fmt(v)}</text>"
+            f'<text x="{left - 4}" y="{y(level) + 4:.1f}" text-anchor="end" font-size="10">'
+            f"{_fmt(level)}</text>"
         )
     for t, label in ((t0, ""), (t1, "")):
         stamp = datetime.fromtimestamp(t, tz=UTC).strftime("%m-%d %H:%M")

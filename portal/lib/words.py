@@ -21,7 +21,7 @@ def duration(seconds: float | int | None) -> str:
     return f"{d} d {h} h" if h else f"{d} d"
 
 
-def gpus(milli: int | None) -> str:
+def gpus(milli: int | str | None) -> str:
     """Milli-GPU for people, to two decimals: 16000 -> "16", 1500 -> "1.5", 4666 -> "4.67",
     None -> "". Below 0.01 GPU the third decimal stays (5 -> "0.005"). A missing value
     (a template variable that does not resolve, such as a quota a team has not got) is ""."""
@@ -33,7 +33,7 @@ def gpus(milli: int | None) -> str:
     return text.rstrip("0").rstrip(".") if "." in text else text
 
 
-def gpu_count(milli: int | None) -> str:
+def gpu_count(milli: int | str | None) -> str:
     """With the unit, singular when it is one: "1 GPU", "0.5 GPU", "2 GPUs", "1.5 GPUs"."""
     if milli is None or milli == "":
         return ""

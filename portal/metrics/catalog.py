@@ -1,6 +1,6 @@
 """docs/metrics.md, generated from code: every series, its labels, its meaning, which
 alert uses it. `python manage.py metrics_catalog` writes it; `--check` fails when the
-file is stale (CI runs the check through tests/portal/test_metric_catalog.py).
+file is stale (CI runs the check through tests/portal/metrics/test_metric_catalog.py).
 
 Sources, all read from the code that produces or queries the series:
 
@@ -18,11 +18,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
 from portal.backends import serving_sim
 from portal.metrics.collector import PortalCollector
-from portal.services import serving_samples as serving_metrics
+from portal.services import serving_samples
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "metrics.md"
@@ -158,10 +158,10 @@ def render() -> str:
         "| Series | Meaning | vLLM | TGI | Triton |",
         "|---|---|---|---|---|",
     ]
-    for name in serving_metrics.SERIES:
+    for name in serving_samples.SERIES:
         queries = []
         for runtime in ("vllm", "tgi", "triton"):
-            q = serving_metrics.QUERIES[runtime].get(name) or serving_metrics.DEVICE_QUERIES.get(
+            q = serving_samples.QUERIES[runtime].get(name) or serving_samples.DEVICE_QUERIES.get(
                 name, ""
             )
             queries.append(f"`{_cell(q.format(sel=SEL))}`" if q else "—")
@@ -169,7 +169,7 @@ def render() -> str:
     lines += [
         "| `model_revision` | the revision serving | "
         + " | ".join(
-            f"`{_cell(serving_metrics.QUERIES[r]['revision'].format(sel=SEL))}`"
+            f"`{_cell(serving_samples.QUERIES[r]['revision'].format(sel=SEL))}`"
             for r in ("vllm", "tgi", "triton")
         )
         + " |",
@@ -193,6 +193,6 @@ def render() -> str:
     return "\n".join(lines) + "\n"
 
 
-def _families() -> list[object]:
+def _families() -> list[Metric]:
     """The exporter's families (with no rows, each is still declared with its labels)."""
     return list(PortalCollector().collect())

@@ -8,7 +8,7 @@ exports them; the others export `quartermaster_metrics_exporter` with
 (GROUP BY in the database), never row by row, and the decision counts it
 adds up are bounded by the decision log's retention (pruned rows are folded
 into `DecisionTally`). Names and labels match the chart's PrometheusRule and
-dashboard (charts/quartermaster), which tests/k8s/test_alerts.py checks
+dashboard (charts/quartermaster), which tests/chart/test_alerts.py checks
 against series this module produced.
 """
 
@@ -49,7 +49,7 @@ from portal.models import (
     SchedulerState,
     UsageRecord,
 )
-from portal.tick import waits as capacity
+from portal.tick import waits
 from portal.tick.run import TICK_BUCKETS
 
 WAIT_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400)
@@ -134,7 +134,7 @@ class PortalCollector(Collector):
             f"le{i}": Count("id", filter=Q(waited__lte=timedelta(seconds=b)))
             for i, b in enumerate(WAIT_BUCKETS)
         }
-        rows = (
+        wait_rows = (
             Attempt.objects.filter(number=1)
             .annotate(waited=waited)
             .values(
@@ -146,7 +146,7 @@ class PortalCollector(Collector):
             .order_by()
         )
         for r in sorted(
-            rows, key=lambda r: (r["request__team__name"], r["request__workload_class__name"])
+            wait_rows, key=lambda r: (r["request__team__name"], r["request__workload_class__name"])
         ):
             buckets = [(str(float(b)), float(r[f"le{i}"])) for i, b in enumerate(WAIT_BUCKETS)]
             buckets.append(("+Inf", float(r["total"])))
@@ -204,7 +204,7 @@ class PortalCollector(Collector):
         ):
             allocated.add_metric([r["device__node__pool__name"]], r["m"] or 0)
         yield allocated
-        capacity = GaugeMetricFamily(
+        waits = GaugeMetricFamily(
             "quartermaster_capacity_gpus",
             "Usable GPUs: healthy, not quarantined, on ready, uncordoned, reporting nodes",
             labels=["pool"],
@@ -212,8 +212,8 @@ class PortalCollector(Collector):
         # The one usable-device rule (portal.models.usable_q): stale nodes count out too.
         usable = Device.objects.usable(timezone.now())
         for r in usable.values("node__pool__name").annotate(n=Count("id")):
-            capacity.add_metric([r["node__pool__name"]], r["n"])
-        yield capacity
+            waits.add_metric([r["node__pool__name"]], r["n"])
+        yield waits
         heartbeat = GaugeMetricFamily(
             "quartermaster_node_agent_last_heartbeat_timestamp_seconds",
             "Last node agent report",
@@ -222,6 +222,7 @@ class PortalCollector(Collector):
         for name, beat in Node.objects.filter(last_heartbeat__isnull=False).values_list(
             "name", "last_heartbeat"
         ):
+            assert beat is not None  # (filtered on last_heartbeat__isnull=False)
             heartbeat.add_metric([name], beat.timestamp())
         yield heartbeat
 
@@ -343,9 +344,9 @@ def _capacity_planning() -> Iterator[Metric]:
         labels=["reason", "class", "team", "pool"],
     )
     group = ("workload_class__name", "team__name", "pool__name")
-    for row in capacity.split_by(pending, group, now):
+    for row in waits.split_by(pending, group, now):
         labels = [row["workload_class__name"], row["team__name"], row["pool__name"] or "any"]
-        for reason in capacity.REASONS:
+        for reason in waits.REASONS:
             wait.add_metric([reason, *labels], float(row[reason]))
     yield wait
     oldest = GaugeMetricFamily(
@@ -374,7 +375,7 @@ def _capacity_planning() -> Iterator[Metric]:
         "GPUs wanted by pending requests whose shape fits no node that exists",
         labels=["pool", "profile"],
     )
-    for d in capacity.pending_demand(pending):
+    for d in waits.pending_demand(pending):
         wanted.add_metric([d["pool"], d["profile"]], d["gpus_milli"] / 1000)
         unfit.add_metric([d["pool"], d["profile"]], d["unfit_gpus_milli"] / 1000)
     yield wanted

@@ -13,12 +13,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
 from portal.models import Attempt, Device, GpuRequest, WorkloadClass
+
+#: prometheus_client's own formatting of a bound (`le` label), typed (the client is not annotated)
+_go_float: Callable[[float], str] = floatToGoString
 
 #: the TTFT histogram buckets of vLLM (and of the simulated servers), seconds
 TTFT_BUCKETS = (
@@ -55,7 +58,7 @@ def objective_bucket(objective_s: float) -> float:
 def le_label(objective_s: float, runtime: str = "vllm") -> str:
     bound = objective_bucket(objective_s)
     # Triton's first-response histogram is in milliseconds
-    return floatToGoString(bound * 1000 if runtime == "triton" else bound)
+    return _go_float(bound * 1000 if runtime == "triton" else bound)
 
 
 def collect() -> Iterator[Metric]:

@@ -6,6 +6,8 @@ possible). SQLite refuses UPDATE; a DELETE trigger there would also block
 """
 
 from django.db import migrations
+from django.db.backends.base.schema import BaseDatabaseSchemaEditor
+from django.db.migrations.state import StateApps
 
 PG = """
 CREATE OR REPLACE FUNCTION portal_auditevent_append_only() RETURNS trigger AS $$
@@ -26,7 +28,7 @@ SQLITE = [
 ]
 
 
-def forwards(apps, schema_editor):
+def forwards(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) -> None:
     if schema_editor.connection.vendor == "postgresql":
         schema_editor.execute(PG)
     elif schema_editor.connection.vendor == "sqlite":
@@ -34,7 +36,7 @@ def forwards(apps, schema_editor):
             schema_editor.execute(statement)
 
 
-def backwards(apps, schema_editor):
+def backwards(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) -> None:
     if schema_editor.connection.vendor == "postgresql":
         schema_editor.execute(PG_REVERSE)
     elif schema_editor.connection.vendor == "sqlite":

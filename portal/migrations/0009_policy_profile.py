@@ -4,9 +4,11 @@ import django.core.validators
 import django.db.models.deletion
 from django.conf import settings
 from django.db import migrations, models
+from django.db.backends.base.schema import BaseDatabaseSchemaEditor
+from django.db.migrations.state import StateApps
 
 
-def load_shipped_profile(apps, schema_editor):
+def load_shipped_profile(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) -> None:
     """Store the shipped default profile (scheduling/profiles/default.toml), active, unless a
     profile is active already. `services.policy_profile_ensure` does the same at each tick for
     a database emptied since (tests flush it)."""

@@ -1,7 +1,9 @@
 from django.db import migrations, models
+from django.db.backends.base.schema import BaseDatabaseSchemaEditor
+from django.db.migrations.state import StateApps
 
 
-def keep_append_only(apps, schema_editor):
+def keep_append_only(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) -> None:
     # SQLite adds a column with a default by rebuilding the table, which drops the
     # append-only trigger of 0002; put it back (PostgreSQL keeps its trigger).
     if schema_editor.connection.vendor == "sqlite":

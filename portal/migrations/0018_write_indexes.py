@@ -6,14 +6,16 @@
 
 import django.db.models.deletion
 from django.db import migrations, models
+from django.db.backends.base.schema import BaseDatabaseSchemaEditor
+from django.db.migrations.state import StateApps
 
 
-def fillfactor(apps, schema_editor, value=70):
+def fillfactor(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor, value: int = 70) -> None:
     if schema_editor.connection.vendor == "postgresql":
         schema_editor.execute(f"ALTER TABLE portal_gpurequest SET (fillfactor = {value})")
 
 
-def fillfactor_default(apps, schema_editor):
+def fillfactor_default(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) -> None:
     fillfactor(apps, schema_editor, 100)
 
 

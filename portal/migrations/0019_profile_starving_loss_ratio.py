@@ -2,11 +2,13 @@
 (versioned and audited: see `_profile_knobs`)."""
 
 from django.db import migrations
+from django.db.backends.base.schema import BaseDatabaseSchemaEditor
+from django.db.migrations.state import StateApps
 
 from portal.migrations._profile_knobs import add_knobs
 
 
-def forwards(apps, schema_editor):
+def forwards(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) -> None:
     add_knobs(apps, {"starving_loss_ratio": 1.0})
 
 

@@ -6,8 +6,10 @@ version bumped, and the change audited and numbered like an admin's edit. (A mod
 the migrations package that Django does not load as a migration: its name starts with _.)
 """
 
+from django.db.migrations.state import StateApps
 
-def add_knobs(apps, new_knobs: dict[str, object]) -> None:
+
+def add_knobs(apps: StateApps, new_knobs: dict[str, object]) -> None:
     PolicyProfile = apps.get_model("portal", "PolicyProfile")
     AuditEvent = apps.get_model("portal", "AuditEvent")
     PolicyVersion = apps.get_model("portal", "PolicyVersion")

@@ -58,7 +58,7 @@ def runtime(req: object, now: object) -> str:
     ended = getattr(req, "last_ended", None)
     if getattr(req, "state", "") in ("running", "admitted") or ended is None:
         ended = now
-    return duration((ended - started).total_seconds())  # type: ignore[operator]
+    return duration((ended - started).total_seconds())
 
 
 @register.filter

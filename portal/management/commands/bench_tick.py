@@ -50,9 +50,9 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -253,13 +253,17 @@ def _phases(save_snapshot: str = "") -> Iterator[dict[str, Any]]:
 
     launches: list[list[int]] = []
     stats["launches"] = launches
+    # The steps are replaced where `run_tick` looks them up: its module's namespace (and the
+    # scheduling module it calls). A benchmark's monkeypatch, so the modules are untyped here.
+    run_module: Any = portal.tick.run
+    apply_module: Any = portal.tick.apply
     originals = (
-        portal.tick.run.build_snapshot,
-        portal.tick.run.scheduling.schedule,
-        portal.tick.run.decisions_apply,
-        portal.tick.apply.launch_soon,
+        run_module.build_snapshot,
+        run_module.scheduling.schedule,
+        run_module.decisions_apply,
+        apply_module.launch_soon,
     )
-    portal.tick.run.build_snapshot = timed("snapshot", originals[0])  # type: ignore[assignment]
+    run_module.build_snapshot = timed("snapshot", originals[0])
     schedule = timed("schedule", originals[1])
 
     def saving(snapshot: Any, *a: Any) -> Any:
@@ -269,21 +273,21 @@ def _phases(save_snapshot: str = "") -> Iterator[dict[str, Any]]:
             Path(save_snapshot).write_bytes(pickle.dumps(snapshot))
         return schedule(snapshot, *a)
 
-    portal.tick.run.scheduling.schedule = saving  # type: ignore[assignment]
-    portal.tick.run.decisions_apply = timed("apply", originals[2])  # type: ignore[assignment]
+    run_module.scheduling.schedule = saving
+    run_module.decisions_apply = timed("apply", originals[2])
     # The launch task's work, kept to run after the tick as a worker would (no message is
     # left in a broker for a database this command drops).
-    portal.tick.apply.launch_soon = launches.append  # type: ignore[assignment]
+    apply_module.launch_soon = launches.append
     try:
         with connection.execute_wrapper(counter):
             yield stats
     finally:
         (
-            portal.tick.run.build_snapshot,
-            portal.tick.run.scheduling.schedule,
-            portal.tick.run.decisions_apply,
-            portal.tick.apply.launch_soon,
-        ) = originals  # type: ignore[assignment]
+            run_module.build_snapshot,
+            run_module.scheduling.schedule,
+            run_module.decisions_apply,
+            apply_module.launch_soon,
+        ) = originals
 
 
 def time_tick(*, profile: bool = False, save_snapshot: str = "") -> dict[str, Any]:
@@ -575,7 +579,7 @@ def _running(
         )
     GpuRequest.objects.bulk_create(reqs, batch_size=2000)
     attempts = []
-    for r, (_fields, pool, slots) in zip(reqs, jobs, strict=True):
+    for r, (_fields, pool, held_slots) in zip(reqs, jobs, strict=True):
         started = now - timedelta(seconds=rng.randrange(60, 86_400))
         attempts.append(
             Attempt(
@@ -583,7 +587,7 @@ def _running(
                 number=1,
                 state="running",
                 pool=pool,
-                nodes=[slots[0][0].node.name],
+                nodes=[held_slots[0][0].node.name],
                 workload_name=f"qm-{r.pk}-1",
                 namespace=r.team.namespace,
                 gpus_milli=r.gpus_milli,
@@ -608,7 +612,7 @@ def _running(
                 workload_class=r.workload_class,
                 pool=a.pool,
                 gpus_milli=a.gpus_milli,
-                started_at=a.started_at,
+                started_at=cast(datetime, a.started_at),  # (each attempt above has started)
             )
             for a, r in zip(attempts, reqs, strict=True)
         ],

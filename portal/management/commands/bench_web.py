@@ -614,6 +614,7 @@ def _time_pages(*, admin: Any, runs: int) -> dict[str, dict[str, Any]]:
     client.force_login(admin)
     running = GpuRequest.objects.filter(state="running").order_by("id").first()
     waiting = GpuRequest.objects.filter(state="pending").order_by("id").first()
+    assert running is not None and waiting is not None  # (the bench's data has both)
     team = Team.objects.get(name="bench-0")
     pool = Pool.objects.get(name="a100-train")
     pages = {
@@ -660,7 +661,7 @@ def _time_pages(*, admin: Any, runs: int) -> dict[str, dict[str, Any]]:
             "p95_ms": round(_p95(times), 1),
             "max_ms": round(max(times), 1),
             "queries": len(q.captured_queries),
-            "bytes": r.bytes,  # type: ignore[attr-defined]
+            "bytes": r.bytes,
         }
     return out
 

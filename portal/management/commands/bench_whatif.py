@@ -126,7 +126,7 @@ def run(opts: dict[str, Any]) -> dict[str, Any]:
         finally:
             marks["history_s"] = time.perf_counter() - t
 
-    whatif.history = timed_history  # type: ignore[assignment]
+    whatif.history = timed_history
     try:
         result = whatif.run(
             days=opts["days"],
@@ -134,7 +134,7 @@ def run(opts: dict[str, Any]) -> dict[str, Any]:
             tick_s=opts["tick_s"],
         )
     finally:
-        whatif.history = original  # type: ignore[assignment]
+        whatif.history = original
     seconds = time.perf_counter() - started
     cpu_s = _cpu() - cpu
     return {

@@ -7,7 +7,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
-from portal.metrics import catalog as metric_catalog
+from portal.metrics import catalog
 
 
 class Command(BaseCommand):
@@ -19,10 +19,10 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **opts: Any) -> None:
         try:
             # The exporter declares its families as it reads the (empty or not) database.
-            text = metric_catalog.render()
+            text = catalog.render()
         except DatabaseError as exc:
             raise CommandError(f"cannot read the database ({exc}): run manage.py migrate") from None
-        path = metric_catalog.DOC
+        path = catalog.DOC
         if opts["check"]:
             current = path.read_text() if path.exists() else ""
             if current != text:
