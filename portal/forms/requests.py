@@ -177,20 +177,7 @@ class SubmitForm(forms.Form):
         k = self.service_kwargs()
         return {
             key: k[key]
-            for key in (
-                "team",
-                "workload_class",
-                "pool",
-                "profile_kind",
-                "mig_profile",
-                "milli",
-                "gpu_memory_mib",
-                "count",
-                "pods",
-                "cpu_milli",
-                "memory_mib",
-                "priority",
-            )
+            for key in ("team", "workload_class", "pool", *shapes.DEVICE_FIELDS, "priority")
         }
 
 
