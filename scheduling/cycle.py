@@ -32,16 +32,17 @@
       queue time also the starvation tier, with victims that lose together up to
       `Policy.starving_loss_ratio` × the GPU-time it has waited; the room is claimed for it at once and it
       starts next tick, first in order, once the victims are gone;
-   e. else **reserve**: the first `Policy.max_reservations` blocked requests that are
-      large (`Policy.reserve_min_devices`), escalated or have waited
-      `Policy.reserve_after_s` (the oldest first) hold nodes that could host them
-      (`scheduling.fit`; `_reserve`: those expected to drain soonest by
-      `Running.expected_end_ms`, else those untouched longest); no later request of the tick may use those nodes, so small jobs cannot
-      keep a large one out forever — except work expected to end
-      (`PendingRequest.expected_runtime_ms`) before the holder's expected start there
-      (`_backfill`, EASY backfilling); a firm reservation (a shape only scarce nodes
-      host, or a request past its starvation bound: `_firm`) comes first, is made
-      before the pass and holds even against requests within their nominal;
+   e. else **reserve** (`scheduling.reservation`): the first `Policy.max_reservations`
+      blocked requests that are large (`Policy.reserve_min_devices`), escalated or have
+      waited `Policy.reserve_after_s` (the oldest first) hold nodes that could host them
+      (`scheduling.fit`; `Reservations.reserve`: those expected to drain soonest by
+      `Running.expected_end_ms`, else those untouched longest); no later request of the
+      tick may use those nodes, so small jobs cannot keep a large one out forever —
+      except work expected to end (`PendingRequest.expected_runtime_ms`) before the
+      holder's expected start there (`Reservations.backfill`, EASY backfilling); a firm
+      reservation (a shape only scarce nodes host, or a request past its starvation
+      bound: `Reservations.firm`) comes first, is made before the pass and holds even
+      against requests within their nominal;
 4. **Explain** every outcome (`scheduling.explain`): a code, a sentence, the facts.
 
 Decisions come back in queue order; the PREEMPT decisions of a preemptor come just
@@ -54,7 +55,7 @@ import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from scheduling import fit, preemption, scarce, workload
+from scheduling import preemption, reservation, scarce, workload
 from scheduling.explain import (
     Code,
     describe,
@@ -64,10 +65,11 @@ from scheduling.explain import (
     reclaim_sentence,
     where,
 )
-from scheduling.packer import ClusterState, node_class
+from scheduling.packer import ClusterState
 from scheduling.packer import remembering as packer_remembering
 from scheduling.queue import FairQueue, cluster_capacity
 from scheduling.quota import QuotaBook, Verdict
+from scheduling.reservation import Reservations, eligible
 from scheduling.types import (
     Decision,
     DecisionKind,
@@ -85,34 +87,6 @@ from scheduling.types import (
 )
 
 ShapeKey = tuple[object, ...]
-#: what one pod of a running attempt (or an admission of this tick) holds on a node:
-#: expected end (None = unknown), (device, milli) grants, CPU milli, memory MiB
-_Hold = tuple[int | None, tuple[tuple[int, int], ...], int, int]
-_NEVER = 1 << 62
-#: (node class, shape, now) -> `fit.eligible_devices`: the same few node classes and shapes
-#: come back tick after tick, and a tick asks for each node of a pool
-_ELIGIBLE: dict[tuple[int, Shape, bool], tuple[bool, ...] | None] = {}
-_ELIGIBLE_MAX = 100_000
-
-
-def _eligible(node: Node, shape: Shape, now: bool = True) -> tuple[bool, ...] | None:
-    """`fit.eligible_devices(node, shape, now=now)`, which looks at all of the node but its
-    name, remembered per node class."""
-    key = (node_class(node), shape, now)
-    flags = _ELIGIBLE.get(key, _MISSING)
-    if flags is _MISSING:
-        if len(_ELIGIBLE) >= _ELIGIBLE_MAX:
-            _ELIGIBLE.clear()
-        flags = _ELIGIBLE[key] = fit.eligible_devices(node, shape, now=now)
-    return flags  # type: ignore[return-value]
-
-
-_MISSING: object = object()
-#: `_fit_at` of a node where the shape fits beside everything that holds it
-_FITS_NOW = -(1 << 62)
-#: inside `remembering()`: (node class, shape, holds) -> `_fit_at`
-_DRAINS: dict[tuple[object, ...], int | None] | None = None
-_DRAINS_MAX = 200_000
 
 
 @contextlib.contextmanager
@@ -120,45 +94,8 @@ def remembering() -> Iterator[None]:
     """Keep what ticks compute again and again from the same inputs (the packer's group
     evaluations, when a node drains for a shape) across the `schedule()` calls made
     inside: a replay's tens of thousands of ticks. The decisions are the same."""
-    global _DRAINS
-    outer = _DRAINS
-    _DRAINS = {} if outer is None else outer
-    try:
-        with packer_remembering():
-            yield
-    finally:
-        _DRAINS = outer
-
-
-def _fit_at(
-    node: Node, shape: Shape, flags: tuple[bool, ...], holds: Sequence[_Hold]
-) -> int | None:
-    """The expected end after which one pod of the shape fits on the node, what holds it
-    ending in order of expected end (`_FITS_NOW`: it fits now; None: never, or a holder
-    has no estimate). `_drain_ms` is this but never before now: ends already past come
-    first either way, and once they are all gone the order of the rest is the same."""
-    ends: list[tuple[int, int]] = []
-    used: dict[int, int] = {}
-    cpu = mem = 0
-    for k, (end, grants, c, m) in enumerate(holds):
-        if end is None:
-            return None
-        ends.append((end, k))
-        for dev, milli in grants:
-            used[dev] = used.get(dev, 0) + milli
-        cpu += c
-        mem += m
-    if fit.fits_free(node, shape, flags, used, cpu, mem):
-        return _FITS_NOW
-    for end, k in sorted(ends):
-        _, grants, c, m = holds[k]
-        for dev, milli in grants:
-            used[dev] -= milli
-        cpu -= c
-        mem -= m
-        if fit.fits_free(node, shape, flags, used, cpu, mem):
-            return end
-    return None
+    with reservation.remembering(), packer_remembering():
+        yield
 
 
 def schedule(
@@ -223,16 +160,6 @@ class _Tick:
             policy.packer,
             pool_shape_weights=workload.pool_targets(snapshot.nodes, snapshot.workloads),
         )
-        #: milli held per (node, device), built only when a reservation or a preemption
-        #: needs it (most ticks never do)
-        self._held: dict[tuple[str, int], int] | None = None
-        self.admitted: list[Placement] = []
-        #: expected end of each admission of this tick (None = no estimate)
-        self.admitted_end: list[int | None] = []
-        #: per node, what holds it and until when; built only when a reservation needs it
-        self._holders: dict[str, list[_Hold]] | None = None
-        #: when something last started on each node; built when a reservation needs it
-        self._last: dict[str, int] | None = None
         self.state.take_many(run.placement for run in snapshot.running)
         self.book = QuotaBook(
             snapshot.pools, snapshot.nodes, snapshot.quotas, snapshot.running, self.classes
@@ -265,12 +192,6 @@ class _Tick:
         self.no_victims = _Failures()
         self.no_room_after_stops = _Failures()
         self.candidates: dict[tuple[str, ...], list[preemption.Candidate]] = {}
-        self.reserved: dict[str, str] = {}
-        #: reserved nodes whose holder would borrow: a request within its nominal quota may
-        #: still use them (guaranteed quota comes before a borrower, as in Kueue)
-        self.reserved_borrowing: set[str] = set()
-        #: reserved node -> when its holder is expected to start there (None = unknown)
-        self.reserve_start: dict[str, int | None] = {}
         #: nodes where a preemptor will start once its victims have stopped
         self.claimed: dict[str, str] = {}
         self.preemptions = 0
@@ -292,12 +213,16 @@ class _Tick:
             snapshot.nodes, shapes
         )
         self.elsewhere: dict[tuple[Shape, tuple[str, ...]], bool] = {}
-        self.may_reserve = self._reservation_holders()
+        #: step 3e: who may hold nodes, the nodes held, what may backfill them
+        self.res = Reservations(self)
+        # read at every placement (`_accept`): the same objects as `self.res`'s
+        self.reserved = self.res.reserved
+        self.reserved_borrowing = self.res.reserved_borrowing
         #: per pool, how many pending requests are past their starvation bound
         self.starving_in: dict[str, int] = {}
         for r in snapshot.pending:
             c = self.classes.get(r.workload_class)
-            if c is not None and self._starving(r, c):
+            if c is not None and self.starving(r, c):
                 for p in (r.pool,) if r.pool else self.production:
                     self.starving_in[p] = self.starving_in.get(p, 0) + 1
 
@@ -315,11 +240,7 @@ class _Tick:
                 )
         # A reservation holder that only scarce nodes can host holds them from the start
         # of the pass: requests ahead of it in the queue can go elsewhere.
-        for holder in sorted(self.snap.pending, key=lambda r: (r.created_at_ms, r.id)):
-            if holder.id in self.may_reserve:
-                pools = (holder.pool,) if holder.pool else self.production
-                if self._firm(holder, pools):
-                    self._reserve(holder, pools, borrowing=False)
+        self.res.reserve_firm(self)
         while (req := self.queue.pop()) is not None:
             position += 1
             out.extend(self.decide(req, position))
@@ -355,7 +276,7 @@ class _Tick:
             msg = "waiting: " + quota_sentence(first.code, first.facts)
             quota: dict[str, object] = {"pools": {p: v.facts for p, v in verdicts.items()}}
             lendable = tuple(p for p in pools if verdicts[p].code == Code.COHORT_EXHAUSTED)
-            if lendable and self._reserve(req, lendable, borrowing=True):
+            if lendable and self.res.reserve(self, req, lendable, borrowing=True):
                 # Quota is as scarce as devices here: hold what is lent back for it too, so
                 # small borrowers cannot keep a large one out forever.
                 for p in lendable:
@@ -369,7 +290,7 @@ class _Tick:
         ):
             placement = self._find(req, tier, entitled) if tier else None
             if placement is None and tier:
-                placement = self._backfill(req, tier)
+                placement = self.res.backfill(self, req, tier)
             if placement is not None:
                 return [self._admit(req, cls, placement, verdicts, position)]
         if self._never_fits(req.shape, pools):
@@ -397,7 +318,7 @@ class _Tick:
         self, req: PendingRequest, pools: tuple[str, ...], entitled: bool
     ) -> Placement | None:
         shape = req.shape
-        elsewhere = self._fits_elsewhere(shape, pools)
+        elsewhere = self.fits_elsewhere(shape, pools)
         # Work that the rare shapes could not preempt would keep a scarce node from them for
         # its whole runtime: it waits for other nodes up to its starvation bound.
         keep_off = elsewhere and self._kept_off(req)
@@ -416,7 +337,7 @@ class _Tick:
             self.failures.add(shape, key)
         return placement
 
-    def _fits_elsewhere(self, shape: Shape, pools: tuple[str, ...]) -> bool:
+    def fits_elsewhere(self, shape: Shape, pools: tuple[str, ...]) -> bool:
         """Whether some node of the pools that is not scarce could ever host the shape."""
         if not self.scarce:
             return False
@@ -438,41 +359,17 @@ class _Tick:
         after = self.policy.starvation_after if self.policy.starvation_after > 0 else 1.0
         return self.now - req.created_at_ms < after * cls.max_queue_s * 1000
 
-    def _firm(self, req: PendingRequest, pools: tuple[str, ...]) -> bool:
-        """Whether the request's reservation is firm: it comes first among the holders,
-        is made before the pass and holds even while it borrows. So it is for a request
-        that only scarce nodes can host, and for one past its starvation bound."""
-        if self._only_scarce(req.shape, pools):
-            return True
-        cls = self.classes.get(req.workload_class)
-        return cls is not None and self._starving(req, cls)
-
-    def _only_scarce(self, shape: Shape, pools: tuple[str, ...]) -> bool:
+    def only_scarce(self, shape: Shape, pools: tuple[str, ...]) -> bool:
         """Whether the shape fits some node of the pools, and only scarce ones."""
-        if not self.scarce or self._fits_elsewhere(shape, pools):
+        if not self.scarce or self.fits_elsewhere(shape, pools):
             return False
         return any(scarce.hosts(self.snap.nodes, p, shape) for p in pools)
-
-    def _backfill(self, req: PendingRequest, pools: tuple[str, ...]) -> Placement | None:
-        """Place on reserved nodes whose holder is expected to start only after this request
-        is expected to end (EASY backfilling); never without both estimates."""
-        if req.expected_runtime_ms is None or not self.reserve_start:
-            return None
-        end = self.now + req.expected_runtime_ms
-        ok = {
-            name
-            for name, start in self.reserve_start.items()
-            if start is not None and start >= end and name not in self.claimed
-        }
-        if not ok:
-            return None
-        return self.state.find(req.shape, lambda n: n.pool in pools and n.name in ok)
 
     def _accept_for(
         self, req: PendingRequest, pools: tuple[str, ...], entitled: bool
     ) -> Callable[[Node], bool]:
         """`_accept`, without scarce nodes for work kept off them (see `_find`)."""
-        if not (self._fits_elsewhere(req.shape, pools) and self._kept_off(req)):
+        if not (self.fits_elsewhere(req.shape, pools) and self._kept_off(req)):
             return self._accept(pools, entitled, req.id)
         return self._accept(pools, entitled, req.id, self.scarce)
 
@@ -508,16 +405,8 @@ class _Tick:
         position: int,
     ) -> Decision:
         self.state.take(placement)
-        self.admitted.append(placement)
-        if self._last is not None:
-            for name in placement.nodes:
-                self._last[name] = self.now
         end = None if req.expected_runtime_ms is None else self.now + req.expected_runtime_ms
-        self.admitted_end.append(end)
-        if self._held is not None:
-            self._hold(self._held, placement)
-        if self._holders is not None:
-            self._add_holds(self._holders, placement, end)
+        self.res.admit(placement, end)
         pool = self.node_pool[placement.pods[0].node]
         verdict = verdicts[pool]
         milli = req.shape.gpus_milli
@@ -539,7 +428,7 @@ class _Tick:
         facts = dict(verdict.facts)
         facts["class"] = cls.name
         kept = sorted(set(placement.nodes) & self.scarce)
-        if kept and self._fits_elsewhere(req.shape, (pool,)):
+        if kept and self.fits_elsewhere(req.shape, (pool,)):
             # Its terms, said when they are set (`scarce-node` preemption).
             msg += (
                 f"; {', '.join(kept)} is kept for shapes few nodes can hold, and a request "
@@ -575,7 +464,7 @@ class _Tick:
             stopping = {"stopping": sorted(r.attempt_id for r in self.stopping)}
             return [self._wait(req, position, Code.AWAITING_STOP, msg, stopping)]
         done = self._preempt(req, cls, allowed, verdicts, position)
-        if done is None and self._starving(req, cls) and not self._overloaded(allowed):
+        if done is None and self.starving(req, cls) and not self._overloaded(allowed):
             done = self._preempt(req, cls, allowed, verdicts, position, starving=True)
         if done is not None:
             return done
@@ -588,10 +477,12 @@ class _Tick:
             return [self._wait(req, position, Code.AWAITING_NODES, msg, facts)]
         msg = f"waiting: no node in {where(allowed)} has {describe(req.shape)} free right now"
         borrowing = all(verdicts[p].borrowing for p in allowed)
-        if req.id in self.reserved.values() or self._reserve(req, tuple(allowed), borrowing):
+        if req.id in self.reserved.values() or self.res.reserve(
+            self, req, tuple(allowed), borrowing
+        ):
             held = sorted(n for n, owner in self.reserved.items() if owner == req.id)
             facts["reserved_nodes"] = held
-            start = self.reserve_start.get(held[0]) if held else None
+            start = self.res.reserve_start.get(held[0]) if held else None
             if start is not None:
                 facts["expected_start_ms"] = start
             msg += f"; {', '.join(held)} {'is' if len(held) == 1 else 'are'} held back for it"
@@ -726,12 +617,12 @@ class _Tick:
         """For a shape that only the pool's scarce nodes can host: whether a running
         attempt holds one of those nodes with work that fits elsewhere (a `scarce-node`
         victim, `scheduling.preemption`); None for any other shape."""
-        if not self._only_scarce(shape, (pool,)):
+        if not self.only_scarce(shape, (pool,)):
             return None
         needed = scarce.hosts(self.snap.nodes, pool, shape)
 
         def squats(run: Running) -> bool:
-            return any(p.node in needed for p in run.placement.pods) and self._fits_elsewhere(
+            return any(p.node in needed for p in run.placement.pods) and self.fits_elsewhere(
                 run.shape, (pool,)
             )
 
@@ -765,7 +656,7 @@ class _Tick:
         cap = self.policy.max_reservations
         return all(self.starving_in.get(p, 0) > cap for p in pools)
 
-    def _starving(self, req: PendingRequest, cls: WorkloadClass) -> bool:
+    def starving(self, req: PendingRequest, cls: WorkloadClass) -> bool:
         """Whether the request has waited `Policy.starvation_after` of its class's maximum
         queue time (the starvation bound)."""
         after = self.policy.starvation_after
@@ -830,126 +721,6 @@ class _Tick:
         out.append(self._wait(req, position, Code.PREEMPTING, msg, facts))
         return out
 
-    def _reservation_holders(self) -> set[str]:
-        """Return who may hold a reservation this tick: the oldest qualifying requests.
-
-        A request qualifies when it is large (`Policy.reserve_min_devices` devices in
-        all), escalated, or has waited `Policy.reserve_after_s`, and no per-team limit
-        (borrowing limit, inference floor) holds it back. Choosing by age rather than by
-        queue position keeps the same request, and so the same draining nodes, from one
-        tick to the next even while fair shares shift. A request that only scarce nodes
-        can host (`scheduling.scarce`) comes before the others: it holds only those.
-        """
-        policy = self.policy
-        qualifying: list[tuple[int, int, str, PendingRequest, tuple[str, ...]]] = []
-        for req in self.snap.pending:
-            if req.workload_class not in self.classes or req.not_before_ms > self.now:
-                continue
-            large = req.shape.count * req.shape.pods >= policy.reserve_min_devices
-            waited = self.now - req.created_at_ms >= policy.reserve_after_s * 1000
-            if not (large or waited or self.queue.escalated.get(req.id, False)):
-                continue
-            pools = (req.pool,) if req.pool else self.production
-            # A shape only scarce nodes can host goes first: it holds only those nodes,
-            # and nothing else is kept off them while it waits.
-            first = 0 if self._firm(req, pools) else 1
-            qualifying.append((first, req.created_at_ms, req.id, req, pools))
-        qualifying.sort(key=lambda q: q[:3])
-        # Quota is asked in that order, only until the holders are found: thousands
-        # qualify at a deep queue, and a few may hold.
-        holders: set[str] = set()
-        for *_, rid, req, pools in qualifying:
-            if len(holders) >= policy.max_reservations:
-                break
-            codes = {
-                self.book.check(req.team, p, req.shape.gpus_milli, req.workload_class).code
-                for p in pools
-                if p in self.book.pools
-            }
-            if not (codes and codes <= {Code.BORROWING_LIMIT, Code.INFERENCE_FLOOR}):
-                holders.add(rid)
-        return holders
-
-    def _reserve(self, req: PendingRequest, pools: tuple[str, ...], borrowing: bool) -> bool:
-        """Step 3e: hold nodes for this request, if it is a reservation holder.
-
-        Which nodes, in order: 0. for a shape that fits elsewhere, nodes that are not
-        scarce (`scheduling.scarce`); 1. the node expected to drain soonest — the earliest time
-        at which one pod of the request fits there, from the `Running.expected_end_ms` of
-        what holds it (and the expected runtime of this tick's admissions); a node where
-        some holder has no estimate comes after every node with one; 2. the node where
-        nothing has started for the longest time — a node held back in the last tick has
-        had no start since, so the choice sticks from tick to tick without any state and
-        the node really drains (jobs that have run long are, under a runtime cap, also
-        the nearest to ending); 3. the most devices free; 4. the name. Without estimates
-        only 2–4 apply. The request's expected start (the latest drain of its nodes) is
-        kept so that `_backfill` admits there only work expected to end before it.
-        """
-        if req.id not in self.may_reserve or req.id in self.reserved.values():
-            return False
-        shape = req.shape
-        scored: list[tuple[bool, int, int, int, str]] = []
-        # a shape that fits elsewhere leaves scarce nodes to the shapes only they can host
-        spare = self.scarce if self._fits_elsewhere(shape, pools) else frozenset()
-        held = self.held()
-        last = self.last_start()
-        holders = self.holders()
-        for node in self.snap.nodes:
-            if node.pool not in pools or node.name in self.reserved or node.name in self.claimed:
-                continue
-            # The one fit rule: readiness, taints, CPU, memory, devices.
-            flags = _eligible(node, shape)
-            if flags is None:
-                continue
-            free = sum(
-                1
-                for d, ok in zip(node.devices, flags, strict=False)
-                if ok and held.get((node.name, d.index), 0) == 0
-            )
-            drain = self._drain_ms(node, shape, flags, holders.get(node.name, ()))
-            scored.append(
-                (
-                    node.name in spare,
-                    _NEVER if drain is None else drain,
-                    last.get(node.name, 0),
-                    -free,
-                    node.name,
-                )
-            )
-        if len(scored) < shape.pods:
-            return False
-        chosen = sorted(scored)[: shape.pods]
-        latest = max(c[1] for c in chosen)
-        start = None if latest >= _NEVER else latest
-        # A holder that only scarce nodes can host keeps them even while it borrows:
-        # requests within quota can go elsewhere.
-        firm = self._firm(req, pools)
-        for *_, name in chosen:
-            self.reserved[name] = req.id
-            self.reserve_start[name] = start
-            if borrowing and not firm:
-                self.reserved_borrowing.add(name)
-        return True
-
-    def _drain_ms(
-        self, node: Node, shape: Shape, flags: tuple[bool, ...], holds: Sequence[_Hold]
-    ) -> int | None:
-        """Return when one pod of the shape is expected to fit on the node (devices, CPU,
-        memory; `fit.fits_free`), from the expected ends of what holds it; None when one
-        has no estimate."""
-        memo = _DRAINS
-        if memo is None:
-            at = _fit_at(node, shape, flags, holds)
-        else:
-            key = (node_class(node), shape, tuple(holds))
-            if key in memo:
-                at = memo[key]
-            else:
-                if len(memo) >= _DRAINS_MAX:
-                    memo.clear()
-                at = memo[key] = _fit_at(node, shape, flags, holds)
-        return None if at is None else max(at, self.now)
-
     def _reject_never(self, req: PendingRequest, pools: tuple[str, ...]) -> Decision:
         msg = f"rejected: no node in {where(pools)} can hold {describe(req.shape)}"
         facts = {"pools": list(pools), "shape": describe(req.shape)}
@@ -968,7 +739,7 @@ class _Tick:
             hosts = sum(len(scarce.hosts(nodes, p, shape)) for p in dict.fromkeys(pools))
             self.short[key] = hosts < shape.pods
             for node in self.snap.growth:
-                if node.pool in pools and _eligible(node, shape, now=False) is not None:
+                if node.pool in pools and eligible(node, shape, now=False) is not None:
                     hosts += 1
             self.never[key] = hosts < shape.pods
         return self.never[key]
@@ -978,54 +749,6 @@ class _Tick:
         return not self._never_fits(shape, pools) and self.short[(shape, pools)]
 
     # -- helpers ----------------------------------------------------------------------
-
-    def last_start(self) -> dict[str, int]:
-        """Return when something last started on each node (this tick's admissions: now)."""
-        if self._last is not None:
-            return self._last
-        last: dict[str, int] = {}
-        self._last = last
-        for run in self.snap.running:
-            for pod in run.placement.pods:
-                last[pod.node] = max(last.get(pod.node, 0), run.started_at_ms)
-        for placement in self.admitted:
-            for name in placement.nodes:
-                last[name] = self.now
-        return last
-
-    def holders(self) -> dict[str, list[_Hold]]:
-        """Return, per node, what holds it and when it is expected to end."""
-        if self._holders is None:
-            self._holders = {}
-            for run in self.snap.running:
-                end = self.now if run.stopping else run.expected_end_ms
-                self._add_holds(self._holders, run.placement, end)
-            for placement, end in zip(self.admitted, self.admitted_end, strict=True):
-                self._add_holds(self._holders, placement, end)
-        return self._holders
-
-    @staticmethod
-    def _add_holds(holders: dict[str, list[_Hold]], placement: Placement, end: int | None) -> None:
-        for pod in placement.pods:
-            grants = tuple((g.device, max(g.milli, 1)) for g in pod.grants)
-            holders.setdefault(pod.node, []).append((end, grants, pod.cpu_milli, pod.memory_mib))
-
-    def held(self) -> dict[tuple[str, int], int]:
-        """Return the milli held per (node, device) by running attempts and admissions."""
-        if self._held is None:
-            self._held = {}
-            for run in self.snap.running:
-                self._hold(self._held, run.placement)
-            for placement in self.admitted:
-                self._hold(self._held, placement)
-        return self._held
-
-    @staticmethod
-    def _hold(held: dict[tuple[str, int], int], placement: Placement) -> None:
-        for pod in placement.pods:
-            for g in pod.grants:
-                key = (pod.node, g.device)
-                held[key] = held.get(key, 0) + max(g.milli, 1)
 
     def _wait(
         self, req: PendingRequest, position: int, code: Code, msg: str, facts: Mapping[str, object]

@@ -20,9 +20,9 @@ has the profile.
 
 `fits_free` answers "does one pod fit given what is held" from per-device held milli and
 held CPU and memory — a necessary condition (a MIG instance needs only a device that is
-not wholly taken; the packer decides the geometry). Reservations (`cycle._Tick._reserve`,
-`_drain_ms`) and preemption (`preemption._hopeless`) use it; the replay's job filter uses
-`can_ever_host`.
+not wholly taken; the packer decides the geometry). Reservations
+(`reservation.Reservations.reserve`, `_drain_ms`) and preemption (`preemption._hopeless`)
+use it; the replay's job filter uses `can_ever_host`.
 """
 
 from __future__ import annotations

@@ -197,14 +197,6 @@ def generic_profile(profile: str) -> MigProfile | None:
     return MigProfile(profile, compute, slots, 0, starts, 1 if profile.endswith("+me") else 8)
 
 
-def used_mask(instances: Iterable[MigInstance]) -> int:
-    """Memory-slot bitmask of a set of instances."""
-    mask = 0
-    for inst in instances:
-        mask |= ((1 << inst.size) - 1) << inst.start
-    return mask
-
-
 def free_starts(
     profile: MigProfile, mask: int, compute_used: int = 0, same_profile_count: int = 0
 ) -> tuple[int, ...]:

@@ -278,8 +278,8 @@ class Running:
     #: victim of a preemptor from the same or a lower band (no preemption cycles)
     admitted_by_preemption: bool = False
     #: when the attempt is expected to end (epoch ms), or None when unknown; reservations
-    #: hold the nodes expected to drain soonest (`cycle._Tick._reserve`). An estimate past
-    #: `now` counts as ending now.
+    #: hold the nodes expected to drain soonest (`reservation.Reservations.reserve`). An
+    #: estimate past `now` counts as ending now.
     expected_end_ms: int | None = None
     #: the submitter, counted against their member cap (`scheduling.members`)
     user: str = ""

@@ -4,8 +4,8 @@ The portal (portal/tick/whatif.py) reads the last N days of requests (real arriv
 durations) and the site as the tick sees it (`Site`: nodes, pools, classes, teams,
 quotas, the active profile's `Policy`); `apply_settings` makes the proposed site from
 `KEY=VALUE` changes; `replay` runs the jobs through `schedule()` in the replay
-benchmark's event simulation (scheduling/bench/replay.py: departures, requeues with
-backoff, checkpoints, ticks), and `summarize` measures, overall and per team and class:
+simulator (scheduling/simulate.py: departures, requeues with backoff, checkpoints,
+ticks), and `summarize` measures, overall and per team and class:
 wait p50/p95/max, utilization, preemptions, GPU-hours lost, and each team's share
 against its entitlement.
 
@@ -31,8 +31,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from scheduling.bench.replay import Job, Outcome, _Sim, drive
 from scheduling.cycle import remembering
+from scheduling.simulate import Job, Outcome, Simulation, drive
 from scheduling.types import (
     WHOLE_GPU_MILLI,
     Node,
@@ -227,7 +227,7 @@ def replay(
     """Replay `jobs` on `site` through `schedule()`; work still queued `DRAIN_MS` after
     `end_ms` is left waiting (it counts as waiting until then)."""
     ordered = sorted(jobs, key=lambda j: (j.arrival_ms, j.id))
-    sim = _Sim(
+    sim = Simulation(
         nodes=site.nodes,
         jobs={j.id: j for j in ordered},
         teams=site.teams,

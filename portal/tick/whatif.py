@@ -24,7 +24,7 @@ from portal.lib import shapes
 from portal.models import Attempt, GpuRequest, Pool, Team, WorkloadClass
 from portal.services.profiles import policy_profile_ensure
 from portal.tick.snapshot import build_snapshot
-from scheduling.bench.replay import Job
+from scheduling.simulate import Job
 from scheduling.whatif import Site, apply_settings, compare
 
 

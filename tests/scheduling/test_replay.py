@@ -6,11 +6,7 @@ import unittest
 from dataclasses import replace
 
 from scheduling.bench.replay import (
-    Job,
-    Outcome,
-    last_checkpoint_ms,
     measure,
-    record_stop,
     run_fifo_strict,
     run_light,
     run_quartermaster,
@@ -18,6 +14,7 @@ from scheduling.bench.replay import (
     with_checkpoints,
     with_estimates,
 )
+from scheduling.simulate import Job, Outcome, last_checkpoint_ms, record_stop
 from scheduling.types import Device, Node, Partitioning, ProfileKind, Shape
 
 H = 3600 * 1000

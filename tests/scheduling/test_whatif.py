@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduling.bench.replay import REPLAY_CLASSES, Job
+from scheduling.simulate import REPLAY_CLASSES, Job
 from scheduling.types import Policy, Quota, Team
 from scheduling.whatif import SettingError, Site, apply_settings, compare, replay, summarize
 from tests.scheduling.builders import node, pool, shape

@@ -9,8 +9,8 @@ from dataclasses import asdict
 
 import pytest
 
-from scheduling import cycle, packer, whatif
-from scheduling.bench.replay import REPLAY_CLASSES, Job
+from scheduling import cycle, packer, reservation, whatif
+from scheduling.simulate import REPLAY_CLASSES, Job
 from scheduling.types import Partitioning, Policy, Quota, Team
 from scheduling.whatif import Site, replay
 from tests.scheduling.builders import node, pool, shape
@@ -91,7 +91,7 @@ def test_remembering_across_ticks_changes_no_decision(
     def counting():  # type: ignore[no-untyped-def]
         with real():
             yield
-            kept["drains"] = len(cycle._DRAINS or {})
+            kept["drains"] = len(reservation._DRAINS or {})
             kept["evaluations"] = len(packer._EVALUATED or {})
 
     monkeypatch.setattr(whatif, "remembering", counting)
@@ -108,7 +108,7 @@ def test_remembering_across_ticks_changes_no_decision(
     a.pop("seconds"), b.pop("seconds")
     assert a == b
     # nothing is kept once the replay is over
-    assert cycle._DRAINS is None and packer._EVALUATED is None
+    assert reservation._DRAINS is None and packer._EVALUATED is None
 
 
 def _drain_clamped(now, node_, shape_, flags, holds):  # type: ignore[no-untyped-def]
@@ -140,7 +140,7 @@ def test_when_a_node_drains_does_not_depend_on_clamping_past_ends_first() -> Non
     n = node("a0", gpus=8, cpu=16)
     for _ in range(2000):
         s = shape(gpus=rng.choice((1, 2, 4, 8)), cpu=rng.choice((0, 2, 8)))
-        flags = cycle._eligible(n, s)
+        flags = reservation.eligible(n, s)
         assert flags is not None
         now = 1000 * rng.randrange(20)
         holds = []
@@ -150,5 +150,5 @@ def test_when_a_node_drains_does_not_depend_on_clamping_past_ends_first() -> Non
             take = [devices.pop() for _ in range(min(len(devices), rng.choice((1, 2))))]
             end = None if rng.random() < 0.05 else 1000 * rng.randrange(30)
             holds.append((end, tuple((d, 1000) for d in take), rng.choice((0, 4000, 10_000)), 0))
-        at = cycle._fit_at(n, s, flags, holds)
+        at = reservation._fit_at(n, s, flags, holds)
         assert (None if at is None else max(at, now)) == _drain_clamped(now, n, s, flags, holds)

@@ -1,0 +1,387 @@
+"""Reservations and backfilling of a tick (step 3e of `scheduling.cycle`): who may hold
+nodes, which nodes they hold, when those nodes are expected to drain, and what may use
+them meanwhile.
+
+- **Holders** (`Reservations.__init__`): the first `Policy.max_reservations` requests that
+  are large (`Policy.reserve_min_devices`), escalated or have waited
+  `Policy.reserve_after_s`, the oldest first, and that no per-team limit holds back; a
+  firm one (`firm`: a shape only scarce nodes host, or a request past its starvation
+  bound) comes before the others, is made before the pass (`reserve_firm`) and holds
+  even while it borrows.
+- **Nodes** (`reserve`): those expected to drain soonest for the shape, from
+  `Running.expected_end_ms` of what holds them (`_fit_at`, remembered across ticks inside
+  `remembering()`), else those untouched longest; no later request of the tick may use
+  them (the cycle's `_accept`), except a request within its nominal quota on the nodes of
+  a borrowing holder.
+- **Backfill** (`backfill`): work expected to end (`PendingRequest.expected_runtime_ms`)
+  before the holder's expected start may use its nodes (EASY backfilling).
+
+The cycle's `_Tick` owns one `Reservations` and passes itself to the methods that read
+the rest of the tick (its clock, snapshot, packer state, quota book, queue and claims).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Protocol
+
+from scheduling import fit
+from scheduling.explain import Code
+from scheduling.packer import ClusterState, node_class
+from scheduling.queue import FairQueue
+from scheduling.quota import QuotaBook
+from scheduling.types import Node, PendingRequest, Placement, Policy, Shape, Snapshot, WorkloadClass
+
+
+class _Tick(Protocol):
+    """What reservations read of the tick that owns them (`scheduling.cycle._Tick`); a protocol,
+    so that this module does not import the cycle that imports it."""
+
+    snap: Snapshot
+    now: int
+    policy: Policy
+    classes: dict[str, WorkloadClass]
+    production: tuple[str, ...]
+    state: ClusterState
+    book: QuotaBook
+    queue: FairQueue
+    claimed: dict[str, str]
+    scarce: frozenset[str]
+
+    def fits_elsewhere(self, shape: Shape, pools: tuple[str, ...]) -> bool: ...
+
+    def only_scarce(self, shape: Shape, pools: tuple[str, ...]) -> bool: ...
+
+    def starving(self, req: PendingRequest, cls: WorkloadClass) -> bool: ...
+
+
+#: what one pod of a running attempt (or an admission of this tick) holds on a node:
+#: expected end (None = unknown), (device, milli) grants, CPU milli, memory MiB
+_Hold = tuple[int | None, tuple[tuple[int, int], ...], int, int]
+_NEVER = 1 << 62
+#: (node class, shape, now) -> `fit.eligible_devices`: the same few node classes and shapes
+#: come back tick after tick, and a tick asks for each node of a pool
+_ELIGIBLE: dict[tuple[int, Shape, bool], tuple[bool, ...] | None] = {}
+_ELIGIBLE_MAX = 100_000
+
+
+def eligible(node: Node, shape: Shape, now: bool = True) -> tuple[bool, ...] | None:
+    """`fit.eligible_devices(node, shape, now=now)`, which looks at all of the node but its
+    name, remembered per node class."""
+    key = (node_class(node), shape, now)
+    flags = _ELIGIBLE.get(key, _MISSING)
+    if flags is _MISSING:
+        if len(_ELIGIBLE) >= _ELIGIBLE_MAX:
+            _ELIGIBLE.clear()
+        flags = _ELIGIBLE[key] = fit.eligible_devices(node, shape, now=now)
+    return flags  # type: ignore[return-value]
+
+
+_MISSING: object = object()
+#: `_fit_at` of a node where the shape fits beside everything that holds it
+_FITS_NOW = -(1 << 62)
+#: inside `remembering()`: (node class, shape, holds) -> `_fit_at`
+_DRAINS: dict[tuple[object, ...], int | None] | None = None
+_DRAINS_MAX = 200_000
+
+
+@contextlib.contextmanager
+def remembering() -> Iterator[None]:
+    """Keep when a node drains for a shape (`_fit_at`) across the `schedule()` calls made
+    inside (`scheduling.cycle.remembering`). The decisions are the same."""
+    global _DRAINS
+    outer = _DRAINS
+    _DRAINS = {} if outer is None else outer
+    try:
+        yield
+    finally:
+        _DRAINS = outer
+
+
+def _fit_at(
+    node: Node, shape: Shape, flags: tuple[bool, ...], holds: Sequence[_Hold]
+) -> int | None:
+    """The expected end after which one pod of the shape fits on the node, what holds it
+    ending in order of expected end (`_FITS_NOW`: it fits now; None: never, or a holder
+    has no estimate). `_drain_ms` is this but never before now: ends already past come
+    first either way, and once they are all gone the order of the rest is the same."""
+    ends: list[tuple[int, int]] = []
+    used: dict[int, int] = {}
+    cpu = mem = 0
+    for k, (end, grants, c, m) in enumerate(holds):
+        if end is None:
+            return None
+        ends.append((end, k))
+        for dev, milli in grants:
+            used[dev] = used.get(dev, 0) + milli
+        cpu += c
+        mem += m
+    if fit.fits_free(node, shape, flags, used, cpu, mem):
+        return _FITS_NOW
+    for end, k in sorted(ends):
+        _, grants, c, m = holds[k]
+        for dev, milli in grants:
+            used[dev] -= milli
+        cpu -= c
+        mem -= m
+        if fit.fits_free(node, shape, flags, used, cpu, mem):
+            return end
+    return None
+
+
+class Reservations:
+    """The reservations of one tick: who may hold nodes (`may_reserve`), the nodes held and
+    for whom, when each holder is expected to start there, and the admissions of the tick
+    so far (what holds a node is the snapshot's running attempts and those)."""
+
+    __slots__ = (
+        "now",
+        "reserved",
+        "reserved_borrowing",
+        "reserve_start",
+        "admitted",
+        "admitted_end",
+        "_held",
+        "_holders",
+        "_last",
+        "may_reserve",
+    )
+
+    def __init__(self, tick: _Tick) -> None:
+        self.now = tick.now
+        #: reserved node -> the request it is held for
+        self.reserved: dict[str, str] = {}
+        #: reserved nodes whose holder would borrow: a request within its nominal quota may
+        #: still use them (guaranteed quota comes before a borrower, as in Kueue)
+        self.reserved_borrowing: set[str] = set()
+        #: reserved node -> when its holder is expected to start there (None = unknown)
+        self.reserve_start: dict[str, int | None] = {}
+        self.admitted: list[Placement] = []
+        #: expected end of each admission of this tick (None = no estimate)
+        self.admitted_end: list[int | None] = []
+        #: milli held per (node, device), built only when a reservation needs it (most
+        #: ticks never do)
+        self._held: dict[tuple[str, int], int] | None = None
+        #: per node, what holds it and until when; built only when a reservation needs it
+        self._holders: dict[str, list[_Hold]] | None = None
+        #: when something last started on each node; built when a reservation needs it
+        self._last: dict[str, int] | None = None
+        self.may_reserve = self._reservation_holders(tick)
+
+    def admit(self, placement: Placement, end: int | None) -> None:
+        """Count an admission of the tick (expected to end at `end`) as holding its nodes."""
+        self.admitted.append(placement)
+        if self._last is not None:
+            for name in placement.nodes:
+                self._last[name] = self.now
+        self.admitted_end.append(end)
+        if self._held is not None:
+            self._hold(self._held, placement)
+        if self._holders is not None:
+            self._add_holds(self._holders, placement, end)
+
+    def reserve_firm(self, t: _Tick) -> None:
+        """A reservation holder that only scarce nodes can host holds them from the start
+        of the pass: requests ahead of it in the queue can go elsewhere."""
+        for holder in sorted(t.snap.pending, key=lambda r: (r.created_at_ms, r.id)):
+            if holder.id in self.may_reserve:
+                pools = (holder.pool,) if holder.pool else t.production
+                if self.firm(t, holder, pools):
+                    self.reserve(t, holder, pools, borrowing=False)
+
+    def firm(self, t: _Tick, req: PendingRequest, pools: tuple[str, ...]) -> bool:
+        """Whether the request's reservation is firm: it comes first among the holders,
+        is made before the pass and holds even while it borrows. So it is for a request
+        that only scarce nodes can host, and for one past its starvation bound."""
+        if t.only_scarce(req.shape, pools):
+            return True
+        cls = t.classes.get(req.workload_class)
+        return cls is not None and t.starving(req, cls)
+
+    def backfill(self, t: _Tick, req: PendingRequest, pools: tuple[str, ...]) -> Placement | None:
+        """Place on reserved nodes whose holder is expected to start only after this request
+        is expected to end (EASY backfilling); never without both estimates."""
+        if req.expected_runtime_ms is None or not self.reserve_start:
+            return None
+        end = t.now + req.expected_runtime_ms
+        ok = {
+            name
+            for name, start in self.reserve_start.items()
+            if start is not None and start >= end and name not in t.claimed
+        }
+        if not ok:
+            return None
+        return t.state.find(req.shape, lambda n: n.pool in pools and n.name in ok)
+
+    def _reservation_holders(self, t: _Tick) -> set[str]:
+        """Return who may hold a reservation this tick: the oldest qualifying requests.
+
+        A request qualifies when it is large (`Policy.reserve_min_devices` devices in
+        all), escalated, or has waited `Policy.reserve_after_s`, and no per-team limit
+        (borrowing limit, inference floor) holds it back. Choosing by age rather than by
+        queue position keeps the same request, and so the same draining nodes, from one
+        tick to the next even while fair shares shift. A request that only scarce nodes
+        can host (`scheduling.scarce`) comes before the others: it holds only those.
+        """
+        policy = t.policy
+        qualifying: list[tuple[int, int, str, PendingRequest, tuple[str, ...]]] = []
+        for req in t.snap.pending:
+            if req.workload_class not in t.classes or req.not_before_ms > t.now:
+                continue
+            large = req.shape.count * req.shape.pods >= policy.reserve_min_devices
+            waited = t.now - req.created_at_ms >= policy.reserve_after_s * 1000
+            if not (large or waited or t.queue.escalated.get(req.id, False)):
+                continue
+            pools = (req.pool,) if req.pool else t.production
+            # A shape only scarce nodes can host goes first: it holds only those nodes,
+            # and nothing else is kept off them while it waits.
+            first = 0 if self.firm(t, req, pools) else 1
+            qualifying.append((first, req.created_at_ms, req.id, req, pools))
+        qualifying.sort(key=lambda q: q[:3])
+        # Quota is asked in that order, only until the holders are found: thousands
+        # qualify at a deep queue, and a few may hold.
+        holders: set[str] = set()
+        for *_, rid, req, pools in qualifying:
+            if len(holders) >= policy.max_reservations:
+                break
+            codes = {
+                t.book.check(req.team, p, req.shape.gpus_milli, req.workload_class).code
+                for p in pools
+                if p in t.book.pools
+            }
+            if not (codes and codes <= {Code.BORROWING_LIMIT, Code.INFERENCE_FLOOR}):
+                holders.add(rid)
+        return holders
+
+    def reserve(
+        self, t: _Tick, req: PendingRequest, pools: tuple[str, ...], borrowing: bool
+    ) -> bool:
+        """Step 3e: hold nodes for this request, if it is a reservation holder.
+
+        Which nodes, in order: 0. for a shape that fits elsewhere, nodes that are not
+        scarce (`scheduling.scarce`); 1. the node expected to drain soonest — the earliest time
+        at which one pod of the request fits there, from the `Running.expected_end_ms` of
+        what holds it (and the expected runtime of this tick's admissions); a node where
+        some holder has no estimate comes after every node with one; 2. the node where
+        nothing has started for the longest time — a node held back in the last tick has
+        had no start since, so the choice sticks from tick to tick without any state and
+        the node really drains (jobs that have run long are, under a runtime cap, also
+        the nearest to ending); 3. the most devices free; 4. the name. Without estimates
+        only 2–4 apply. The request's expected start (the latest drain of its nodes) is
+        kept so that `backfill` admits there only work expected to end before it.
+        """
+        if req.id not in self.may_reserve or req.id in self.reserved.values():
+            return False
+        shape = req.shape
+        scored: list[tuple[bool, int, int, int, str]] = []
+        # a shape that fits elsewhere leaves scarce nodes to the shapes only they can host
+        spare = t.scarce if t.fits_elsewhere(shape, pools) else frozenset()
+        held = self.held(t)
+        last = self.last_start(t)
+        holders = self.holders(t)
+        for node in t.snap.nodes:
+            if node.pool not in pools or node.name in self.reserved or node.name in t.claimed:
+                continue
+            # The one fit rule: readiness, taints, CPU, memory, devices.
+            flags = eligible(node, shape)
+            if flags is None:
+                continue
+            free = sum(
+                1
+                for d, ok in zip(node.devices, flags, strict=False)
+                if ok and held.get((node.name, d.index), 0) == 0
+            )
+            drain = self._drain_ms(node, shape, flags, holders.get(node.name, ()))
+            scored.append(
+                (
+                    node.name in spare,
+                    _NEVER if drain is None else drain,
+                    last.get(node.name, 0),
+                    -free,
+                    node.name,
+                )
+            )
+        if len(scored) < shape.pods:
+            return False
+        chosen = sorted(scored)[: shape.pods]
+        latest = max(c[1] for c in chosen)
+        start = None if latest >= _NEVER else latest
+        # A holder that only scarce nodes can host keeps them even while it borrows:
+        # requests within quota can go elsewhere.
+        firm = self.firm(t, req, pools)
+        for *_, name in chosen:
+            self.reserved[name] = req.id
+            self.reserve_start[name] = start
+            if borrowing and not firm:
+                self.reserved_borrowing.add(name)
+        return True
+
+    def _drain_ms(
+        self, node: Node, shape: Shape, flags: tuple[bool, ...], holds: Sequence[_Hold]
+    ) -> int | None:
+        """Return when one pod of the shape is expected to fit on the node (devices, CPU,
+        memory; `fit.fits_free`), from the expected ends of what holds it; None when one
+        has no estimate."""
+        memo = _DRAINS
+        if memo is None:
+            at = _fit_at(node, shape, flags, holds)
+        else:
+            key = (node_class(node), shape, tuple(holds))
+            if key in memo:
+                at = memo[key]
+            else:
+                if len(memo) >= _DRAINS_MAX:
+                    memo.clear()
+                at = memo[key] = _fit_at(node, shape, flags, holds)
+        return None if at is None else max(at, self.now)
+
+    # -- what holds each node -------------------------------------------------------
+
+    def last_start(self, t: _Tick) -> dict[str, int]:
+        """Return when something last started on each node (this tick's admissions: now)."""
+        if self._last is not None:
+            return self._last
+        last: dict[str, int] = {}
+        self._last = last
+        for run in t.snap.running:
+            for pod in run.placement.pods:
+                last[pod.node] = max(last.get(pod.node, 0), run.started_at_ms)
+        for placement in self.admitted:
+            for name in placement.nodes:
+                last[name] = self.now
+        return last
+
+    def holders(self, t: _Tick) -> dict[str, list[_Hold]]:
+        """Return, per node, what holds it and when it is expected to end."""
+        if self._holders is None:
+            self._holders = {}
+            for run in t.snap.running:
+                end = self.now if run.stopping else run.expected_end_ms
+                self._add_holds(self._holders, run.placement, end)
+            for placement, end in zip(self.admitted, self.admitted_end, strict=True):
+                self._add_holds(self._holders, placement, end)
+        return self._holders
+
+    @staticmethod
+    def _add_holds(holders: dict[str, list[_Hold]], placement: Placement, end: int | None) -> None:
+        for pod in placement.pods:
+            grants = tuple((g.device, max(g.milli, 1)) for g in pod.grants)
+            holders.setdefault(pod.node, []).append((end, grants, pod.cpu_milli, pod.memory_mib))
+
+    def held(self, t: _Tick) -> dict[tuple[str, int], int]:
+        """Return the milli held per (node, device) by running attempts and admissions."""
+        if self._held is None:
+            self._held = {}
+            for run in t.snap.running:
+                self._hold(self._held, run.placement)
+            for placement in self.admitted:
+                self._hold(self._held, placement)
+        return self._held
+
+    @staticmethod
+    def _hold(held: dict[tuple[str, int], int], placement: Placement) -> None:
+        for pod in placement.pods:
+            for g in pod.grants:
+                key = (pod.node, g.device)
+                held[key] = held.get(key, 0) + max(g.milli, 1)

@@ -1,0 +1,353 @@
+"""The replay simulator: jobs run through `schedule()` on a simulated clock, the way the
+portal's tick runs them.
+
+`Simulation` holds the cluster, the jobs and what became of them; `drive` feeds it the
+jobs' arrivals, their departures, requeues with backoff (`requeue_delay_s`) and the wakes
+at the policy's waiting thresholds, and ticks it whenever something happened. Each tick
+builds the `Snapshot` the portal would (pending requests, running attempts with their last
+checkpoint, decayed team usage, the learned shape history) and applies the decisions:
+ADMIT starts a job, PREEMPT stops it at once and requeues it, WAIT and REJECT are noted.
+`Outcome` is the record every measurement reads (`record_stop`: an attempt's GPU-time,
+the work its checkpoints kept and what preemption lost).
+
+The replay benchmark runs its Quartermaster policy on it, and `scheduling.whatif` a
+site's own history under its current and a proposed setting.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+from scheduling.backoff import requeue_delay_s
+from scheduling.cycle import schedule
+from scheduling.trace import TRACE_POOL
+from scheduling.types import (
+    DecisionKind,
+    Node,
+    Partitioning,
+    PendingRequest,
+    Placement,
+    Policy,
+    Pool,
+    PoolWorkload,
+    PreemptionPolicy,
+    Quota,
+    Running,
+    Shape,
+    Snapshot,
+    Team,
+    TeamUsage,
+    WorkloadClass,
+)
+from scheduling.usage_decay import decay_usage, interval_usage
+from scheduling.workload import ShapeHistory
+
+#: the classes of the replay benchmark's jobs, and a `Simulation`'s default: `qos` LS →
+#: inference, BE → training, the rest interactive
+REPLAY_CLASSES = (
+    WorkloadClass(
+        "inference",
+        band=300,
+        preemption=PreemptionPolicy.NEVER,
+        max_queue_s=1800,
+        inference=True,
+    ),
+    WorkloadClass(
+        "interactive",
+        band=200,
+        preemption=PreemptionPolicy.WHEN_BORROWING,
+        min_runtime_s=600,
+        max_queue_s=3600,
+    ),
+    WorkloadClass(
+        "training",
+        band=100,
+        preemption=PreemptionPolicy.ALWAYS,
+        min_runtime_s=600,
+        max_queue_s=6 * 3600,
+    ),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    id: str
+    team: str
+    cls: str
+    shape: Shape
+    runtime_ms: int
+    arrival_ms: int
+    #: the runtime the scheduler is told (None = no estimate); see the replay benchmark's
+    #: `with_estimates`
+    estimate_ms: int | None = None
+    #: how often the job writes a checkpoint (ms), None = never; see the replay
+    #: benchmark's `with_checkpoints`
+    checkpoint_ms: int | None = None
+    #: the pool it names ("" = any production pool)
+    pool: str = ""
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What one policy did to the jobs."""
+
+    first_start_ms: dict[str, int] = field(default_factory=dict)
+    #: (team, milli, start_ms, end_ms, useful) of every attempt
+    intervals: list[tuple[str, int, int, int, bool]] = field(default_factory=list)
+    #: (team, from_ms, to_ms): a request of the team waited (arrival or requeue to start)
+    waiting: list[tuple[str, int, int]] = field(default_factory=list)
+    preemptions: int = 0
+    lost_milli_ms: int = 0
+    decisions: int = 0
+    seconds: float = 0.0
+    #: per team: preemptions and milli-ms of work lost to them
+    preempted_by_team: dict[str, int] = field(default_factory=dict)
+    lost_by_team: dict[str, int] = field(default_factory=dict)
+    #: jobs the core rejected (a what-if whose cluster can no longer hold them)
+    rejected: list[str] = field(default_factory=list)
+
+
+def last_checkpoint_ms(started_ms: int, interval_ms: int | None, now_ms: int) -> int | None:
+    """The last checkpoint an attempt started at `started_ms` finished by `now_ms`."""
+    if not interval_ms:
+        return None
+    done = (now_ms - started_ms) // interval_ms
+    return started_ms + done * interval_ms if done > 0 else None
+
+
+def record_stop(out: Outcome, job: Job, milli: int, start: int, now: int, preempted: bool) -> int:
+    """Record an attempt's GPU-time; return the work (ms) its checkpoints kept.
+
+    A finished attempt's time is all useful. A preempted one keeps the work up to its last
+    checkpoint (the retry resumes from it) and loses the rest. The same for every policy:
+    checkpoints are the job's, not the scheduler's."""
+    if not preempted:
+        out.intervals.append((job.team, milli, start, now, True))
+        return 0
+    kept = last_checkpoint_ms(start, job.checkpoint_ms, now) or start
+    if kept > start:
+        out.intervals.append((job.team, milli, start, kept, True))
+    out.intervals.append((job.team, milli, kept, now, False))
+    out.preemptions += 1
+    out.lost_milli_ms += milli * (now - kept)
+    out.preempted_by_team[job.team] = out.preempted_by_team.get(job.team, 0) + 1
+    out.lost_by_team[job.team] = out.lost_by_team.get(job.team, 0) + milli * (now - kept)
+    return kept - start
+
+
+@dataclass(slots=True)
+class Simulation:
+    """The cluster, the jobs and their state between ticks; `drive` runs it."""
+
+    nodes: tuple[Node, ...]
+    jobs: dict[str, Job]
+    teams: tuple[Team, ...]
+    quotas: tuple[Quota, ...]
+    policy: Policy
+    rng: random.Random
+    pending: dict[str, PendingRequest] = field(default_factory=dict)
+    running: dict[str, Running] = field(default_factory=dict)
+    attempts: dict[str, int] = field(default_factory=dict)
+    usage: dict[str, tuple[int, int]] = field(default_factory=dict)
+    out: Outcome = field(default_factory=Outcome)
+    #: (time, seq, kind, id): kind 0 = departure, 1 = requeue due, 2 = wake
+    events: list[tuple[int, int, int, str]] = field(default_factory=list)
+    seq: int = 0
+    #: when each pending request started waiting (arrival, or the preemption that requeued it)
+    waiting_since: dict[str, int] = field(default_factory=dict)
+    #: work kept by the checkpoints of a request's preempted attempts (ms)
+    progress: dict[str, int] = field(default_factory=dict)
+    #: requests whose waiting thresholds already have a wake event
+    timed: set[str] = field(default_factory=set)
+    #: the pool's learned request shapes, fed at each arrival as the portal feeds its
+    #: `ShapeHistory` at each submit (FGD's target; empty: the nodes' prior)
+    history: ShapeHistory | None = None
+    #: a site's pools and classes (scheduling.whatif); empty: the trace's one pool
+    pools: tuple[Pool, ...] = ()
+    classes: tuple[WorkloadClass, ...] = REPLAY_CLASSES
+    #: fixed target workloads per pool, when `history` is None
+    workloads: tuple[PoolWorkload, ...] | None = None
+    #: record a rejected job and go on (a what-if) instead of failing the replay
+    rejects_ok: bool = False
+    node_pool: dict[str, str] = field(default_factory=dict)
+
+    def push(self, t: int, kind: int, ident: str) -> None:
+        heapq.heappush(self.events, (t, self.seq, kind, ident))
+        self.seq += 1
+
+    def end(self, attempt: str, now: int, preempted: bool) -> None:
+        run = self.running.pop(attempt)
+        milli = run.shape.gpus_milli
+        job = self.jobs[run.request_id]
+        kept = record_stop(self.out, job, milli, run.started_at_ms, now, preempted)
+        if kept:
+            self.progress[job.id] = self.progress.get(job.id, 0) + kept
+        value, as_of = self.usage.get(run.team, (0, now))
+        h = self.policy.usage_half_life_s
+        value = decay_usage(value, now - as_of, h) + interval_usage(
+            milli, run.started_at_ms, now, now, h
+        )
+        self.usage[run.team] = (value, now)
+
+    def _checkpoints(self, now: int) -> None:
+        """Tell the core each attempt's last checkpoint, as the portal's snapshot does."""
+        for attempt, run in self.running.items():
+            interval = self.jobs[run.request_id].checkpoint_ms
+            if interval is None:
+                continue
+            last = last_checkpoint_ms(run.started_at_ms, interval, now)
+            if last != run.last_checkpoint_ms:
+                self.running[attempt] = replace(run, last_checkpoint_ms=last)
+
+    def tick(self, now: int) -> None:
+        self._checkpoints(now)
+        snap = Snapshot(
+            now_ms=now,
+            pools=self.pools or (Pool(TRACE_POOL, Partitioning.TIME_SLICING),),
+            nodes=self.nodes,
+            running=tuple(self.running.values()),
+            pending=tuple(self.pending.values()),
+            teams=self.teams,
+            quotas=self.quotas,
+            classes=self.classes,
+            usage=tuple(TeamUsage(t, v, a) for t, (v, a) in self.usage.items()),
+            workloads=(self.history.to_workload(TRACE_POOL),) if self.history else self.workloads,
+        )
+        started = time.perf_counter()
+        decisions = schedule(snap, now, self.policy)
+        self.out.seconds += time.perf_counter() - started
+        self.out.decisions += len(decisions)
+        woke = False
+        for d in decisions:
+            if d.kind is DecisionKind.ADMIT:
+                self.admit(d.request_id, d.placement, now)
+            elif d.kind is DecisionKind.PREEMPT:
+                self.preempt(d.attempt_id, now)
+                woke = True
+            elif d.kind is DecisionKind.WAIT:
+                req = self.pending[d.request_id]
+                flag = d.code in ("preempting", "awaiting-stop")
+                if req.preempting != flag:
+                    self.pending[d.request_id] = replace(req, preempting=flag)
+                if d.request_id not in self.timed:
+                    self.timed.add(d.request_id)
+                    self._wake_at_thresholds(req.created_at_ms, now)
+            elif d.kind is DecisionKind.REJECT:
+                if not self.rejects_ok:
+                    raise RuntimeError(f"replay job {d.request_id} rejected: {d.message}")
+                self.pending.pop(d.request_id)
+                self.waiting_since.pop(d.request_id, None)
+                self.out.rejected.append(d.request_id)
+        if woke:
+            self.push(now + 1, 2, "")
+
+    def _wake_at_thresholds(self, created_ms: int, now: int) -> None:
+        """The portal ticks every few seconds, this replay when something happens: a
+        request kept waiting gets a tick when its wait crosses a threshold of the policy
+        (preempt, reserve), as the portal's next tick would see it."""
+        for after_s in (self.policy.preempt_after_s, self.policy.reserve_after_s):
+            due = created_ms + after_s * 1000
+            if due > now:
+                self.push(due, 2, "")
+
+    def admit(self, request_id: str, placement: Placement | None, now: int) -> None:
+        req = self.pending.pop(request_id)
+        job = self.jobs[request_id]
+        n = self.attempts.get(request_id, 0) + 1
+        self.attempts[request_id] = n
+        attempt = f"{request_id}#{n}"
+        assert placement is not None
+        self.running[attempt] = Running(
+            request_id,
+            attempt,
+            req.team,
+            req.workload_class,
+            self.node_pool.get(placement.pods[0].node, TRACE_POOL),
+            req.shape,
+            placement,
+            now,
+            admitted_by_preemption=req.preempting,
+            expected_end_ms=None if job.estimate_ms is None else now + job.estimate_ms,
+        )
+        self.out.first_start_ms.setdefault(request_id, now)
+        self.out.waiting.append((job.team, self.waiting_since.pop(request_id), now))
+        # a retry resumes from the checkpoints of earlier attempts
+        self.push(now + job.runtime_ms - self.progress.get(request_id, 0), 0, attempt)
+
+    def preempt(self, attempt: str, now: int) -> None:
+        run = self.running[attempt]
+        self.end(attempt, now, preempted=True)
+        job = self.jobs[run.request_id]
+        n = self.attempts[run.request_id]
+        delay = requeue_delay_s(n, 60, 3600, self.rng.uniform(0, 6))
+        due = now + int(delay * 1000)
+        self.pending[run.request_id] = PendingRequest(
+            job.id,
+            job.team,
+            job.cls,
+            job.shape,
+            job.arrival_ms,
+            pool=job.pool,
+            attempts=n,
+            not_before_ms=due,
+            expected_runtime_ms=job.estimate_ms,
+        )
+        self.waiting_since[run.request_id] = now
+        self.push(due, 1, run.request_id)
+
+
+def drive(
+    sim: Simulation,
+    jobs: Sequence[Job],
+    tick_ms: int,
+    until_ms: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Outcome:
+    """Run the jobs (in arrival order) through the simulation: arrivals, departures,
+    requeues and ticks. `until_ms`: stop there, with what still waits left waiting (a
+    what-if whose settings hold some work back for good); `progress(done, total)` is
+    told as arrivals are taken in."""
+    i = 0
+    reported = 0
+    while i < len(jobs) or sim.pending or sim.events:
+        t_next = min(
+            jobs[i].arrival_ms if i < len(jobs) else math.inf,
+            sim.events[0][0] if sim.events else math.inf,
+        )
+        if t_next == math.inf:
+            if until_ms is not None:
+                break
+            raise RuntimeError(f"{len(sim.pending)} requests pending with nothing left to happen")
+        now = int(math.ceil(t_next / tick_ms) * tick_ms) if tick_ms > 0 else int(t_next)
+        if until_ms is not None and now > until_ms:
+            break
+        if progress is not None and i - reported >= 500:
+            progress(i, len(jobs))
+            reported = i
+        while sim.events and sim.events[0][0] <= now:
+            t, _, kind, ident = heapq.heappop(sim.events)
+            if kind == 0 and ident in sim.running:
+                sim.end(ident, t, preempted=False)
+        while i < len(jobs) and jobs[i].arrival_ms <= now:
+            job = jobs[i]
+            sim.pending[job.id] = PendingRequest(
+                job.id,
+                job.team,
+                job.cls,
+                job.shape,
+                job.arrival_ms,
+                pool=job.pool,
+                expected_runtime_ms=job.estimate_ms,
+            )
+            sim.waiting_since[job.id] = job.arrival_ms
+            if sim.history is not None:
+                sim.history.observe(job.shape, job.arrival_ms)
+            i += 1
+        if sim.pending:
+            sim.tick(now)
+    return sim.out
