@@ -44,7 +44,7 @@ AGENT_VERSION = "0.1.0"
 MIB = 1024 * 1024
 
 #: Xids the NVIDIA device plugin treats as application errors and ignores
-#: (ECOSYSTEM.md §5.3, k8s-device-plugin internal/rm/health.go); every other
+#: (k8s-device-plugin internal/rm/health.go); every other
 #: Xid (48 DBE, 63/64 row remapping, 74 NVLink, 79 fell off the bus, 92, 94,
 #: 95 ECC, 119/120 GSP, …) is critical: the device is unhealthy.
 APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})

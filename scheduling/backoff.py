@@ -11,7 +11,7 @@ from __future__ import annotations
 def requeue_delay_s(attempt: int, base_s: int, cap_s: int, jitter: float) -> float:
     """Return how long a preempted or node-lost request waits before it may start again.
 
-    Kueue's rule (RELIABILITY.md §2): `base · 2^(n-1) + jitter`, capped at `cap_s`,
+    Kueue's rule: `base · 2^(n-1) + jitter`, capped at `cap_s`,
     where `n` is the attempt that just ended (1 for the first). The caller draws
     `jitter` (seconds, e.g. `random.uniform(0, base_s / 10)`) so that this stays pure;
     requeues of many attempts at once then spread out instead of stampeding.

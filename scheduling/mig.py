@@ -1,4 +1,4 @@
-"""MIG profile tables and placement geometry (ECOSYSTEM.md §4).
+"""MIG profile tables and placement geometry (NVIDIA's MIG user guide).
 
 A GPU in MIG mode has 7 compute slices (GPCs) and 8 memory slots. A GPU instance of a
 profile occupies `slots` consecutive memory slots starting at one of the profile's allowed
@@ -12,7 +12,7 @@ starts, and `compute` compute slices. A layout is valid when
 So 4g + 3g fits (slots 0–3 and 4–7, 7 compute slices), 3g + 3g fits, 3g + 3g + 1g does not
 (no memory slot left).
 
-Memory sizes are the NVML values quoted in ECOSYSTEM.md; treat them as approximate.
+Memory sizes are the values NVML reports; treat them as approximate.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ COMPUTE_SLICES = 7
 MEMORY_SLOTS = 8
 ALL_SLOTS_MASK = (1 << MEMORY_SLOTS) - 1
 
-# Allowed starts per profile class (ECOSYSTEM.md §4.1).
+# Allowed starts per profile class (the MIG user guide's placement tables).
 _STARTS_1G1 = (0, 1, 2, 3, 4, 5, 6)
 _STARTS_1G2 = (0, 2, 4, 6)
 _STARTS_2G = (0, 2, 4)

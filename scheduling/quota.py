@@ -1,7 +1,7 @@
 """Quota accounting per team per pool: nominal, borrowing, lending and the inference floor.
 
 All amounts are GPU milli (`Shape.gpus_milli`). Kueue's admission rule
-(RELIABILITY.md §2), per pool:
+(its cohort semantics), per pool:
 
 1. a request fits if the team's usage plus the request stays within its `nominal`
    quota — it borrows nothing;

@@ -20,7 +20,7 @@ from portal.selectors.requests import request_list
 from portal.services.requests import MAX_GPUS_PER_NODE, gpu_request_cancel, gpu_request_submit
 from portal.tick.preview import gpu_request_preview
 
-# Keys a client may not send: the platform derives them (RELIABILITY.md §8.6).
+# Keys a client may not send: the platform derives them (a client cannot forge them).
 FORBIDDEN_KEYS = {
     "namespace",
     "node",

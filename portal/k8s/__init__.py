@@ -16,6 +16,6 @@ imports Django. Four jobs, one module each (`names` holds what they share):
    `WorkloadWatcher` keeps Jobs and pods current with a watch that relists on
    `410 Gone`, plus a periodic resync.
 
-Names follow ECOSYSTEM.md §1–§2 verbatim; failure signals follow
-RELIABILITY.md §6.
+Names are NVIDIA's and Kubernetes' own, verbatim (GPU Feature Discovery labels, device
+plugin resources); failure signals are those of `status.py`.
 """

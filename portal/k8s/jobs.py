@@ -139,7 +139,7 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
 def check_env(env: Iterable[tuple[str, str]]) -> None:
-    """Refuse env names a user may not set (RELIABILITY.md §8.7): the submit contract again.
+    """Refuse env names a user may not set: the submit contract again.
 
     `NVIDIA_*` and `CUDA_VISIBLE_DEVICES` would let a container see GPUs it did
     not request; `QUARTERMASTER_*`/`QM_*` and the rendezvous names are set by the server.

@@ -1,4 +1,4 @@
-"""Names Quartermaster uses on Kubernetes objects (ECOSYSTEM.md §1, §2), its errors and small parsers."""
+"""Names Quartermaster uses on Kubernetes objects (NVIDIA's labels and resource names verbatim), its errors and small parsers."""
 
 from __future__ import annotations
 
@@ -113,7 +113,7 @@ def mig_resource(profile: str) -> str:
     """The extended resource of a MIG profile under the `mixed` strategy.
 
     The device plugin replaces `+` with `.`, since a resource name cannot hold a `+`:
-    profile `1g.10gb+me` is advertised as `nvidia.com/mig-1g.10gb.me` (ECOSYSTEM.md §2).
+    profile `1g.10gb+me` is advertised as `nvidia.com/mig-1g.10gb.me` (the device plugin's mixed MIG strategy).
     """
     return MIG_PREFIX + profile.replace("+", ".")
 

@@ -1,4 +1,4 @@
-"""Status: a Job and its pods into an `Outcome` (RELIABILITY.md §6)."""
+"""Status: a Job and its pods into an `Outcome`: the failure signals a pod and its Job give."""
 
 from __future__ import annotations
 

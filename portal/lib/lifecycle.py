@@ -13,7 +13,7 @@ from typing import Any
 
 # -- node software ---------------------------------------------------------------------
 
-#: GPU Feature Discovery labels (ECOSYSTEM.md §1.1); the deprecated `cuda.driver.*` and
+#: GPU Feature Discovery labels; the deprecated `cuda.driver.*` and
 #: `cuda.runtime.*` spellings are read where the new ones are missing (older GFD).
 DRIVER_FULL = "nvidia.com/cuda.driver-version.full"
 DRIVER_PARTS = (

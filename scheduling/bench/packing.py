@@ -1,4 +1,4 @@
-"""Packing benchmark on the openb trace, after the FGD paper's procedure (PEERS.md §6.3).
+"""Packing benchmark on the openb trace, after the FGD paper's procedure.
 
     python -m scheduling.bench packing --json [--policy NAME|all] [--seeds 42-51] ...
 
