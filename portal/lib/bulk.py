@@ -35,7 +35,7 @@ def _fields(model: type[models.Model]) -> list[models.Field[Any, Any]]:
 def _concrete_field(model: type[models.Model], name: str) -> models.Field[Any, Any]:
     # `bulk_set` writes columns: its names are of concrete fields, never relations' reverse
     # sides or generic foreign keys.
-    return cast(models.Field[Any, Any], model._meta.get_field(name))
+    return cast("models.Field[Any, Any]", model._meta.get_field(name))
 
 
 def _defaults(fields: list[models.Field[Any, Any]]) -> dict[str, Any]:
