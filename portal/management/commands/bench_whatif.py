@@ -145,7 +145,7 @@ def run(opts: dict[str, Any]) -> dict[str, Any]:
         "gpus": opts["gpus"],
         "seconds": round(seconds, 2),
         "cpu_s": round(cpu_s, 2),
-        "history_s": round(marks.get("history_s", 0.0), 2),
+        "history_s": round(marks.get("history_s", 0.0), 4),
         "current": result["current"],
         "proposed": result["proposed"],
     }
