@@ -46,7 +46,7 @@ def _denied(user: AnyUser, what: str, pk: Any, exc: type[Exception], message: st
     return exc(message)
 
 
-def _signed_in(user: AnyUser) -> User:
+def signed_in(user: AnyUser) -> User:
     """The user model behind a request's user, once `is_authenticated` has been checked (DRF and
     Django type `request.user` as any user; this site's user model is `User`)."""
     return cast(User, user)
@@ -62,7 +62,7 @@ def is_auditor(user: AnyUser) -> bool:
         return False
     cached = getattr(user, "_qm_auditor", None)
     if cached is None:
-        cached = _signed_in(user).groups.filter(name=settings.AUDITOR_GROUP).exists()
+        cached = signed_in(user).groups.filter(name=settings.AUDITOR_GROUP).exists()
         setattr(user, "_qm_auditor", cached)  # noqa: B010 (a per-request memo, not a model field)
     return bool(cached)
 
@@ -82,13 +82,13 @@ def teams_for(user: AnyUser) -> QuerySet[Team]:
         return Team.objects.none()
     if sees_all(user):
         return Team.objects.all()
-    return Team.objects.filter(memberships__user=_signed_in(user)).distinct()
+    return Team.objects.filter(memberships__user=signed_in(user)).distinct()
 
 
 def role_in(user: AnyUser, team: Team) -> str | None:
     if not user.is_authenticated:
         return None
-    m = Membership.objects.filter(user=_signed_in(user), team=team).only("role").first()
+    m = Membership.objects.filter(user=signed_in(user), team=team).only("role").first()
     return m.role if m else None
 
 
@@ -140,7 +140,7 @@ def get_gpu_request_for_user(user: AnyUser, pk: int | str, *, write: bool = Fals
 def get_template_for_user(user: AnyUser, pk: int | str) -> RequestTemplate:
     """One of the user's own saved request templates (nobody else's, admins included)."""
     try:
-        return RequestTemplate.objects.get(pk=int(pk), user=_signed_in(user))
+        return RequestTemplate.objects.get(pk=int(pk), user=signed_in(user))
     except (RequestTemplate.DoesNotExist, ValueError, TypeError):
         raise _denied(user, "template", pk, Http404, "No such template.") from None
 

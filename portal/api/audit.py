@@ -11,7 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from portal import access
-from portal.api.base import ListApiView, _paginate
+from portal.api.base import ListApiView, paginate
 from portal.api.schema import name_nested_serializers
 from portal.models import Decision
 from portal.selectors.audit import audit_list, decision_list
@@ -68,7 +68,7 @@ class DecisionListApi(ListApiView):
             # Past a 64-bit key the database refuses the number itself (a 500 before).
             if not 0 < filters["request_id"] < 2**63:
                 raise ValidationError({"request": ["No such request id."]})
-        return _paginate(
+        return paginate(
             self, request, decision_list(request.user, **filters), self.OutputSerializer
         )
 
@@ -93,7 +93,7 @@ class AuditListApi(ListApiView):
     def get(self, request: Request) -> Response:
         access.require_admin_read(request.user)
         qs: Any = audit_list(action=request.query_params.get("action", "")[:50])
-        return _paginate(self, request, qs, self.OutputSerializer)
+        return paginate(self, request, qs, self.OutputSerializer)
 
 
 name_nested_serializers(globals())

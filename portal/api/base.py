@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework import serializers
@@ -11,6 +11,8 @@ from rest_framework.pagination import PageNumberPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
+
+from portal import access
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -28,7 +30,7 @@ def signed_in_user(request: Request) -> User:
     """The caller of a view behind IsAuthenticated (the default permission): a stored user.
 
     DRF types `request.user` as possibly anonymous; the permission has refused those."""
-    return cast("User", request.user)
+    return access.signed_in(request.user)
 
 
 class ApiView(APIView):
@@ -69,7 +71,7 @@ class ListApiView(ApiView):
     pagination_class = PageNumberPagination
 
 
-def _paginate(
+def paginate(
     view: APIView, request: Request, qs: Any, serializer: type[serializers.Serializer[Any]]
 ) -> Response:
     paginator = PageNumberPagination()

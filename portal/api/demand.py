@@ -11,7 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from portal import access
-from portal.api.base import ApiView, ListApiView, _paginate
+from portal.api.base import ApiView, ListApiView, paginate
 from portal.selectors.audit import policy_versions
 from portal.selectors.demand import pending_demand
 
@@ -57,7 +57,7 @@ class PolicyVersionListApi(ListApiView):
     def get(self, request: Request) -> Response:
         if not access.sees_all(request.user):
             raise PermissionDenied("Only platform admins and auditors read the policy history.")
-        return _paginate(self, request, policy_versions(), self.OutputSerializer)
+        return paginate(self, request, policy_versions(), self.OutputSerializer)
 
 
 # Named after their views in the schema, as portal/api/ names its own ("Output" twice

@@ -15,7 +15,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from portal import access
-from portal.api.base import ApiView, ListApiView, StrictSerializer, _paginate, signed_in_user
+from portal.api.base import ApiView, ListApiView, StrictSerializer, paginate, signed_in_user
 from portal.lib import lifecycle
 from portal.lib.readiness import attempt_token, ready_token_key
 from portal.models import Pool, ValidationRun
@@ -75,7 +75,7 @@ class RolloutListCreateApi(ListApiView):
     @extend_schema(operation_id="rollouts_list", responses=RolloutSerializer(many=True))
     def get(self, request: Request) -> Response:
         access.require_admin_read(request.user)
-        return _paginate(self, request, lifecycle_selectors.rollout_list(), RolloutSerializer)
+        return paginate(self, request, lifecycle_selectors.rollout_list(), RolloutSerializer)
 
     @extend_schema(
         operation_id="rollouts_create",

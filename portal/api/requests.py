@@ -11,7 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from portal import access
-from portal.api.base import ApiView, ListApiView, StrictSerializer, _paginate, signed_in_user
+from portal.api.base import ApiView, ListApiView, StrictSerializer, paginate, signed_in_user
 from portal.api.schema import name_nested_serializers
 from portal.lib import shapes
 from portal.models import DeviceProfile, GpuRequest, Pool, Team, WorkloadClass
@@ -189,7 +189,7 @@ class GpuRequestListSubmitApi(ListApiView):
         qs = request_list(
             request.user, mine=request.query_params.get("mine") in ("1", "true"), state=state
         )
-        return _paginate(self, request, qs, self.OutputSerializer)
+        return paginate(self, request, qs, self.OutputSerializer)
 
     @extend_schema(
         operation_id="requests_submit",
@@ -306,7 +306,7 @@ class QueueApi(ListApiView):
                 if obj is None:
                     raise ValidationError({key: [f"No such {key.replace('_', ' ')}."]})
                 filters[key] = obj
-        return _paginate(self, request, queue_list(request.user, **filters), self.OutputSerializer)
+        return paginate(self, request, queue_list(request.user, **filters), self.OutputSerializer)
 
 
 name_nested_serializers(globals())

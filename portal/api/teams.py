@@ -12,7 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from portal import access
-from portal.api.base import ApiView, ListApiView, StrictSerializer, _paginate, signed_in_user
+from portal.api.base import ApiView, ListApiView, StrictSerializer, paginate, signed_in_user
 from portal.api.schema import name_nested_serializers
 from portal.models import Membership
 from portal.selectors.teams import team_members, team_usage
@@ -54,7 +54,7 @@ class TeamListApi(ListApiView):
 
     @extend_schema(operation_id="teams_list", responses=TeamOutputSerializer(many=True))
     def get(self, request: Request) -> Response:
-        return _paginate(
+        return paginate(
             self, request, access.teams_for(request.user).order_by("name"), self.OutputSerializer
         )
 
@@ -104,7 +104,7 @@ class TeamMemberListApi(ListApiView):
     @extend_schema(operation_id="team_members_list", responses=MemberOutputSerializer(many=True))
     def get(self, request: Request, team_id: int) -> Response:
         team = access.get_team_for_user(request.user, team_id)
-        return _paginate(self, request, team_members(team), MemberOutputSerializer)
+        return paginate(self, request, team_members(team), MemberOutputSerializer)
 
     @extend_schema(
         operation_id="team_members_add",

@@ -12,11 +12,11 @@ from django.core.exceptions import ValidationError
 from portal.lib import validation
 
 
-def _milli(value: Decimal | None) -> int | None:
+def to_milli(value: Decimal | None) -> int | None:
     return None if value is None else int(value * 1000)
 
 
-def _gpus(milli: int | None) -> Decimal | None:
+def to_gpus(milli: int | None) -> Decimal | None:
     return None if milli is None else Decimal(milli) / 1000
 
 

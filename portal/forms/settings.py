@@ -11,8 +11,8 @@ from portal.forms.fields import (
     MigLayoutField,
     NodeSelectorField,
     TaintsField,
-    _gpus,
-    _milli,
+    to_gpus,
+    to_milli,
 )
 from portal.models import Pool, WorkloadClass
 from portal.services.pools import CLASS_FIELDS, POOL_FIELDS
@@ -69,10 +69,10 @@ class PoolForm(forms.ModelForm):  # type: ignore[type-arg]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if not self.is_bound and self.instance.pk:
-            self.initial["inference_floor_milli"] = _gpus(self.instance.inference_floor_milli)
+            self.initial["inference_floor_milli"] = to_gpus(self.instance.inference_floor_milli)
 
     def clean_inference_floor_milli(self) -> int:
-        return _milli(self.cleaned_data["inference_floor_milli"]) or 0
+        return to_milli(self.cleaned_data["inference_floor_milli"]) or 0
 
 
 def _knob_label(name: str) -> str:

@@ -6,7 +6,7 @@ from typing import Any
 
 from django import forms
 
-from portal.forms.fields import GpuField, _gpus, _milli
+from portal.forms.fields import GpuField, to_gpus, to_milli
 
 
 class QuotaForm(forms.Form):
@@ -41,22 +41,22 @@ class QuotaForm(forms.Form):
         if quota is None:
             return {"nominal": 0}
         return {
-            "nominal": _gpus(quota.nominal_milli),
-            "borrowing_limit": _gpus(quota.borrowing_limit_milli),
-            "lending_limit": _gpus(quota.lending_limit_milli),
-            "granted": _gpus(quota.granted_milli),
+            "nominal": to_gpus(quota.nominal_milli),
+            "borrowing_limit": to_gpus(quota.borrowing_limit_milli),
+            "lending_limit": to_gpus(quota.lending_limit_milli),
+            "granted": to_gpus(quota.granted_milli),
         }
 
     def service_kwargs(self) -> dict[str, Any]:
         d = self.cleaned_data
         out = {
-            "nominal_milli": _milli(d["nominal"]),
-            "borrowing_limit_milli": _milli(d.get("borrowing_limit")),
-            "lending_limit_milli": _milli(d.get("lending_limit")),
+            "nominal_milli": to_milli(d["nominal"]),
+            "borrowing_limit_milli": to_milli(d.get("borrowing_limit")),
+            "lending_limit_milli": to_milli(d.get("lending_limit")),
             "reason": d["reason"],
         }
         if "granted" in self.fields and d.get("granted") is not None:
-            out["granted_milli"] = _milli(d["granted"])
+            out["granted_milli"] = to_milli(d["granted"])
         return out
 
     FIELD_FOR = {

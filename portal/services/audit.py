@@ -87,7 +87,7 @@ def _jsonable(data: dict[str, Any] | None) -> dict[str, Any] | None:
     return {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in data.items()}
 
 
-def _snapshot(obj: Model, fields: list[str]) -> dict[str, Any]:
+def field_values(obj: Model, fields: list[str]) -> dict[str, Any]:
     return model_to_dict(obj, fields=fields)
 
 
@@ -100,10 +100,10 @@ def update_audited(
         raise ValidationError({sorted(unknown)[0]: "This field cannot be changed here."})
     with transaction.atomic():
         obj = type(obj)._default_manager.select_for_update().get(pk=obj.pk)
-        before = _snapshot(obj, fields)
+        before = field_values(obj, fields)
         for key, value in changes.items():
             setattr(obj, key, value)
         obj.full_clean()
         obj.save()
-        audit(actor=actor, action=action, obj=obj, before=before, after=_snapshot(obj, fields))
+        audit(actor=actor, action=action, obj=obj, before=before, after=field_values(obj, fields))
     return obj

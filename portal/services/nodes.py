@@ -14,7 +14,7 @@ from portal.backends import get_backend
 from portal.lib import lifecycle
 from portal.models import Allocation, Attempt, Decision, Device, Node, Pool
 from portal.services.attempts import attempt_stop, backend_call
-from portal.services.audit import _snapshot, audit
+from portal.services.audit import audit, field_values
 
 
 def node_cordon(*, actor: User, node: Node, reason: str = "") -> Node:
@@ -70,7 +70,7 @@ def _node_maintenance(
 ) -> Node:
     with transaction.atomic():
         node = Node.objects.select_for_update().get(pk=node.pk)
-        before = _snapshot(node, ["cordoned", "draining"])
+        before = field_values(node, ["cordoned", "draining"])
         node.cordoned, node.draining = cordoned, draining
         node.save(update_fields=["cordoned", "draining", "updated_at"])
         audit(
@@ -78,7 +78,7 @@ def _node_maintenance(
             action=action,
             obj=node,
             before=before,
-            after=_snapshot(node, ["cordoned", "draining"]),
+            after=field_values(node, ["cordoned", "draining"]),
             reason=reason,
         )
     return node
@@ -191,7 +191,7 @@ def device_clear_quarantine(*, actor: User, device: Device) -> Device:
         device = Device.objects.select_for_update().select_related("node").get(pk=device.pk)
         if not device.quarantined:
             raise ValidationError({"device": f"{device} is not quarantined."})
-        before = _snapshot(device, ["quarantined", "health_reason"])
+        before = field_values(device, ["quarantined", "health_reason"])
         device.quarantined, device.health_reason = False, ""
         device.save(update_fields=["quarantined", "health_reason"])
         audit(
@@ -199,6 +199,6 @@ def device_clear_quarantine(*, actor: User, device: Device) -> Device:
             action="device.clear-quarantine",
             obj=device,
             before=before,
-            after=_snapshot(device, ["quarantined", "health_reason"]),
+            after=field_values(device, ["quarantined", "health_reason"]),
         )
     return device

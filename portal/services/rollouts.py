@@ -19,9 +19,10 @@ from portal.services.audit import audit
 from portal.services.nodes import inventory_sync
 from portal.services.pools import pool_update
 from portal.services.validations import (
-    _backend_patch,
-    _cordon,
-    _uncordon,
+    ACTOR,
+    backend_node_patch,
+    cordon_node,
+    uncordon_node,
     validation_observe,
     validation_start,
 )
@@ -30,7 +31,6 @@ log = logging.getLogger(__name__)
 
 #: what acted, in the audit log, when the beat advances a rollout
 _TARGET = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
-ACTOR = "rollout"
 
 
 def _node_milli(node: Node) -> int:
@@ -251,7 +251,7 @@ def _step(rollout: Rollout, m: RolloutNode, now: datetime) -> None:
         m = RolloutNode.objects.select_for_update().select_related("node").get(pk=m.pk)
         node = m.node
         if m.step == RolloutNode.Step.WAITING:
-            _cordon(node, f"rollout {rollout.pk}: {rollout.kind} {rollout.target}")
+            cordon_node(node, f"rollout {rollout.pk}: {rollout.kind} {rollout.target}")
             _move(m, RolloutNode.Step.DRAINING, now)
             _audit(rollout, "rollout.cordon", node=node.name, wave=m.wave)
         elif m.step == RolloutNode.Step.DRAINING:
@@ -345,7 +345,7 @@ def _drain(rollout: Rollout, m: RolloutNode, now: datetime) -> None:
 def _write_change(rollout: Rollout, m: RolloutNode) -> None:
     change = lifecycle.change_for(rollout.kind, rollout.target)
     name, labels = m.node.name, dict(change.labels)
-    transaction.on_commit(lambda: _backend_patch(name, labels, None))
+    transaction.on_commit(lambda: backend_node_patch(name, labels, None))
 
 
 def _apply(rollout: Rollout, m: RolloutNode, now: datetime) -> None:
@@ -388,7 +388,7 @@ def _validate(rollout: Rollout, m: RolloutNode, now: datetime) -> None:
         return
     node = Node.objects.select_for_update().get(pk=m.node_id)
     if state == ValidationRun.State.PASSED:
-        _uncordon(node)
+        uncordon_node(node)
         _move(m, RolloutNode.Step.RETURNED, now)
         _audit(rollout, "rollout.return", node=node.name, validation=run.pk)
     else:

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from portal import access
 from portal.models import GpuRequest, Membership, Pool, Quota, Team
-from portal.services.audit import _snapshot, audit
+from portal.services.audit import audit, field_values
 from portal.services.requests import gpu_request_cancel_not_member
 
 QUOTA_FIELDS = ["nominal_milli", "borrowing_limit_milli", "lending_limit_milli", "granted_milli"]
@@ -30,7 +30,7 @@ def quota_set(
     is_admin = access.is_admin(actor)
     with transaction.atomic():
         quota, _ = Quota.objects.select_for_update().get_or_create(team=team, pool=pool)
-        before = _snapshot(quota, QUOTA_FIELDS)
+        before = field_values(quota, QUOTA_FIELDS)
         if granted_milli is not None:
             if not is_admin:
                 raise ValidationError(
@@ -63,7 +63,7 @@ def quota_set(
             obj=quota,
             team=team,
             before=before,
-            after=_snapshot(quota, QUOTA_FIELDS),
+            after=field_values(quota, QUOTA_FIELDS),
             reason=reason,
         )
     return quota
@@ -118,7 +118,9 @@ def membership_set(
         m, created = Membership.objects.select_for_update().get_or_create(
             user=user, team=team, defaults={"role": role}
         )
-        before = None if created else {"user": user.get_username(), **_snapshot(m, MEMBER_FIELDS)}
+        before = (
+            None if created else {"user": user.get_username(), **field_values(m, MEMBER_FIELDS)}
+        )
         m.role, m.gpu_cap_milli = role, gpu_cap_milli
         if source is not None:
             m.source = source
@@ -129,7 +131,7 @@ def membership_set(
             obj=m,
             team=team,
             before=before,
-            after={"user": user.get_username(), **_snapshot(m, MEMBER_FIELDS)},
+            after={"user": user.get_username(), **field_values(m, MEMBER_FIELDS)},
             actor_name=actor_name,
         )
     return m
@@ -180,7 +182,7 @@ def membership_remove(*, actor: User | None, membership: Membership, actor_name:
             team=m.team,
             before={
                 "user": m.user.get_username(),
-                **_snapshot(m, MEMBER_FIELDS),
+                **field_values(m, MEMBER_FIELDS),
             },
             after={"cancelled_requests": cancelled},
             actor_name=actor_name,

@@ -22,6 +22,7 @@ from portal.services.audit import audit
 log = logging.getLogger(__name__)
 
 #: what acted, in the audit log, when the beat advances a rollout
+#: the actor name of the audit events that validations and rollouts write
 ACTOR = "rollout"
 
 
@@ -55,24 +56,26 @@ def validation_spec(run: ValidationRun) -> ValidationSpec:
     )
 
 
-def _cordon(node: Node, reason: str) -> None:
+def cordon_node(node: Node, reason: str) -> None:
     """Cordon in the portal now, and on the cluster once the transaction commits."""
     node.cordoned = True
     node.maintenance_reason = reason[:300]
     node.save(update_fields=["cordoned", "maintenance_reason", "updated_at"])
     name = node.name
-    transaction.on_commit(lambda: _backend_patch(name, {}, True))
+    transaction.on_commit(lambda: backend_node_patch(name, {}, True))
 
 
-def _uncordon(node: Node) -> None:
+def uncordon_node(node: Node) -> None:
     node.cordoned = False
     node.maintenance_reason = ""
     node.save(update_fields=["cordoned", "maintenance_reason", "updated_at"])
     name = node.name
-    transaction.on_commit(lambda: _backend_patch(name, {}, False))
+    transaction.on_commit(lambda: backend_node_patch(name, {}, False))
 
 
-def _backend_patch(name: str, labels: dict[str, str | None], unschedulable: bool | None) -> bool:
+def backend_node_patch(
+    name: str, labels: dict[str, str | None], unschedulable: bool | None
+) -> bool:
     try:
         get_backend().node_patch(name, labels, unschedulable)
     except Exception:  # noqa: BLE001
@@ -104,7 +107,7 @@ def validation_start(
             raise ValidationError({"node": f"{node.name} is being validated already."})
         cordoned_it = not node.cordoned
         if cordoned_it or not node.maintenance_reason:
-            _cordon(node, "validating")
+            cordon_node(node, "validating")
         run = ValidationRun.objects.create(
             node=node,
             rollout=rollout,
@@ -203,9 +206,9 @@ def validation_observe(run: ValidationRun, *, now: datetime | None = None) -> st
         node = Node.objects.select_for_update().get(pk=run.node_id)
         if not passed:
             # A failing node stays cordoned, with the reason, until an admin returns it.
-            _cordon(node, f"validation failed: {reason}")
+            cordon_node(node, f"validation failed: {reason}")
         elif run.cordoned_it:
-            _uncordon(node)
+            uncordon_node(node)
         elif run.rollout_id is None and node.maintenance_reason == "validating":
             node.maintenance_reason = ""
             node.save(update_fields=["maintenance_reason", "updated_at"])

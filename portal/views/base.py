@@ -22,19 +22,19 @@ class AuthedRequest(HttpRequest):
 PAGE_SIZE = 50
 
 
-def _add_errors(form: Any, exc: ValidationError, rename: dict[str, str] | None = None) -> None:
+def add_errors(form: Any, exc: ValidationError, rename: dict[str, str] | None = None) -> None:
     """Put a service's ValidationError on the form field it names (or on the form)."""
     for field, errors in exc.message_dict.items():
         name = (rename or {}).get(field, field)
         form.add_error(name if name in form.fields else None, errors)
 
 
-def _refused(exc: ValidationError) -> HttpResponse:
+def refusal_response(exc: ValidationError) -> HttpResponse:
     """A button's action the service refused: its reasons, as plain text."""
     return HttpResponse(" ".join(exc.messages), status=400, content_type="text/plain")
 
 
-def _next_url(request: HttpRequest, default: str) -> str:
+def next_url(request: HttpRequest, default: str) -> str:
     target = request.POST.get("next", "")
     if target and url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}):
         return target

@@ -20,7 +20,7 @@ from portal.selectors.capacity import capacity_nodes, pool_summaries
 from portal.services.nodes import device_clear_quarantine as clear_quarantine
 from portal.services.nodes import node_cordon, node_drain, node_return
 from portal.views.audit import confirm_page
-from portal.views.base import AuthedRequest, _next_url, _refused
+from portal.views.base import AuthedRequest, next_url, refusal_response
 
 NODES_PER_PAGE = 20
 
@@ -67,8 +67,8 @@ def device_clear_quarantine(request: AuthedRequest, device_id: int) -> HttpRespo
     try:
         clear_quarantine(actor=request.user, device=device)
     except ValidationError as exc:
-        return _refused(exc)
-    return redirect(_next_url(request, reverse("portal:capacity")))
+        return refusal_response(exc)
+    return redirect(next_url(request, reverse("portal:capacity")))
 
 
 NODE_SERVICES = {
@@ -94,7 +94,7 @@ def nodes_bulk_action(request: AuthedRequest) -> HttpResponse:
             form=form,
             title=f"{action.capitalize()} the selected nodes",
             action_url=reverse("portal:nodes-bulk-action"),
-            hidden={"next": _next_url(request, default), "action": action},
+            hidden={"next": next_url(request, default), "action": action},
         )
     nodes = [
         access.get_node_for_admin(request.user, pk) for pk in sorted(set(form.cleaned_data["ids"]))
@@ -103,7 +103,7 @@ def nodes_bulk_action(request: AuthedRequest) -> HttpResponse:
         NODE_SERVICES[action](actor=request.user, node=node, reason=form.cleaned_data["reason"])
     past = {"cordon": "Cordoned", "drain": "Drained", "return": "Returned"}[action]
     messages.success(request, f"{past} {len(nodes)} node{'s' if len(nodes) != 1 else ''}.")
-    return redirect(_next_url(request, default))
+    return redirect(next_url(request, default))
 
 
 @login_required
@@ -119,7 +119,7 @@ def node_action(request: AuthedRequest, node_id: int, action: str) -> HttpRespon
             form=form,
             title=f"{action.capitalize()} node {node.name}",
             action_url=reverse("portal:node-action", args=[node.pk, action]),
-            hidden={"next": _next_url(request, default)},
+            hidden={"next": next_url(request, default)},
         )
     NODE_SERVICES[action](actor=request.user, node=node, reason=form.cleaned_data["reason"])
-    return redirect(_next_url(request, default))
+    return redirect(next_url(request, default))

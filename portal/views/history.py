@@ -23,7 +23,7 @@ def _span(request: AuthedRequest) -> str:
     return span if span in utilization.RANGES else "24h"
 
 
-def _points(series: list[list[Any]]) -> list[tuple[float, float | None]]:
+def chart_points(series: list[list[Any]]) -> list[tuple[float, float | None]]:
     return [(float(t), v) for t, v in series]
 
 

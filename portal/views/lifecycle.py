@@ -22,7 +22,7 @@ from portal.services.rollouts import mig_relayout_start, rollout_plan, rollout_s
 from portal.services.rollouts import rollout_halt as rollout_halt_
 from portal.services.validations import pool_validate as pool_validate_
 from portal.services.validations import rollout_active_for, validation_start
-from portal.views.base import AuthedRequest, _add_errors, _refused
+from portal.views.base import AuthedRequest, add_errors, refusal_response
 
 
 class RolloutForm(forms.Form):
@@ -100,7 +100,7 @@ def rollout_create(request: AuthedRequest, pool_id: int) -> HttpResponse:
                     **data,
                 )
             except ValidationError as exc:
-                _add_errors(form, exc)
+                add_errors(form, exc)
             else:
                 return redirect(reverse("portal:rollout-detail", args=[rollout.pk]))
     status = 200 if form.is_valid() and "preview" in request.POST else 400
@@ -116,7 +116,7 @@ def node_validate(request: AuthedRequest, node_id: int) -> HttpResponse:
     try:
         validation_start(actor=request.user, node=node)
     except ValidationError as exc:
-        return _refused(exc)
+        return refusal_response(exc)
     return redirect(reverse("portal:pool-detail", args=[node.pool_id]))
 
 
@@ -139,7 +139,7 @@ def pool_mig_relayout(request: AuthedRequest, pool_id: int) -> HttpResponse:
     try:
         rollout = mig_relayout_start(actor=request.user, pool=pool)
     except ValidationError as exc:
-        return _refused(exc)
+        return refusal_response(exc)
     return redirect(reverse("portal:rollout-detail", args=[rollout.pk]))
 
 
@@ -151,7 +151,7 @@ def pool_validate(request: AuthedRequest, pool_id: int) -> HttpResponse:
     try:
         pool_validate_(actor=request.user, pool=pool)
     except ValidationError as exc:
-        return _refused(exc)
+        return refusal_response(exc)
     return redirect(reverse("portal:pool-detail", args=[pool.pk]))
 
 
@@ -166,5 +166,5 @@ def rollout_halt(request: AuthedRequest, rollout_id: int) -> HttpResponse:
             reason=request.POST.get("reason", ""),
         )
     except ValidationError as exc:
-        return _refused(exc)
+        return refusal_response(exc)
     return redirect(reverse("portal:rollout-detail", args=[rollout.pk]))

@@ -32,7 +32,7 @@ from portal.services.requests import gpu_request_cancel, gpu_request_submit
 from portal.tick.estimates import request_estimates
 from portal.tick.preview import gpu_request_preview
 from portal.views.audit import confirm_page
-from portal.views.base import PAGE_SIZE, AuthedRequest, _add_errors, _next_url
+from portal.views.base import PAGE_SIZE, AuthedRequest, add_errors, next_url
 
 
 @login_required
@@ -94,7 +94,7 @@ def request_submit(request: AuthedRequest) -> HttpResponse:
                     fields=fields,
                 )
             except ValidationError as exc:
-                _add_errors(save_as, exc)
+                add_errors(save_as, exc)
             else:
                 messages.success(
                     request, f"Saved as template “{save_as.cleaned_data['template_name']}”."
@@ -111,7 +111,7 @@ def request_submit(request: AuthedRequest) -> HttpResponse:
             try:
                 req = gpu_request_submit(user=request.user, **form.service_kwargs())
             except ValidationError as exc:
-                _add_errors(form, exc)
+                add_errors(form, exc)
             else:
                 messages.success(
                     request,
@@ -215,7 +215,7 @@ def requests_bulk_cancel(request: AuthedRequest) -> HttpResponse:
             form=form,
             title="Cancel the selected requests",
             action_url=reverse("portal:requests-bulk-cancel"),
-            hidden={"next": _next_url(request, default)},
+            hidden={"next": next_url(request, default)},
         )
     # All or nothing on access: one request the user may not cancel refuses the lot (404/403).
     reqs = [
@@ -230,7 +230,7 @@ def requests_bulk_cancel(request: AuthedRequest) -> HttpResponse:
     if over:
         text += f"; {len(over)} had already ended"
     messages.success(request, text + ".")
-    return redirect(_next_url(request, default))
+    return redirect(next_url(request, default))
 
 
 @login_required
@@ -246,11 +246,11 @@ def request_cancel(request: AuthedRequest, request_id: int) -> HttpResponse:
             form=form,
             title=f"Cancel request #{req.pk}",
             action_url=reverse("portal:request-cancel", args=[req.pk]),
-            hidden={"next": _next_url(request, default)},
+            hidden={"next": next_url(request, default)},
         )
     # Already over: nothing to cancel, the page shows its final state.
     _cancel(request, req, form.cleaned_data["reason"])
-    return redirect(_next_url(request, default))
+    return redirect(next_url(request, default))
 
 
 @login_required

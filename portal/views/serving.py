@@ -17,7 +17,7 @@ from portal.lib import charts
 from portal.models import GpuRequest
 from portal.services import serving, serving_samples
 from portal.views.base import AuthedRequest
-from portal.views.history import _points
+from portal.views.history import chart_points
 
 if TYPE_CHECKING:
     pass
@@ -30,31 +30,34 @@ def _panel_context(req: GpuRequest, window: str) -> dict[str, Any]:
     objective = m["slo"]["objective_seconds"]
     figures = [
         charts.line_chart(
-            [("p50", _points(s["ttft_p50_seconds"])), ("p95", _points(s["ttft_p95_seconds"]))],
+            [
+                ("p50", chart_points(s["ttft_p50_seconds"])),
+                ("p95", chart_points(s["ttft_p95_seconds"])),
+            ],
             title="Time to first token",
             unit="s",
             markers=markers,
             objective=objective,
         ),
         charts.line_chart(
-            [("batch", _points(s["batch_size"])), ("queue", _points(s["queue_depth"]))],
+            [("batch", chart_points(s["batch_size"])), ("queue", chart_points(s["queue_depth"]))],
             title="Batch size and queue depth",
             markers=markers,
         ),
         charts.line_chart(
-            [("tokens/s", _points(s["tokens_per_second"]))],
+            [("tokens/s", chart_points(s["tokens_per_second"]))],
             title="Tokens per second",
             markers=markers,
         ),
         charts.line_chart(
-            [("GPU util", _points(s["gpu_utilization"]))],
+            [("GPU util", chart_points(s["gpu_utilization"]))],
             title="GPU utilization",
             unit="%",
             y_max=100,
             markers=markers,
         ),
         charts.line_chart(
-            [("memory", _points(s["gpu_memory_used_mib"]))],
+            [("memory", chart_points(s["gpu_memory_used_mib"]))],
             title="GPU memory used",
             unit="MiB",
             markers=markers,

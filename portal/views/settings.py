@@ -20,7 +20,7 @@ from portal.services.profiles import (
     policy_profile_create,
     policy_profile_update,
 )
-from portal.views.base import AuthedRequest, _add_errors, _refused
+from portal.views.base import AuthedRequest, add_errors, refusal_response
 
 
 @login_required
@@ -95,7 +95,7 @@ def profile_create(request: AuthedRequest) -> HttpResponse:
                 knobs=form.knobs(),
             )
         except ValidationError as exc:
-            _add_errors(form, exc)
+            add_errors(form, exc)
         else:
             return _profiles_answer(request)
     return _profiles_answer(request, {("profile", 0): form})
@@ -110,7 +110,7 @@ def profile_edit(request: AuthedRequest, profile_id: int) -> HttpResponse:
         try:
             policy_profile_update(actor=request.user, profile=row, knobs=form.knobs())
         except ValidationError as exc:
-            _add_errors(form, exc)
+            add_errors(form, exc)
         else:
             return _profiles_answer(request)
     return _profiles_answer(request, {("profile", row.pk): form})
@@ -123,7 +123,7 @@ def profile_activate(request: AuthedRequest, profile_id: int) -> HttpResponse:
     try:
         policy_profile_activate(actor=request.user, profile=row)
     except ValidationError as exc:
-        return _refused(exc)
+        return refusal_response(exc)
     return _profiles_answer(request)
 
 
@@ -139,7 +139,7 @@ def workload_class_edit(request: AuthedRequest, class_id: int) -> HttpResponse:
         try:
             workload_class_update(actor=request.user, workload_class=wc, **changes)
         except ValidationError as exc:
-            _add_errors(form, exc)
+            add_errors(form, exc)
         else:
             return redirect(reverse("portal:settings") + "#classes")
     return render(
@@ -157,7 +157,7 @@ def pool_edit(request: AuthedRequest, pool_id: int) -> HttpResponse:
         try:
             pool_update(actor=request.user, pool=pool, **changes)
         except ValidationError as exc:
-            _add_errors(form, exc)
+            add_errors(form, exc)
         else:
             return redirect(reverse("portal:settings") + "#pools")
     return render(

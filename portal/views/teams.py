@@ -19,7 +19,7 @@ from portal.selectors.audit_words import describe
 from portal.selectors.teams import team_members, team_usage
 from portal.services.teams import membership_add, membership_remove, membership_set, quota_set
 from portal.services.teams import team_create as create_team
-from portal.views.base import AuthedRequest, _add_errors, _next_url
+from portal.views.base import AuthedRequest, add_errors, next_url
 
 
 @login_required
@@ -43,7 +43,7 @@ def team_create(request: AuthedRequest) -> HttpResponse:
         try:
             team = create_team(actor=request.user, **form.cleaned_data)
         except ValidationError as exc:
-            _add_errors(form, exc)
+            add_errors(form, exc)
         else:
             return redirect("portal:team-detail", team_id=team.pk)
     teams = list(access.teams_for(request.user))
@@ -67,7 +67,7 @@ def member_add(request: AuthedRequest, team_id: int) -> HttpResponse:
                 role=role,
             )
         except ValidationError as exc:
-            _add_errors(form, exc)
+            add_errors(form, exc)
         else:
             return redirect(reverse("portal:team-detail", args=[team.pk]) + "#members")
     context = _team_context(request, team)
@@ -145,9 +145,9 @@ def quota_edit(request: AuthedRequest, team_id: int, pool_id: int) -> HttpRespon
         try:
             quota_set(actor=request.user, team=team, pool=pool, **form.service_kwargs())
         except ValidationError as exc:
-            _add_errors(form, exc, QuotaForm.FIELD_FOR)
+            add_errors(form, exc, QuotaForm.FIELD_FOR)
         else:
-            return redirect(_next_url(request, reverse("portal:team-detail", args=[team.pk])))
+            return redirect(next_url(request, reverse("portal:team-detail", args=[team.pk])))
     context = _team_context(request, team)
     for u in context["usage"]:
         if u.pool.pk == pool.pk:
@@ -176,7 +176,7 @@ def member_edit(request: AuthedRequest, team_id: int, membership_id: int) -> Htt
                 gpu_cap_milli=None if cap is None else int(cap * 1000),
             )
         except ValidationError as exc:
-            _add_errors(form, exc, {"gpu_cap_milli": "gpu_cap"})
+            add_errors(form, exc, {"gpu_cap_milli": "gpu_cap"})
         else:
             return redirect("portal:team-detail", team_id=team.pk)
     context = _team_context(request, team)
