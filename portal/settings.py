@@ -16,6 +16,7 @@ from typing import Any
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+from kombu.transport import TRANSPORT_ALIASES
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("QM_VAR_DIR", BASE_DIR / "var"))
@@ -289,10 +290,11 @@ else:
     _broker = VAR_DIR / "broker"
     for _sub in ("in", "processed", "control"):
         (_broker / _sub).mkdir(parents=True, exist_ok=True)
-    # a host named, or kombu warns in every process that it assumed one
-    CELERY_BROKER_URL = "filesystem://localhost//"
     # kombu's filesystem transport, writing each message whole before a reader can see it
-    CELERY_BROKER_TRANSPORT = "portal.lib.broker:Transport"
+    # (docs/decisions.md), named in the URL so that the URL alone says which broker it is.
+    # A host is named, or kombu warns in every process that it assumed one.
+    TRANSPORT_ALIASES.setdefault("qmfs", "portal.lib.broker:Transport")
+    CELERY_BROKER_URL = "qmfs://localhost//"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_broker / "in"),
         "data_folder_out": str(_broker / "in"),
