@@ -176,5 +176,5 @@ def status(custom: Any, namespace: str, name: str, nodes: int, atomic: bool) -> 
         if state == FAILED:
             return FAILED, message
     if all(state == PROVISIONED for state, _ in states):
-        return PROVISIONED, f"{nodes} nodes provisioned"
+        return PROVISIONED, f"{nodes} node{'' if nodes == 1 else 's'} provisioned"
     return REQUESTED, ""

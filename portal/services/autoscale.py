@@ -261,7 +261,10 @@ def _finish(pool: Pool, backend: Any, now: datetime) -> int:
             continue
         else:
             _add_simulated_nodes(pool, p)
-            state, message = NodeProvision.State.PROVISIONED, f"{p.nodes} nodes added"
+            state, message = (
+                NodeProvision.State.PROVISIONED,
+                f"{p.nodes} node{'' if p.nodes == 1 else 's'} added",
+            )
         NodeProvision.objects.filter(pk=p.pk).update(
             state=state, message=message[:300], done_at=now
         )

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django import template
+from django.utils import timezone
 
 from portal import access
 from portal.lib import words
@@ -46,6 +48,16 @@ def cpus(milli: int | None) -> str:
 def memory(mib: int | None) -> str:
     """MiB as people read it, GiB from 1 GiB up (`words.memory`)."""
     return words.memory(mib)
+
+
+@register.filter
+def starts_in(when: datetime | None) -> str:
+    """When an estimated start is, from now: "in 12 min", "in 2 h 5 min"; an estimate that is
+    now or past (the next tick starts it) is "within a minute", never "0 minutes"."""
+    if when is None:
+        return ""
+    seconds = (when - timezone.now()).total_seconds()
+    return "within a minute" if seconds < 60 else f"in {words.duration(seconds)}"
 
 
 @register.filter

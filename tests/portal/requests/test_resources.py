@@ -84,3 +84,33 @@ def test_the_request_shows_the_cpu_and_memory_asked_for(world: World) -> None:
     assert data["cpu_milli"] == 8000 and data["memory_mib"] == 65536
     page = _client(world.bob).get(f"/requests/{req.pk}/").content.decode()
     assert "8 CPUs" in page and "64 GiB" in page
+
+
+def test_cpu_and_memory_in_words() -> None:
+    from portal.lib import words
+
+    assert [words.cpus(m) for m in (500, 1000, 8000, 1500)] == [
+        "0.5 CPU",
+        "1 CPU",
+        "8 CPUs",
+        "1.5 CPUs",
+    ]
+    assert [words.memory(m) for m in (512, 1024, 1536, 65536)] == [
+        "512 MiB",
+        "1 GiB",
+        "1.5 GiB",
+        "64 GiB",
+    ]
+
+
+def test_an_estimate_due_now_is_within_a_minute_never_0_minutes() -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from portal.templatetags.qm import starts_in
+
+    now = timezone.now()
+    assert starts_in(now - timedelta(minutes=3)) == "within a minute"
+    assert starts_in(now + timedelta(seconds=20)) == "within a minute"
+    assert starts_in(now + timedelta(minutes=12, seconds=30)) == "in 12 min"
