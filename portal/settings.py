@@ -225,6 +225,7 @@ AUDITOR_GROUP = env("AUDITOR_GROUP", "auditors")
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
+CSRF_FAILURE_VIEW = "portal.views.errors.csrf_failure"
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
@@ -280,6 +281,8 @@ AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_HTTP_RESPONSE_CODE = 429
 AXES_VERBOSE = False
+# a page of the portal that says how long to wait, with Retry-After
+AXES_LOCKOUT_CALLABLE = "portal.views.me.locked_out"
 AXES_CLIENT_IP_CALLABLE = "portal.api.guards.client_address"
 
 # Celery: Redis when REDIS_URL is set, else a broker on the filesystem.

@@ -2,7 +2,6 @@
 cross-tenant test in tests/portal/security/test_views_access.py knows what to put in each."""
 
 from django.contrib import admin
-from django.contrib.auth import views as auth_views
 from django.urls import include, path, register_converter
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.permissions import IsAuthenticated
@@ -36,7 +35,7 @@ from portal.views.audit import audit_csv, audit_log, decision_log
 from portal.views.capacity import capacity, device_clear_quarantine, node_action, nodes_bulk_action
 from portal.views.health import healthz, readyz
 from portal.views.history import node_history, pool_history, team_history
-from portal.views.me import LoginView, notification_settings, template_delete
+from portal.views.me import LoginView, LogoutView, notification_settings, template_delete
 from portal.views.requests import (
     home,
     queue,
@@ -259,7 +258,7 @@ urlpatterns = [
     path("accounts/login/", LoginView.as_view(), name="login"),
     # Single sign-on (portal/auth/sso.py): /oidc/authenticate/ and /oidc/callback/; 404 while off.
     path("oidc/", include("mozilla_django_oidc.urls")),
-    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("accounts/logout/", LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("healthz", healthz, name="healthz"),
     path("readyz", readyz, name="readyz"),

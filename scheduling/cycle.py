@@ -489,8 +489,8 @@ class _Tick:
         elif self.reserved:
             owners = sorted(set(self.reserved.values()))
             facts["reserved_for"] = owners
-            held = len(self.reserved)
-            msg += f"; {held} {'node is' if held == 1 else 'nodes are'} held for earlier large requests"
+            n = len(self.reserved)
+            msg += f"; {n} {'node is' if n == 1 else 'nodes are'} held for earlier large requests"
         return [self._wait(req, position, Code.NO_CAPACITY, msg, facts)]
 
     def _fits_after_stops(self, req: PendingRequest, pools: tuple[str, ...]) -> bool:

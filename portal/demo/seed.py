@@ -7,6 +7,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
 from django.db import transaction
 
 from portal.backends.simulated import inventory_from_file, load_cluster
@@ -26,6 +27,8 @@ DEMO_USERS = [
     ("nlp-lead", "lead", "nlp", False),
     ("nlp-researcher", "member", "nlp", False),
     ("speech-researcher", "member", "speech", False),
+    # in the auditors' group: reads every page and log, changes nothing
+    ("auditor", "auditor", None, False),
 ]
 
 CLASSES = [
@@ -152,6 +155,9 @@ def seed(*, path: str | None = None) -> dict[str, Any]:
         if created:
             user.set_password(DEMO_PASSWORD)
             user.save()
+        if role == "auditor":
+            group, _ = Group.objects.get_or_create(name=settings.AUDITOR_GROUP)
+            user.groups.add(group)
         if user_team and not Membership.objects.filter(user=user, team=teams[user_team]).exists():
             membership_set(actor=None, team=teams[user_team], user=user, role=role or "member")
     serving_demo()

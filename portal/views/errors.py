@@ -22,3 +22,11 @@ def permission_denied(request: HttpRequest, exception: Exception | None = None) 
 
         return JsonResponse({"detail": str(exception or "Forbidden.")}, status=403)
     return render(request, "403.html", {"reason": str(exception or "")}, status=403)
+
+
+def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
+    """A form sent without its CSRF token (a page open for long, or cookies blocked): say what
+    to do, in a page of the portal (JSON under /api/)."""
+    if request.path.startswith("/api/"):
+        return JsonResponse({"detail": f"CSRF check failed: {reason}"}, status=403)
+    return render(request, "csrf_failure.html", {"reason": reason}, status=403)

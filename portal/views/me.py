@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from axes.models import AccessAttempt
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
@@ -23,6 +24,10 @@ if TYPE_CHECKING:
     pass
 
 
+#: announce the attempts left before a lockout once this few remain
+WARN_ATTEMPTS_LEFT = 3
+
+
 class LoginView(auth_views.LoginView):
     """Password login beside single sign-on; with PASSWORD_LOGIN=false, only the SSO button."""
 
@@ -30,6 +35,25 @@ class LoginView(auth_views.LoginView):
         if not settings.PASSWORD_LOGIN:
             raise PermissionDenied("Password login is switched off: sign in with single sign-on.")
         return super().post(request, *args, **kwargs)
+
+    def form_invalid(self, form: Any) -> HttpResponse:
+        # django-axes has counted this failure already (on the login-failed signal)
+        username = form.data.get("username", "")
+        failures = (
+            AccessAttempt.objects.filter(
+                username=username, ip_address=getattr(self.request, "axes_ip_address", None)
+            )
+            .values_list("failures_since_start", flat=True)
+            .first()
+        )
+        left = settings.AXES_FAILURE_LIMIT - (failures or 0)
+        if failures and 0 < left <= WARN_ATTEMPTS_LEFT:
+            form.add_error(
+                None,
+                f"{left} attempt{'' if left == 1 else 's'} left: then logins as {username} from "
+                f"this address are refused for {_cooloff_words()}.",
+            )
+        return super().form_invalid(form)
 
     def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
         context = super().get_context_data(**kwargs)
@@ -42,6 +66,36 @@ class LoginView(auth_views.LoginView):
             demo_password=settings.DEMO_PASSWORD,
         )
         return context
+
+
+class LogoutView(auth_views.LogoutView):
+    def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        response = super().post(request, *args, **kwargs)
+        messages.info(request, "You have been logged out.")
+        return response
+
+
+def _cooloff_seconds() -> int:
+    return int(float(settings.AXES_COOLOFF_TIME) * 3600)
+
+
+def _cooloff_words() -> str:
+    minutes = _cooloff_seconds() // 60
+    return f"{minutes} minutes" if minutes != 1 else "1 minute"
+
+
+def locked_out(
+    request: HttpRequest, original_response: HttpResponse | None = None, credentials: Any = None
+) -> HttpResponse:
+    """django-axes' lockout: a page of the portal that says how long to wait (and Retry-After)."""
+    response = render(
+        request,
+        "registration/locked_out.html",
+        {"cooloff": _cooloff_words(), "limit": settings.AXES_FAILURE_LIMIT},
+        status=settings.AXES_HTTP_RESPONSE_CODE,
+    )
+    response["Retry-After"] = str(_cooloff_seconds())
+    return response
 
 
 @login_required

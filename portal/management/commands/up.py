@@ -51,10 +51,7 @@ class Command(BaseCommand):
             call_command("demo", requests=6)
             env["DEMO_TRICKLE"] = "true"
             env["DEMO_LOGINS"] = json.dumps(
-                [
-                    [name, "platform admin" if staff else f"{role} in {team}"]
-                    for name, role, team, staff in DEMO_USERS
-                ]
+                [[name, _demo_role(role, team, staff)] for name, role, team, staff in DEMO_USERS]
             )
             env["DEMO_PASSWORD"] = DEMO_PASSWORD
         python = sys.executable
@@ -290,6 +287,14 @@ class Status:
             f"since {since}: {ticks} ticks, {now.admitted} admitted, {now.finished} finished; "
             f"now {now.waiting} waiting, {now.running} running"
         )
+
+
+def _demo_role(role: str | None, team: str | None, staff: bool) -> str:
+    if staff:
+        return "platform admin"
+    if role == "auditor":
+        return "auditor: reads everything, changes nothing"
+    return f"{role} in {team}"
 
 
 def _shown(path: Path) -> str:
