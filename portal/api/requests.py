@@ -435,12 +435,15 @@ class QueueApi(ListApiView):
 
     class OutputSerializer(serializers.Serializer[Any]):
         id = serializers.IntegerField()
+        name = serializers.CharField()
+        state = serializers.CharField()
         queue_position = serializers.IntegerField(allow_null=True)
         team = serializers.CharField(source="team.name")
         workload_class = serializers.CharField(source="workload_class.name")
         pool = serializers.CharField(source="pool.name", allow_null=True, default=None)
         profile = serializers.CharField(source="profile_label")
         count = serializers.IntegerField()
+        pods = serializers.IntegerField()
         reason_code = serializers.CharField(source="status_code")
         reason = serializers.CharField(source="status_message")
         escalated = serializers.BooleanField()
