@@ -158,7 +158,14 @@ def _read_request_file(path: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise click.BadParameter("A request file is a mapping of fields.", param_hint="-f")
     # The form's and the flags' spellings are accepted beside the API's.
-    aliases = {"class": "workload_class", "checkpoint_every": "checkpoint_interval_s"}
+    aliases = {
+        "class": "workload_class",
+        "cpu": "cpu_milli",
+        "memory": "memory_mib",
+        "checkpoint_every": "checkpoint_interval_s",
+        "max_runtime": "max_runtime_s",
+        "estimated_runtime": "estimated_runtime_s",
+    }
     body: dict[str, Any] = {}
     for key, value in data.items():
         name = str(key).replace("-", "_")
