@@ -36,6 +36,11 @@ POLL_S = 2.0
 #: how long `submit` waits for the scheduler's first decision before printing the queue reason
 FIRST_DECISION_S = 10.0
 TERMINAL = ("succeeded", "failed", "cancelled")
+#: attempt states that still run (or are stopping): their log may still grow
+ACTIVE_ATTEMPT = ("admitted", "running", "stopping")
+#: lines sent back when a followed log reconnects, and the portal's mark of a new attempt
+FOLLOW_OVERLAP = 5
+ATTEMPT_MARK = "[qm] attempt "
 #: long reasons are cut in tables (`qm why` prints them whole)
 WHY_WIDTH = 70
 
@@ -416,10 +421,24 @@ def logs(request_id: int, follow: bool, pod: int, tail: int, fmt: str) -> None:
     detail = api.get(f"requests/{request_id}/")
     if detail["latest_attempt"] is None and detail["state"] not in TERMINAL:
         click.echo(
-            f"Request #{request_id} is {detail['state']}; its log follows once it starts.", err=True
+            f"Request #{request_id} is {detail['state']}; its log follows once it starts.",
+            err=True,
         )
-    for line in api.stream_lines(f"requests/{request_id}/logs/", follow=1, tail=tail, pod=pod):
-        click.echo(json.dumps({"line": line}) if fmt == "json" else line)
+    # The portal ends a stream after a while; reconnect with the last lines printed, so that
+    # the next stream starts after them, until the request is over.
+    printed: list[str] = []
+    while True:
+        params: dict[str, Any] = {"follow": 1, "tail": tail, "pod": pod}
+        if printed:
+            params["after"] = printed
+        for line in api.stream_lines(f"requests/{request_id}/logs/", **params):
+            click.echo(json.dumps({"line": line}) if fmt == "json" else line)
+            if not line.startswith(ATTEMPT_MARK):
+                printed = [*printed[-(FOLLOW_OVERLAP - 1) :], line]
+        detail = api.get(f"requests/{request_id}/")
+        attempt = detail["latest_attempt"] or {}
+        if detail["state"] in TERMINAL and attempt.get("state") not in ACTIVE_ATTEMPT:
+            return
 
 
 @cli.command()

@@ -25,6 +25,7 @@ from portal.models import DeviceProfile, GpuRequest, Pool, Team, WorkloadClass
 from portal.selectors.queue import queue_list, request_wait_split
 from portal.selectors.requests import (
     LOG_DOWNLOAD_LINES,
+    LOG_FOLLOW_MAX_S,
     LOG_PAGE_LINES,
     NoSuchPod,
     request_list,
@@ -286,6 +287,11 @@ class GpuRequestDetailApi(ApiView):
         return Response(self.OutputSerializer(req).data)
 
 
+#: `after` lines a reconnecting follower may send, and the characters of each that count
+MAX_AFTER_LINES = 20
+MAX_AFTER_CHARS = 2000
+
+
 class NotStarted(APIException):
     status_code = status.HTTP_409_CONFLICT
     default_code = "not_started"
@@ -329,7 +335,16 @@ class GpuRequestLogsApi(ApiView):
                 "follow",
                 bool,
                 description="stream the log as text/plain until the request is over: "
-                "the tail, then each new line (a pending request's once it starts)",
+                "the tail, then each new line (a pending request's once it starts). A stream "
+                f"ends after {int(LOG_FOLLOW_MAX_S)} s; reconnect with `after`",
+            ),
+            OpenApiParameter(
+                "after",
+                str,
+                many=True,
+                description=f"with follow: the last lines you have (up to {MAX_AFTER_LINES}, "
+                "repeated); the stream starts after them, or with the tail if the log no "
+                "longer holds them",
             ),
         ],
         responses={
@@ -347,13 +362,17 @@ class GpuRequestLogsApi(ApiView):
         tail = _whole(request, "tail", LOG_PAGE_LINES, LOG_DOWNLOAD_LINES)
         pod = _whole(request, "pod", 0, 1000)
         follow = request.query_params.get("follow", "") in ("1", "true")
+        # The last lines a reconnecting client has (a stream ends after LOG_FOLLOW_MAX_S).
+        after = [line[:MAX_AFTER_CHARS] for line in request.query_params.getlist("after")]
+        if len(after) > MAX_AFTER_LINES:
+            raise ValidationError({"after": [f"At most {MAX_AFTER_LINES} lines."]})
         try:
             view = request_logs(req, tail_lines=tail, events=False, pod=pod, read_ended=True)
         except NoSuchPod as exc:
             raise ValidationError({"pod": [str(exc)]}) from None
         if follow:
             response = StreamingHttpResponse(
-                request_log_follow(req.pk, tail_lines=tail, pod=pod),
+                request_log_follow(req.pk, tail_lines=tail, pod=pod, after=after),
                 content_type="text/plain; charset=utf-8",
             )
             # Lines as they come: no proxy buffering, no caching.

@@ -81,9 +81,11 @@ class LogView:
 #: lines the request page shows; the download has up to LOG_DOWNLOAD_LINES
 LOG_PAGE_LINES = 200
 LOG_DOWNLOAD_LINES = 10_000
-#: a followed log is read this often, and for at most this long per connection
+#: a followed log is read this often, and for at most this long per connection: under
+#: gunicorn's worker timeout (30 s), which a sync worker busy with one response cannot
+#: reset; clients reconnect with the lines they have (`after`)
 LOG_FOLLOW_POLL_S = 2.0
-LOG_FOLLOW_MAX_S = 3600.0
+LOG_FOLLOW_MAX_S = 25.0
 #: lines read at each poll of a followed log (more than a workload prints between polls)
 LOG_FOLLOW_WINDOW = 1000
 #: last lines sent that a poll looks for, to continue where the last one ended
@@ -157,19 +159,24 @@ def request_logs(
     return LogView(attempt, text, live=active, events=found, pods=pods)
 
 
-def _continues(seen: list[str], lines: list[str]) -> list[str]:
-    """The lines of a fresh read that come after those already sent.
-
-    Looks for the last sent lines in the read, from its end; a read that holds none of
-    them (more printed than one window between polls) is sent whole."""
-    if not seen:
-        return lines
+def _continuation(seen: list[str], lines: list[str]) -> list[str] | None:
+    """The lines of a fresh read that come after those already sent, found by looking for
+    the last sent lines in the read from its end; None when the read holds none of them."""
     tail = seen[-_FOLLOW_OVERLAP:]
     for end in range(len(lines), 0, -1):
         k = min(len(tail), end)
         if lines[end - k : end] == tail[-k:]:
             return lines[end:]
-    return lines
+    return None
+
+
+def _continues(seen: list[str], lines: list[str]) -> list[str]:
+    """As `_continuation`; a read that holds none of the sent lines (more printed than one
+    window between polls) is sent whole."""
+    if not seen:
+        return lines
+    new = _continuation(seen, lines)
+    return lines if new is None else new
 
 
 def request_log_follow(
@@ -179,12 +186,16 @@ def request_log_follow(
     pod: int = 0,
     poll_s: float | None = None,
     max_s: float | None = None,
+    after: Sequence[str] = (),
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
 ) -> Iterator[str]:
     """The log's last `tail_lines` lines, then each new line as the workload prints it, until
     the request is over (or `max_s` passed). A pending request's log comes once it starts;
     each new attempt (a retry) is announced and followed from its first line.
+
+    `after`: the last lines a client already has (it reconnects when a stream ends after
+    `max_s`); the stream starts after them, or with the tail where the log no longer holds them.
 
     Authorization is the caller's, before the first line; rows are re-read at each poll.
     """
@@ -207,9 +218,16 @@ def request_log_follow(
             if pod < _pods(attempt):
                 lines = _attempt_log(attempt, LOG_FOLLOW_WINDOW, pod, read_ended=True).splitlines()
                 new = _continues(seen, lines)
-                for line in (new[-tail_lines:] if tail_lines else []) if first else new:
+                if first:
+                    resumed = _continuation(list(after), lines) if after else None
+                    new = (
+                        resumed if resumed is not None else new[-tail_lines:] if tail_lines else []
+                    )
+                for line in new:
                     yield f"{line}\n"
-                seen = (seen + new)[-_FOLLOW_OVERLAP:]
+                if lines:
+                    # Everything read is accounted for, sent or not (the part before a tail).
+                    seen = lines[-_FOLLOW_OVERLAP:]
         first = False
         ended = attempt is None or attempt.state not in Attempt.ACTIVE_STATES
         if (req.state in GpuRequest.TERMINAL_STATES and ended) or clock() >= deadline:

@@ -16,8 +16,10 @@ import pytest
 import yaml
 
 from cli.client import error_message
+from portal.api import requests as requests_api
 from portal.lib.readiness import attempt_token, ready_token_key
 from portal.models import Decision, GpuRequest
+from portal.selectors import requests as request_selectors
 from portal.services.requests import gpu_request_cancel
 from portal.tick.reconcile import reconcile
 from portal.tick.run import run_tick
@@ -259,7 +261,17 @@ def test_logs_of_a_request_that_never_ran_exits_4_saying_so(qm: Qm, world: World
     assert f"Request #{waiting.pk} has not run yet, so it has no log." in r.stderr
 
 
-def test_logs_follow_streams_until_the_request_ends(qm: Qm, world: World, beat: Any) -> None:
+def test_logs_follow_streams_until_the_request_ends(
+    qm: Qm, world: World, beat: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The portal ends each stream after 0.7 s: qm reconnects, neither repeating nor skipping.
+    monkeypatch.setattr(request_selectors, "LOG_FOLLOW_MAX_S", 0.7)
+    connections: list[str] = []
+    monkeypatch.setattr(
+        requests_api,
+        "request_log_follow",
+        _counting(request_selectors.request_log_follow, connections),
+    )
     req = _running(world)
     started = time.monotonic()
 
@@ -275,6 +287,15 @@ def test_logs_follow_streams_until_the_request_ends(qm: Qm, world: World, beat: 
     # Lines printed while following: more than the one-line tail, each once, in order.
     assert len(steps) >= 3 and steps == list(range(steps[0], steps[-1] + 1))
     assert GpuRequest.objects.get(pk=req.pk).state == GpuRequest.State.CANCELLED
+    assert len(connections) >= 3
+
+
+def _counting(follow: Any, calls: list[str]) -> Any:
+    def wrapped(*args: Any, **kw: Any) -> Any:
+        calls.append(repr(kw.get("after")))
+        return follow(*args, **kw)
+
+    return wrapped
 
 
 def test_events_prints_the_workloads_events(qm: Qm, world: World) -> None:

@@ -172,6 +172,46 @@ def test_a_followed_log_of_an_ended_request_is_its_whole_tail(world: World) -> N
     assert "epoch 1 step 3 loss" in body
 
 
+def test_a_reconnecting_follower_gets_the_lines_after_those_it_has(world: World) -> None:
+    req = _running(world)
+    gpu_request_cancel(user=world.bob, gpu_request=req)
+    reconcile()
+    lines = api(world.bob).get(f"/api/v1/requests/{req.pk}/logs/?tail=5").json()["text"]
+    have = lines.splitlines()[:2]
+    r = api(world.bob).get(
+        f"/api/v1/requests/{req.pk}/logs/", {"follow": "1", "tail": "1", "after": have}
+    )
+    body = b"".join(r.streaming_content).decode()  # type: ignore[attr-defined]
+    assert body.splitlines() == lines.splitlines()[2:]
+    # Lines the log no longer holds: the stream starts with the tail.
+    r = api(world.bob).get(
+        f"/api/v1/requests/{req.pk}/logs/", {"follow": "1", "tail": "1", "after": ["gone"]}
+    )
+    body = b"".join(r.streaming_content).decode()  # type: ignore[attr-defined]
+    assert body.splitlines() == lines.splitlines()[-1:]
+    r = api(world.bob).get(f"/api/v1/requests/{req.pk}/logs/", {"follow": "1", "after": ["x"] * 21})
+    assert r.status_code == 400 and "after" in r.json()
+
+
+def test_a_followed_stream_ends_after_its_time_even_while_the_request_runs(
+    world: World,
+) -> None:
+    req = _running(world)
+    now = [0.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    chunks = list(
+        selectors.request_log_follow(
+            req.pk, tail_lines=1, max_s=10, poll_s=2, sleep=sleep, clock=lambda: now[0]
+        )
+    )
+    assert len(chunks) == 1 and now[0] == 10  # the tail, then five quiet polls
+    req.refresh_from_db()
+    assert req.state == GpuRequest.State.RUNNING
+
+
 def test_it_continues_where_the_last_read_ended() -> None:
     seen = ["a", "b", "c"]
     assert selectors._continues(seen, ["b", "c", "d", "e"]) == ["d", "e"]
