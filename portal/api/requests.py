@@ -19,7 +19,7 @@ from rest_framework.response import Response
 
 from portal import access
 from portal.api.base import ApiView, ListApiView, StrictSerializer, paginate, signed_in_user
-from portal.api.schema import name_nested_serializers
+from portal.api.schema import ErrorSerializer, name_nested_serializers
 from portal.lib import shapes
 from portal.models import DeviceProfile, GpuRequest, Pool, Team, WorkloadClass
 from portal.selectors.queue import queue_list, request_wait_split
@@ -348,12 +348,14 @@ class GpuRequestLogsApi(ApiView):
             ),
         ],
         responses={
-            200: OpenApiResponse(
-                OutputSerializer,
-                description="JSON; with ?follow=1, a text/plain stream of log lines",
+            (200, "application/json"): OpenApiResponse(
+                OutputSerializer, description="the tail; with ?follow=1, a stream of lines"
+            ),
+            (200, "text/plain"): OpenApiResponse(
+                OpenApiTypes.STR, description="with ?follow=1: the log's lines as they come"
             ),
             409: OpenApiResponse(
-                OpenApiTypes.OBJECT, description="The request has not run yet: no log."
+                ErrorSerializer, description="The request has not run yet: it has no log."
             ),
         },
     )
