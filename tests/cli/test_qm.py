@@ -438,3 +438,15 @@ def test_the_message_comes_from_drf_errors_and_problem_details(
         status, content=json.dumps(body), headers={"Content-Type": content_type}
     )
     assert error_message(response) == message
+
+
+def test_the_researchers_guide_shows_every_command() -> None:
+    from cli.main import cli
+
+    guide = (ROOT / "docs" / "researchers.md").read_text()
+    for name in cli.commands:
+        assert f"qm {name}" in guide, name
+    for slurm in ("sbatch", "squeue", "scancel", "sacct"):
+        assert f"`{slurm}" in guide
+    for runai in ("runai submit", "runai list", "runai logs", "runai delete"):
+        assert runai in guide
