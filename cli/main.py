@@ -206,10 +206,15 @@ def _placed(detail: dict[str, Any]) -> str:
 
 
 def _wait_until_running(api: Api, request_id: int, timeout_s: float) -> dict[str, Any]:
-    """Poll until the request runs or ends, with its state, position and reason on stderr."""
+    """Poll until the request runs or ends. Progress goes to stderr: a spinner with its state,
+    position and reason on a terminal, else a line each time one of them changes."""
     deadline = time.monotonic() + timeout_s if timeout_s else None
-    status = output.console(stderr=True).status(f"Waiting for request #{request_id}")
-    with status:
+    err = output.console(stderr=True)
+    status = err.status(f"Waiting for request #{request_id}") if err.is_terminal else None
+    said = ""
+    if status is not None:
+        status.start()
+    try:
         while True:
             detail: dict[str, Any] = api.get(f"requests/{request_id}/")
             state = detail["state"]
@@ -217,16 +222,23 @@ def _wait_until_running(api: Api, request_id: int, timeout_s: float) -> dict[str
                 return detail
             where = f", position {detail['queue_position']}" if detail["queue_position"] else ""
             start = when(detail.get("estimated_start"))
-            status.update(
-                f"#{request_id} {state}{where}: {_short(detail['reason'], 90)}"
-                + (f" (estimated start {start})" if start else "")
+            line = f"#{request_id} {state}{where}: {_short(detail['reason'], 90)}" + (
+                f" (estimated start {start})" if start else ""
             )
+            if status is not None:
+                status.update(line)
+            elif line != said:
+                click.echo(line, err=True)
+                said = line
             if deadline is not None and time.monotonic() >= deadline:
                 raise QmError(
                     f"Request #{request_id} is still {state} after {duration(int(timeout_s))}: "
                     f"{detail['reason']}"
                 )
             time.sleep(POLL_S)
+    finally:
+        if status is not None:
+            status.stop()
 
 
 @cli.command(context_settings={"ignore_unknown_options": False})

@@ -169,8 +169,10 @@ def test_submit_wait_follows_it_until_it_runs_and_names_pool_and_node(
     )  # fmt: skip
     assert r.exit_code == 0, r.output
     attempt = GpuRequest.objects.get().attempts.get()
-    assert f"Running: pool a100-train, node {attempt.nodes[0]}." in r.output
-    assert "Decision: admit:" in r.output
+    assert f"Running: pool a100-train, node {attempt.nodes[0]}." in r.stdout
+    assert "Decision: admit:" in r.stdout
+    # Progress on stderr (not a terminal here: a line per change, no spinner).
+    assert f"#{attempt.request_id} admitted: admitted on {attempt.nodes[0]}" in r.stderr
 
 
 def test_submit_wait_exits_4_when_the_request_ends_without_running(
@@ -189,7 +191,8 @@ def test_submit_wait_exits_4_when_the_request_ends_without_running(
         "--image", IMAGE, "--name", "doomed", "--wait", "--timeout", "60",
     )  # fmt: skip
     assert r.exit_code == 4, r.output
-    assert "cancelled without running" in r.output
+    assert "cancelled without running" in r.stdout
+    assert "pending, position 2: waiting: team vision" in r.stderr
 
 
 # -- the queue --------------------------------------------------------------------------
