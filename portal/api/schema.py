@@ -33,7 +33,7 @@ class ErrorSerializer(serializers.Serializer[Any]):
     detail = serializers.CharField(required=False)
 
 
-class BearerTokenScheme(OpenApiAuthenticationExtension):
+class BearerTokenScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]
     """`Authorization: Bearer <token>` in the schema, apart from DRF's `Token <token>`."""
 
     target_class = "portal.api.guards.BearerTokenAuthentication"
