@@ -12,11 +12,13 @@ app.autodiscover_tasks()
 def _schedule_tick(sender: Celery, **kwargs: object) -> None:
     from django.conf import settings
 
+    every = float(settings.TICK_SECONDS)
+    # A periodic tick still queued when the next one is sent has nothing left to do: it expires
+    # instead of piling up behind a worker that a busy machine slowed down.
+    fresh = {"expires": 2 * every}
+    sender.add_periodic_task(every, sender.signature("portal.tasks.tick"), name="tick", **fresh)
     sender.add_periodic_task(
-        float(settings.TICK_SECONDS), sender.signature("portal.tasks.tick"), name="tick"
-    )
-    sender.add_periodic_task(
-        float(settings.TICK_SECONDS), sender.signature("portal.tasks.reconcile"), name="reconcile"
+        every, sender.signature("portal.tasks.reconcile"), name="reconcile", **fresh
     )
     sender.add_periodic_task(
         3600.0, sender.signature("portal.tasks.decisions_prune"), name="decisions-prune"
@@ -29,9 +31,7 @@ def _schedule_tick(sender: Celery, **kwargs: object) -> None:
     )
     sender.add_periodic_task(60.0, sender.signature("portal.tasks.utilization"), name="utilization")
     sender.add_periodic_task(
-        float(settings.TICK_SECONDS),
-        sender.signature("portal.tasks.rollouts_tick"),
-        name="rollouts-tick",
+        every, sender.signature("portal.tasks.rollouts_tick"), name="rollouts-tick", **fresh
     )
     if settings.DEMO_TRICKLE:
         sender.add_periodic_task(

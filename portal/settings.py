@@ -8,6 +8,7 @@ come from a file instead: FOO_FILE=/run/secrets/foo.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+from kombu.transport import TRANSPORT_ALIASES
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("QM_VAR_DIR", BASE_DIR / "var"))
@@ -288,7 +290,11 @@ else:
     _broker = VAR_DIR / "broker"
     for _sub in ("in", "processed", "control"):
         (_broker / _sub).mkdir(parents=True, exist_ok=True)
-    CELERY_BROKER_URL = "filesystem://"
+    # kombu's filesystem transport, writing each message whole before a reader can see it
+    # (docs/decisions.md), named in the URL so that the URL alone says which broker it is.
+    # A host is named, or kombu warns in every process that it assumed one.
+    TRANSPORT_ALIASES.setdefault("qmfs", "portal.lib.broker:Transport")
+    CELERY_BROKER_URL = "qmfs://localhost//"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_broker / "in"),
         "data_folder_out": str(_broker / "in"),
@@ -393,6 +399,10 @@ LAUNCH_RETRY_MAX_SECONDS = envint("LAUNCH_RETRY_MAX_SECONDS", "300")
 MAX_PENDING_PER_USER = envint("MAX_PENDING_PER_USER", "50")
 MAX_PENDING_PER_TEAM = envint("MAX_PENDING_PER_TEAM", "500")
 DEMO_TRICKLE = envbool("DEMO_TRICKLE", "false")
+#: the login page lists the demo's logins: [[username, what they are], ...] and their password
+#: (set by `manage.py up` when it seeds the demo; nothing is listed elsewhere)
+DEMO_LOGINS: list[list[str]] = json.loads(env("DEMO_LOGINS", "[]"))
+DEMO_PASSWORD = env("DEMO_PASSWORD", "")
 
 # Notifications (portal/services/notify.py): email through Django's backend, webhooks as {"text": ...}.
 EMAIL_BACKEND = env("EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")
@@ -454,7 +464,15 @@ SPECTACULAR_SETTINGS = {
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "filters": {"client_errors_quiet": {"()": "portal.lib.logs.ClientErrorsQuiet"}},
+    "formatters": {"line": {"format": "[%(asctime)s: %(levelname)s/%(name)s] %(message)s"}},
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "line",
+            "filters": ["client_errors_quiet"],
+        }
+    },
     "root": {"handlers": ["console"], "level": env("LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }

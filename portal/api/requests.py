@@ -69,6 +69,9 @@ class GpuRequestOutputSerializer(serializers.Serializer[Any]):
     profile = serializers.CharField(source="profile_label")
     count = serializers.IntegerField()
     pods = serializers.IntegerField()
+    #: CPU and memory asked for each pod
+    cpu_milli = serializers.IntegerField()
+    memory_mib = serializers.IntegerField()
     image = serializers.CharField()
     command = serializers.ListField(child=serializers.CharField())
     env = serializers.DictField(child=serializers.CharField())
@@ -116,6 +119,13 @@ class SubmitFields(StrictSerializer):
     milli = serializers.IntegerField(required=False, min_value=1, max_value=1000)
     gpu_memory_mib = serializers.IntegerField(required=False, min_value=0, max_value=10**7)
     count = serializers.IntegerField(default=1, min_value=1, max_value=MAX_GPUS_PER_NODE)
+    pods = serializers.IntegerField(default=1, min_value=1, max_value=64)
+    cpu_milli = serializers.IntegerField(
+        default=1000, min_value=0, max_value=10**9, help_text="CPU per pod, in millicores"
+    )
+    memory_mib = serializers.IntegerField(
+        default=4096, min_value=0, max_value=10**9, help_text="memory per pod, in MiB"
+    )
 
     def resolve(self, user: Any) -> dict[str, Any]:
         """Turn names into rows; the team must be one of the user's (membership, never request data)."""
@@ -165,9 +175,6 @@ class GpuRequestListSubmitApi(ListApiView):
 
     class SubmitInputSerializer(SubmitFields):
         name = serializers.CharField(required=False, allow_blank=True, max_length=100)
-        pods = serializers.IntegerField(default=1, min_value=1, max_value=64)
-        cpu_milli = serializers.IntegerField(default=1000, min_value=0, max_value=10**9)
-        memory_mib = serializers.IntegerField(default=4096, min_value=0, max_value=10**9)
         image = serializers.CharField(max_length=500)
         command = serializers.JSONField(
             required=False,

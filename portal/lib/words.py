@@ -39,3 +39,25 @@ def gpu_count(milli: int | str | None) -> str:
         return ""
     text = gpus(milli)
     return f"{text} GPU" if float(text) <= 1 else f"{text} GPUs"
+
+
+def _trim(value: Decimal) -> str:
+    text = str(value.quantize(Decimal("0.01"), rounding=ROUND_HALF_UP))
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def cpus(milli: int | None) -> str:
+    """Milli-CPU for people: 8000 -> "8 CPUs", 500 -> "0.5 CPU", 1000 -> "1 CPU"."""
+    if milli is None:
+        return ""
+    text = _trim(Decimal(int(milli)) / 1000)
+    return f"{text} CPU" if float(text) <= 1 else f"{text} CPUs"
+
+
+def memory(mib: int | None) -> str:
+    """MiB for people: 65536 -> "64 GiB", 1536 -> "1.5 GiB", 512 -> "512 MiB"."""
+    if mib is None:
+        return ""
+    if int(mib) < 1024:
+        return f"{int(mib)} MiB"
+    return f"{_trim(Decimal(int(mib)) / 1024)} GiB"

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
-from django.db.models import Count, F, Min, QuerySet
+from django.db.models import Count, F, Min, Q, QuerySet
 from django.utils import timezone
 
 from portal import access
 from portal.access import AnyUser
-from portal.models import GpuRequest, Pool, Team, WorkloadClass
+from portal.models import Attempt, GpuRequest, Pool, SchedulerState, Team, WorkloadClass
 from portal.tick import waits as capacity
 
 
@@ -68,3 +70,29 @@ def request_wait_split(req: GpuRequest) -> list[tuple[str, int]]:
     """Where the request's wait went, in seconds by reason (portal/tick/waits.py)."""
     split = capacity.split(req, timezone.now())
     return [(reason, split[reason]) for reason in capacity.REASONS]
+
+
+@dataclass(frozen=True)
+class Activity:
+    """What the scheduler did since a moment, and the queue now (the terminal's line a minute)."""
+
+    ticks: int
+    admitted: int
+    finished: int
+    waiting: int
+    running: int
+
+
+def activity(since: datetime) -> Activity:
+    state = SchedulerState.objects.filter(pk=1).values_list("ticks", flat=True).first()
+    counts = GpuRequest.objects.aggregate(
+        waiting=Count("id", filter=Q(state=GpuRequest.State.PENDING)),
+        running=Count("id", filter=Q(state=GpuRequest.State.RUNNING)),
+    )
+    return Activity(
+        ticks=state or 0,
+        admitted=Attempt.objects.filter(admitted_at__gte=since).count(),
+        finished=Attempt.objects.filter(ended_at__gte=since).count(),
+        waiting=counts["waiting"],
+        running=counts["running"],
+    )

@@ -9,16 +9,17 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import Count, Q
+from django.db.models import Count, Max, Q
 from django.utils import timezone
 
 from portal import access
-from portal.lib import contract, shapes, wake
+from portal.lib import contract, shapes, wake, words
 from portal.models import (
     Attempt,
     DeviceProfile,
     GpuRequest,
     Membership,
+    Node,
     PolicyProfile,
     Pool,
     ShapeHistory,
@@ -151,6 +152,7 @@ def gpu_request_submit(
         where = f"pool {pool.name}" if pool else "any production pool"
         field = "mig_profile" if profile_kind == DeviceProfile.Kind.MIG else "profile_kind"
         raise ValidationError({field: f"No {where} offers this device profile."})
+    resources_check(serving, cpu_milli=cpu_milli, memory_mib=memory_mib)
     serving_fields = serving_spec.check(
         kind=kind,
         model_name=model_name,
@@ -221,6 +223,38 @@ def gpu_request_submit(
         )
         _wake_scheduler()
     return req
+
+
+def resources_check(pools: list[Pool], *, cpu_milli: int, memory_mib: int) -> None:
+    """Refuse CPU or memory that no node of `pools` could give a pod, naming the resource.
+
+    The core would otherwise take it and reject it a tick later as a GPU shape that fits
+    nowhere. A pool without nodes yet (autoscaled from zero) could get any size: no check."""
+    largest: dict[int, dict[str, int]] = {
+        row["pool"]: row
+        for row in Node.objects.filter(pool__in=pools)
+        .values("pool")
+        .annotate(cpu=Max("cpu_milli"), memory=Max("memory_mib"))
+    }
+    if not pools or any(p.pk not in largest for p in pools):
+        return
+    where = f"pool {pools[0].name}" if len(pools) == 1 else "any pool that offers this profile"
+    cpu = max(row["cpu"] for row in largest.values())
+    if isinstance(cpu_milli, int) and cpu_milli > cpu:
+        raise ValidationError(
+            {
+                "cpu_milli": f"No node in {where} has more than {words.cpus(cpu)}: "
+                f"ask for at most {cpu} (millicores)."
+            }
+        )
+    mem = max(row["memory"] for row in largest.values())
+    if isinstance(memory_mib, int) and memory_mib > mem:
+        raise ValidationError(
+            {
+                "memory_mib": f"No node in {where} has more than {words.memory(mem)} of memory: "
+                f"ask for at most {mem} MiB."
+            }
+        )
 
 
 def _observe_shape(req: GpuRequest, pools: list[Pool]) -> None:

@@ -37,6 +37,18 @@ def gpu_count(milli: int | None) -> str:
 
 
 @register.filter
+def cpus(milli: int | None) -> str:
+    """Milli-CPU with the unit (`words.cpus`)."""
+    return words.cpus(milli)
+
+
+@register.filter
+def memory(mib: int | None) -> str:
+    """MiB as people read it, GiB from 1 GiB up (`words.memory`)."""
+    return words.memory(mib)
+
+
+@register.filter
 def plural(n: int | None, word: str) -> str:
     """{{ n|plural:"pod" }} -> "1 pod", "3 pods"."""
     n = int(n or 0)

@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.utils import timezone
 
 import scheduling
@@ -22,6 +23,7 @@ from portal.models import (
     Team,
     WorkloadClass,
 )
+from portal.services.requests import resources_check
 from portal.tick.estimates import estimate_start, pool_free_milli, running_ends
 from portal.tick.snapshot import build_snapshot
 from scheduling import types as st
@@ -63,6 +65,13 @@ def gpu_request_preview(
             f"team {team.name} may not use the {workload_class.name} class",
             code="class-not-allowed",
         )
+    offering = [p for p in Pool.offering(pool) if p.offers(profile_kind, mig_profile)]
+    try:
+        resources_check(offering, cpu_milli=cpu_milli, memory_mib=memory_mib)
+    except ValidationError as exc:
+        # the submit would refuse it on CPU or memory: say that, not "no node can hold 1 GPU"
+        [(field, messages)] = exc.message_dict.items()
+        return Preview("rejected", messages[0], code=f"too-large-{field}")
     now = now or timezone.now()
     # the active profile, as the tick runs it (read only: the shipped default if none is stored)
     policy = PolicyProfile.objects.active_profile().policy()

@@ -38,6 +38,8 @@ class LoginView(auth_views.LoginView):
             sso_name=settings.OIDC_PROVIDER_NAME,
             sso_failed=self.request.GET.get("sso") == "failed",
             password_login=settings.PASSWORD_LOGIN,
+            demo_logins=settings.DEMO_LOGINS if settings.PASSWORD_LOGIN else [],
+            demo_password=settings.DEMO_PASSWORD,
         )
         return context
 

@@ -3,20 +3,27 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError, close_old_connections
+from django.utils import timezone
 
 from portal.demo.seed import DEMO_PASSWORD, DEMO_USERS
+from portal.selectors.queue import activity
 
 
 class Command(BaseCommand):
@@ -43,6 +50,13 @@ class Command(BaseCommand):
         if not no_demo:
             call_command("demo", requests=6)
             env["DEMO_TRICKLE"] = "true"
+            env["DEMO_LOGINS"] = json.dumps(
+                [
+                    [name, "platform admin" if staff else f"{role} in {team}"]
+                    for name, role, team, staff in DEMO_USERS
+                ]
+            )
+            env["DEMO_PASSWORD"] = DEMO_PASSWORD
         python = sys.executable
         procs = {
             "web": [
@@ -70,6 +84,9 @@ class Command(BaseCommand):
                 "1",
                 "--loglevel",
                 "INFO",
+                # one worker on one machine: nobody to gossip or mingle with
+                "--without-gossip",
+                "--without-mingle",
             ],
             "beat": [
                 python,
@@ -84,20 +101,25 @@ class Command(BaseCommand):
                 str(settings.VAR_DIR / "celerybeat-schedule"),
             ],
         }
+        log_dir = settings.VAR_DIR / "log"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = log_dir / "portal.log"
+        log = Log(log_path, self.stdout)
+        shown_path = _shown(log_path)
         children = {
-            name: subprocess.Popen(
-                cmd,
-                env=env,
-                cwd=settings.BASE_DIR,
-                pass_fds=(listener.fileno(),) if name == "web" else (),
-            )
+            name: Child(name, cmd, env, listener if name == "web" else None, log)
             for name, cmd in procs.items()
         }
-        listener.close()  # gunicorn holds it now
+        for child in children.values():
+            child.start()
         self.stdout.write(f"Quartermaster is serving on http://{bind}/")
         if not no_demo:
             logins = ", ".join(u[0] for u in DEMO_USERS)
             self.stdout.write(f"demo logins: {logins} — password {DEMO_PASSWORD}")
+        self.stdout.write(
+            f"the full log is {shown_path}; here: warnings, errors and a line a minute. "
+            "Ctrl-C stops it all."
+        )
         self.stdout.flush()
 
         stopping = False
@@ -109,24 +131,173 @@ class Command(BaseCommand):
         signal.signal(signal.SIGINT, stop)
         signal.signal(signal.SIGTERM, stop)
         code = 0
+        status = Status()
+        next_status = time.monotonic() + STATUS_EVERY_S
         while not stopping:
-            for name, proc in children.items():
-                if proc.poll() is not None:
-                    self.stderr.write(f"{name} exited with {proc.returncode}; stopping")
+            for child in children.values():
+                if stopping or child.proc is None or child.proc.poll() is None:
+                    continue
+                returncode = child.proc.returncode
+                if not child.may_restart():
+                    log.say(
+                        f"{child.name} exited with {returncode} {RESTARTS} times within "
+                        f"{RESTART_WINDOW_S // 60} minutes; stopping (see {shown_path})"
+                    )
                     stopping, code = True, 1
+                    break
+                log.say(f"{child.name} exited with {returncode}; restarting it (see {shown_path})")
+                child.start()
+            if time.monotonic() >= next_status and not stopping:
+                log.say(status.line(shown_path))
+                next_status = time.monotonic() + STATUS_EVERY_S
             time.sleep(0.5)
-        for proc in children.values():
-            if proc.poll() is None:
-                proc.terminate()
+        for child in children.values():
+            child.terminate()
         deadline = time.monotonic() + 15
-        for proc in children.values():
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        for child in children.values():
+            child.wait(deadline)
+        listener.close()
+        log.close()
         self.stdout.write("stopped")
         if code:
             sys.exit(code)
+
+
+#: how often the terminal gets a line of what the portal is doing
+STATUS_EVERY_S = float(os.environ.get("QM_STATUS_EVERY_S", "60"))
+#: a child that exits this many times within the window is not restarted again
+RESTARTS = 5
+RESTART_WINDOW_S = 300
+
+
+class Log:
+    """The full output of web, worker and beat in one file; the terminal gets only what a person
+    running the portal needs: warnings, errors (a traceback as its last line) and notices."""
+
+    def __init__(self, path: Path, terminal: Any) -> None:
+        self.file = open(path, "a", buffering=1, encoding="utf-8", errors="replace")
+        self.terminal = terminal
+        self.lock = threading.Lock()
+
+    def say(self, line: str) -> None:
+        """A notice of `up` itself: on the terminal and in the file."""
+        stamped = f"{time.strftime('%H:%M:%S')} {line}"
+        with self.lock:
+            self.file.write(f"up | {stamped}\n")
+            self.terminal.write(stamped)
+            self.terminal.flush()
+
+    def follow(self, name: str, stream: IO[bytes]) -> None:
+        """Copy a child's output to the file, and what matters of it to the terminal."""
+        in_traceback = False
+        for raw in iter(stream.readline, b""):
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            with self.lock:
+                self.file.write(f"{name} | {line}\n")
+                if line.startswith("Traceback (most recent call last)"):
+                    in_traceback = True
+                    continue
+                if in_traceback:
+                    if line.startswith((" ", "\t")) or not line.strip():
+                        continue
+                    in_traceback = False
+                    self.terminal.write(f"{name} | {line} (traceback in the log)")
+                    self.terminal.flush()
+                    continue
+                if worth_saying(line):
+                    self.terminal.write(f"{name} | {line}")
+                    self.terminal.flush()
+        stream.close()
+
+    def close(self) -> None:
+        with self.lock:
+            self.file.close()
+
+
+_LEVEL = re.compile(r"\b(WARNING|ERROR|CRITICAL)\b|\[(WARNING|ERROR|CRITICAL)\]")
+
+
+def worth_saying(line: str) -> bool:
+    """A warning or error of Celery, gunicorn or Django; not an access log line or INFO."""
+    return bool(_LEVEL.search(line[:120]))
+
+
+class Child:
+    """One of web, worker and beat: started, restarted when it dies, stopped at the end."""
+
+    def __init__(
+        self,
+        name: str,
+        cmd: list[str],
+        env: dict[str, str],
+        listener: socket.socket | None,
+        log: Log,
+    ) -> None:
+        self.name, self.cmd, self.env, self.listener, self.log = name, cmd, env, listener, log
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.exits: list[float] = []
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            self.cmd,
+            env=self.env,
+            cwd=settings.BASE_DIR,
+            pass_fds=(self.listener.fileno(),) if self.listener else (),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        assert self.proc.stdout is not None
+        threading.Thread(
+            target=self.log.follow, args=(self.name, self.proc.stdout), daemon=True
+        ).start()
+
+    def may_restart(self) -> bool:
+        now = time.monotonic()
+        self.exits = [t for t in self.exits if now - t < RESTART_WINDOW_S] + [now]
+        return len(self.exits) < RESTARTS
+
+    def terminate(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+
+    def wait(self, deadline: float) -> None:
+        if self.proc is None:
+            return
+        try:
+            self.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+class Status:
+    """The line a minute: ticks, admissions and finishes since the last line, and the queue now."""
+
+    def __init__(self) -> None:
+        self.since = timezone.now()
+        self.ticks = activity(self.since).ticks
+
+    def line(self, log_path: str) -> str:
+        try:
+            now = activity(self.since)
+        except DatabaseError as exc:
+            return f"the database did not answer ({exc.__class__.__name__}); see {log_path}"
+        finally:
+            close_old_connections()
+        since = timezone.localtime(self.since).strftime("%H:%M")
+        ticks, self.ticks, self.since = now.ticks - self.ticks, now.ticks, timezone.now()
+        return (
+            f"since {since}: {ticks} ticks, {now.admitted} admitted, {now.finished} finished; "
+            f"now {now.waiting} waiting, {now.running} running"
+        )
+
+
+def _shown(path: Path) -> str:
+    """The log's path as a person would type it: relative to the checkout where it is inside."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def bind_listener(bind: str) -> socket.socket:

@@ -3,87 +3,62 @@
 from __future__ import annotations
 
 import os
-import signal
+import re
 import socket
-import sqlite3
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.embedded.up import ROOT, get, running_portal
+
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=15) as resp:
-            return resp.status, resp.read().decode()
-    except OSError:
-        return 0, ""
-
-
 def test_it_serves_the_demo_and_stops_cleanly(tmp_path: Path) -> None:
-    port = _free_port()
-    env = {
-        k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "SQLITE_PATH")
-    }
-    env.update(QM_VAR_DIR=str(tmp_path / "var"), TICK_SECONDS="1", SIMULATED_SECONDS_PER_HOUR="30")
-    log = open(tmp_path / "up.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "manage.py", "up", "--bind", f"127.0.0.1:{port}"],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        status = 0
-        while time.monotonic() < deadline and status != 200:
-            status, _ = _get(f"http://127.0.0.1:{port}/healthz")
-            time.sleep(0.5)
-        assert status == 200, (tmp_path / "up.log").read_text()[-3000:]
+    with running_portal(
+        tmp_path, TICK_SECONDS="1", SIMULATED_SECONDS_PER_HOUR="30", QM_STATUS_EVERY_S="5"
+    ) as portal:
+        portal.wait_until_serving()
+        port = portal.url.rsplit(":", 1)[1]
         # This instance's own gunicorn control socket, not the one shared in ~/.gunicorn
         # (a gunicorn older than control sockets has none to share).
         if _gunicorn_has_control_socket():
-            assert list((tmp_path / "var").glob(f"gunicorn-{port}-*.ctl"))
+            assert list(portal.var.glob(f"gunicorn-{port}-*.ctl"))
         # The first page render compiles templates; on a loaded machine it can take seconds.
+        deadline = time.monotonic() + 120
         status, body = 0, ""
         while time.monotonic() < deadline and status != 200:
-            status, body = _get(f"http://127.0.0.1:{port}/")
+            status, body = get(f"{portal.url}/")
         assert status == 200 and "Log in" in body
-
-        db = tmp_path / "var" / "quartermaster.sqlite3"
+        # the demo's login page says who to log in as
+        assert "Demo logins" in body and "<code>researcher</code>" in body
+        assert get(f"{portal.url}/no-such-page/")[0] == 404
 
         def running() -> int:
-            with sqlite3.connect(db, timeout=10) as conn:
-                return int(
-                    conn.execute(
-                        "SELECT count(*) FROM portal_gpurequest WHERE state = 'running'"
-                    ).fetchone()[0]
-                )
+            return portal.query("SELECT count(*) FROM portal_gpurequest WHERE state = 'running'")
 
         deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and running() == 0:
+        while time.monotonic() < deadline and (running() == 0 or "admitted" not in portal.output()):
             time.sleep(1)
-        assert running() > 0, (tmp_path / "up.log").read_text()[-3000:]
-        out = (tmp_path / "up.log").read_text()
-        assert f"http://127.0.0.1:{port}/" in out and "password quartermaster" in out
-    finally:
-        proc.send_signal(signal.SIGINT)
-        code = proc.wait(timeout=60)
+        assert running() > 0, portal.output()[-3000:]
+        out = portal.output()
+        assert f"{portal.url}/" in out and "password quartermaster" in out
+    code = portal.proc.wait(timeout=60)
     assert code == 0
-    assert "stopped" in (tmp_path / "up.log").read_text()
+    out = portal.output()
+    assert "stopped" in out
+    # A quiet terminal: the line a minute (every 5 s here), the log file named, and none of
+    # the full log: no banner, no access log line, no traceback of the 404.
+    assert re.search(r"since \d\d:\d\d: \d+ ticks, \d+ admitted", out), out
+    assert "log is" in out and "portal.log" in out
+    assert "celery@" not in out and "GET /" not in out and "Traceback" not in out
+    assert "No hostname was supplied" not in out
+    log = portal.log()
+    assert "celery@" in log and "GET /no-such-page/" in log and "Not Found: /no-such-page/" in log
+    assert "Traceback" not in log  # a 404 is a line in the log too
 
 
 def test_a_taken_port_is_said_at_once_with_what_to_do(tmp_path: Path) -> None:
