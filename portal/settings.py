@@ -428,6 +428,7 @@ NOTIFY_WEBHOOK_ALLOW_PRIVATE = envbool("NOTIFY_WEBHOOK_ALLOW_PRIVATE", "false")
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.TokenAuthentication",
+        "portal.api.guards.BearerTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": [

@@ -17,7 +17,9 @@ from portal.api.profiles import ProfileActivateApi, ProfileDetailApi, ProfileLis
 from portal.api.requests import (
     GpuRequestCancelApi,
     GpuRequestDetailApi,
+    GpuRequestEventsApi,
     GpuRequestListSubmitApi,
+    GpuRequestLogsApi,
     GpuRequestPreviewApi,
     QueueApi,
 )
@@ -168,6 +170,8 @@ api_patterns = [
     path("requests/", GpuRequestListSubmitApi.as_view(), name="requests"),
     path("requests/preview/", GpuRequestPreviewApi.as_view(), name="request-preview"),
     path("requests/<int:request_id>/", GpuRequestDetailApi.as_view(), name="request-detail"),
+    path("requests/<int:request_id>/logs/", GpuRequestLogsApi.as_view(), name="request-logs"),
+    path("requests/<int:request_id>/events/", GpuRequestEventsApi.as_view(), name="request-events"),
     path(
         "requests/<int:request_id>/cancel/",
         GpuRequestCancelApi.as_view(),

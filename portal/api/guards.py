@@ -16,7 +16,7 @@ import hashlib
 from typing import Any, cast
 
 from django.db import InterfaceError, OperationalError
-from rest_framework import exceptions, parsers, permissions, throttling
+from rest_framework import authentication, exceptions, parsers, permissions, throttling
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
@@ -36,6 +36,13 @@ class SafeJSONParser(parsers.JSONParser):
         if problem:
             raise exceptions.ParseError(f"JSON parse error - {problem}")
         return data
+
+
+class BearerTokenAuthentication(authentication.TokenAuthentication):
+    """`Authorization: Bearer <token>`, the form the `qm` command line and most HTTP clients
+    send, beside DRF's own `Token <token>`."""
+
+    keyword = "Bearer"
 
 
 class ReadOnlyRolePermission(permissions.BasePermission):

@@ -1,22 +1,37 @@
-"""GPU requests over the API: list, submit, preview, detail, cancel; the queue."""
+"""GPU requests over the API: list, submit, preview, detail, cancel, logs and events; the queue."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from django.http import StreamingHttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_field,
+)
 from rest_framework import serializers, status
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import APIException, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from portal import access
 from portal.api.base import ApiView, ListApiView, StrictSerializer, paginate, signed_in_user
-from portal.api.schema import name_nested_serializers
+from portal.api.schema import ErrorSerializer, name_nested_serializers
 from portal.lib import shapes
 from portal.models import DeviceProfile, GpuRequest, Pool, Team, WorkloadClass
-from portal.selectors.queue import queue_list
-from portal.selectors.requests import request_list
+from portal.selectors.queue import queue_list, request_wait_split
+from portal.selectors.requests import (
+    LOG_DOWNLOAD_LINES,
+    LOG_FOLLOW_MAX_S,
+    LOG_PAGE_LINES,
+    NoSuchPod,
+    request_list,
+    request_log_follow,
+    request_logs,
+)
 from portal.services.requests import MAX_GPUS_PER_NODE, gpu_request_cancel, gpu_request_submit
 from portal.tick.preview import gpu_request_preview
 
@@ -237,13 +252,184 @@ class GpuRequestPreviewApi(ApiView):
         return Response(self.OutputSerializer(preview).data)
 
 
-class GpuRequestDetailApi(ApiView):
-    OutputSerializer = GpuRequestOutputSerializer
+class AttemptSerializer(serializers.Serializer[Any]):
+    number = serializers.IntegerField()
+    state = serializers.CharField()
+    pool = serializers.CharField(source="pool.name")
+    nodes = serializers.ListField(child=serializers.CharField(), help_text="one per pod, by rank")
+    workload_name = serializers.CharField()
+    admitted_at = serializers.DateTimeField()
+    started_at = serializers.DateTimeField(allow_null=True)
+    ended_at = serializers.DateTimeField(allow_null=True)
+    last_checkpoint_at = serializers.DateTimeField(allow_null=True)
+    checkpoints = serializers.IntegerField(help_text="checkpoints the workload reported")
+    exit_code = serializers.IntegerField(allow_null=True)
+    end_reason = serializers.CharField()
 
-    @extend_schema(operation_id="requests_get", responses=GpuRequestOutputSerializer)
+
+class WaitSerializer(serializers.Serializer[Any]):
+    reason = serializers.CharField(
+        help_text="unschedulable, quota, capacity, provisioning or backoff"
+    )
+    seconds = serializers.IntegerField()
+
+
+class GpuRequestDetailApi(ApiView):
+    class OutputSerializer(GpuRequestOutputSerializer):
+        latest_attempt = serializers.SerializerMethodField()
+        wait = serializers.SerializerMethodField(help_text="where the wait went, by reason")
+
+        @extend_schema_field(AttemptSerializer(allow_null=True))
+        def get_latest_attempt(self, obj: GpuRequest) -> dict[str, Any] | None:
+            attempt = obj.attempts.select_related("pool").order_by("-number").first()
+            return None if attempt is None else dict(AttemptSerializer(attempt).data)
+
+        @extend_schema_field(WaitSerializer(many=True))
+        def get_wait(self, obj: GpuRequest) -> list[dict[str, Any]]:
+            return [{"reason": r, "seconds": s} for r, s in request_wait_split(obj)]
+
+    @extend_schema(operation_id="requests_get", responses=OutputSerializer)
     def get(self, request: Request, request_id: int) -> Response:
         req = access.get_gpu_request_for_user(request.user, request_id)
         return Response(self.OutputSerializer(req).data)
+
+
+#: `after` lines a reconnecting follower may send, and the characters of each that count
+MAX_AFTER_LINES = 20
+MAX_AFTER_CHARS = 2000
+
+
+class NotStarted(APIException):
+    status_code = status.HTTP_409_CONFLICT
+    default_code = "not_started"
+
+
+def _whole(request: Request, name: str, default: int, high: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValidationError({name: ["A whole number."]}) from None
+    if not 0 <= value <= high:
+        raise ValidationError({name: [f"From 0 to {high}."]})
+    return value
+
+
+class GpuRequestLogsApi(ApiView):
+    """The latest attempt's log, as the request page shows it, or followed as it grows.
+
+    Authorized like the request page: its team's members and leads, and admins.
+    """
+
+    class OutputSerializer(serializers.Serializer[Any]):
+        request = serializers.IntegerField()
+        attempt = serializers.IntegerField()
+        pod = serializers.IntegerField(help_text="the pod's rank in the gang (0 if one pod)")
+        pods = serializers.IntegerField()
+        live = serializers.BooleanField(
+            help_text="read from the running workload (else the lines kept when it ended)"
+        )
+        text = serializers.CharField()
+
+    @extend_schema(
+        operation_id="requests_logs",
+        parameters=[
+            OpenApiParameter("tail", int, description=f"last lines (default {LOG_PAGE_LINES})"),
+            OpenApiParameter("pod", int, description="a gang's pod by rank (default 0)"),
+            OpenApiParameter(
+                "follow",
+                bool,
+                description="stream the log as text/plain until the request is over: "
+                "the tail, then each new line (a pending request's once it starts). A stream "
+                f"ends after {int(LOG_FOLLOW_MAX_S)} s; reconnect with `after`",
+            ),
+            OpenApiParameter(
+                "after",
+                str,
+                many=True,
+                description=f"with follow: the last lines you have (up to {MAX_AFTER_LINES}, "
+                "repeated); the stream starts after them, or with the tail if the log no "
+                "longer holds them",
+            ),
+        ],
+        responses={
+            (200, "application/json"): OpenApiResponse(
+                OutputSerializer, description="the tail; with ?follow=1, a stream of lines"
+            ),
+            (200, "text/plain"): OpenApiResponse(
+                OpenApiTypes.STR, description="with ?follow=1: the log's lines as they come"
+            ),
+            409: OpenApiResponse(
+                ErrorSerializer, description="The request has not run yet: it has no log."
+            ),
+        },
+    )
+    def get(self, request: Request, request_id: int) -> Response | StreamingHttpResponse:
+        req = access.get_gpu_request_for_user(request.user, request_id)
+        tail = _whole(request, "tail", LOG_PAGE_LINES, LOG_DOWNLOAD_LINES)
+        pod = _whole(request, "pod", 0, 1000)
+        follow = request.query_params.get("follow", "") in ("1", "true")
+        # The last lines a reconnecting client has (a stream ends after LOG_FOLLOW_MAX_S).
+        after = [line[:MAX_AFTER_CHARS] for line in request.query_params.getlist("after")]
+        if len(after) > MAX_AFTER_LINES:
+            raise ValidationError({"after": [f"At most {MAX_AFTER_LINES} lines."]})
+        try:
+            view = request_logs(req, tail_lines=tail, events=False, pod=pod, read_ended=True)
+        except NoSuchPod as exc:
+            raise ValidationError({"pod": [str(exc)]}) from None
+        if follow:
+            response = StreamingHttpResponse(
+                request_log_follow(req.pk, tail_lines=tail, pod=pod, after=after),
+                content_type="text/plain; charset=utf-8",
+            )
+            # Lines as they come: no proxy buffering, no caching.
+            response["X-Accel-Buffering"] = "no"
+            response["Cache-Control"] = "no-store"
+            return response
+        if view.attempt is None:
+            raise NotStarted(f"Request #{req.pk} has not run yet, so it has no log.")
+        data = {
+            "request": req.pk,
+            "attempt": view.attempt.number,
+            "pod": pod,
+            "pods": view.pods,
+            "live": view.live,
+            "text": view.text,
+        }
+        return Response(self.OutputSerializer(data).data)
+
+
+class WorkloadEventSerializer(serializers.Serializer[Any]):
+    at = serializers.DateTimeField(allow_null=True)
+    type = serializers.CharField(help_text='"Normal" or "Warning"')
+    reason = serializers.CharField()
+    message = serializers.CharField()
+    object = serializers.CharField(help_text='e.g. "Job/qm-4-1" or "Pod/qm-4-1-x7k2p"')
+
+
+class GpuRequestEventsApi(ApiView):
+    """Events about the latest attempt's workload and pods, oldest first (Kubernetes Events,
+    or the simulation's). Authorized like the request page."""
+
+    class OutputSerializer(serializers.Serializer[Any]):
+        request = serializers.IntegerField()
+        attempt = serializers.IntegerField(
+            allow_null=True, help_text="null: the request has not run yet"
+        )
+        events = WorkloadEventSerializer(many=True)
+
+    @extend_schema(operation_id="requests_events", responses=OutputSerializer)
+    def get(self, request: Request, request_id: int) -> Response:
+        req = access.get_gpu_request_for_user(request.user, request_id)
+        view = request_logs(req, tail_lines=0, events=True)
+        data = {
+            "request": req.pk,
+            "attempt": view.attempt.number if view.attempt else None,
+            "events": view.events,
+        }
+        return Response(self.OutputSerializer(data).data)
 
 
 class ReasonInputSerializer(StrictSerializer):
@@ -277,12 +463,15 @@ class QueueApi(ListApiView):
 
     class OutputSerializer(serializers.Serializer[Any]):
         id = serializers.IntegerField()
+        name = serializers.CharField()
+        state = serializers.CharField()
         queue_position = serializers.IntegerField(allow_null=True)
         team = serializers.CharField(source="team.name")
         workload_class = serializers.CharField(source="workload_class.name")
         pool = serializers.CharField(source="pool.name", allow_null=True, default=None)
         profile = serializers.CharField(source="profile_label")
         count = serializers.IntegerField()
+        pods = serializers.IntegerField()
         reason_code = serializers.CharField(source="status_code")
         reason = serializers.CharField(source="status_message")
         escalated = serializers.BooleanField()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import extend_schema_serializer
 from rest_framework import serializers
@@ -30,6 +31,16 @@ class ErrorSerializer(serializers.Serializer[Any]):
     """`detail` for a whole-request error; otherwise each refused field names its messages."""
 
     detail = serializers.CharField(required=False)
+
+
+class BearerTokenScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]
+    """`Authorization: Bearer <token>` in the schema, apart from DRF's `Token <token>`."""
+
+    target_class = "portal.api.guards.BearerTokenAuthentication"
+    name = "bearerAuth"
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
+        return {"type": "http", "scheme": "bearer"}
 
 
 class PortalAutoSchema(AutoSchema):

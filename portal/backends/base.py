@@ -326,8 +326,11 @@ class ClusterBackend(Protocol):
         """Delete a request's checkpoint storage once it has ended for good; missing is fine."""
         ...
 
-    def logs(self, name: str, namespace: str, tail_lines: int = 200, pods: int = 1) -> str:
-        """The last `tail_lines` lines the workload printed ("" if none or gone); a gang's rank 0."""
+    def logs(
+        self, name: str, namespace: str, tail_lines: int = 200, pods: int = 1, pod: int = 0
+    ) -> str:
+        """The last `tail_lines` lines the workload printed ("" if none or gone); of a gang,
+        the pod of rank `pod` (rank 0 unless asked)."""
         ...
 
     def events(self, name: str, namespace: str, pods: int = 1) -> list[WorkloadEvent]:

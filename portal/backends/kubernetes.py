@@ -367,9 +367,11 @@ class KubernetesBackend:
     def checkpoints_delete(self, request_id: int, namespace: str) -> None:
         pvc_delete(self.core, checkpoint_claim(request_id), namespace)
 
-    def logs(self, name: str, namespace: str, tail_lines: int = 200, pods: int = 1) -> str:
-        """The main container's log of the workload's newest pod; a gang's rank 0."""
-        return pod_log(self.core, _member_names(name, pods)[0], namespace, tail_lines)
+    def logs(
+        self, name: str, namespace: str, tail_lines: int = 200, pods: int = 1, pod: int = 0
+    ) -> str:
+        """The main container's log of the workload's newest pod; of a gang, rank `pod`'s."""
+        return pod_log(self.core, _member_names(name, pods)[pod], namespace, tail_lines)
 
     def events(self, name: str, namespace: str, pods: int = 1) -> list[WorkloadEvent]:
         return [

@@ -321,8 +321,10 @@ class SimulatedBackend:
     def log_path(self, name: str, namespace: str) -> Path:
         return self.log_root / namespace / f"{name}.log"
 
-    def logs(self, name: str, namespace: str, tail_lines: int = 200, pods: int = 1) -> str:
-        member = _names(name, pods)[0]
+    def logs(
+        self, name: str, namespace: str, tail_lines: int = 200, pods: int = 1, pod: int = 0
+    ) -> str:
+        member = _names(name, pods)[pod]
         w = SimulatedWorkload.objects.filter(name=member, namespace=namespace).first()
         if w is not None:
             self._write_log(w)

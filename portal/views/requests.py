@@ -276,7 +276,14 @@ def request_logs(request: AuthedRequest, request_id: int) -> HttpResponse:
 def request_logs_download(request: AuthedRequest, request_id: int) -> HttpResponse:
     req = access.get_gpu_request_for_user(request.user, request_id)
     view = request_logs_(req, tail_lines=LOG_DOWNLOAD_LINES, events=False)
-    name = view.attempt.workload_name if view.attempt else f"request-{req.pk}"
+    if view.attempt is None:
+        # Said in words rather than an empty file that looks like a silent workload.
+        return HttpResponse(
+            f"Request #{req.pk} has not run yet, so it has no log.\n",
+            status=404,
+            content_type="text/plain; charset=utf-8",
+        )
+    name = view.attempt.workload_name
     response = HttpResponse(view.text, content_type="text/plain; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{name}.log"'
     return response

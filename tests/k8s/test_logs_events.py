@@ -75,7 +75,7 @@ def test_it_lists_the_jobs_and_its_pods_events_oldest_first() -> None:
     assert events[-1].type == "Warning"
 
 
-def test_a_gangs_logs_are_rank_zeros() -> None:
+def test_a_gangs_logs_are_rank_zeros_unless_a_pod_is_named() -> None:
     cluster = cluster_with_nodes()
     b = backend(cluster)
     for rank in (0, 1):
@@ -85,3 +85,5 @@ def test_a_gangs_logs_are_rank_zeros() -> None:
         cluster.run_pod(pod)
         cluster.pod_logs[(NS, pod.metadata.name)] = f"rank {rank}\n"
     assert b.logs(NAME, NS, pods=2) == "rank 0\n"
+    # Each pod of the gang on its own, by rank (the API's ?pod=N).
+    assert b.logs(NAME, NS, pods=2, pod=1) == "rank 1\n"

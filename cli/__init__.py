@@ -1,0 +1,1 @@
+"""`qm`, Quartermaster's command line: it speaks only HTTP to the portal's API (docs/researchers.md)."""

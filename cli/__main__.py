@@ -1,0 +1,5 @@
+"""`python -m cli`: the same as the `qm` console script."""
+
+from cli.main import main
+
+main()
