@@ -38,6 +38,7 @@ from portal.views.capacity import capacity, device_clear_quarantine, node_action
 from portal.views.health import healthz, readyz
 from portal.views.history import node_history, pool_history, team_history
 from portal.views.me import LoginView, LogoutView, notification_settings, template_delete
+from portal.views.overview import overview
 from portal.views.requests import (
     home,
     queue,
@@ -112,6 +113,7 @@ portal_patterns = [
     ),
     path("teams/<int:team_id>/quotas/<int:pool_id>/", quota_edit, name="quota-edit"),
     path("teams/<int:team_id>/members/<int:membership_id>/", member_edit, name="member-edit"),
+    path("ops/overview/", overview, name="overview"),
     path("ops/capacity/", capacity, name="capacity"),
     path("ops/audit/", audit_log, name="audit"),
     path("ops/settings/", settings_page, name="settings"),

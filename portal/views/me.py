@@ -12,6 +12,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
 from portal import access
@@ -54,6 +55,12 @@ class LoginView(auth_views.LoginView):
                 f"this address are refused for {_cooloff_words()}.",
             )
         return super().form_invalid(form)
+
+    def get_default_redirect_url(self) -> str:
+        # admins and auditors land on the overview; everyone else on their jobs
+        if access.sees_all(self.request.user):
+            return reverse("portal:overview")
+        return super().get_default_redirect_url()
 
     def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
         context = super().get_context_data(**kwargs)

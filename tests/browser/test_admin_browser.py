@@ -117,6 +117,7 @@ def _urls(world: World, req: GpuRequest) -> list[str]:
         "/decisions/",
         "/teams/",
         f"/teams/{world.vision.pk}/",
+        "/ops/overview/",
         "/ops/capacity/",
         f"/ops/capacity/?pool={pool.pk}",
         "/ops/audit/",
@@ -124,6 +125,20 @@ def _urls(world: World, req: GpuRequest) -> list[str]:
         "/ops/settings/",
         "/no-such-page/",
     ]
+
+
+def test_an_admin_lands_on_the_overview(page, world: World) -> None:  # noqa: ANN001
+    # more than the pool holds: the last ones wait (a submit wakes the tick at once here)
+    for i in range(6):
+        submit(world.carol, world.nlp, count=8, name=f"long-wait-{i}")
+    node_cordon(actor=world.dave, node=Node.objects.get(name="a100-02"), reason="fan")
+    login(page, "dave")
+    assert page.url.endswith("/ops/overview/")
+    page.wait_for_selector("[data-testid=overview-pools] td:has-text('a100-train')")
+    assert "long-wait-5" in page.locator("[data-testid=overview-waits]").inner_text()
+    assert "a100-02" in page.locator("[data-testid=overview-attention]").inner_text()
+    assert page.locator("nav a.on").inner_text() == "Overview"
+    shot(page, "admin-overview")
 
 
 def _axe(pg) -> list[dict]:  # noqa: ANN001
@@ -164,6 +179,7 @@ def test_axe_finds_no_serious_or_critical_violations_on_any_page(
             walked += 1
             if persona == "admin" and url in (
                 "/",
+                "/ops/overview/",
                 "/ops/capacity/",
                 "/ops/audit/",
                 "/ops/settings/",
