@@ -570,3 +570,14 @@ class ShippedPolicyTest(unittest.TestCase):
         self.assertEqual(Policy().preempt_after_s, 300)
         self.assertEqual(self.decide(created_s=299), "wait:no-capacity")
         self.assertEqual(self.decide(created_s=300), "wait:preempting")
+
+
+class MixedPlanSentenceTest(unittest.TestCase):
+    def test_it_says_what_is_reclaimed_and_what_is_preempted(self) -> None:
+        case = CASES["Kueue: preempt from all ClusterQueues in cohort"]
+        wait = {d.request_id: d for d in schedule(case.snap, policy=case.policy)}["in"]
+        self.assertEqual(
+            wait.message,
+            "waiting: 3 GPUs lent to b will be reclaimed; 3 GPUs of a of a lower class will be "
+            "preempted; it starts once they have stopped",
+        )
