@@ -17,7 +17,8 @@
       pool; quota (`QuotaBook.check`) keeps those it may use, and pools where it
       borrows nothing come before pools where it borrows; when quota allows none, its
       own lower band may be preempted to make quota room (Kueue's
-      `withinClusterQueue: LowerPriority`);
+      `withinClusterQueue: LowerPriority`), with what other teams borrow when devices
+      are short too;
    c. **place** with the packer on those pools, skipping nodes held by a
       reservation (a request that borrows nothing ignores the reservations of
       borrowers) or claimed by a preemptor; gangs are placed all or nothing; a request
@@ -28,7 +29,8 @@
    d. if it does not fit: when attempts preempted earlier will free enough room, wait
       for them; else, when it is entitled and has waited `Policy.preempt_after_s`,
       **preempt** (`scheduling.preemption`) within `Policy.max_preemptions_per_tick`
-      — only a victim set after which quota still admits it; past its class's maximum
+      — only a victim set after which quota still admits it within its team's nominal
+      quota (no one loses work so that a team may borrow); past its class's maximum
       queue time also the starvation tier, with victims that lose together up to
       `Policy.starving_loss_ratio` × the GPU-time it has waited; the room is claimed for it at once and it
       starts next tick, first in order, once the victims are gone;
@@ -525,12 +527,13 @@ class _Tick:
     ) -> list[Decision] | None:
         """Step 3d: preempt for the request in the first pool where a victim set works.
 
-        `own`: quota holds the request back (`borrowing-limit`, `cohort-exhausted`), so only
-        its own team's lower band may make room (Kueue's `withinClusterQueue:
-        LowerPriority`). `starving`: the request has waited past its class's maximum
+        `own`: quota holds the request back (`borrowing-limit`, `cohort-exhausted`), so its
+        own team's lower band must make quota room (Kueue's `withinClusterQueue:
+        LowerPriority`), and what other teams borrow may add device room. `starving`: the request has waited past its class's maximum
         queue time and may also take the same or a lower band of any team (tier 4). Any
         plan must leave quota admitting the request once its victims have stopped
-        (`QuotaBook.check_without`), so no victim loses work for nothing.
+        (`QuotaBook.check_without`), so no victim loses work for nothing, and, but for a
+        starving request, within its team's nominal quota.
         """
         cap = self.policy.max_preemptions_per_tick - self.preemptions
         if cap <= 0 or self.now - req.created_at_ms < self.policy.preempt_after_s * 1000:
@@ -541,7 +544,10 @@ class _Tick:
             book = self.book.pools[pool]
             if own and verdicts[pool].code not in (Code.BORROWING_LIMIT, Code.COHORT_EXHAUSTED):
                 continue
-            reclaim = not own and book.managed and not verdicts[pool].borrowing
+            # Quota-blocked, the team may reclaim too once its own victims bring it back
+            # within nominal (Kueue's "preempt from all ClusterQueues in cohort"); `quota_ok`
+            # below holds it to that end.
+            reclaim = book.managed and (own or not verdicts[pool].borrowing)
             displace = self._displace(req.shape, pool) if starving else None
             # Within a tick, victims only get fewer: remember who found none (by shape size).
             base: tuple[str, ...] = (pool, req.team, cls.name, str(reclaim), str(own))
@@ -568,7 +574,10 @@ class _Tick:
                 )
                 if own:
                     found_cands = [
-                        c for c in found_cands if c.run.team == req.team and c.band < cls.band
+                        c
+                        for c in found_cands
+                        if c.reason is Code.RECLAIM
+                        or (c.run.team == req.team and c.band < cls.band)
                     ]
                 self.candidates[base] = found_cands
             if who not in self.candidates:
@@ -592,7 +601,10 @@ class _Tick:
                     req.team, pool, req.shape.gpus_milli, req.workload_class, victims
                 )
                 after["verdict"] = v
-                return v.ok
+                # Borrowed capacity is best effort: no one loses work so that a team may
+                # borrow (Kueue: only a workload that fits within nominal preempts), except
+                # for a starving request (the starvation bound).
+                return v.ok and (starving or not v.borrowing)
 
             entitled = book.managed and not verdicts[pool].borrowing
             found = preemption.plan(
@@ -675,14 +687,17 @@ class _Tick:
         position: int,
     ) -> list[Decision]:
         out: list[Decision] = []
-        lost: dict[str, int] = {}
+        #: GPU milli stopped per reason and team: one plan may reclaim and take its own
+        #: lower band (Kueue's "preempt from all ClusterQueues in cohort")
+        lost: dict[Code, dict[str, int]] = {}
         for v in found.victims:
             run = v.run
             # The victim keeps its devices (and its quota) until it has stopped: only
             # the next tick, without it in the snapshot, hands them on.
             self.running.remove(run)
             self.preemptible[run.pool][(run.team, run.workload_class)].remove(run)
-            lost[run.team] = lost.get(run.team, 0) + run.shape.gpus_milli
+            by_team = lost.setdefault(v.reason, {})
+            by_team[run.team] = by_team.get(run.team, 0) + run.shape.gpus_milli
             msg = f"preempted: request {req.id} of team {req.team} ({cls.name}) needs the room" + (
                 " this team borrowed" if v.reason is Code.RECLAIM else ""
             )
@@ -712,8 +727,8 @@ class _Tick:
             self.claimed[name] = req.id
         self.book.add(req.team, pool, req.shape.gpus_milli, req.workload_class, verdict.borrowing)
         self.queue.charge(req.team, req.shape)
-        reason = found.victims[0].reason
-        msg = "waiting: " + reclaim_sentence(lost, reason) + "; it starts once they have stopped"
+        said = "; ".join(reclaim_sentence(teams, reason) for reason, teams in lost.items())
+        msg = "waiting: " + said + "; it starts once they have stopped"
         facts = {
             "victims": [v.run.attempt_id for v in found.victims],
             "pool": pool,

@@ -6,7 +6,9 @@ missing. Candidates, by tier (lower tier is taken first):
 1. **reclaim** — attempts of other teams that run on borrowed capacity in the pool,
    taken only while their team still borrows there (as in Kueue, the last victim may
    take the team below its nominal quota by less than its own size); only a request
-   that itself borrows nothing may reclaim;
+   that borrows nothing once the victim set has stopped may reclaim (a quota-blocked
+   one may get there with its own lower band in the same set: Kueue's "preempt from all
+   ClusterQueues in cohort");
 2. **floor** — preemptible non-inference attempts in the pool, when an inference
    request needs the pool's inference floor back;
 3. **priority** — attempts of a lower class band of the same team, or of any team

@@ -48,7 +48,9 @@ from portal.models import (
     Quota,
     SchedulerState,
     UsageRecord,
+    WorkloadClass,
 )
+from portal.selectors.queue import promise_by_class
 from portal.tick import waits
 from portal.tick.run import TICK_BUCKETS
 
@@ -62,6 +64,45 @@ def _cumulative(counts: dict[str, int], bounds: tuple[float, ...]) -> list[tuple
         out.append((str(bound), float(running)))
     out.append(("+Inf", float(running + counts.get("+Inf", 0))))
     return out
+
+
+def _promise() -> Iterator[Metric]:
+    """The queue-time promise per class (`promise_by_class`), and the all-time count of
+    first admissions that broke it, which the queue-age alert watches."""
+    attainment = GaugeMetricFamily(
+        "quartermaster_queue_promise_attainment_ratio",
+        "Share of requests of the last 7 days admitted within their class's maximum queue time",
+        labels=["class"],
+    )
+    overrun = GaugeMetricFamily(
+        "quartermaster_queue_promise_overrun_max_seconds",
+        "Longest wait beyond the class's maximum queue time, requests of the last 7 days",
+        labels=["class"],
+    )
+    for name, promise in promise_by_class(GpuRequest.objects.all()).items():
+        attainment.add_metric([name], promise.attainment)
+        overrun.add_metric([name], promise.overrun_max_s)
+    yield attainment
+    yield overrun
+    broken = CounterMetricFamily(
+        "quartermaster_queue_promise_broken",
+        "First admissions that came after the class's maximum queue time",
+        labels=["class"],
+    )
+    waited = ExpressionWrapper(
+        F("admitted_at") - F("request__created_at"), output_field=DurationField()
+    )
+    for name, seconds in WorkloadClass.objects.filter(max_queue_s__gt=0).values_list(
+        "name", "max_queue_s"
+    ):
+        late = (
+            Attempt.objects.filter(number=1, request__workload_class__name=name)
+            .annotate(waited=waited)
+            .filter(waited__gt=timedelta(seconds=seconds))
+            .count()
+        )
+        broken.add_metric([name], late)
+    yield broken
 
 
 def replica_name() -> str:
@@ -162,6 +203,7 @@ class PortalCollector(Collector):
                 max(0.0, seconds),
             )
         yield wait
+        yield from _promise()
 
     def _scheduler(self) -> Iterator[Metric]:
         state = SchedulerState.objects.filter(pk=1).first() or SchedulerState()

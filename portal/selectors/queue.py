@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Count, F, Min, Q, QuerySet
+from django.db.models import Count, DurationField, ExpressionWrapper, F, Max, Min, Q, QuerySet
 from django.utils import timezone
 
 from portal import access
 from portal.access import AnyUser
 from portal.models import Attempt, GpuRequest, Pool, SchedulerState, Team, WorkloadClass
 from portal.tick import waits as capacity
+from scheduling.slo import Promise
+
+#: the queue-time promise is measured over requests submitted this recently
+PROMISE_WINDOW = timedelta(days=7)
 
 
 def queue_list(
@@ -96,3 +100,58 @@ def activity(since: datetime) -> Activity:
         waiting=counts["waiting"],
         running=counts["running"],
     )
+
+
+def promise_by_class(
+    requests: QuerySet[GpuRequest], now: datetime | None = None
+) -> dict[str, Promise]:
+    """How well each class with a maximum queue time kept it (`scheduling.slo`), over
+    `requests` submitted in the last `PROMISE_WINDOW`: those admitted once count by their
+    wait until the first admission, those still pending only once they have waited past
+    the promise (a broken promise whatever comes next). Two aggregate queries per class."""
+    now = now or timezone.now()
+    since = now - PROMISE_WINDOW
+    waited = ExpressionWrapper(
+        F("admitted_at") - F("request__created_at"), output_field=DurationField()
+    )
+    out: dict[str, Promise] = {}
+    for cls in _promising():
+        limit = timedelta(seconds=cls.max_queue_s)
+        ours = requests.filter(workload_class=cls, created_at__gte=since)
+        admitted = (
+            Attempt.objects.filter(number=1, request__in=ours)
+            .annotate(waited=waited)
+            .aggregate(
+                n=Count("id"), kept=Count("id", filter=Q(waited__lte=limit)), longest=Max("waited")
+            )
+        )
+        late = ours.filter(state=GpuRequest.State.PENDING, created_at__lt=now - limit).aggregate(
+            n=Count("id"), first=Min("created_at")
+        )
+        longest = [admitted["longest"] or timedelta(0)]
+        if late["first"] is not None:
+            longest.append(now - late["first"])
+        overrun = max(0.0, max(w.total_seconds() for w in longest) - cls.max_queue_s)
+        out[cls.name] = Promise(admitted["n"] + late["n"], admitted["kept"], overrun)
+    return out
+
+
+def _promising() -> QuerySet[WorkloadClass]:
+    """Classes with a maximum queue time: the others promise nothing."""
+    return WorkloadClass.objects.filter(max_queue_s__gt=0).order_by("name")
+
+
+def queue_promise(user: AnyUser) -> list[dict[str, Any]]:
+    """The queue-time promise per class over the requests the user may see (the queue page)."""
+    kept = promise_by_class(access.requests_visible(user))
+    return [
+        {
+            "workload_class": cls.name,
+            "max_queue_s": cls.max_queue_s,
+            "requests": kept[cls.name].requests,
+            "attainment_pct": round(100 * kept[cls.name].attainment, 1),
+            "overrun_max_s": round(kept[cls.name].overrun_max_s),
+        }
+        for cls in _promising()
+        if cls.name in kept
+    ]

@@ -24,7 +24,7 @@ from portal.forms.requests import (
     initial_from_request,
 )
 from portal.models import GpuRequest
-from portal.selectors.queue import queue_list, queue_summary, request_wait_split
+from portal.selectors.queue import queue_list, queue_promise, queue_summary, request_wait_split
 from portal.selectors.requests import LOG_DOWNLOAD_LINES, request_attempt_facts, request_list
 from portal.selectors.requests import request_logs as request_logs_
 from portal.services.me import request_template_save
@@ -185,6 +185,7 @@ def queue(request: AuthedRequest) -> HttpResponse:
         "form": form,
         "page": page,
         "summary": queue_summary(request.user),
+        "promise": queue_promise(request.user),
         "query": query.urlencode(),
     }
     return render(request, template, context)

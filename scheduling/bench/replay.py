@@ -93,6 +93,11 @@ replay keeps its request shapes and runtimes and draws the arrivals. Procedure:
      away (a preempted attempt counts up to its last checkpoint);
    - waits run from arrival to first start: `wait_mean_s`, `wait_p95_s`, `wait_p99_s`,
      `wait_max_s`, and `wait_p95_large_s` over requests of 8 or more GPUs;
+   - the queue-time promise (`scheduling.slo`), over every job: `slo_attainment`, the
+     share that started within their class's `max_queue_s` (`REPLAY_CLASSES`: inference
+     1,800 s, interactive 3,600 s, training 21,600 s), and `slo_overrun_max_s`, the
+     longest wait beyond it; the same per class as `slo_attainment_<class>` and
+     `slo_overrun_max_s_<class>`;
    - `jain`: Jain's index over teams of received ÷ entitled GPU-time in the window
      (entitled = nominal share × capacity × window);
    - `share_error`: per 1-hour window, the teams with demand are those with a request
@@ -126,6 +131,7 @@ from scheduling.fit import can_ever_host
 from scheduling.profile import DEFAULT_PROFILE, ProfileError
 from scheduling.profile import load as load_profile
 from scheduling.simulate import REPLAY_CLASSES, Job, Outcome, Simulation, drive, record_stop
+from scheduling.slo import promises
 from scheduling.trace import TRACE_POOL, TracePod, load_nodes, load_pods
 from scheduling.types import WHOLE_GPU_MILLI, Node, Policy, ProfileKind, Quota, Shape, Team
 from scheduling.workload import ShapeHistory
@@ -147,6 +153,8 @@ CHECKPOINTING = ("training",)
 #: the default checkpoint interval of training jobs, seconds
 CHECKPOINT_S = 1800
 BAND = {c.name: c.band for c in REPLAY_CLASSES}
+#: each class's queue-time promise, seconds (`slo_attainment`)
+MAX_QUEUE_S = {c.name: c.max_queue_s for c in REPLAY_CLASSES}
 
 
 def draw_jobs(
@@ -791,6 +799,16 @@ def measure(out: Outcome, jobs: Sequence[Job], capacity: int, teams: int) -> dic
         for j in jobs
         if j.shape.gpus_milli >= LARGE_MILLI
     )
+    promise, by_class = promises(
+        ((j.cls, (out.first_start_ms[j.id] - j.arrival_ms) / 1000) for j in jobs), MAX_QUEUE_S
+    )
+    slo = {
+        "slo_attainment": round(promise.attainment, 5),
+        "slo_overrun_max_s": round(promise.overrun_max_s, 1),
+    }
+    for cls, p in by_class.items():
+        slo[f"slo_attainment_{cls}"] = round(p.attainment, 5)
+        slo[f"slo_overrun_max_s_{cls}"] = round(p.overrun_max_s, 1)
     return {
         "utilization": round(100 * total / (capacity * span), 2),
         "useful_utilization": round(100 * useful / (capacity * span), 2),
@@ -799,6 +817,7 @@ def measure(out: Outcome, jobs: Sequence[Job], capacity: int, teams: int) -> dic
         "wait_p99_s": round(_pct(waits, 99), 1),
         "wait_max_s": round(waits[-1], 1),
         "wait_p95_large_s": round(_pct(large, 95), 1) if large else 0.0,
+        **slo,
         "jain": round(jain, 4),
         "share_error": round(share_error(out, capacity, teams, w0, w1), 4),
         "preemptions": out.preemptions,

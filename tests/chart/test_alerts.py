@@ -30,6 +30,7 @@ from django.test import Client
 from django.utils import timezone
 
 from portal.metrics.collector import PortalCollector
+from portal.models import WorkloadClass
 from portal.tick.reconcile import reconcile
 from portal.tick.run import run_tick
 from tests.base import make_world, submit
@@ -180,13 +181,14 @@ def test_a_stopped_scheduler_fires_on_real_series(tmp_path: Path, client: Client
 
 @pytest.mark.django_db
 @pytest.mark.slow
-def test_long_admission_waits_fire_on_the_real_histogram(
+def test_admissions_after_the_class_promise_fire_on_real_series(
     tmp_path: Path, client: Client, settings: Any
 ) -> None:
-    """vision fills the A100 pool with jobs that end from 35 minutes on; the requests queued
-    behind them are admitted after more than the 30-minute objective."""
+    """training promises 30 minutes here; vision fills the A100 pool with jobs that end from
+    35 minutes on, and the requests queued behind them are admitted after the promise."""
     settings.SIMULATED_SECONDS_PER_HOUR = 3600
     world = make_world()
+    WorkloadClass.objects.filter(name="training").update(max_queue_s=1800)
     start = timezone.now()
     scrapes = []
     with time_machine.travel(start, tick=False) as clock:
@@ -200,15 +202,44 @@ def test_long_admission_waits_fire_on_the_real_histogram(
             run_tick()
             scrapes.append(_scrape(client))
     last = scrapes[-1][1]
-    assert 'quartermaster_admission_wait_time_seconds_bucket{class="training",le="3600.0"' in last
+    assert 'quartermaster_queue_promise_broken_total{class="training"}' in last
+    assert 'quartermaster_queue_promise_attainment_ratio{class="training"}' in last
+    assert 'quartermaster_queue_promise_broken_total{class="interactive"} 0.0' in last
     checks = [
         {"eval_time": "30m", "alertname": "QuartermasterAdmissionWaitHigh", "exp_alerts": []},
         {
             "eval_time": "70m",
             "alertname": "QuartermasterAdmissionWaitHigh",
-            "exp_alerts": [{"exp_labels": {"severity": "warning", "priority": "100"}}],
+            "exp_alerts": [{"exp_labels": {"severity": "warning", "class": "training"}}],
         },
     ]
+    result = _promtool_on(tmp_path, scrapes, "5m", checks)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.django_db
+@pytest.mark.slow
+def test_the_same_waits_within_the_promise_do_not_fire(
+    tmp_path: Path, client: Client, settings: Any
+) -> None:
+    """The same waits, but training promises two hours: no fixed number fires."""
+    settings.SIMULATED_SECONDS_PER_HOUR = 3600
+    world = make_world()
+    WorkloadClass.objects.filter(name="training").update(max_queue_s=7200)
+    start = timezone.now()
+    scrapes = []
+    with time_machine.travel(start, tick=False) as clock:
+        for i in range(32):
+            submit(world.bob, world.vision, estimated_runtime_s=(35 + i) * 60)
+        for _ in range(16):
+            submit(world.bob, world.vision, estimated_runtime_s=100 * 3600)
+        for step in range(15):
+            clock.move_to(start + step * STEP)
+            reconcile()
+            run_tick()
+            scrapes.append(_scrape(client))
+    assert 'quartermaster_queue_promise_attainment_ratio{class="training"} 1.0' in scrapes[-1][1]
+    checks = [{"eval_time": "70m", "alertname": "QuartermasterAdmissionWaitHigh", "exp_alerts": []}]
     result = _promtool_on(tmp_path, scrapes, "5m", checks)
     assert result.returncode == 0, result.stdout + result.stderr
 

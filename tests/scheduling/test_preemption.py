@@ -162,6 +162,57 @@ CASES: dict[str, Case] = {
         {"in": "wait:preempting"},
         {"b3#1"},
     ),
+    # Kueue: c1 (a) nominal 6 runs c1-low 3 and c1-mid 2; c2 (b) nominal 6 runs c2-low 3 and
+    # c2-mid 4 (borrows 1). a's 4 must preempt its own low to get back within nominal *and*
+    # b's borrowed low for room.
+    "Kueue: preempt from all ClusterQueues in cohort": Case(
+        snapshot(
+            [node("n1", gpus=12)],
+            pending=[req("in", team="a", cls="mid", gpus=4)],
+            running=[
+                run("c1-low", team="a", cls="low", devices=range(3)),
+                run("c1-mid", team="a", cls="mid", devices=range(3, 5)),
+                run("c2-low", team="b", cls="low", devices=range(5, 8)),
+                run("c2-mid", team="b", cls="mid", devices=range(8, 12)),
+            ],
+            quotas=[quota("a", 6, borrow=6), quota("b", 6, borrow=6)],
+            classes=PRIO,
+        ),
+        {"in": "wait:preempting"},
+        {"c1-low#1", "c2-low#1"},
+    ),
+    # Kueue TestSchedule: other-alpha (a) and other-beta (b), nominal 2 each, run a1 and b1
+    # (priority -1, 1 each); a's 3 would borrow even after preempting a1, so it preempts
+    # nothing: borrowed capacity is best effort, no one loses work so that a team borrows.
+    "Kueue: only a request that fits fully within nominal quota preempts": Case(
+        snapshot(
+            [node("n1", gpus=4)],
+            pending=[req("in", team="a", cls="high", gpus=3)],
+            running=[
+                run("a1", team="a", cls="low", devices=(0,)),
+                run("b1", team="b", cls="low", devices=(1,)),
+            ],
+            quotas=[quota("a", 2), quota("b", 2)],
+            classes=PRIO,
+        ),
+        {"in": "wait:cohort-exhausted"},
+        set(),
+    ),
+    # The same rule when quota admits the borrower and only devices are missing.
+    "a borrower does not preempt its own lower band for devices": Case(
+        snapshot(
+            [node("n1", gpus=5)],
+            pending=[req("in", team="a", cls="high", gpus=3)],
+            running=[
+                run("a1", team="a", cls="low", devices=(0, 1)),
+                run("x", team="c", cls="high", devices=(2, 3)),
+            ],
+            quotas=[quota("a", 2), quota("b", 6)],
+            classes=PRIO,
+        ),
+        {"in": "wait:no-capacity"},
+        set(),
+    ),
     # -- issue defect a: own lower band while at or over nominal ----------------------------
     "own lower band at nominal (withinClusterQueue: LowerPriority)": Case(
         snapshot(
@@ -519,3 +570,14 @@ class ShippedPolicyTest(unittest.TestCase):
         self.assertEqual(Policy().preempt_after_s, 300)
         self.assertEqual(self.decide(created_s=299), "wait:no-capacity")
         self.assertEqual(self.decide(created_s=300), "wait:preempting")
+
+
+class MixedPlanSentenceTest(unittest.TestCase):
+    def test_it_says_what_is_reclaimed_and_what_is_preempted(self) -> None:
+        case = CASES["Kueue: preempt from all ClusterQueues in cohort"]
+        wait = {d.request_id: d for d in schedule(case.snap, policy=case.policy)}["in"]
+        self.assertEqual(
+            wait.message,
+            "waiting: 3 GPUs lent to b will be reclaimed; 3 GPUs of a of a lower class will be "
+            "preempted; it starts once they have stopped",
+        )

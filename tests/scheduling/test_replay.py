@@ -90,6 +90,27 @@ class MeasureTest(unittest.TestCase):
         self.assertEqual(m["utilization"], 100.0)
         self.assertEqual(m["useful_utilization"], 50.0)
 
+    def test_the_queue_time_promise_overall_and_per_class(self) -> None:
+        # interactive promises 3,600 s, inference 1,800 s (`REPLAY_CLASSES`)
+        jobs = [
+            job(0, cls="interactive"),
+            job(1, cls="interactive", at_s=10),
+            job(2, cls="inference", at_s=20),
+            job(3, cls="inference", at_s=30),
+        ]
+        waited_s = {0: 3600, 1: 4000, 2: 60, 3: 1800}
+        out = Outcome(
+            first_start_ms={j.id: j.arrival_ms + waited_s[i] * 1000 for i, j in enumerate(jobs)}
+        )
+        m = measure(out, jobs, 2000, 1)
+        self.assertEqual(m["slo_attainment"], 0.75)
+        self.assertEqual(m["slo_overrun_max_s"], 400.0)
+        self.assertEqual(m["slo_attainment_interactive"], 0.5)
+        self.assertEqual(m["slo_overrun_max_s_interactive"], 400.0)
+        self.assertEqual(m["slo_attainment_inference"], 1.0)
+        self.assertEqual(m["slo_overrun_max_s_inference"], 0.0)
+        self.assertNotIn("slo_attainment_training", m)
+
     def test_share_error_counts_only_teams_with_demand(self) -> None:
         out = Outcome()
         # team-0 holds everything for 4 hours while team-1 waits: error 0.5 per window
