@@ -203,3 +203,26 @@ def test_an_admin_filters_decisions_and_sees_the_capacity_map(page, world: World
     shot(page, "admin-audit")
     page.goto("/ops/settings/")
     shot(page, "admin-settings")
+
+
+def test_the_request_form_loads_without_htmx_or_console_errors(page, world: World) -> None:  # noqa: ANN001
+    """Its trigger `from:#submit-form input[type=number]` was an htmx:syntax:error: a selector
+    with a space must be in parentheses."""
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    # counted from the first parse of the page's triggers on
+    page.add_init_script(
+        "window.__syntax = 0; document.addEventListener("
+        "'htmx:syntax:error', () => window.__syntax++, true)"
+    )
+    login(page, "bob")
+    page.goto("/requests/new/")
+    page.select_option("#id_workload_class", label="training")
+    page.select_option("#id_pool", label="a100-train")
+    page.wait_for_selector("#id_profile option:text('whole GPU')", state="attached")
+    page.select_option("#id_profile", label="whole GPU")
+    # with the syntax error, no trigger of the form worked and no preview came
+    page.locator("[data-testid=preview]").wait_for(state="attached")
+    assert page.evaluate("() => window.__syntax") == 0
+    assert not errors, errors
