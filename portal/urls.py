@@ -13,7 +13,8 @@ from portal.api import lifecycle as api_lifecycle
 from portal.api import serving as api_serving
 from portal.api.agent import AttemptCheckpointApi
 from portal.api.audit import AuditListApi, DecisionListApi
-from portal.api.capacity import CapacityApi, DeviceClearQuarantineApi, NodeActionApi, PoolListApi
+from portal.api.capacity import CapacityApi, DeviceClearQuarantineApi, NodeActionApi
+from portal.api.pools import ClassDetailApi, ClassListApi, PoolDetailApi, PoolListCreateApi
 from portal.api.profiles import ProfileActivateApi, ProfileDetailApi, ProfileListCreateApi
 from portal.api.requests import (
     GpuRequestCancelApi,
@@ -175,7 +176,7 @@ api_patterns = [
         name="request-cancel",
     ),
     path("queue/", QueueApi.as_view(), name="queue"),
-    path("pools/", PoolListApi.as_view(), name="pools"),
+    path("pools/", PoolListCreateApi.as_view(), name="pools"),
     path("capacity/", CapacityApi.as_view(), name="capacity"),
     path("nodes/<int:node_id>/<node_action:action>/", NodeActionApi.as_view(), name="node-action"),
     path(
@@ -190,6 +191,9 @@ api_patterns = [
     ),
     path("decisions/", DecisionListApi.as_view(), name="decisions"),
     path("audit/", AuditListApi.as_view(), name="audit"),
+    path("pools/<int:pool_id>/", PoolDetailApi.as_view(), name="pool-detail"),
+    path("classes/", ClassListApi.as_view(), name="classes"),
+    path("classes/<int:class_id>/", ClassDetailApi.as_view(), name="class-detail"),
     path("teams/", TeamListApi.as_view(), name="teams"),
     path("teams/<int:team_id>/", TeamDetailApi.as_view(), name="team-detail"),
     path("teams/<int:team_id>/members/", TeamMemberListApi.as_view(), name="team-members"),

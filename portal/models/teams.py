@@ -24,6 +24,8 @@ class Team(models.Model):
     #: most pending requests at once; 0 = the site default
     max_pending = models.PositiveIntegerField(default=0, help_text="0 = the site default")
     created_at = models.DateTimeField(auto_now_add=True)
+    #: written by `manage.py config apply`: a change in the pages is drift the next apply reverts
+    config_managed = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["name"]
