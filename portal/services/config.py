@@ -291,7 +291,12 @@ def _apply_profiles(run: _Run, entries: list[dict[str, Any]]) -> None:
             f"profiles[{i}]", device_profile_set, actor=None, name=entry["name"], **wanted
         ):
             run.changes.append(
-                Change("profile", entry["name"], "changed" if row else "created", changed)
+                Change(
+                    "profile",
+                    entry["name"],
+                    "changed" if row else "created",
+                    changed if row else {},
+                )
             )
 
 
