@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.utils import extend_schema
+from django.http import Http404
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -82,8 +83,11 @@ class PoolListCreateApi(PoolListApi):
 
 
 class PoolDetailApi(ApiView):
+    """One pool's settings, for admins and auditors (everyone reads the list)."""
+
     @extend_schema(operation_id="pools_read", responses=PoolOutputSerializer)
     def get(self, request: Request, pool_id: int) -> Response:
+        access.require_admin_read(request.user)
         return Response(PoolOutputSerializer(access.get_pool(request.user, pool_id)).data)
 
     @extend_schema(operation_id="pools_update", request=_PoolFields, responses=PoolOutputSerializer)
@@ -133,11 +137,13 @@ class ClassOutputSerializer(serializers.Serializer[Any]):
     inference = serializers.BooleanField()
     priority_class_name = serializers.CharField()
     restricted = serializers.BooleanField()
-    teams: serializers.Field[Any, Any, Any, Any] = serializers.SlugRelatedField(
-        slug_field="name", many=True, read_only=True
-    )
+    teams = serializers.SerializerMethodField()
     retired_at = serializers.DateTimeField(allow_null=True)
     config_managed = serializers.BooleanField()
+
+    @extend_schema_field(serializers.ListField(child=serializers.CharField()))
+    def get_teams(self, wc: WorkloadClass) -> list[str]:
+        return sorted(t.name for t in wc.teams.all())
 
 
 class _ClassFields(StrictSerializer):
@@ -187,12 +193,14 @@ class ClassListApi(ListApiView):
 
 
 class ClassDetailApi(ApiView):
+    """One class's settings, for admins and auditors (everyone reads the list)."""
+
     @extend_schema(operation_id="classes_read", responses=ClassOutputSerializer)
     def get(self, request: Request, class_id: int) -> Response:
-        signed_in_user(request)
+        access.require_admin_read(request.user)
         wc = WorkloadClass.objects.filter(pk=class_id).first()
         if wc is None:
-            return Response({"detail": "No such workload class."}, status=404)
+            raise Http404("No such workload class.")
         return Response(ClassOutputSerializer(wc).data)
 
     @extend_schema(
