@@ -52,11 +52,15 @@ from portal.views.requests import (
 from portal.views.serving import serving_change, serving_panel
 from portal.views.settings import (
     pool_edit,
+    pool_new,
+    pool_retire_view,
     profile_activate,
     profile_create,
     profile_edit,
     settings_page,
     workload_class_edit,
+    workload_class_new,
+    workload_class_retire_view,
 )
 from portal.views.teams import (
     member_add,
@@ -115,8 +119,12 @@ portal_patterns = [
     path("ops/capacity/", capacity, name="capacity"),
     path("ops/audit/", audit_log, name="audit"),
     path("ops/settings/", settings_page, name="settings"),
+    path("ops/classes/new/", workload_class_new, name="class-new"),
     path("ops/classes/<int:class_id>/", workload_class_edit, name="class-edit"),
+    path("ops/classes/<int:class_id>/retire/", workload_class_retire_view, name="class-retire"),
+    path("ops/pools/new/", pool_new, name="pool-new"),
     path("ops/pools/<int:pool_id>/", pool_edit, name="pool-edit"),
+    path("ops/pools/<int:pool_id>/retire/", pool_retire_view, name="pool-retire"),
     path("ops/profiles/new/", profile_create, name="profile-create"),
     path("ops/profiles/<int:profile_id>/", profile_edit, name="profile-edit"),
     path(

@@ -253,6 +253,17 @@ def workload_class_create(
     return wc
 
 
+def workload_class_retire_impact(wc: WorkloadClass) -> RetireImpact:
+    return RetireImpact(
+        running=GpuRequest.objects.filter(
+            workload_class=wc, state__in=GpuRequest.ACTIVE_STATES
+        ).count(),
+        pending=GpuRequest.objects.filter(
+            workload_class=wc, state=GpuRequest.State.PENDING
+        ).count(),
+    )
+
+
 def workload_class_retire(
     *,
     actor: User | None,
@@ -263,14 +274,7 @@ def workload_class_retire(
     """Retire a class: no new requests; running work runs on; waiting requests move to
     `move_to` or are cancelled. The row stays for the audit and decision logs."""
     wc = workload_class
-    impact = RetireImpact(
-        running=GpuRequest.objects.filter(
-            workload_class=wc, state__in=GpuRequest.ACTIVE_STATES
-        ).count(),
-        pending=GpuRequest.objects.filter(
-            workload_class=wc, state=GpuRequest.State.PENDING
-        ).count(),
-    )
+    impact = workload_class_retire_impact(wc)
     if (impact.running or impact.pending) and not confirm:
         raise ValidationError({"confirm": impact.sentence(f"class {wc.name}")})
     if move_to is not None and (move_to.pk == wc.pk or move_to.retired_at is not None):
