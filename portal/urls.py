@@ -35,6 +35,7 @@ from portal.views import lifecycle as views_lifecycle
 from portal.views import whatif as views_whatif
 from portal.views.audit import audit_csv, audit_log, decision_log
 from portal.views.capacity import capacity, device_clear_quarantine, node_action, nodes_bulk_action
+from portal.views.discovery import discover_create, discover_page
 from portal.views.health import healthz, readyz
 from portal.views.history import node_history, pool_history, team_history
 from portal.views.me import LoginView, notification_settings, template_delete
@@ -123,6 +124,8 @@ portal_patterns = [
     path("ops/classes/<int:class_id>/", workload_class_edit, name="class-edit"),
     path("ops/classes/<int:class_id>/retire/", workload_class_retire_view, name="class-retire"),
     path("ops/pools/new/", pool_new, name="pool-new"),
+    path("ops/discover/", discover_page, name="discover"),
+    path("ops/discover/create/", discover_create, name="discover-create"),
     path("ops/pools/<int:pool_id>/", pool_edit, name="pool-edit"),
     path("ops/pools/<int:pool_id>/retire/", pool_retire_view, name="pool-retire"),
     path("ops/profiles/new/", profile_create, name="profile-create"),

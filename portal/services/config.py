@@ -189,6 +189,16 @@ def _default(model: type[Pool] | type[WorkloadClass], name: str) -> Any:
     return f.get_default()
 
 
+def pool_fields_from_file(entry: dict[str, Any]) -> dict[str, Any]:
+    """A config-file pool entry as `pool_create`'s fields (defaults filled in)."""
+    wanted = _pool_wanted(entry)
+    fields = {("time_slicing_replicas" if k == "replicas" else k): v for k, v in wanted.items()}
+    auto = fields.pop("autoscale", None)
+    fields.update(auto or {})
+    fields["autoscaled"] = bool(auto)
+    return fields
+
+
 def _class_wanted(entry: dict[str, Any]) -> dict[str, Any]:
     model = {
         k: _default(WorkloadClass, k) for k in CLASS_KEYS if k not in ("teams", "default_profile")
@@ -305,10 +315,8 @@ def _apply_pools(run: _Run, entries: list[dict[str, Any]]) -> None:
     for i, entry in enumerate(entries):
         path = f"pools[{i}]"
         wanted = _pool_wanted(entry)
-        fields = {("time_slicing_replicas" if k == "replicas" else k): v for k, v in wanted.items()}
-        auto = fields.pop("autoscale", None)
-        fields.update(auto or {})
-        fields["autoscaled"] = bool(auto)
+        fields = pool_fields_from_file(entry)
+        auto = wanted.get("autoscale")
         row = current.get(entry["name"])
         if row is None:
             if run.attempt(path, pool_create, actor=None, config_managed=True, **fields):
