@@ -60,3 +60,10 @@ def test_a_changed_file_changes_the_job_so_an_upgrade_applies_it() -> None:
     b = one(render({**EXTERNAL, "siteConfig": {"file": changed}}), "Job", f"{FULL}-site-config")
     key = "checksum/site-config"
     assert a["metadata"]["annotations"][key] != b["metadata"]["annotations"][key]
+
+
+def test_the_file_may_come_as_text_from_set_file() -> None:
+    text = yaml.safe_dump(SITE_CONFIG)
+    docs = render({**EXTERNAL, "siteConfig": {"file": text}})
+    cm = one(docs, "ConfigMap", f"{FULL}-site-config")
+    assert yaml.safe_load(cm["data"]["config.yaml"]) == SITE_CONFIG
