@@ -150,3 +150,15 @@ def test_a_retired_class_takes_no_new_requests_and_its_waiting_ones_are_cancelle
     r = api(world.bob).post("/api/v1/requests/", body, content_type="application/json")
     assert r.status_code == 400
     assert "retired" in str(r.json()["workload_class"])
+
+
+def test_an_admin_changes_a_team_and_a_lead_may_not(world: World) -> None:
+    url = f"/api/v1/teams/{world.vision.pk}/"
+    r = api(world.alice).patch(url, {"weight": 5}, content_type="application/json")
+    assert r.status_code == 403
+    r = api(world.dave).patch(url, {"weight": 5}, content_type="application/json")
+    assert r.status_code == 200, r.content
+    event = AuditEvent.objects.get(action="team.update")
+    assert (event.before["weight"], event.after["weight"]) == (1, 5)
+    r = api(world.dave).patch(url, {"namespace": "Bad_NS"}, content_type="application/json")
+    assert r.status_code == 400 and "namespace" in r.json()
