@@ -10,6 +10,11 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.AddField(
+            model_name="team",
+            name="groups",
+            field=models.JSONField(blank=True, default=dict),
+        ),
+        migrations.AddField(
             model_name="pool",
             name="config_managed",
             field=models.BooleanField(default=False),

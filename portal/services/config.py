@@ -71,7 +71,7 @@ CLASS_KEYS = [
     "restricted",
     "teams",
 ]
-TEAM_KEYS = ["display_name", "namespace", "weight", "max_pending"]
+TEAM_KEYS = ["display_name", "namespace", "weight", "max_pending", "groups"]
 QUOTA_KEYS = ["nominal_milli", "borrowing_limit_milli", "lending_limit_milli", "granted_milli"]
 PROFILE_KEYS = ["kind", "mig_profile", "milli", "gpu_memory_mib"]
 
@@ -216,6 +216,7 @@ def _team_wanted(entry: dict[str, Any]) -> dict[str, Any]:
         "namespace": f"qm-{entry['name']}",
         "weight": 1,
         "max_pending": 0,
+        "groups": {},
     }
     out.update(entry)
     out["quotas"] = {

@@ -79,6 +79,7 @@ def team_create(
     display_name: str = "",
     weight: int = 1,
     max_pending: int = 0,
+    groups: dict[str, str] | None = None,
     config_managed: bool = False,
 ) -> Team:
     with transaction.atomic():
@@ -88,6 +89,7 @@ def team_create(
             display_name=display_name or name,
             weight=weight,
             max_pending=max_pending,
+            groups=groups or {},
             config_managed=config_managed,
         )
         team.full_clean()
@@ -102,7 +104,7 @@ def team_create(
     return team
 
 
-TEAM_FIELDS = ["display_name", "namespace", "weight", "max_pending"]
+TEAM_FIELDS = ["display_name", "namespace", "weight", "max_pending", "groups"]
 
 
 def team_update(*, actor: User | None, team: Team, **changes: object) -> Team:

@@ -160,3 +160,27 @@ def test_the_demo_cluster_file_is_a_valid_config_file() -> None:
 def test_parse_reports_yaml_errors() -> None:
     with pytest.raises(ConfigError, match="not YAML"):
         parse("pools: [", "x.yaml")
+
+
+def test_memberships_by_group_come_from_the_file_and_sign_in_applies_them(
+    world: World, tmp_path: Path, settings
+) -> None:
+    from django.contrib.auth import get_user_model
+
+    from portal.models import Membership
+    from portal.services.sso import sso_sync
+
+    settings.OIDC_GROUP_MAP = []
+    doc = yaml.safe_load(export())
+    nlp = next(t for t in doc["teams"] if t["name"] == "nlp")
+    nlp["groups"] = {"gpu-nlp": "member", "gpu-nlp-leads": "lead"}
+    out = apply(tmp_path, yaml.safe_dump(doc))
+    assert (
+        "changed team nlp\n    groups: {} -> {'gpu-nlp': 'member', 'gpu-nlp-leads': 'lead'}" in out
+    )
+    eve = get_user_model().objects.create_user("eve")
+    sso_sync(user=eve, groups=["gpu-nlp-leads", "gpu-nlp"])
+    assert Membership.objects.get(user=eve, team__name="nlp").role == "lead"
+    nlp["groups"] = {"gpu-nlp": "boss"}
+    with pytest.raises(CommandError, match=r"teams\[\d\]\.groups\.gpu-nlp: 'boss' is not one of"):
+        apply(tmp_path, yaml.safe_dump(doc))
