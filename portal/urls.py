@@ -12,7 +12,8 @@ from portal.api import lifecycle as api_lifecycle
 from portal.api import serving as api_serving
 from portal.api.agent import AttemptCheckpointApi
 from portal.api.audit import AuditListApi, DecisionListApi
-from portal.api.capacity import CapacityApi, DeviceClearQuarantineApi, NodeActionApi, PoolListApi
+from portal.api.capacity import CapacityApi, DeviceClearQuarantineApi, NodeActionApi
+from portal.api.pools import ClassDetailApi, ClassListApi, PoolDetailApi, PoolListCreateApi
 from portal.api.profiles import ProfileActivateApi, ProfileDetailApi, ProfileListCreateApi
 from portal.api.requests import (
     GpuRequestCancelApi,
@@ -35,6 +36,7 @@ from portal.views import lifecycle as views_lifecycle
 from portal.views import whatif as views_whatif
 from portal.views.audit import audit_csv, audit_log, decision_log
 from portal.views.capacity import capacity, device_clear_quarantine, node_action, nodes_bulk_action
+from portal.views.discovery import discover_create, discover_page
 from portal.views.health import healthz, readyz
 from portal.views.history import node_history, pool_history, team_history
 from portal.views.me import LoginView, LogoutView, notification_settings, template_delete
@@ -53,11 +55,15 @@ from portal.views.requests import (
 from portal.views.serving import serving_change, serving_panel
 from portal.views.settings import (
     pool_edit,
+    pool_new,
+    pool_retire_view,
     profile_activate,
     profile_create,
     profile_edit,
     settings_page,
     workload_class_edit,
+    workload_class_new,
+    workload_class_retire_view,
 )
 from portal.views.teams import (
     member_add,
@@ -117,8 +123,14 @@ portal_patterns = [
     path("ops/capacity/", capacity, name="capacity"),
     path("ops/audit/", audit_log, name="audit"),
     path("ops/settings/", settings_page, name="settings"),
+    path("ops/classes/new/", workload_class_new, name="class-new"),
     path("ops/classes/<int:class_id>/", workload_class_edit, name="class-edit"),
+    path("ops/classes/<int:class_id>/retire/", workload_class_retire_view, name="class-retire"),
+    path("ops/pools/new/", pool_new, name="pool-new"),
+    path("ops/discover/", discover_page, name="discover"),
+    path("ops/discover/create/", discover_create, name="discover-create"),
     path("ops/pools/<int:pool_id>/", pool_edit, name="pool-edit"),
+    path("ops/pools/<int:pool_id>/retire/", pool_retire_view, name="pool-retire"),
     path("ops/profiles/new/", profile_create, name="profile-create"),
     path("ops/profiles/<int:profile_id>/", profile_edit, name="profile-edit"),
     path(
@@ -180,7 +192,7 @@ api_patterns = [
         name="request-cancel",
     ),
     path("queue/", QueueApi.as_view(), name="queue"),
-    path("pools/", PoolListApi.as_view(), name="pools"),
+    path("pools/", PoolListCreateApi.as_view(), name="pools"),
     path("capacity/", CapacityApi.as_view(), name="capacity"),
     path("nodes/<int:node_id>/<node_action:action>/", NodeActionApi.as_view(), name="node-action"),
     path(
@@ -195,6 +207,9 @@ api_patterns = [
     ),
     path("decisions/", DecisionListApi.as_view(), name="decisions"),
     path("audit/", AuditListApi.as_view(), name="audit"),
+    path("pools/<int:pool_id>/", PoolDetailApi.as_view(), name="pool-detail"),
+    path("classes/", ClassListApi.as_view(), name="classes"),
+    path("classes/<int:class_id>/", ClassDetailApi.as_view(), name="class-detail"),
     path("teams/", TeamListApi.as_view(), name="teams"),
     path("teams/<int:team_id>/", TeamDetailApi.as_view(), name="team-detail"),
     path("teams/<int:team_id>/members/", TeamMemberListApi.as_view(), name="team-members"),

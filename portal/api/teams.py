@@ -22,6 +22,7 @@ from portal.services.teams import (
     membership_set,
     quota_set,
     team_create,
+    team_update,
 )
 
 
@@ -230,6 +231,24 @@ class TeamDetailApi(ApiView):
             "members": self.MemberSerializer(team_members(team), many=True).data,
         }
         return Response(data)
+
+    class PatchSerializer(StrictSerializer):
+        display_name = serializers.CharField(max_length=200, required=False)
+        namespace = serializers.CharField(max_length=63, required=False)
+        weight = serializers.IntegerField(min_value=1, max_value=1000, required=False)
+        max_pending = serializers.IntegerField(min_value=0, required=False)
+
+    @extend_schema(
+        operation_id="teams_update", request=PatchSerializer, responses=TeamOutputSerializer
+    )
+    def patch(self, request: Request, team_id: int) -> Response:
+        """Admins: a team's name for people, namespace, fair-share weight, pending limit."""
+        team = access.get_team_for_user(request.user, team_id)
+        access.require_admin(request.user)
+        serializer = self.PatchSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        team = team_update(actor=signed_in_user(request), team=team, **serializer.validated_data)
+        return Response(TeamOutputSerializer(team).data)
 
 
 class QuotaSetApi(ApiView):

@@ -54,6 +54,17 @@ class InventoryNode:
 
 
 @dataclass(frozen=True)
+class DiscoveredNode:
+    """A node with NVIDIA GPUs as the cluster labels it, whether or not a pool selects it."""
+
+    name: str
+    labels: dict[str, str]
+    gpus: int
+    #: (key, value, effect)
+    taints: tuple[tuple[str, str, str], ...] = ()
+
+
+@dataclass(frozen=True)
 class GrantSpec:
     device: int
     milli: int
@@ -305,6 +316,10 @@ VALIDATION_RESULT_PREFIX = "QM_VALIDATION "
 
 class ClusterBackend(Protocol):
     name: str
+
+    def gpu_nodes(self) -> list[DiscoveredNode]:
+        """Every node with NVIDIA GPUs, pool or not (discovery)."""
+        ...
 
     def inventory(self) -> list[InventoryNode]:
         """Every GPU node with what it can offer now."""

@@ -19,6 +19,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from portal.backends.base import (
+    DiscoveredNode,
     InventoryNode,
     LaunchSpec,
     Outcome,
@@ -31,7 +32,13 @@ from portal.backends.base import (
     member_name,
 )
 from portal.k8s import provisioning
-from portal.k8s.inventory import inventory_from_nodes, node_facts, nodes_list_gpu, pods_list_active
+from portal.k8s.inventory import (
+    gpu_nodes_discovered,
+    inventory_from_nodes,
+    node_facts,
+    nodes_list_gpu,
+    pods_list_active,
+)
 from portal.k8s.jobs import (
     JobOptions,
     checkpoint_pvc_build,
@@ -265,6 +272,9 @@ class KubernetesBackend:
         return sel() if callable(sel) else sel
 
     # -- the protocol ----------------------------------------------------------------
+
+    def gpu_nodes(self) -> list[DiscoveredNode]:
+        return gpu_nodes_discovered(nodes_list_gpu(self.core))
 
     def inventory(self) -> list[InventoryNode]:
         nodes = nodes_list_gpu(self.core)

@@ -33,6 +33,7 @@ from django.utils import timezone
 
 from portal.backends import serving_replicas
 from portal.backends.base import (
+    DiscoveredNode,
     InventoryDevice,
     InventoryMig,
     InventoryNode,
@@ -128,7 +129,7 @@ def inventory_from_file(path: str | Path) -> list[InventoryNode]:
                     memory_mib=int(spec.get("memory_mib", 512 * 1024)),
                     devices=devices,
                     labels={
-                        "nvidia.com/gpu.product": pool["gpu_model"],
+                        **gfd_labels(pool, len(devices)),
                         **{k: str(v) for k, v in extra.items()},
                         **pool.get("node_selector", {}),
                     },
@@ -141,6 +142,39 @@ def inventory_from_file(path: str | Path) -> list[InventoryNode]:
                 )
             )
     return nodes
+
+
+def gfd_labels(spec: dict[str, Any], gpus: int) -> dict[str, str]:
+    """What GPU Feature Discovery would label a node of this spec with."""
+    labels = {
+        "nvidia.com/gpu.product": str(spec["gpu_model"]),
+        "nvidia.com/gpu.memory": str(spec["gpu_memory_mib"]),
+        "nvidia.com/gpu.count": str(gpus),
+    }
+    if spec.get("partitioning") == "mig":
+        labels["nvidia.com/mig.strategy"] = "mixed"
+    if int(spec.get("replicas", 1)) > 1:
+        labels["nvidia.com/gpu.replicas"] = str(spec["replicas"])
+    return labels
+
+
+def unpooled_from_file(path: str | Path) -> list[DiscoveredNode]:
+    """The file's GPU nodes that no pool of the demo owns (`unpooled:`), for discovery."""
+    out = []
+    for spec in load_cluster(path).get("unpooled", []):
+        gpus = int(spec.get("gpus", 8))
+        for i in range(int(spec.get("count", 1))):
+            out.append(
+                DiscoveredNode(
+                    name=f"{spec['prefix']}-{i + 1:02d}",
+                    labels={
+                        **gfd_labels(spec, gpus),
+                        **{k: str(v) for k, v in spec.get("labels", {}).items()},
+                    },
+                    gpus=gpus,
+                )
+            )
+    return out
 
 
 def checkpoint_every_s(interval_s: int) -> float:
@@ -161,6 +195,17 @@ class SimulatedBackend:
 
     def checkpoint_dir(self, request_id: int) -> Path:
         return self.checkpoint_root / checkpoint_claim(request_id)
+
+    def gpu_nodes(self) -> list[DiscoveredNode]:
+        return [
+            DiscoveredNode(
+                name=n.name,
+                labels=dict(n.labels),
+                gpus=len(n.devices),
+                taints=n.taints,
+            )
+            for n in self.inventory()
+        ] + unpooled_from_file(self.path)
 
     def inventory(self) -> list[InventoryNode]:
         changed = {n.name: n for n in SimulatedNode.objects.all()}

@@ -111,3 +111,37 @@ class PolicyProfileForm(forms.Form):
 
     def knobs(self) -> dict[str, Any]:
         return {k: self.cleaned_data[k] for k in scheduling_profile.KNOBS}
+
+
+class PoolCreateForm(PoolForm):
+    """A new pool: what its nodes are (fixed once made), then the settings any pool has."""
+
+    class Meta(PoolForm.Meta):
+        fields = ["name", "gpu_model", "gpu_memory_mib", "partitioning", *POOL_FIELDS]
+        help_texts = {
+            "gpu_model": "as GPU Feature Discovery labels it (nvidia.com/gpu.product)",
+            "gpu_memory_mib": "per GPU, MiB (nvidia.com/gpu.memory)",
+        }
+
+
+class WorkloadClassCreateForm(WorkloadClassForm):
+    class Meta(WorkloadClassForm.Meta):
+        fields = ["name", *CLASS_FIELDS, "teams"]
+
+
+class RetireForm(forms.Form):
+    """Retiring a pool or class with work in it: confirm, and say where waiting work goes."""
+
+    confirm = forms.BooleanField(required=False, label="Retire it")
+    move_to = forms.ModelChoiceField(
+        queryset=Pool.objects.none(),
+        required=False,
+        label="Move waiting requests to",
+        empty_label="(cancel them)",
+    )
+
+    def __init__(self, *args: Any, choices: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        field = self.fields["move_to"]
+        assert isinstance(field, forms.ModelChoiceField)
+        field.queryset = choices

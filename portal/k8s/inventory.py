@@ -11,6 +11,7 @@ from decimal import Decimal
 from typing import Any
 
 from portal.backends.base import (
+    DiscoveredNode,
     InventoryDevice,
     InventoryMig,
     InventoryNode,
@@ -46,6 +47,35 @@ def nodes_list_gpu(core: Any, label_selector: str | None = None) -> list[Any]:
     """Every Node (optionally by label selector); GPU-less nodes drop out later."""
     kwargs = {"label_selector": label_selector} if label_selector else {}
     return list(core.list_node(**kwargs).items)
+
+
+def gpu_nodes_discovered(nodes: Iterable[Any]) -> list[DiscoveredNode]:
+    """Nodes with an NVIDIA resource or GPU Feature Discovery's product label, sorted by name."""
+    out = []
+    for node in nodes:
+        labels = dict(node.metadata.labels or {})
+        capacity = dict(node.status.capacity or {}) if node.status else {}
+        gpus = sum(
+            int(str(v))
+            for k, v in capacity.items()
+            if k.startswith("nvidia.com/") and str(v).isdigit()
+        )
+        if not gpus and "nvidia.com/gpu.product" not in labels:
+            continue
+        taints = tuple(
+            (t.key, t.value or "", t.effect)
+            for t in ((node.spec.taints if node.spec else None) or [])
+        )
+        count = labels.get("nvidia.com/gpu.count", "")
+        out.append(
+            DiscoveredNode(
+                name=node.metadata.name,
+                labels=labels,
+                gpus=int(count) if count.isdigit() else gpus,
+                taints=taints,
+            )
+        )
+    return sorted(out, key=lambda n: n.name)
 
 
 def pods_list_active(core: Any, namespaces: Sequence[str] | None = None) -> list[Any]:

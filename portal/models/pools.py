@@ -98,6 +98,10 @@ class WorkloadClass(models.Model):
         related_name="allowed_classes",
         help_text="Teams that may use a restricted class.",
     )
+    #: retired: no new requests; the row stays for the audit and decision logs
+    retired_at = models.DateTimeField(null=True, blank=True)
+    #: written by `manage.py config apply`: a change in the pages is drift the next apply reverts
+    config_managed = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["-band", "name"]
@@ -159,6 +163,10 @@ class Pool(models.Model):
     node_memory_mib = models.PositiveIntegerField(default=1024 * 1024)
     #: an added node with nothing allocated is given back after this many seconds
     idle_release_s = models.PositiveIntegerField(default=600)
+    #: retired: in maintenance for good; the row stays for the audit and decision logs
+    retired_at = models.DateTimeField(null=True, blank=True)
+    #: written by `manage.py config apply`: a change in the pages is drift the next apply reverts
+    config_managed = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["name"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 
@@ -24,12 +25,24 @@ class Team(models.Model):
     #: most pending requests at once; 0 = the site default
     max_pending = models.PositiveIntegerField(default=0, help_text="0 = the site default")
     created_at = models.DateTimeField(auto_now_add=True)
+    #: written by `manage.py config apply`: a change in the pages is drift the next apply reverts
+    config_managed = models.BooleanField(default=False)
+    #: identity-provider groups whose members single sign-on makes members of this team:
+    #: {group: "member" | "lead"}, beside the site-wide OIDC_GROUP_MAP
+    groups = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["name"]
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self) -> None:
+        if not isinstance(self.groups, dict) or not all(
+            isinstance(g, str) and g and len(g) <= 200 and r in ("member", "lead")
+            for g, r in self.groups.items()
+        ):
+            raise ValidationError({"groups": 'Groups are {"group name": "member" or "lead"}.'})
 
 
 class Membership(models.Model):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -59,6 +60,11 @@ POLICY_ACTIONS = frozenset(
         "class.update",
         "class.teams",
         "pool.update",
+        "pool.create",
+        "pool.retire",
+        "class.create",
+        "class.retire",
+        "team.update",
         "profile.create",
         "profile.update",
         "profile.activate",
@@ -92,9 +98,17 @@ def field_values(obj: Model, fields: list[str]) -> dict[str, Any]:
 
 
 def update_audited(
-    *, actor: Actor, obj: M, fields: list[str], action: str, changes: dict[str, Any]
+    *,
+    actor: Actor,
+    obj: M,
+    fields: list[str],
+    action: str,
+    changes: dict[str, Any],
+    check: Callable[[M], None] | None = None,
 ) -> M:
-    """Change `fields` of `obj` (validated, under a row lock), audited as one event, old → new."""
+    """Change `fields` of `obj` (validated, under a row lock), audited as one event, old → new.
+
+    `check` validates what the model's own `clean` cannot (a MIG layout against geometry)."""
     unknown = set(changes) - set(fields)
     if unknown:
         raise ValidationError({sorted(unknown)[0]: "This field cannot be changed here."})
@@ -104,6 +118,8 @@ def update_audited(
         for key, value in changes.items():
             setattr(obj, key, value)
         obj.full_clean()
+        if check is not None:
+            check(obj)
         obj.save()
         audit(actor=actor, action=action, obj=obj, before=before, after=field_values(obj, fields))
     return obj

@@ -93,6 +93,10 @@ def check_priority(user: Any, team: Team, priority: Any, role: str | None = None
 
 
 def check_class(team: Team, workload_class: WorkloadClass) -> None:
+    if workload_class.retired_at is not None:
+        raise ValidationError(
+            {"workload_class": f"The {workload_class.name} class is retired; choose another."}
+        )
     if not workload_class.open_to(team):
         raise ValidationError(
             {

@@ -238,7 +238,7 @@ def _advance(rollout: Rollout, now: datetime) -> None:
             layout = rollout.impact.get("mig_layout")
             if rollout.kind == Rollout.Kind.MIG_LAYOUT and layout:
                 # Every node runs the new layout: the pool offers its profiles from now on.
-                pool_update(actor=None, pool=rollout.pool, mig_layout=layout)  # type: ignore[arg-type]
+                pool_update(actor=None, pool=rollout.pool, mig_layout=layout)
 
 
 def _move(m: RolloutNode, step: str, now: datetime, reason: str = "") -> None:

@@ -16,14 +16,20 @@ SSO_ACTOR = "sso"
 
 
 def sso_roles_from_groups(groups: Any) -> tuple[dict[str, str], set[str]]:
-    """Map IdP groups through settings.OIDC_GROUP_MAP: ({team name: role}, {platform roles}).
+    """Map IdP groups through settings.OIDC_GROUP_MAP and each team's own `groups` (set by
+    the config file): ({team name: role}, {platform roles}).
 
     A user in several groups of one team gets the highest role (lead over member).
     """
     names = {g for g in groups if isinstance(g, str)} if isinstance(groups, list | tuple) else set()
     teams: dict[str, str] = {}
     platform: set[str] = set()
-    for group, team, role in settings.OIDC_GROUP_MAP:
+    by_team = [
+        (group, name, role)
+        for name, mapping in Team.objects.exclude(groups={}).values_list("name", "groups")
+        for group, role in sorted(mapping.items())
+    ]
+    for group, team, role in [*settings.OIDC_GROUP_MAP, *by_team]:
         if group not in names:
             continue
         if team == "*":

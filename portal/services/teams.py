@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from portal import access
 from portal.models import GpuRequest, Membership, Pool, Quota, Team
-from portal.services.audit import audit, field_values
+from portal.services.audit import audit, field_values, update_audited
 from portal.services.requests import gpu_request_cancel_not_member
 
 QUOTA_FIELDS = ["nominal_milli", "borrowing_limit_milli", "lending_limit_milli", "granted_milli"]
@@ -17,7 +17,7 @@ QUOTA_FIELDS = ["nominal_milli", "borrowing_limit_milli", "lending_limit_milli",
 
 def quota_set(
     *,
-    actor: User,
+    actor: User | None,
     team: Team,
     pool: Pool,
     nominal_milli: int,
@@ -26,8 +26,10 @@ def quota_set(
     granted_milli: int | None = None,
     reason: str = "",
 ) -> Quota:
-    """Set a team's quota in a pool. Lowering it never stops running work; it only blocks new admissions."""
-    is_admin = access.is_admin(actor)
+    """Set a team's quota in a pool. Lowering it never stops running work; it only blocks new admissions.
+
+    `actor` None is the system (`manage.py config apply`), which sets what an admin may."""
+    is_admin = actor is None or access.is_admin(actor)
     with transaction.atomic():
         quota, _ = Quota.objects.select_for_update().get_or_create(team=team, pool=pool)
         before = field_values(quota, QUOTA_FIELDS)
@@ -76,6 +78,9 @@ def team_create(
     namespace: str = "",
     display_name: str = "",
     weight: int = 1,
+    max_pending: int = 0,
+    groups: dict[str, str] | None = None,
+    config_managed: bool = False,
 ) -> Team:
     with transaction.atomic():
         team = Team(
@@ -83,6 +88,9 @@ def team_create(
             namespace=namespace or f"qm-{name}",
             display_name=display_name or name,
             weight=weight,
+            max_pending=max_pending,
+            groups=groups or {},
+            config_managed=config_managed,
         )
         team.full_clean()
         team.save()
@@ -94,6 +102,16 @@ def team_create(
             after={"name": name, "namespace": team.namespace},
         )
     return team
+
+
+TEAM_FIELDS = ["display_name", "namespace", "weight", "max_pending", "groups"]
+
+
+def team_update(*, actor: User | None, team: Team, **changes: object) -> Team:
+    """Change a team's name for people, namespace, fair-share weight or pending limit (admins)."""
+    return update_audited(
+        actor=actor, obj=team, fields=TEAM_FIELDS, action="team.update", changes=changes
+    )
 
 
 def membership_set(

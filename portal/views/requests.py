@@ -24,6 +24,7 @@ from portal.forms.requests import (
     initial_from_request,
 )
 from portal.models import GpuRequest
+from portal.selectors.config import first_run_pending, pools_live
 from portal.selectors.queue import queue_list, queue_promise, queue_summary, request_wait_split
 from portal.selectors.requests import LOG_DOWNLOAD_LINES, request_attempt_facts, request_list
 from portal.selectors.requests import request_logs as request_logs_
@@ -63,6 +64,9 @@ def home(request: AuthedRequest) -> HttpResponse:
         "filters": filters,
         "templates": request.user.request_templates.all(),
         "now": timezone.now(),
+        # a new site: the admin's checklist, the others' "ask an admin" (instead of empty tables)
+        "first_run": first_run_pending() if access.is_admin(request.user) else None,
+        "no_pools": not pools_live(),
     }
     return render(request, template, context)
 
@@ -100,7 +104,12 @@ def request_submit(request: AuthedRequest) -> HttpResponse:
                     request, f"Saved as template “{save_as.cleaned_data['template_name']}”."
                 )
         status = 400 if save_as.errors else 200
-        context = {"form": form, "no_team": not teams.exists(), "save_as": save_as}
+        context = {
+            "form": form,
+            "no_team": not teams.exists(),
+            "no_pools": not pools_live(),
+            "save_as": save_as,
+        }
         return render(request, "portal/submit.html", context, status=status)
     if request.method == "POST" and form.is_valid():
         # What the preview says is rejected is refused here too, before anything is stored.
@@ -121,7 +130,12 @@ def request_submit(request: AuthedRequest) -> HttpResponse:
                 )
                 return redirect("portal:request-detail", request_id=req.pk)
     status = 400 if form.errors else 200
-    context = {"form": form, "no_team": not teams.exists(), "save_as": save_as}
+    context = {
+        "form": form,
+        "no_team": not teams.exists(),
+        "no_pools": not pools_live(),
+        "save_as": save_as,
+    }
     return render(request, "portal/submit.html", context, status=status)
 
 

@@ -12,9 +12,26 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from portal import access
-from portal.forms.settings import PolicyProfileForm, PoolForm, WorkloadClassForm
+from portal.forms.settings import (
+    PolicyProfileForm,
+    PoolCreateForm,
+    PoolForm,
+    RetireForm,
+    WorkloadClassCreateForm,
+    WorkloadClassForm,
+)
 from portal.models import PolicyProfile, Pool, Quota, Team, WorkloadClass
-from portal.services.pools import pool_update, workload_class_update
+from portal.services.pools import (
+    RetireImpact,
+    pool_create,
+    pool_retire,
+    pool_retire_impact,
+    pool_update,
+    workload_class_create,
+    workload_class_retire,
+    workload_class_retire_impact,
+    workload_class_update,
+)
 from portal.services.profiles import (
     policy_profile_activate,
     policy_profile_create,
@@ -39,11 +56,11 @@ def _settings_context(override: dict[tuple[str, int], Any] | None = None) -> dic
     override = override or {}
     classes = [
         (c, override.get(("class", c.pk)) or WorkloadClassForm(instance=c, prefix=f"c{c.pk}"))
-        for c in WorkloadClass.objects.all()
+        for c in WorkloadClass.objects.filter(retired_at=None)
     ]
     pools = [
         (p, override.get(("pool", p.pk)) or PoolForm(instance=p, prefix=f"p{p.pk}"))
-        for p in Pool.objects.all()
+        for p in Pool.objects.filter(retired_at=None)
     ]
     quotas = Quota.objects.select_related("team", "pool").order_by("team__name", "pool__name")
     profiles = [
@@ -64,6 +81,10 @@ def _settings_context(override: dict[tuple[str, int], Any] | None = None) -> dic
         "teams": Team.objects.all(),
         "profiles": profiles,
         "new_profile": new_profile,
+        "new_pool": override.get(("pool", 0)) or PoolCreateForm(prefix="p-new"),
+        "new_class": override.get(("class", 0)) or WorkloadClassCreateForm(prefix="c-new"),
+        "retired_pools": Pool.objects.exclude(retired_at=None),
+        "retired_classes": WorkloadClass.objects.exclude(retired_at=None),
     }
 
 
@@ -163,3 +184,94 @@ def pool_edit(request: AuthedRequest, pool_id: int) -> HttpResponse:
     return render(
         request, "portal/settings.html", _settings_context({("pool", pool.pk): form}), status=400
     )
+
+
+@login_required
+@require_POST
+def pool_new(request: AuthedRequest) -> HttpResponse:
+    access.require_admin(request.user)
+    form = PoolCreateForm(request.POST, prefix="p-new")
+    if form.is_valid():
+        try:
+            pool_create(actor=request.user, **{f: form.cleaned_data[f] for f in form.Meta.fields})
+        except ValidationError as exc:
+            add_errors(form, exc)
+        else:
+            return redirect(reverse("portal:settings") + "#pools")
+    return render(
+        request, "portal/settings.html", _settings_context({("pool", 0): form}), status=400
+    )
+
+
+@login_required
+@require_POST
+def workload_class_new(request: AuthedRequest) -> HttpResponse:
+    access.require_admin(request.user)
+    form = WorkloadClassCreateForm(request.POST, prefix="c-new")
+    if form.is_valid():
+        fields = {f: form.cleaned_data[f] for f in form.Meta.fields}
+        try:
+            workload_class_create(actor=request.user, **fields)
+        except ValidationError as exc:
+            add_errors(form, exc)
+        else:
+            return redirect(reverse("portal:settings") + "#classes")
+    return render(
+        request, "portal/settings.html", _settings_context({("class", 0): form}), status=400
+    )
+
+
+def _retire_answer(
+    request: AuthedRequest, *, what: str, form: RetireForm, impact: RetireImpact, error: str = ""
+) -> HttpResponse:
+    """The question before retiring (what happens to its work); 400 with what was wrong."""
+    context = {"what": what, "form": form, "sentence": impact.sentence(what), "error": error}
+    return render(request, "portal/retire.html", context, status=400 if error else 200)
+
+
+@login_required
+@require_POST
+def pool_retire_view(request: AuthedRequest, pool_id: int) -> HttpResponse:
+    pool = access.get_pool_for_admin(request.user, pool_id)
+    live = Pool.objects.filter(retired_at=None).exclude(pk=pool.pk)
+    form = RetireForm(request.POST, choices=live)
+    impact = pool_retire_impact(pool)
+    if not form.is_valid() or not form.cleaned_data["confirm"]:
+        return _retire_answer(request, what=f"pool {pool.name}", form=form, impact=impact)
+    try:
+        pool_retire(
+            actor=request.user,
+            pool=pool,
+            confirm=form.cleaned_data["confirm"],
+            move_to=form.cleaned_data["move_to"],
+        )
+    except ValidationError as exc:
+        message = "" if "confirm" in exc.message_dict else " ".join(exc.messages)
+        return _retire_answer(
+            request, what=f"pool {pool.name}", form=form, impact=impact, error=message
+        )
+    return redirect(reverse("portal:settings") + "#pools")
+
+
+@login_required
+@require_POST
+def workload_class_retire_view(request: AuthedRequest, class_id: int) -> HttpResponse:
+    wc = access.get_workload_class_for_admin(request.user, class_id)
+    live = WorkloadClass.objects.filter(retired_at=None).exclude(pk=wc.pk)
+    form = RetireForm(request.POST, choices=live)
+    impact = workload_class_retire_impact(wc)
+    if not form.is_valid() or not form.cleaned_data["confirm"]:
+        return _retire_answer(request, what=f"class {wc.name}", form=form, impact=impact)
+    try:
+        workload_class_retire(
+            actor=request.user,
+            workload_class=wc,
+            confirm=form.cleaned_data["confirm"],
+            move_to=form.cleaned_data["move_to"],
+        )
+    except ValidationError as exc:
+        message = "" if "confirm" in exc.message_dict else " ".join(exc.messages)
+        return _retire_answer(
+            request, what=f"class {wc.name}", form=form, impact=impact, error=message
+        )
+    return redirect(reverse("portal:settings") + "#classes")

@@ -20,6 +20,21 @@ EXTERNAL = {
     "externalDatabase": {"url": "postgres://qm:pw@db.example.com:5432/quartermaster"},
     "externalRedis": {"url": "redis://:pw@redis.example.com:6379/0"},
 }
+#: a small site configuration file (portal/lib/config_schema.json) for the hook Job
+SITE_CONFIG: dict[str, Any] = {
+    "version": 1,
+    "profiles": [{"name": "whole", "kind": "whole"}],
+    "pools": [
+        {
+            "name": "a100",
+            "gpu_model": "NVIDIA-A100-SXM4-80GB",
+            "gpu_memory_mib": 81920,
+            "node_selector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"},
+        }
+    ],
+    "classes": [{"name": "training", "band": 100, "default_profile": "whole"}],
+    "teams": [{"name": "team-a", "quotas": {"a100": {"nominal_milli": 8000}}}],
+}
 #: named value sets every chart test runs over: the defaults (plus the two required URLs) and
 #: non-default ones that switch on every optional part
 CASES: dict[str, dict[str, Any]] = {
@@ -65,6 +80,7 @@ CASES: dict[str, dict[str, Any]] = {
         },
         "imagePullSecrets": ["regcred"],
         "image": {"tag": "1.2.3"},
+        "siteConfig": {"file": SITE_CONFIG, "prune": True},
     },
     "existing-secret": {
         "secrets": {"existingSecret": "qm-secrets"},
@@ -74,6 +90,7 @@ CASES: dict[str, dict[str, Any]] = {
         "priorityClasses": {"create": False},
         "migrations": {"enabled": False},
         "web": {"replicas": 1},
+        "siteConfig": {"existingConfigMap": "qm-site"},
     },
     "simulated": {
         **EXTERNAL,

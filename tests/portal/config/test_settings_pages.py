@@ -1,0 +1,108 @@
+"""The settings page creates and retires pools and classes (admins); managed objects are marked."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+from portal.models import AuditEvent, GpuRequest, Pool, WorkloadClass
+from tests.base import World, make_world, submit
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def world() -> World:
+    return make_world()
+
+
+def login(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+NEW_POOL = {
+    "p-new-name": "l40s",
+    "p-new-gpu_model": "NVIDIA-L40S",
+    "p-new-gpu_memory_mib": "46068",
+    "p-new-partitioning": "exclusive",
+    "p-new-lifecycle": "production",
+    "p-new-inference_floor_milli": "0",
+    "p-new-taints": "",
+    "p-new-node_selector": "nvidia.com/gpu.product=NVIDIA-L40S",
+    "p-new-mig_layout": "",
+    "p-new-time_slicing_replicas": "1",
+    "p-new-interconnect": "pcie",
+    "p-new-architecture": "ada",
+}
+
+
+def test_an_admin_creates_a_pool_on_the_settings_page(world: World) -> None:
+    r = login(world.dave).post("/ops/pools/new/", NEW_POOL)
+    assert r.status_code == 302, r.content.decode()[:2000]
+    pool = Pool.objects.get(name="l40s")
+    assert pool.node_selector == {"nvidia.com/gpu.product": "NVIDIA-L40S"}
+    assert AuditEvent.objects.filter(action="pool.create", object_id=str(pool.pk)).count() == 1
+
+
+def test_a_bad_selector_is_a_form_error_and_nothing_is_made(world: World) -> None:
+    body = {**NEW_POOL, "p-new-node_selector": "bad key!=x"}
+    r = login(world.dave).post("/ops/pools/new/", body)
+    assert r.status_code == 400
+    assert not Pool.objects.filter(name="l40s").exists()
+
+
+def test_a_lead_cannot_create_a_pool_or_class(world: World) -> None:
+    client = login(world.alice)
+    assert client.post("/ops/pools/new/", NEW_POOL).status_code == 403
+    assert (
+        client.post("/ops/classes/new/", {"c-new-name": "x", "c-new-band": "1"}).status_code == 403
+    )
+    assert not Pool.objects.filter(name="l40s").exists()
+
+
+def test_retiring_a_class_with_waiting_work_says_what_happens_first(world: World) -> None:
+    req = submit(world.bob, world.vision, cls="interactive", profile_kind="whole", count=1)
+    wc = WorkloadClass.objects.get(name="interactive")
+    client = login(world.dave)
+    r = client.post(f"/ops/classes/{wc.pk}/retire/", {})
+    assert r.status_code == 200
+    assert "1 waiting request(s)" in r.content.decode()
+    wc.refresh_from_db()
+    assert wc.retired_at is None
+    training = WorkloadClass.objects.get(name="training")
+    r = client.post(f"/ops/classes/{wc.pk}/retire/", {"confirm": "on", "move_to": training.pk})
+    assert r.status_code == 302
+    req.refresh_from_db()
+    wc.refresh_from_db()
+    assert wc.retired_at is not None
+    assert req.workload_class == training and req.state == GpuRequest.State.PENDING
+    page = client.get("/ops/settings/").content.decode()
+    assert "Retired: interactive." in page
+
+
+def test_managed_objects_are_marked_on_the_page(world: World) -> None:
+    Pool.objects.filter(name="a100-train").update(config_managed=True)
+    page = login(world.dave).get("/ops/settings/").content.decode()
+    assert page.count("managed by the config file</span>") == 1
+
+
+def test_an_admin_creates_a_class_on_the_settings_page(world: World) -> None:
+    body = {
+        "c-new-name": "urgent",
+        "c-new-band": "900",
+        "c-new-preemption": "never",
+        "c-new-min_runtime_s": "0",
+        "c-new-max_queue_s": "60",
+        "c-new-description": "pages people",
+        "c-new-priority_class_name": "",
+        "c-new-teams": [str(world.vision.pk)],
+        "c-new-restricted": "on",
+    }
+    r = login(world.dave).post("/ops/classes/new/", body)
+    assert r.status_code == 302, r.content.decode()[:3000]
+    wc = WorkloadClass.objects.get(name="urgent")
+    assert wc.band == 900 and list(wc.teams.all()) == [world.vision]
+    r = login(world.dave).post("/ops/classes/new/", {**body, "c-new-name": "b", "c-new-band": "-5"})
+    assert r.status_code == 400
