@@ -37,6 +37,8 @@ class Preview:
     estimated_start: datetime | None = None
     borrowing: bool = False
     preemptions: int = 0
+    #: the input field a rejection is about ("" when it is about the whole request)
+    field: str = ""
 
 
 def gpu_request_preview(
@@ -53,16 +55,15 @@ def gpu_request_preview(
     cpu_milli: int = 1000,
     memory_mib: int = 4096,
     priority: int = 0,
+    kind: str = "batch",
     now: datetime | None = None,
 ) -> Preview:
     """What the scheduler would do with this request if it were submitted now. Writes nothing."""
-    if not workload_class.open_to(team):
+    refusal = workload_class.refusal(team=team, kind=kind, pool=pool)
+    if refusal is not None:
         # The submit would refuse it (services.check_class): say so, before any scheduling.
-        return Preview(
-            "rejected",
-            f"team {team.name} may not use the {workload_class.name} class",
-            code="class-not-allowed",
-        )
+        field, message = refusal
+        return Preview("rejected", message, code="class-not-allowed", field=field)
     now = now or timezone.now()
     # the active profile, as the tick runs it (read only: the shipped default if none is stored)
     policy = PolicyProfile.objects.active_profile().policy()
