@@ -472,6 +472,10 @@ NOTIFY_LONG_WAIT_SECONDS = envint("NOTIFY_LONG_WAIT_SECONDS", "3600")
 NOTIFY_WEBHOOK_TIMEOUT_SECONDS = envint("NOTIFY_WEBHOOK_TIMEOUT_SECONDS", "5")
 # Webhooks to loopback, private and link-local addresses are refused unless this is set.
 NOTIFY_WEBHOOK_ALLOW_PRIVATE = envbool("NOTIFY_WEBHOOK_ALLOW_PRIVATE", "false")
+# ... or, finer, unless they fall in one of these networks (an on-premises chat server).
+NOTIFY_WEBHOOK_ALLOWED_NETWORKS = envlist("NOTIFY_WEBHOOK_ALLOWED_NETWORKS", "")
+# CA bundle that https webhooks are verified against ("" = the system's).
+NOTIFY_WEBHOOK_CA_FILE = env("NOTIFY_WEBHOOK_CA_FILE")
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

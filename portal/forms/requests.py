@@ -207,6 +207,7 @@ class NotificationPreferenceForm(forms.ModelForm):  # type: ignore[type-arg]
         fields = [
             "email",
             "webhook_url",
+            "webhook_format",
             "on_start",
             "on_end",
             "on_failure",

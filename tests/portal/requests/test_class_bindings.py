@@ -65,7 +65,9 @@ def test_the_kinds_are_the_requests_kinds() -> None:
 def test_a_members_batch_request_in_the_inference_class_is_a_400_naming_the_field(
     world: World,
 ) -> None:
-    r = api(world.bob).post("/api/v1/requests/", BATCH_IN_INFERENCE, content_type="application/json")
+    r = api(world.bob).post(
+        "/api/v1/requests/", BATCH_IN_INFERENCE, content_type="application/json"
+    )
     assert r.status_code == 400, r.content
     assert "serving" in r.json()["workload_class"][0]
     assert not GpuRequest.objects.exists()
