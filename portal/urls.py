@@ -255,7 +255,9 @@ urlpatterns = [
         "api/docs/",
         # Split: its script is a file of its own (?script), not inline, as the CSP asks.
         SpectacularSwaggerSplitView.as_view(
-            url_name="schema", permission_classes=[IsAuthenticated]
+            url_name="schema",
+            permission_classes=[IsAuthenticated],
+            template_name="portal/swagger_ui.html",
         ),
         name="api-docs",
     ),

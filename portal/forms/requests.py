@@ -202,6 +202,13 @@ class NotificationPreferenceForm(forms.ModelForm):  # type: ignore[type-arg]
         help_text=NotificationPreference._meta.get_field("webhook_url").help_text,
     )
 
+    webhook_format = forms.ChoiceField(
+        choices=NotificationPreference.WebhookFormat.choices,
+        required=False,
+        label="Webhook format",
+        help_text=NotificationPreference._meta.get_field("webhook_format").help_text,
+    )
+
     class Meta:
         model = NotificationPreference
         fields = [
@@ -214,6 +221,10 @@ class NotificationPreferenceForm(forms.ModelForm):  # type: ignore[type-arg]
             "on_preemption",
             "on_long_wait",
         ]
+
+    def clean_webhook_format(self) -> str:
+        # Left out (an older form, the API): the format follows the address.
+        return str(self.cleaned_data.get("webhook_format") or "auto")
 
 
 class TemplateSaveForm(forms.Form):

@@ -55,7 +55,13 @@ def world() -> World:
 
 @pytest.fixture
 def page(browser, live_server) -> Iterator[object]:  # noqa: ANN001
-    context = browser.new_context(base_url=live_server.url, viewport={"width": 1400, "height": 900})
+    context = browser.new_context(
+        # Playwright evaluates wait_for_function strings and axe with eval, which the portal's
+        # CSP refuses; tests/browser/test_csp_browser.py checks the pages under the policy.
+        bypass_csp=True,
+        base_url=live_server.url,
+        viewport={"width": 1400, "height": 900},
+    )
     pg = context.new_page()
     pg.set_default_timeout(15_000)
     yield pg

@@ -59,7 +59,7 @@ SERVING = {
 
 
 def test_the_kinds_are_the_requests_kinds() -> None:
-    assert WORKLOAD_KINDS == tuple(GpuRequest.Kind.values)
+    assert tuple(GpuRequest.Kind.values) == WORKLOAD_KINDS
 
 
 def test_a_members_batch_request_in_the_inference_class_is_a_400_naming_the_field(
