@@ -515,6 +515,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # a request's kind (submit and preview alike), apart from a device profile's kind
+    "ENUM_NAME_OVERRIDES": {"WorkloadKindEnum": ["batch", "serving"]},
 }
 
 LOGGING = {
