@@ -31,7 +31,8 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     DJANGO_SETTINGS_MODULE=portal.settings \
     STATIC_ROOT=/app/staticfiles \
-    QM_VAR_DIR=/var/lib/quartermaster
+    QM_VAR_DIR=/var/lib/quartermaster \
+    QM_REQUIRE_SECRET=true
 RUN groupadd --gid 1000 quartermaster \
     && useradd --uid 1000 --gid 1000 --no-create-home --home-dir /nonexistent \
        --shell /usr/sbin/nologin quartermaster \

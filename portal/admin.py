@@ -76,6 +76,7 @@ class WorkloadClassAdmin(ReadOnlyAdmin):
         "max_queue_s",
         "inference",
         "restricted",
+        "kinds",
     ]
 
 

@@ -35,7 +35,9 @@ class ProbeMiddleware:
 
 
 class BadInputMiddleware:
-    """400 for a NUL byte in the query string or a form field, before any view or query sees it.
+    """400 for a NUL byte in a header, a cookie, the query string or a form field, before any
+    view or query sees it (PostgreSQL refuses NUL in text: a session cookie holding one made
+    the session lookup fail on every URL).
 
     A database that cannot be reached answers 503 with Retry-After, pages and API alike.
     """
@@ -44,7 +46,7 @@ class BadInputMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        bad = _nul_field(request.GET)
+        bad = _nul_header(request) or _nul_field(request.GET)
         if not bad and request.method == "POST" and _is_form(request):
             bad = _nul_field(request.POST)
         if bad:
@@ -65,8 +67,40 @@ class BadInputMiddleware:
         return None
 
 
+class SecurityHeadersMiddleware:
+    """Content-Security-Policy and Permissions-Policy on every answer (settings.py has both).
+
+    The pages load script only from the portal's own static files: no inline script or
+    event handler anywhere (tests check the templates), so no XSS can run one either.
+    """
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        from django.conf import settings
+
+        self.get_response = get_response
+        self.csp = "; ".join(f"{k} {v}" for k, v in settings.CONTENT_SECURITY_POLICY.items())
+        self.permissions = ", ".join(f"{k}=({v})" for k, v in settings.PERMISSIONS_POLICY.items())
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        response = self.get_response(request)
+        response.headers.setdefault("Content-Security-Policy", self.csp)
+        response.headers.setdefault("Permissions-Policy", self.permissions)
+        return response
+
+
 def _is_form(request: HttpRequest) -> bool:
     return request.content_type in ("application/x-www-form-urlencoded", "multipart/form-data")
+
+
+def _nul_header(request: HttpRequest) -> str:
+    for key, value in request.META.items():
+        if key.startswith("HTTP_") and isinstance(value, str) and "\x00" in value:
+            return "header " + key[5:].replace("_", "-").title()
+    # Cookies again once parsed: the parser unquotes an escaped NUL ("\\000") into one.
+    for name, value in request.COOKIES.items():
+        if "\x00" in name or "\x00" in value:
+            return "cookie " + name.replace("\x00", "\\0")
+    return ""
 
 
 def _nul_field(data: object) -> str:

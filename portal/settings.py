@@ -55,12 +55,41 @@ def envlist(name: str, default: str) -> list[str]:
 
 
 DEBUG = envbool("DEBUG", "false")
+
+
+def _local_secret_key() -> str:
+    """A random key made once for this installation and kept in var/secret_key (0600), so that
+    sessions survive restarts; never derived from anything another installation shares."""
+    import secrets
+
+    path = VAR_DIR / "secret_key"
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    key = secrets.token_urlsafe(50)
+    try:
+        VAR_DIR.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return path.read_text().strip()  # another process made it first
+    except OSError:
+        return key  # a read-only var/: this process's key, sessions end with it
+    with os.fdopen(fd, "w") as f:
+        f.write(key)
+    return key
+
+
 SECRET_KEY = env("SECRET_KEY")
 if not SECRET_KEY:
-    if not DEBUG and envbool("QM_REQUIRE_SECRET", "false"):
-        raise ImproperlyConfigured("SECRET_KEY (or SECRET_KEY_FILE) must be set")
-    # Local default only: a stable key per checkout so sessions survive restarts.
-    SECRET_KEY = "insecure-local-" + str(BASE_DIR)
+    # The image sets QM_REQUIRE_SECRET=true: a deployment without SECRET_KEY refuses to start
+    # rather than sign sessions with a key an attacker could guess. A checkout (./scripts/run,
+    # the tests) or a demo container (QM_DEMO=true) gets a random key of its own.
+    if envbool("QM_REQUIRE_SECRET", "false") and not (DEBUG or envbool("QM_DEMO", "false")):
+        raise ImproperlyConfigured(
+            "SECRET_KEY (or SECRET_KEY_FILE) must be set; for a demo, set QM_DEMO=true"
+        )
+    SECRET_KEY = _local_secret_key()
 
 ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", "127.0.0.1,localhost,testserver")
 CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", "")
@@ -83,6 +112,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First, so that even a probe's or a refused request's answer carries the policies.
+    "portal.middleware.SecurityHeadersMiddleware",
     "portal.middleware.ProbeMiddleware",
     "portal.middleware.BadInputMiddleware",
     "django.middleware.security.SecurityMiddleware",
@@ -242,6 +273,36 @@ CSRF_COOKIE_HTTPONLY = False  # htmx reads the token from the page, not the cook
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
+#: script only from the portal's own files; inline style attributes only (the bar widths)
+CONTENT_SECURITY_POLICY = {
+    "default-src": "'self'",
+    "script-src": "'self'",
+    "style-src": "'self'",
+    "style-src-attr": "'unsafe-inline'",
+    "img-src": "'self' data:",
+    "connect-src": "'self'",
+    "object-src": "'none'",
+    "base-uri": "'none'",
+    "form-action": "'self'",
+    "frame-ancestors": "'none'",
+}
+#: no page needs these browser features: none may be used, not even by the portal itself
+PERMISSIONS_POLICY = {
+    feature: ""
+    for feature in (
+        "accelerometer",
+        "autoplay",
+        "camera",
+        "display-capture",
+        "geolocation",
+        "gyroscope",
+        "magnetometer",
+        "microphone",
+        "midi",
+        "payment",
+        "usb",
+    )
+}
 if not DEBUG and envbool("SECURE_COOKIES", "false"):
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
@@ -424,6 +485,10 @@ NOTIFY_LONG_WAIT_SECONDS = envint("NOTIFY_LONG_WAIT_SECONDS", "3600")
 NOTIFY_WEBHOOK_TIMEOUT_SECONDS = envint("NOTIFY_WEBHOOK_TIMEOUT_SECONDS", "5")
 # Webhooks to loopback, private and link-local addresses are refused unless this is set.
 NOTIFY_WEBHOOK_ALLOW_PRIVATE = envbool("NOTIFY_WEBHOOK_ALLOW_PRIVATE", "false")
+# ... or, finer, unless they fall in one of these networks (an on-premises chat server).
+NOTIFY_WEBHOOK_ALLOWED_NETWORKS = envlist("NOTIFY_WEBHOOK_ALLOWED_NETWORKS", "")
+# CA bundle that https webhooks are verified against ("" = the system's).
+NOTIFY_WEBHOOK_CA_FILE = env("NOTIFY_WEBHOOK_CA_FILE")
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -451,7 +516,9 @@ REST_FRAMEWORK = {
         "token": env("THROTTLE_TOKEN", "600/min"),
     },
     # Behind the chart's Ingress the client address is the last hop of X-Forwarded-For.
-    "NUM_PROXIES": envint("NUM_PROXIES", "0") or None,
+    # 0 means no proxy: the socket's address, X-Forwarded-For ignored (DRF reads None as
+    # "trust the whole header", which any client can spoof).
+    "NUM_PROXIES": envint("NUM_PROXIES", "0"),
     "EXCEPTION_HANDLER": "portal.api.guards.exception_handler",
 }
 SPECTACULAR_SETTINGS = {
@@ -462,6 +529,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # a request's kind (submit and preview alike), apart from a device profile's kind
+    "ENUM_NAME_OVERRIDES": {"WorkloadKindEnum": ["batch", "serving"]},
 }
 
 LOGGING = {

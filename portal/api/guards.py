@@ -71,6 +71,9 @@ class _LiveRates:
 class AnonThrottle(_LiveRates, throttling.AnonRateThrottle):
     """Anonymous clients, by address (X-Forwarded-For as NUM_PROXIES allows)."""
 
+    def get_ident(self, request: Request) -> str:
+        return client_address(request)
+
 
 class UserThrottle(_LiveRates, throttling.UserRateThrottle):
     """Signed-in users, by user id, whichever way they authenticated."""
@@ -112,6 +115,8 @@ def client_address(request: Any) -> str:
     """The client's address as the throttles see it: X-Forwarded-For's NUM_PROXIES-th hop from
     the right behind that many proxies (the chart's Ingress), else the socket's peer."""
     hops = api_settings.NUM_PROXIES
+    if hops is not None and hops < 0:
+        hops = 0
     forwarded = request.META.get("HTTP_X_FORWARDED_FOR", "")
     if hops and forwarded:
         addrs: list[str] = [a.strip() for a in forwarded.split(",") if a.strip()]

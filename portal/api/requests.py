@@ -126,6 +126,7 @@ class SubmitFields(StrictSerializer):
     memory_mib = serializers.IntegerField(
         default=4096, min_value=0, max_value=10**9, help_text="memory per pod, in MiB"
     )
+    kind = serializers.ChoiceField(choices=GpuRequest.Kind.values, default="batch")
 
     def resolve(self, user: Any) -> dict[str, Any]:
         """Turn names into rows; the team must be one of the user's (membership, never request data)."""
@@ -187,7 +188,6 @@ class GpuRequestListSubmitApi(ListApiView):
         max_runtime_s = serializers.IntegerField(default=0, min_value=0, max_value=10**9)
         estimated_runtime_s = serializers.IntegerField(default=3600, min_value=1, max_value=10**9)
         priority = serializers.IntegerField(default=0, min_value=-100, max_value=100)
-        kind = serializers.ChoiceField(choices=GpuRequest.Kind.values, default="batch")
         model_name = serializers.CharField(required=False, default="", max_length=200)
         model_revision = serializers.CharField(required=False, default="", max_length=100)
         runtime = serializers.CharField(required=False, default="", max_length=10)
@@ -240,6 +240,7 @@ class GpuRequestPreviewApi(ApiView):
         position = serializers.IntegerField()
         estimated_start = serializers.DateTimeField(allow_null=True)
         borrowing = serializers.BooleanField()
+        field = serializers.CharField(help_text="the input field a rejection is about, or empty")
 
     @extend_schema(
         operation_id="requests_preview", request=InputSerializer, responses=OutputSerializer

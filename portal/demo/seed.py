@@ -63,6 +63,8 @@ QUOTAS = {
 
 #: teams allowed the restricted inference class
 INFERENCE_TEAMS = ("vision", "nlp")
+#: the one pool the inference class runs in (serving workloads only)
+INFERENCE_POOL = "h100-mig"
 
 PROFILES = [
     ("whole", "whole", "", 1000, 0),
@@ -134,6 +136,11 @@ def seed(*, path: str | None = None) -> dict[str, Any]:
         inference_class.restricted = True
         inference_class.save(update_fields=["restricted"])
         inference_class.teams.set([teams[t] for t in INFERENCE_TEAMS])
+    # ... and only models, only on the MIG pool: batch work in it would jump every queue.
+    if not inference_class.kinds:
+        inference_class.kinds = [GpuRequest.Kind.SERVING.value]
+        inference_class.save(update_fields=["kinds"])
+        inference_class.pools.set(Pool.objects.filter(name=INFERENCE_POOL))
     for team_name, per_pool in QUOTAS.items():
         for pool_name, gpus in per_pool.items():
             if not Pool.objects.filter(name=pool_name).exists():
@@ -195,8 +202,9 @@ SYNTHETIC = [
     ("training", "whole", "", 1000, 0, 2, "a100-train", 45),
     ("training", "whole", "", 1000, 0, 4, "a100-train", 60),
     ("training", "whole", "", 1000, 0, 8, "a100-train", 90),
-    ("inference", "mig", "1g.10gb", 1000, 0, 1, "h100-mig", 40),
-    ("inference", "mig", "3g.40gb", 1000, 0, 1, "h100-mig", 60),
+    # (the inference class takes serving workloads only: serving_demo() submits one)
+    ("interactive", "mig", "1g.10gb", 1000, 0, 1, "h100-mig", 40),
+    ("interactive", "mig", "3g.40gb", 1000, 0, 1, "h100-mig", 60),
     ("interactive", "shared", "", 500, 10240, 1, "l4-shared", 20),
     ("interactive", "shared", "", 250, 5120, 1, "l4-shared", 15),
     ("training", "whole", "", 1000, 0, 1, None, 20),

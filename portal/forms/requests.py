@@ -10,7 +10,7 @@ from django import forms
 from django.core.exceptions import ValidationError
 
 from portal.forms.fields import ProfileChoiceField
-from portal.lib import shapes
+from portal.lib import shapes, validation
 from portal.models import (
     DeviceProfile,
     GpuRequest,
@@ -124,13 +124,18 @@ class SubmitForm(forms.Form):
     def clean_env(self) -> dict[str, str]:
         raw = self.cleaned_data.get("env") or ""
         if raw.strip().startswith("{"):
+            if validation.json_text_too_deep(raw):
+                raise forms.ValidationError(
+                    f"JSON nested deeper than {validation.MAX_JSON_DEPTH} levels is not accepted."
+                )
             try:
                 data = json.loads(raw)
             except ValueError:
                 raise forms.ValidationError("Give NAME=value lines or a JSON object.") from None
             if not isinstance(data, dict):
                 raise forms.ValidationError("Give NAME=value lines or a JSON object.")
-            env = {str(k): str(v) for k, v in data.items()}
+            # Values as given: validate_env refuses a list or an object rather than stringify it.
+            env = dict(data)
         else:
             env = {}
             for line in raw.splitlines():
@@ -177,7 +182,14 @@ class SubmitForm(forms.Form):
         k = self.service_kwargs()
         return {
             key: k[key]
-            for key in ("team", "workload_class", "pool", *shapes.DEVICE_FIELDS, "priority")
+            for key in (
+                "team",
+                "workload_class",
+                "pool",
+                *shapes.DEVICE_FIELDS,
+                "priority",
+                "kind",
+            )
         }
 
 
@@ -190,17 +202,29 @@ class NotificationPreferenceForm(forms.ModelForm):  # type: ignore[type-arg]
         help_text=NotificationPreference._meta.get_field("webhook_url").help_text,
     )
 
+    webhook_format = forms.ChoiceField(
+        choices=NotificationPreference.WebhookFormat.choices,
+        required=False,
+        label="Webhook format",
+        help_text=NotificationPreference._meta.get_field("webhook_format").help_text,
+    )
+
     class Meta:
         model = NotificationPreference
         fields = [
             "email",
             "webhook_url",
+            "webhook_format",
             "on_start",
             "on_end",
             "on_failure",
             "on_preemption",
             "on_long_wait",
         ]
+
+    def clean_webhook_format(self) -> str:
+        # Left out (an older form, the API): the format follows the address.
+        return str(self.cleaned_data.get("webhook_format") or "auto")
 
 
 class TemplateSaveForm(forms.Form):

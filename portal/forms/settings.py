@@ -14,16 +14,24 @@ from portal.forms.fields import (
     to_gpus,
     to_milli,
 )
-from portal.models import Pool, WorkloadClass
+from portal.models import GpuRequest, Pool, WorkloadClass
 from portal.services.pools import CLASS_FIELDS, POOL_FIELDS
 from scheduling import profile as scheduling_profile
 
 
 class WorkloadClassForm(forms.ModelForm):  # type: ignore[type-arg]
+    kinds = forms.MultipleChoiceField(
+        choices=GpuRequest.Kind.choices,
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        label="Workload kinds",
+        help_text=WorkloadClass._meta.get_field("kinds").help_text,
+    )
+
     class Meta:
         model = WorkloadClass
-        fields = [*CLASS_FIELDS, "teams"]
-        widgets = {"teams": forms.CheckboxSelectMultiple}
+        fields = [*CLASS_FIELDS, "teams", "pools"]
+        widgets = {"teams": forms.CheckboxSelectMultiple, "pools": forms.CheckboxSelectMultiple}
         labels = {
             "band": "Priority band",
             "min_runtime_s": "Minimum runtime before preemption (seconds)",

@@ -20,6 +20,8 @@ RESERVED_ENV = re.compile(
 )
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MAX_ENV = 100
+#: a longer name is no one's variable: it only makes the Job spec and the audit log huge
+MAX_ENV_NAME = 128
 MAX_ENV_VALUE = 4096
 MAX_IMAGE = 500
 
@@ -138,6 +140,10 @@ def check_env(env: Mapping[str, object] | Iterable[tuple[str, object]]) -> dict[
     items = list(env.items()) if isinstance(env, Mapping) else list(env)
     clean: dict[str, str] = {}
     for key, value in items:
+        if isinstance(key, str) and len(key) > MAX_ENV_NAME:
+            raise ContractError(
+                "env", f"{key[:40]}… is too long: a name has at most {MAX_ENV_NAME} characters."
+            )
         if not isinstance(key, str) or not ENV_NAME.match(key):
             raise ContractError("env", f"{key!r} is not a valid environment variable name.")
         if RESERVED_ENV.match(key):

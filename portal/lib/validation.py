@@ -22,6 +22,8 @@ LABEL_KEY = re.compile(rf"^({_PREFIX}/)?{_NAME}$")
 LABEL_VALUE = re.compile(rf"^({_NAME})?$")
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 MIG_PROFILE = re.compile(r"^[1-7]g\.[0-9]+gb(\+me)?$")
+#: a Kubernetes object name that is a DNS subdomain (RFC 1123): PriorityClass, Namespace, ...
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 def json_problem(value: Any, max_depth: int = MAX_JSON_DEPTH) -> str:
@@ -45,6 +47,30 @@ def json_problem(value: Any, max_depth: int = MAX_JSON_DEPTH) -> str:
         elif isinstance(item, list):
             stack.extend((v, depth + 1) for v in item)
     return ""
+
+
+def json_text_too_deep(text: str, max_depth: int = MAX_JSON_DEPTH) -> bool:
+    """Whether JSON text nests deeper than `max_depth`, found without parsing it: the parser
+    recurses once a level and overflows near 1,000 (RecursionError, a 500)."""
+    depth = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > max_depth:
+                return True
+        elif ch in "]}":
+            depth -= 1
+    return False
 
 
 def _fail(path: str, message: str) -> None:
@@ -182,6 +208,16 @@ def validate_agent_report(report: Any) -> None:
             for key in ("memory_total_mib", "memory_used_mib"):
                 _opt_int(m, key, mw)
             _processes(m, mw)
+
+
+def kubernetes_name(value: str) -> None:
+    """A DNS subdomain name (RFC 1123) as Kubernetes requires of a PriorityClass: lower-case
+    letters, digits, '-' and '.', starting and ending with a letter or digit."""
+    if value and (len(value) > 253 or not DNS_SUBDOMAIN.match(value)):
+        raise ValidationError(
+            f"{value[:80]!r} is not a Kubernetes name: use lower-case letters, digits, '-' and "
+            "'.', starting and ending with a letter or digit."
+        )
 
 
 def webhook_url(value: str) -> None:

@@ -66,6 +66,10 @@ class DeviceProfile(models.Model):
             raise ValidationError({"milli": "A whole GPU is 1000 milli-GPU."})
 
 
+#: GpuRequest.Kind's values (models/requests.py imports this module, not the other way round)
+WORKLOAD_KINDS = ("batch", "serving")
+
+
 class WorkloadClass(models.Model):
     class Preemption(models.TextChoices):
         NEVER = "never"
@@ -87,7 +91,9 @@ class WorkloadClass(models.Model):
     )
     #: counts against a pool's production-inference floor
     inference = models.BooleanField(default=False)
-    priority_class_name = models.CharField(max_length=63, blank=True)
+    priority_class_name = models.CharField(
+        max_length=63, blank=True, validators=[validation.kubernetes_name]
+    )
     #: only the listed teams may submit to a restricted class (e.g. production inference)
     restricted = models.BooleanField(
         default=False, help_text="Only the teams listed may use this class."
@@ -102,6 +108,19 @@ class WorkloadClass(models.Model):
     retired_at = models.DateTimeField(null=True, blank=True)
     #: written by `manage.py config apply`: a change in the pages is drift the next apply reverts
     config_managed = models.BooleanField(default=False)
+    #: the workload kinds the class takes (GpuRequest.Kind values); empty: every kind
+    kinds = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Workload kinds this class takes (batch, serving); none ticked: every kind.",
+    )
+    #: the pools the class runs in; empty: every pool
+    pools: models.ManyToManyField[Pool, Any] = models.ManyToManyField(
+        "Pool",
+        blank=True,
+        related_name="bound_classes",
+        help_text="Pools this class runs in; none ticked: every pool.",
+    )
 
     class Meta:
         ordering = ["-band", "name"]
@@ -116,9 +135,39 @@ class WorkloadClass(models.Model):
     def clean(self) -> None:
         if not 0 <= self.band <= self.MAX_BAND:
             raise ValidationError({"band": f"A band is a whole number from 0 to {self.MAX_BAND}."})
+        if not isinstance(self.kinds, list) or any(k not in WORKLOAD_KINDS for k in self.kinds):
+            raise ValidationError({"kinds": f"Kinds are a list of {', '.join(WORKLOAD_KINDS)}."})
 
     def open_to(self, team: Team) -> bool:
         return not self.restricted or self.teams.filter(pk=team.pk).exists()
+
+    def refusal(self, *, team: Team, kind: str, pool: Pool | None) -> tuple[str, str] | None:
+        """(field, message) when this class does not take the request, else None:
+
+        1. a restricted class not granted to the team;
+        2. a kind the class is not bound to (e.g. batch work in a serving-only class);
+        3. a pool the class is not bound to, or "any pool" when it is bound to some.
+        """
+        if not self.open_to(team):
+            return (
+                "workload_class",
+                f"Team {team.name} may not use the {self.name} class; a platform admin grants it.",
+            )
+        if self.kinds and kind not in self.kinds:
+            return (
+                "workload_class",
+                f"The {self.name} class takes {' and '.join(self.kinds)} workloads only, "
+                f"not {kind}: choose another class.",
+            )
+        bound = sorted(self.pools.values_list("name", flat=True))
+        if bound and (pool is None or pool.name not in bound):
+            where = f"pool {pool.name}" if pool is not None else "any pool"
+            return (
+                "pool",
+                f"The {self.name} class runs only in {', '.join(bound)}, not {where}: choose "
+                f"{'it' if len(bound) == 1 else 'one of them'}.",
+            )
+        return None
 
 
 class Pool(models.Model):

@@ -110,11 +110,26 @@ class NotificationPreference(models.Model):
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="notification_preference"
     )
     email = models.BooleanField(default=True, help_text="to the address on your account")
+
+    class WebhookFormat(models.TextChoices):
+        #: Teams Workflows by its host (*.logic.azure.com, *.powerplatform.com), else Slack's
+        AUTO = "auto", "by the address"
+        #: {"text": …}: Slack, and the chat servers that speak Slack's format (Mattermost, …)
+        SLACK = "slack", "Slack"
+        #: a message with an Adaptive Card: Microsoft Teams Workflows
+        TEAMS = "teams", "Microsoft Teams Workflows"
+
     webhook_url = models.URLField(
         max_length=500,
         blank=True,
-        help_text='Slack or Teams incoming webhook: a POST of {"text": …}',
+        help_text="Slack incoming webhook or Microsoft Teams Workflows webhook",
         validators=[validation.webhook_url],
+    )
+    webhook_format = models.CharField(
+        max_length=10,
+        choices=WebhookFormat.choices,
+        default=WebhookFormat.AUTO,
+        help_text='what the webhook is posted: Slack\'s {"text": …} or a Teams Adaptive Card',
     )
     on_start = models.BooleanField(default=False, verbose_name="when a request starts")
     on_end = models.BooleanField(default=True, verbose_name="when it finishes")

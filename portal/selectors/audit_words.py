@@ -32,6 +32,7 @@ ACTIONS = {
     "quota.set": "changed a quota",
     "class.update": "changed a workload class",
     "class.teams": "changed who may use a workload class",
+    "class.pools": "changed the pools a workload class runs in",
     "pool.update": "changed a pool",
     "team.create": "created a team",
     "membership.set": "set a membership",

@@ -26,6 +26,7 @@ CLASS_FIELDS = [
     "priority_class_name",
     "description",
     "restricted",
+    "kinds",
 ]
 
 
@@ -34,9 +35,11 @@ def workload_class_update(
     actor: Actor,
     workload_class: WorkloadClass,
     teams: Any = None,
+    pools: Any = None,
     **changes: Any,
 ) -> WorkloadClass:
-    """Change a class; `teams` (the teams a restricted class is open to) is audited apart."""
+    """Change a class; `teams` (the teams a restricted class is open to) and `pools` (the
+    pools it is bound to) are audited apart."""
     with transaction.atomic():
         wc = update_audited(
             actor=actor,
@@ -56,6 +59,18 @@ def workload_class_update(
                     obj=wc,
                     before={"teams": before},
                     after={"teams": after},
+                )
+        if pools is not None:
+            before = sorted(wc.pools.values_list("name", flat=True))
+            wc.pools.set(list(pools))
+            after = sorted(wc.pools.values_list("name", flat=True))
+            if before != after:
+                audit(
+                    actor=actor,
+                    action="class.pools",
+                    obj=wc,
+                    before={"pools": before},
+                    after={"pools": after},
                 )
     return wc
 

@@ -92,18 +92,19 @@ def check_priority(user: Any, team: Team, priority: Any, role: str | None = None
     return int(priority)
 
 
-def check_class(team: Team, workload_class: WorkloadClass) -> None:
+def check_class(
+    team: Team, workload_class: WorkloadClass, kind: str = "batch", pool: Pool | None = None
+) -> None:
+    """The class takes this request: not retired, granted to the team, bound to its kind and
+    pool."""
     if workload_class.retired_at is not None:
         raise ValidationError(
             {"workload_class": f"The {workload_class.name} class is retired; choose another."}
         )
-    if not workload_class.open_to(team):
-        raise ValidationError(
-            {
-                "workload_class": f"Team {team.name} may not use the {workload_class.name} class; "
-                "a platform admin grants it."
-            }
-        )
+    refusal = workload_class.refusal(team=team, kind=kind, pool=pool)
+    if refusal is not None:
+        field, message = refusal
+        raise ValidationError({field: message})
 
 
 def gpu_request_submit(
@@ -140,7 +141,7 @@ def gpu_request_submit(
     role = Membership.objects.filter(user=user, team=team).values_list("role", flat=True).first()
     if role is None:
         raise ValidationError({"team": "You are not a member of this team."})
-    check_class(team, workload_class)
+    check_class(team, workload_class, kind, pool)
     priority = check_priority(user, team, priority, role)
     try:
         profile_kind, mig_profile, milli, gpu_memory_mib = shapes.normalize(

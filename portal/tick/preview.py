@@ -39,6 +39,8 @@ class Preview:
     estimated_start: datetime | None = None
     borrowing: bool = False
     preemptions: int = 0
+    #: the input field a rejection is about ("" when it is about the whole request)
+    field: str = ""
 
 
 def gpu_request_preview(
@@ -55,23 +57,29 @@ def gpu_request_preview(
     cpu_milli: int = 1000,
     memory_mib: int = 4096,
     priority: int = 0,
+    kind: str = "batch",
     now: datetime | None = None,
 ) -> Preview:
     """What the scheduler would do with this request if it were submitted now. Writes nothing."""
-    if not workload_class.open_to(team):
-        # The submit would refuse it (services.check_class): say so, before any scheduling.
+    if workload_class.retired_at is not None:
         return Preview(
             "rejected",
-            f"team {team.name} may not use the {workload_class.name} class",
-            code="class-not-allowed",
+            f"The {workload_class.name} class is retired; choose another.",
+            code="class-retired",
+            field="workload_class",
         )
+    refusal = workload_class.refusal(team=team, kind=kind, pool=pool)
+    if refusal is not None:
+        # The submit would refuse it (services.check_class): say so, before any scheduling.
+        field, message = refusal
+        return Preview("rejected", message, code="class-not-allowed", field=field)
     offering = [p for p in Pool.offering(pool) if p.offers(profile_kind, mig_profile)]
     try:
         resources_check(offering, cpu_milli=cpu_milli, memory_mib=memory_mib)
     except ValidationError as exc:
         # the submit would refuse it on CPU or memory: say that, not "no node can hold 1 GPU"
-        [(field, messages)] = exc.message_dict.items()
-        return Preview("rejected", messages[0], code=f"too-large-{field}")
+        [(bad, messages)] = exc.message_dict.items()
+        return Preview("rejected", messages[0], code=f"too-large-{bad}", field=bad)
     now = now or timezone.now()
     # the active profile, as the tick runs it (read only: the shipped default if none is stored)
     policy = PolicyProfile.objects.active_profile().policy()

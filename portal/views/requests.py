@@ -115,7 +115,10 @@ def request_submit(request: AuthedRequest) -> HttpResponse:
         # What the preview says is rejected is refused here too, before anything is stored.
         verdict = gpu_request_preview(**form.preview_kwargs())
         if verdict.outcome == "rejected":
-            form.add_error(None, f"This request would be rejected: {verdict.message}")
+            # A class that does not take the request names the field to change.
+            form.add_error(
+                verdict.field or None, f"This request would be rejected: {verdict.message}"
+            )
         else:
             try:
                 req = gpu_request_submit(user=request.user, **form.service_kwargs())

@@ -22,6 +22,15 @@
     }
     follow();
   });
+  // The pool's change fetches its profiles first (its own request); the preview follows on
+  // qm-profiles. Not an hx-trigger filter: htmx evaluates those as code, which the CSP refuses.
+  form.addEventListener("htmx:confirm", function (event) {
+    const cause = event.detail.triggeringEvent;
+    if (event.detail.elt === form && cause && cause.type === "change" &&
+        cause.target && cause.target.id === "id_pool") {
+      event.preventDefault();
+    }
+  });
   document.body.addEventListener("htmx:afterSwap", follow);
   follow();
 })();

@@ -55,7 +55,13 @@ def world() -> World:
 
 @pytest.fixture
 def page(browser, live_server) -> Iterator[object]:  # noqa: ANN001
-    context = browser.new_context(base_url=live_server.url, viewport={"width": 1400, "height": 900})
+    context = browser.new_context(
+        # Playwright evaluates wait_for_function strings and axe with eval, which the portal's
+        # CSP refuses; tests/browser/test_csp_browser.py checks the pages under the policy.
+        bypass_csp=True,
+        base_url=live_server.url,
+        viewport={"width": 1400, "height": 900},
+    )
     pg = context.new_page()
     pg.set_default_timeout(15_000)
     yield pg
@@ -84,6 +90,9 @@ def test_a_researcher_submits_and_sees_it_queued_then_running(
     page.goto("/requests/new/")
     page.select_option("#id_workload_class", label="training")
     page.select_option("#id_pool", label="a100-train")
+    # Wait for the pool's own request to swap in its profiles: choosing one in the old list
+    # races the swap, which then leaves no profile chosen.
+    page.wait_for_selector("#profile-field .help:text('this pool offers')")
     page.wait_for_selector("#id_profile option:text('whole GPU')", state="attached")
     page.select_option("#id_profile", label="whole GPU")
     page.fill("#id_name", "resnet-browser")

@@ -321,6 +321,16 @@ def test_values_map_onto_the_portal_environment() -> None:
     assert sim["CLUSTER_BACKEND"] == "simulated" and sim["K8S_IN_CLUSTER"] == "false"
 
 
+def test_throttles_trust_the_ingress_hop_only_behind_the_ingress() -> None:
+    """NUM_PROXIES: 1 behind the chart's Ingress, 0 (the socket's address) without one."""
+    behind = one(render(CASES["everything"]), "ConfigMap", f"{FULL}-config")["data"]
+    assert behind["NUM_PROXIES"] == "1"
+    direct = one(render(CASES["simulated"]), "ConfigMap", f"{FULL}-config")["data"]
+    assert direct["NUM_PROXIES"] == "0"
+    two = {**CASES["simulated"], "config": {**CASES["simulated"]["config"], "numProxies": 2}}
+    assert one(render(two), "ConfigMap", f"{FULL}-config")["data"]["NUM_PROXIES"] == "2"
+
+
 def test_secrets_are_generated_or_taken_from_an_existing_secret() -> None:
     docs = render(CASES["everything"])
     app = one(docs, "Secret", f"{FULL}-app")
@@ -496,6 +506,7 @@ def test_notifications_are_configured_from_values() -> None:
             "notifications": {
                 "portalURL": "https://gpus.example.com",
                 "longWaitSeconds": 1800,
+                "webhookAllowedNetworks": ["10.20.0.0/16", "fd00::/8"],
                 "email": {
                     "host": "smtp.example.com",
                     "port": 587,
@@ -520,6 +531,8 @@ def test_notifications_are_configured_from_values() -> None:
     )
     assert data["PORTAL_URL"] == "https://gpus.example.com"
     assert data["NOTIFY_LONG_WAIT_SECONDS"] == "1800"
+    assert data["NOTIFY_WEBHOOK_ALLOWED_NETWORKS"] == "10.20.0.0/16,fd00::/8"
+    assert config["data"]["NOTIFY_WEBHOOK_ALLOWED_NETWORKS"] == ""
     assert "EMAIL_HOST_PASSWORD" not in data
     secret = next(d for d in kinds(docs, "Secret") if "EMAIL_HOST_PASSWORD" in d.get("data", {}))
     assert base64.b64decode(secret["data"]["EMAIL_HOST_PASSWORD"]) == b"hunter2"
