@@ -256,7 +256,11 @@ def requests_bulk_cancel(request: AuthedRequest) -> HttpResponse:
 def request_cancel(request: AuthedRequest, request_id: int) -> HttpResponse:
     """Cancel or stop one request, with its reason."""
     req = access.get_gpu_request_for_user(request.user, request_id, write=True)
-    form = ReasonForm(request.POST)
+    data = request.POST.copy()
+    if req.submitted_by_id == request.user.pk and not data.get("reason", "").strip():
+        # one's own request: no one else needs to be told why
+        data["reason"] = "cancelled by the submitter"
+    form = ReasonForm(data)
     default = reverse("portal:request-detail", args=[req.pk])
     if not form.is_valid():
         return confirm_page(
@@ -267,7 +271,14 @@ def request_cancel(request: AuthedRequest, request_id: int) -> HttpResponse:
             hidden={"next": next_url(request, default)},
         )
     # Already over: nothing to cancel, the page shows its final state.
-    _cancel(request, req, form.cleaned_data["reason"])
+    if _cancel(request, req, form.cleaned_data["reason"]):
+        req.refresh_from_db(fields=["state"])
+        stopping = req.state not in (GpuRequest.State.CANCELLED, GpuRequest.State.PENDING)
+        messages.success(
+            request, f"Request #{req.pk} {'is stopping' if stopping else 'cancelled'}."
+        )
+    else:
+        messages.info(request, f"Request #{req.pk} had already ended.")
     return redirect(next_url(request, default))
 
 

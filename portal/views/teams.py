@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import HttpResponse
@@ -45,6 +46,7 @@ def team_create(request: AuthedRequest) -> HttpResponse:
         except ValidationError as exc:
             add_errors(form, exc)
         else:
+            messages.success(request, f"Team {team.name} created.")
             return redirect("portal:team-detail", team_id=team.pk)
     teams = list(access.teams_for(request.user))
     return render(request, "portal/team_list.html", {"teams": teams, "form": form}, status=400)
@@ -69,6 +71,7 @@ def member_add(request: AuthedRequest, team_id: int) -> HttpResponse:
         except ValidationError as exc:
             add_errors(form, exc)
         else:
+            messages.success(request, f"Added {form.cleaned_data['username']} to {team.name}.")
             return redirect(reverse("portal:team-detail", args=[team.pk]) + "#members")
     context = _team_context(request, team)
     context["add_form"] = form
@@ -83,7 +86,12 @@ def member_remove(request: AuthedRequest, team_id: int, membership_id: int) -> H
     membership = access.get_membership_for_lead(request.user, team, membership_id)
     if membership.role == Membership.Role.LEAD and not access.is_admin(request.user):
         raise PermissionDenied("Only platform admins remove a team's leads.")
-    membership_remove(actor=request.user, membership=membership)
+    username = membership.user.get_username()
+    cancelled = membership_remove(actor=request.user, membership=membership)
+    text = f"Removed {username} from {team.name}"
+    if cancelled:
+        text += f"; {cancelled} pending request{'s' if cancelled != 1 else ''} cancelled"
+    messages.success(request, text + ".")
     return redirect(reverse("portal:team-detail", args=[team.pk]) + "#members")
 
 
@@ -147,6 +155,15 @@ def quota_edit(request: AuthedRequest, team_id: int, pool_id: int) -> HttpRespon
         except ValidationError as exc:
             add_errors(form, exc, QuotaForm.FIELD_FOR)
         else:
+            d = form.cleaned_data
+            limit = (
+                "without limit" if d.get("borrowing_limit") is None else f"{d['borrowing_limit']:g}"
+            )
+            messages.success(
+                request,
+                f"Quota of {team.name} in {pool.name} saved: {d['nominal']:g} GPUs guaranteed, "
+                f"may borrow {limit}.",
+            )
             return redirect(next_url(request, reverse("portal:team-detail", args=[team.pk])))
     context = _team_context(request, team)
     for u in context["usage"]:
@@ -178,6 +195,7 @@ def member_edit(request: AuthedRequest, team_id: int, membership_id: int) -> Htt
         except ValidationError as exc:
             add_errors(form, exc, {"gpu_cap_milli": "gpu_cap"})
         else:
+            messages.success(request, f"Saved {membership.user.get_username()}'s role and cap.")
             return redirect("portal:team-detail", team_id=team.pk)
     context = _team_context(request, team)
     for m in context["members"]:

@@ -235,3 +235,18 @@ def test_the_request_form_loads_without_htmx_or_console_errors(page, world: Worl
     page.locator("[data-testid=preview]").wait_for(state="attached")
     assert page.evaluate("() => window.__syntax") == 0
     assert not errors, errors
+
+
+def test_a_form_button_is_disabled_while_its_request_is_in_flight(page, world: World) -> None:  # noqa: ANN001
+    from playwright.sync_api import expect
+
+    login(page, "alice")
+    held: list = []
+    # the save is never answered here: it stays in flight
+    page.route("**/members/**", lambda route: held.append(route))
+    page.goto(f"/teams/{world.vision.pk}/")
+    save = page.locator("form[action*='/members/'] button:has-text('Save')").first
+    save.click(no_wait_after=True)
+    expect(save).to_be_disabled()
+    for route in held:
+        route.abort()

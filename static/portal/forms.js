@@ -1,0 +1,34 @@
+// A form's buttons are disabled while its request is in flight, so a second click does not
+// send it again: a plain submit (until the next page; re-enabled when the browser shows this
+// page again from its cache) and an htmx request (until its answer).
+(function () {
+  "use strict";
+  function buttons(form) {
+    return form ? form.querySelectorAll("button[type=submit], button:not([type])") : [];
+  }
+  document.addEventListener("submit", function (event) {
+    const form = event.target;
+    // htmx takes the submits it handles (preventDefault) and is covered below
+    if (event.defaultPrevented) return;
+    // after the submit has been taken: a disabled button would not be sent with the form
+    window.setTimeout(function () {
+      buttons(form).forEach(function (b) { b.disabled = true; b.setAttribute("aria-busy", "true"); });
+    }, 0);
+  });
+  window.addEventListener("pageshow", function () {
+    document.querySelectorAll("button[aria-busy=true]").forEach(function (b) {
+      b.disabled = false;
+      b.removeAttribute("aria-busy");
+    });
+  });
+  document.addEventListener("htmx:beforeRequest", function (event) {
+    const elt = event.detail.elt;
+    if (elt && elt.tagName === "FORM" && event.detail.requestConfig.verb !== "get") {
+      buttons(elt).forEach(function (b) { b.disabled = true; });
+    }
+  });
+  document.addEventListener("htmx:afterRequest", function (event) {
+    const elt = event.detail.elt;
+    if (elt && elt.tagName === "FORM") buttons(elt).forEach(function (b) { b.disabled = false; });
+  });
+})();
