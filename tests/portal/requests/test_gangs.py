@@ -66,6 +66,9 @@ def test_a_two_by_eight_gang_runs_two_eight_gpu_pods_on_its_two_nodes() -> None:
         assert (
             env["MASTER_ADDR"] == f"{attempt.workload_name}-0.{attempt.workload_name}.qm-vision.svc"
         )
+        assert (env["PET_NNODES"], env["PET_NODE_RANK"]) == ("2", str(rank))
+        assert env["PET_NPROC_PER_NODE"] == "8"
+        assert env["PET_MASTER_ADDR"] == env["MASTER_ADDR"]
 
     # Started all or nothing: running once both pods run.
     _shift([members[1].name], -60)  # pod 1 starts a minute late
