@@ -73,7 +73,6 @@ INSTALLED_APPS = [
     "django_htmx",
     "template_partials",
     "rest_framework",
-    "rest_framework.authtoken",
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "axes",
@@ -412,14 +411,22 @@ NOTIFY_WEBHOOK_TIMEOUT_SECONDS = envint("NOTIFY_WEBHOOK_TIMEOUT_SECONDS", "5")
 # Webhooks to loopback, private and link-local addresses are refused unless this is set.
 NOTIFY_WEBHOOK_ALLOW_PRIVATE = envbool("NOTIFY_WEBHOOK_ALLOW_PRIVATE", "false")
 
+# Personal access tokens (/me/tokens/, /api/v1/tokens/): the expiry offered by default, and
+# the longest a user may choose, in days.
+PERSONAL_TOKEN_DAYS = envint("PERSONAL_TOKEN_DAYS", "90")
+PERSONAL_TOKEN_MAX_DAYS = envint("PERSONAL_TOKEN_MAX_DAYS", "365")
+if not 1 <= PERSONAL_TOKEN_DAYS <= PERSONAL_TOKEN_MAX_DAYS:
+    raise ImproperlyConfigured("PERSONAL_TOKEN_DAYS must be between 1 and PERSONAL_TOKEN_MAX_DAYS")
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "portal.auth.tokens.PersonalTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": [
         "rest_framework.permissions.IsAuthenticated",
         "portal.api.guards.ReadOnlyRolePermission",
+        "portal.api.guards.TokenScopePermission",
     ],
     "DEFAULT_SCHEMA_CLASS": "portal.api.schema.PortalAutoSchema",
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",

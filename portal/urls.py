@@ -29,6 +29,7 @@ from portal.api.teams import (
     TeamMemberDetailApi,
     TeamMemberListApi,
 )
+from portal.api.tokens import TokenDetailApi, TokenListCreateApi
 from portal.metrics import collector as metrics
 from portal.views import lifecycle as views_lifecycle
 from portal.views import whatif as views_whatif
@@ -66,6 +67,7 @@ from portal.views.teams import (
     team_detail,
     team_list,
 )
+from portal.views.tokens import all_tokens, my_tokens, token_revoke_view
 
 
 class NodeActionConverter:
@@ -93,6 +95,9 @@ portal_patterns = [
         name="request-logs-download",
     ),
     path("me/notifications/", notification_settings, name="notifications"),
+    path("me/tokens/", my_tokens, name="tokens"),
+    path("me/tokens/revoke/", token_revoke_view, name="token-revoke"),
+    path("ops/tokens/", all_tokens, name="tokens-all"),
     path(
         "me/templates/<int:template_id>/delete/",
         template_delete,
@@ -175,6 +180,8 @@ api_patterns = [
         name="request-cancel",
     ),
     path("queue/", QueueApi.as_view(), name="queue"),
+    path("tokens/", TokenListCreateApi.as_view(), name="tokens"),
+    path("tokens/<int:token_id>/", TokenDetailApi.as_view(), name="token-detail"),
     path("pools/", PoolListApi.as_view(), name="pools"),
     path("capacity/", CapacityApi.as_view(), name="capacity"),
     path("nodes/<int:node_id>/<node_action:action>/", NodeActionApi.as_view(), name="node-action"),

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any, cast
 
 from django.db import InterfaceError, OperationalError
@@ -50,6 +49,24 @@ class ReadOnlyRolePermission(permissions.BasePermission):
         return request.method in permissions.SAFE_METHODS or not access.is_read_only(request.user)
 
 
+class TokenScopePermission(permissions.BasePermission):
+    """A `read` token may only use safe methods; other scopes are checked where admins are."""
+
+    message = (
+        "This token's scope is read: it may not change anything. "
+        "Use a token with scope read+submit."
+    )
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        # Imported here: DRF imports this module while it reads its settings.
+        from portal.models import PersonalToken
+
+        token = getattr(request, "auth", None)
+        if not isinstance(token, PersonalToken) or request.method in permissions.SAFE_METHODS:
+            return True
+        return token.scope != PersonalToken.Scope.READ
+
+
 class _LiveRates:
     """Read the rate from the settings at each request (DRF binds it at import)."""
 
@@ -76,12 +93,11 @@ class TokenThrottle(_LiveRates, throttling.SimpleRateThrottle):
 
     def get_cache_key(self, request: Request, view: Any) -> str | None:
         token = getattr(request, "auth", None)
-        key = getattr(token, "key", None)
-        if not key:
+        # The stored digest, so that the cache never holds a usable token.
+        digest = getattr(token, "digest", None)
+        if not digest:
             return None
-        # A digest, so that the cache never holds a usable token.
-        ident = hashlib.sha256(key.encode()).hexdigest()[:24]
-        return self.cache_format % {"scope": self.scope, "ident": ident}
+        return self.cache_format % {"scope": self.scope, "ident": digest[:24]}
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 from django.test import Client
-from rest_framework.authtoken.models import Token
 
 from portal.models import AuditEvent, GpuRequest, Pool, Quota
 from portal.tick import run as tick
-from tests.base import World, make_world, submit
+from tests.base import World, api_secret, make_world, submit
 
 pytestmark = pytest.mark.django_db
 
@@ -19,8 +18,7 @@ def world() -> World:
 
 
 def api(user) -> Client:
-    token, _ = Token.objects.get_or_create(user=user)
-    return Client(HTTP_AUTHORIZATION=f"Token {token.key}")
+    return Client(HTTP_AUTHORIZATION=f"Bearer {api_secret(user)}")
 
 
 BODY = {
