@@ -81,6 +81,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "portal.middleware.ProbeMiddleware",
+    # Errors under /api/ as problem details, whichever layer below answered them.
+    "portal.middleware.ApiProblemMiddleware",
     "portal.middleware.BadInputMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",

@@ -275,3 +275,4 @@ urlpatterns = [
 
 handler404 = "portal.views.errors.not_found"
 handler403 = "portal.views.errors.permission_denied"
+handler500 = "portal.views.errors.server_error"

@@ -41,7 +41,8 @@ class PersonalTokenAuthentication(authentication.BaseAuthentication):
         if state != "active":
             said = "was revoked" if state == "revoked" else "has expired"
             raise exceptions.AuthenticationFailed(
-                f"This token {said} ({token.prefix}…): create a new one at /me/tokens/."
+                f"This token {said} ({token.prefix}…): create a new one at /me/tokens/.",
+                code=f"token_{state}",
             )
         if not token.user.is_active:
             raise exceptions.AuthenticationFailed("This token's user is inactive.")

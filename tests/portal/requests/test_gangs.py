@@ -173,7 +173,7 @@ def test_the_form_and_the_api_accept_pods_cpu_and_memory() -> None:
         },
         format="json",
     )
-    assert r.status_code == 400 and "pods" in r.json()
+    assert r.status_code == 400 and "pods" in r.json()["errors"]
 
 
 # --- Kubernetes: one Job per pod under one headless Service -------------------------------
