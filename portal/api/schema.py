@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import extend_schema_serializer
 from rest_framework import serializers
@@ -48,6 +49,21 @@ class ProblemSerializer(serializers.Serializer[Any]):
         required=False,
         help_text="for invalid input: each refused field and its messages",
     )
+
+
+class PersonalTokenScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]
+    """Personal access tokens in the schema: HTTP bearer (portal/auth/tokens.py)."""
+
+    target_class = "portal.auth.tokens.PersonalTokenAuthentication"
+    name = "personalToken"
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, Any]:
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "A personal access token (`qm_…`) from /me/tokens/ or "
+            "POST /api/v1/tokens/. `Authorization: Token <secret>` is accepted as well.",
+        }
 
 
 class PortalAutoSchema(AutoSchema):

@@ -15,6 +15,7 @@ from rest_framework.response import Response
 
 from portal import access
 from portal.api.base import ApiView, ListApiView, StrictSerializer, paginate, signed_in_user
+from portal.api.schema import name_nested_serializers
 from portal.models import PersonalToken
 from portal.selectors.tokens import token_list
 from portal.services.tokens import token_create, token_revoke
@@ -114,3 +115,6 @@ class TokenDetailApi(ApiView):
         token = access.get_token_for_user(request.user, token_id, write=True)
         token_revoke(token=token, actor=request.user)
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+name_nested_serializers(globals())
