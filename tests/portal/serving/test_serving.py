@@ -148,7 +148,7 @@ def test_a_revision_change_rolls_the_replicas_over_and_is_audited() -> None:
     bad = api.patch(
         f"/api/v1/requests/{req.pk}/serving/", {"model_revision": "no spaces"}, format="json"
     )
-    assert bad.status_code == 400 and "model_revision" in bad.json()
+    assert bad.status_code == 400 and "model_revision" in bad.json()["errors"]
     r = api.patch(f"/api/v1/requests/{req.pk}/serving/", {"model_revision": "r2"}, format="json")
     assert r.status_code == 200, r.content
     assert r.json()["model_revision"] == "r2"
