@@ -10,6 +10,7 @@ from django.apps import apps
 from django.contrib.auth import get_user_model
 from django.db import connection
 from django.test import Client
+from django.utils import timezone
 
 from portal.models import AuditEvent, PersonalToken
 from tests.base import World, make_world
@@ -113,15 +114,26 @@ def test_old_drf_tokens_become_hashed_personal_tokens(world: World) -> None:
     key = "0123456789abcdef0123456789abcdef01234567"
     with connection.cursor() as cursor:
         cursor.execute(
-            "CREATE TABLE authtoken_token (key varchar(40) PRIMARY KEY, created timestamptz,"
+            "CREATE TABLE authtoken_token (key varchar(40) PRIMARY KEY, created timestamp,"
             " user_id integer)"
         )
+        now = timezone.now()
         cursor.execute(
-            "INSERT INTO authtoken_token VALUES (%s, now(), %s), (%s, now(), %s)",
-            [key, world.bob.pk, "f" * 40, world.dave.pk],
+            "INSERT INTO authtoken_token VALUES (%s, %s, %s), (%s, %s, %s)",
+            [key, now, world.bob.pk, "f" * 40, now, world.dave.pk],
         )
-    with connection.schema_editor() as editor:
-        migration.adopt_drf_tokens(apps, editor)
+
+    # What the migration uses of its schema editor (a real one cannot open inside a test's
+    # transaction on SQLite).
+    class Editor:
+        def __init__(self) -> None:
+            self.connection = connection
+
+        def execute(self, sql: str) -> None:
+            with connection.cursor() as cursor:
+                cursor.execute(sql)
+
+    migration.adopt_drf_tokens(apps, Editor())
     assert "authtoken_token" not in connection.introspection.table_names()
     assert {t.user.username: t.scope for t in PersonalToken.objects.all()} == {
         "bob": "read+submit",
