@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
 from django.contrib.auth.models import User
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
-from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -87,16 +85,11 @@ class TokenListCreateApi(ListApiView):
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
-        days = data.get("expires_in_days", settings.PERSONAL_TOKEN_DAYS)
-        if days > settings.PERSONAL_TOKEN_MAX_DAYS:
-            raise ValidationError(
-                {"expires_in_days": [f"At most {settings.PERSONAL_TOKEN_MAX_DAYS} days."]}
-            )
         token, secret = token_create(
             user=signed_in_user(request),
             name=data["name"],
             scope=data["scope"],
-            expires_in_days=days,
+            expires_in_days=data.get("expires_in_days"),
         )
         body = {**TokenOutputSerializer(token).data, "secret": secret}
         return Response(body, status=status.HTTP_201_CREATED)
