@@ -51,6 +51,11 @@ class ProblemSerializer(serializers.Serializer[Any]):
     )
 
 
+#: the name views written before problem details use (document their responses under
+#: "application/problem+json", as `GpuRequestListSubmitApi.post` does)
+ErrorSerializer = ProblemSerializer
+
+
 class PersonalTokenScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]
     """Personal access tokens in the schema: HTTP bearer (portal/auth/tokens.py)."""
 
