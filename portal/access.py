@@ -25,6 +25,7 @@ from portal.models import (
     GpuRequest,
     Membership,
     Node,
+    PersonalToken,
     PolicyProfile,
     Pool,
     RequestTemplate,
@@ -52,7 +53,15 @@ def signed_in(user: AnyUser) -> User:
     return cast(User, user)
 
 
+#: set on the user by the API's token authentication: the scope of the token it came with
+TOKEN_SCOPE_ATTR = "_qm_token_scope"
+
+
 def is_admin(user: AnyUser) -> bool:
+    """A platform admin; over the API with a token, only with an `admin`-scoped one (an admin's
+    `read+submit` token for a script cannot change pools or other teams' quotas)."""
+    if getattr(user, TOKEN_SCOPE_ATTR, PersonalToken.Scope.ADMIN) != PersonalToken.Scope.ADMIN:
+        return False
     return bool(user.is_authenticated and user.is_active and getattr(user, "is_staff", False))
 
 
@@ -145,6 +154,18 @@ def get_template_for_user(user: AnyUser, pk: int | str) -> RequestTemplate:
         raise _denied(user, "template", pk, Http404, "No such template.") from None
 
 
+def get_token_for_user(user: AnyUser, pk: int | str, *, write: bool = False) -> PersonalToken:
+    """A personal access token: the user's own; anyone's to read for admins and auditors, to
+    revoke for admins."""
+    try:
+        qs = PersonalToken.objects.select_related("user")
+        if not (is_admin(user) if write else sees_all(user)):
+            qs = qs.filter(user=signed_in(user))
+        return qs.get(pk=int(pk))
+    except (PersonalToken.DoesNotExist, ValueError, TypeError):
+        raise _denied(user, "token", pk, Http404, "No such token.") from None
+
+
 def require_admin(user: AnyUser) -> None:
     if not is_admin(user):
         raise _denied(user, "admin", "-", PermissionDenied, "Platform admins only.")
@@ -159,8 +180,14 @@ def require_admin_read(user: AnyUser) -> None:
 
 
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
-#: unsafe requests an auditor may still make: ending their own session
-READ_ONLY_ALLOWED_PATHS = ("/accounts/logout/", "/oidc/logout/")
+#: unsafe requests an auditor may still make: ending their own session, keeping their own
+#: (read-scoped) API tokens
+READ_ONLY_ALLOWED_PATHS = (
+    "/accounts/logout/",
+    "/oidc/logout/",
+    "/me/tokens/",
+    "/me/tokens/revoke/",
+)
 
 
 class ReadOnlyRoleMiddleware:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
+from portal.lib import problems
 from portal.metrics.collector import metrics_guarded
 
 
@@ -32,6 +33,25 @@ class ProbeMiddleware:
 
             return readiness()
         return self.get_response(request)
+
+
+class ApiProblemMiddleware:
+    """Under /api/, every error answer is RFC 9457 problem details, whoever made it: Django's
+    404 for an unknown URL, its 500 for an unhandled exception, a 405 of a function view, the
+    middleware's own refusals. The API's views answer problems already (api/guards.py)."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        response = self.get_response(request)
+        if (
+            response.status_code >= 400
+            and request.path.startswith("/api/")
+            and not problems.is_problem(response)
+        ):
+            return problems.from_response(response)
+        return response
 
 
 class BadInputMiddleware:

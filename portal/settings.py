@@ -104,7 +104,6 @@ INSTALLED_APPS = [
     "django_htmx",
     "template_partials",
     "rest_framework",
-    "rest_framework.authtoken",
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "axes",
@@ -115,6 +114,8 @@ MIDDLEWARE = [
     # First, so that even a probe's or a refused request's answer carries the policies.
     "portal.middleware.SecurityHeadersMiddleware",
     "portal.middleware.ProbeMiddleware",
+    # Errors under /api/ as problem details, whichever layer below answered them.
+    "portal.middleware.ApiProblemMiddleware",
     "portal.middleware.BadInputMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -490,15 +491,22 @@ NOTIFY_WEBHOOK_ALLOWED_NETWORKS = envlist("NOTIFY_WEBHOOK_ALLOWED_NETWORKS", "")
 # CA bundle that https webhooks are verified against ("" = the system's).
 NOTIFY_WEBHOOK_CA_FILE = env("NOTIFY_WEBHOOK_CA_FILE")
 
+# Personal access tokens (/me/tokens/, /api/v1/tokens/): the expiry offered by default, and
+# the longest a user may choose, in days.
+PERSONAL_TOKEN_DAYS = envint("PERSONAL_TOKEN_DAYS", "90")
+PERSONAL_TOKEN_MAX_DAYS = envint("PERSONAL_TOKEN_MAX_DAYS", "365")
+if not 1 <= PERSONAL_TOKEN_DAYS <= PERSONAL_TOKEN_MAX_DAYS:
+    raise ImproperlyConfigured("PERSONAL_TOKEN_DAYS must be between 1 and PERSONAL_TOKEN_MAX_DAYS")
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
-        "portal.api.guards.BearerTokenAuthentication",
+        "portal.auth.tokens.PersonalTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": [
         "rest_framework.permissions.IsAuthenticated",
         "portal.api.guards.ReadOnlyRolePermission",
+        "portal.api.guards.TokenScopePermission",
     ],
     "DEFAULT_SCHEMA_CLASS": "portal.api.schema.PortalAutoSchema",
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",

@@ -90,8 +90,11 @@ def notify_long_waits() -> int:
 
 @shared_task(name=wake.DECISIONS_PRUNE_TASK, ignore_result=True)
 def decisions_prune() -> int:
+    from portal.services.idempotency import idempotency_keys_prune
     from portal.services.retention import decisions_prune as prune
 
+    # The same daily sweep forgets idempotency keys past their 24 hours.
+    idempotency_keys_prune()
     return prune()
 
 

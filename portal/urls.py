@@ -31,6 +31,7 @@ from portal.api.teams import (
     TeamMemberDetailApi,
     TeamMemberListApi,
 )
+from portal.api.tokens import TokenDetailApi, TokenListCreateApi
 from portal.metrics import collector as metrics
 from portal.views import lifecycle as views_lifecycle
 from portal.views import whatif as views_whatif
@@ -74,6 +75,7 @@ from portal.views.teams import (
     team_detail,
     team_list,
 )
+from portal.views.tokens import all_tokens, my_tokens, token_revoke_view
 
 
 class NodeActionConverter:
@@ -101,6 +103,9 @@ portal_patterns = [
         name="request-logs-download",
     ),
     path("me/notifications/", notification_settings, name="notifications"),
+    path("me/tokens/", my_tokens, name="tokens"),
+    path("me/tokens/revoke/", token_revoke_view, name="token-revoke"),
+    path("ops/tokens/", all_tokens, name="tokens-all"),
     path(
         "me/templates/<int:template_id>/delete/",
         template_delete,
@@ -192,6 +197,8 @@ api_patterns = [
         name="request-cancel",
     ),
     path("queue/", QueueApi.as_view(), name="queue"),
+    path("tokens/", TokenListCreateApi.as_view(), name="tokens"),
+    path("tokens/<int:token_id>/", TokenDetailApi.as_view(), name="token-detail"),
     path("pools/", PoolListCreateApi.as_view(), name="pools"),
     path("capacity/", CapacityApi.as_view(), name="capacity"),
     path("nodes/<int:node_id>/<node_action:action>/", NodeActionApi.as_view(), name="node-action"),
@@ -293,3 +300,4 @@ urlpatterns = [
 
 handler404 = "portal.views.errors.not_found"
 handler403 = "portal.views.errors.permission_denied"
+handler500 = "portal.views.errors.server_error"

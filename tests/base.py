@@ -160,3 +160,28 @@ def submit_serving(user: Any, team: Team, **kw: Any) -> GpuRequest:
         "command": [],
     }
     return submit(user, team, **{**defaults, **kw})
+
+
+def api_secret(user: Any, scope: str | None = None) -> str:
+    """A fresh personal token's secret for `user`, made directly (no audit event): by default
+    with the widest scope the user may hold (admin for staff, read for auditors)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from portal import access
+    from portal.lib.tokens import token_digest, token_secret_new, token_shown
+    from portal.models import PersonalToken
+
+    if scope is None:
+        scope = "admin" if user.is_staff else "read" if access.is_read_only(user) else "read+submit"
+    secret = token_secret_new()
+    PersonalToken.objects.create(
+        user=user,
+        name="test",
+        prefix=token_shown(secret),
+        digest=token_digest(secret),
+        scope=scope,
+        expires_at=timezone.now() + timedelta(days=1),
+    )
+    return secret

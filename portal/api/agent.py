@@ -24,7 +24,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from portal.api.base import ApiView
-from portal.api.schema import ErrorSerializer, name_nested_serializers
+from portal.api.schema import ProblemSerializer, name_nested_serializers
 from portal.lib.readiness import attempt_token, devices_free, ready_token_key
 from portal.lib.validation import validate_agent_report
 from portal.models import Attempt, Node
@@ -134,7 +134,9 @@ class AttemptCheckpointApi(ApiView):
         request=None,
         responses={
             200: OutputSerializer,
-            409: OpenApiResponse(ErrorSerializer, description="The attempt has ended."),
+            (409, "application/problem+json"): OpenApiResponse(
+                ProblemSerializer, description="The attempt has ended."
+            ),
         },
         parameters=[
             OpenApiParameter(

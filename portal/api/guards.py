@@ -12,15 +12,15 @@
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any, cast
 
 from django.db import InterfaceError, OperationalError
-from rest_framework import authentication, exceptions, parsers, permissions, throttling
+from django.http import HttpResponse
+from rest_framework import exceptions, parsers, permissions, throttling
 from rest_framework.request import Request
-from rest_framework.response import Response
 from rest_framework.settings import api_settings
 
+from portal.lib import problems
 from portal.lib.validation import json_problem
 
 DATABASE_RETRY_AFTER_S = 5
@@ -38,23 +38,36 @@ class SafeJSONParser(parsers.JSONParser):
         return data
 
 
-class BearerTokenAuthentication(authentication.TokenAuthentication):
-    """`Authorization: Bearer <token>`, the form the `qm` command line and most HTTP clients
-    send, beside DRF's own `Token <token>`."""
-
-    keyword = "Bearer"
-
-
 class ReadOnlyRolePermission(permissions.BasePermission):
     """Read-only users (auditors) may only use safe methods, by session or by token."""
 
     message = "Auditors may read but not change anything."
+    code = "read_only_role"
 
     def has_permission(self, request: Request, view: Any) -> bool:
         # Imported here: DRF imports this module while it reads its settings.
         from portal import access
 
         return request.method in permissions.SAFE_METHODS or not access.is_read_only(request.user)
+
+
+class TokenScopePermission(permissions.BasePermission):
+    """A `read` token may only use safe methods; other scopes are checked where admins are."""
+
+    message = (
+        "This token's scope is read: it may not change anything. "
+        "Use a token with scope read+submit."
+    )
+    code = "token_scope"
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        # Imported here: DRF imports this module while it reads its settings.
+        from portal.models import PersonalToken
+
+        token = getattr(request, "auth", None)
+        if not isinstance(token, PersonalToken) or request.method in permissions.SAFE_METHODS:
+            return True
+        return token.scope != PersonalToken.Scope.READ
 
 
 class _LiveRates:
@@ -86,29 +99,46 @@ class TokenThrottle(_LiveRates, throttling.SimpleRateThrottle):
 
     def get_cache_key(self, request: Request, view: Any) -> str | None:
         token = getattr(request, "auth", None)
-        key = getattr(token, "key", None)
-        if not key:
+        # The stored digest, so that the cache never holds a usable token.
+        digest = getattr(token, "digest", None)
+        if not digest:
             return None
-        # A digest, so that the cache never holds a usable token.
-        ident = hashlib.sha256(key.encode()).hexdigest()[:24]
-        return self.cache_format % {"scope": self.scope, "ident": ident}
+        return self.cache_format % {"scope": self.scope, "ident": digest[:24]}
 
 
-def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+def exception_handler(exc: Exception, context: dict[str, Any]) -> HttpResponse | None:
+    """Every error a view raises as RFC 9457 problem details (portal/lib/problems.py).
+
+    None for an exception DRF does not know: Django answers it as a 500, which
+    ApiProblemMiddleware turns into a problem too.
+    """
     # Imported here: rest_framework.views reads REST_FRAMEWORK, which names this module.
+    # (Importing it above fails whenever this module is imported first: axes calls
+    # client_address on a fresh process's first login.)
     from rest_framework.views import exception_handler as drf_exception_handler
 
     if isinstance(exc, OperationalError | InterfaceError):
-        return Response(
-            {"detail": "The database cannot be reached; try again shortly."},
-            status=503,
+        return problems.problem_response(
+            503,
+            detail="The database cannot be reached; try again shortly.",
+            code="database_unavailable",
             headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)},
         )
-    # Imported here: rest_framework.views reads DEFAULT_PARSER_CLASSES (this module) when
-    # it is first imported, so importing it above fails whenever this module is imported
-    # first (axes calls client_address on a fresh process's first login).
-
-    return drf_exception_handler(exc, context)
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    headers = {k: str(v) for k, v in response.headers.items() if k != "Content-Type"}
+    data = response.data
+    if isinstance(exc, exceptions.ValidationError):
+        errors = data if isinstance(data, dict) else {"non_field_errors": data}
+        return problems.problem_response(
+            response.status_code, code="invalid", errors=errors, headers=headers
+        )
+    detail = data.get("detail", "") if isinstance(data, dict) else ""
+    code = getattr(detail, "code", "") or problems.code_for(response.status_code)
+    return problems.problem_response(
+        response.status_code, detail=str(detail), code=str(code), headers=headers
+    )
 
 
 def client_address(request: Any) -> str:

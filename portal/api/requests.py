@@ -19,7 +19,7 @@ from rest_framework.response import Response
 
 from portal import access
 from portal.api.base import ApiView, ListApiView, StrictSerializer, paginate, signed_in_user
-from portal.api.schema import ErrorSerializer, name_nested_serializers
+from portal.api.schema import ErrorSerializer, ProblemSerializer, name_nested_serializers
 from portal.lib import shapes
 from portal.models import DeviceProfile, GpuRequest, Pool, Team, WorkloadClass
 from portal.selectors.queue import queue_list, request_wait_split
@@ -32,6 +32,8 @@ from portal.selectors.requests import (
     request_log_follow,
     request_logs,
 )
+from portal.services.idempotency import HEADER as IDEMPOTENCY_HEADER
+from portal.services.idempotency import IdempotencyKeyReused, idempotent_call
 from portal.services.requests import MAX_GPUS_PER_NODE, gpu_request_cancel, gpu_request_submit
 from portal.tick.preview import gpu_request_preview
 
@@ -53,6 +55,15 @@ FORBIDDEN_KEYS = {
     "status_message",
     "allocated_devices",
 }
+
+
+class IdempotencyConflict(APIException):
+    status_code = 422
+    default_detail = (
+        "This Idempotency-Key was used in the last 24 hours with another body: "
+        "use a new key for a new request."
+    )
+    default_code = "idempotency_key_reused"
 
 
 class GpuRequestOutputSerializer(serializers.Serializer[Any]):
@@ -216,14 +227,48 @@ class GpuRequestListSubmitApi(ListApiView):
     @extend_schema(
         operation_id="requests_submit",
         request=SubmitInputSerializer,
-        responses={201: GpuRequestOutputSerializer},
+        parameters=[
+            OpenApiParameter(
+                IDEMPOTENCY_HEADER,
+                str,
+                OpenApiParameter.HEADER,
+                description="Any string up to 255 characters: a submit repeated with the same "
+                "key and body within 24 hours creates no second request and answers the "
+                "first one again (with `Idempotent-Replayed: true`); the same key with "
+                "another body is a 422.",
+            )
+        ],
+        responses={
+            201: GpuRequestOutputSerializer,
+            (422, "application/problem+json"): OpenApiResponse(
+                ProblemSerializer,
+                description="The Idempotency-Key was used with another body (code "
+                "`idempotency_key_reused`).",
+            ),
+        },
     )
     def post(self, request: Request) -> Response:
+        key = request.headers.get(IDEMPOTENCY_HEADER)
+        if key is None:
+            return Response(self._submit(request), status=status.HTTP_201_CREATED)
+        try:
+            code, body, replayed = idempotent_call(
+                user=signed_in_user(request),
+                key=key,
+                body=request.data,
+                write=lambda: (status.HTTP_201_CREATED, self._submit(request)),
+            )
+        except IdempotencyKeyReused:
+            raise IdempotencyConflict() from None
+        headers = {"Idempotent-Replayed": "true"} if replayed else {}
+        return Response(body, status=code, headers=headers)
+
+    def _submit(self, request: Request) -> Any:
         serializer = self.SubmitInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         req = gpu_request_submit(user=signed_in_user(request), **serializer.resolve(request.user))
         req.attempt_count = 0  # type: ignore[attr-defined]  # new: no query needed
-        return Response(self.OutputSerializer(req).data, status=status.HTTP_201_CREATED)
+        return self.OutputSerializer(req).data
 
 
 class GpuRequestPreviewApi(ApiView):

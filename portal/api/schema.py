@@ -4,7 +4,8 @@ Every operation documents the error answers a client must handle: 400 (a
 field or a query parameter is refused), 401 and 403 (credentials, roles),
 404 (an object that is not there or not yours, where the path names one; a
 page past the end of a list),
-429 (throttled, with Retry-After) and 503 (the database cannot be reached).
+429 (throttled, with Retry-After), 500 and 503 (the database cannot be reached),
+each as RFC 9457 problem details (`application/problem+json`, portal/lib/problems.py).
 """
 
 from __future__ import annotations
@@ -18,29 +19,56 @@ from rest_framework import serializers
 from rest_framework.views import APIView
 
 ERRORS = {
-    "400": "The request was refused: `detail`, or each field named with its messages.",
+    "400": "The request was refused: `detail` says why, `errors` names each refused field.",
     "401": "No credentials, or credentials that are not valid.",
     "403": "Signed in, but not allowed to do this.",
     "404": "No such object, or not one of yours (for a list: no such page).",
     "429": "Too many requests; try again after the Retry-After header's seconds.",
+    "500": "The server failed to answer; nothing about why is disclosed.",
     "503": "The database cannot be reached; try again after Retry-After.",
 }
+PROBLEM_MEDIA_TYPES = ["application/problem+json"]
 
 
-class ErrorSerializer(serializers.Serializer[Any]):
-    """`detail` for a whole-request error; otherwise each refused field names its messages."""
+class ProblemSerializer(serializers.Serializer[Any]):
+    """An error as RFC 9457 problem details."""
 
-    detail = serializers.CharField(required=False)
+    type = serializers.CharField(help_text="`urn:quartermaster:problem:<code>`")
+    title = serializers.CharField(help_text="the HTTP status in words")
+    status = serializers.IntegerField()
+    detail = serializers.CharField(help_text="what went wrong, naming the fields at fault")
+    code = serializers.CharField(
+        help_text="stable, for scripts: invalid, parse_error, not_authenticated, "
+        "authentication_failed, token_revoked, token_expired, permission_denied, token_scope, "
+        "read_only_role, not_found, method_not_allowed, throttled, server_error, "
+        "database_unavailable, idempotency_key_reused"
+    )
+    # (a field named like a Serializer attribute: the metaclass takes fields out of the class)
+    errors = serializers.DictField(  # type: ignore[assignment]
+        child=serializers.ListField(child=serializers.CharField()),
+        required=False,
+        help_text="for invalid input: each refused field and its messages",
+    )
 
 
-class BearerTokenScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]
-    """`Authorization: Bearer <token>` in the schema, apart from DRF's `Token <token>`."""
+#: the name views written before problem details use (document their responses under
+#: "application/problem+json", as `GpuRequestListSubmitApi.post` does)
+ErrorSerializer = ProblemSerializer
 
-    target_class = "portal.api.guards.BearerTokenAuthentication"
-    name = "bearerAuth"
 
-    def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
-        return {"type": "http", "scheme": "bearer"}
+class PersonalTokenScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]
+    """Personal access tokens in the schema: HTTP bearer (portal/auth/tokens.py)."""
+
+    target_class = "portal.auth.tokens.PersonalTokenAuthentication"
+    name = "personalToken"
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, Any]:
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "A personal access token (`qm_…`) from /me/tokens/ or "
+            "POST /api/v1/tokens/. `Authorization: Token <secret>` is accepted as well.",
+        }
 
 
 class PortalAutoSchema(AutoSchema):
@@ -55,7 +83,7 @@ class PortalAutoSchema(AutoSchema):
             if code not in responses:
                 # (drf-spectacular leaves this method unannotated)
                 body = self._get_response_for_code(  # type: ignore[no-untyped-call]
-                    ErrorSerializer, code, direction=direction
+                    ProblemSerializer, code, media_types=PROBLEM_MEDIA_TYPES, direction=direction
                 )
                 body["description"] = description
                 responses[code] = body

@@ -96,14 +96,22 @@ def rendezvous_env(spec: LaunchSpec) -> tuple[tuple[str, str], ...]:
 
     MASTER_ADDR is rank 0's name under the gang's headless Service
     (`<gang>-0.<gang>.<namespace>.svc`): pods set `hostname` and `subdomain`.
+    The PET_* twins are what a bare `torchrun train.py` reads (one node per pod,
+    one process per device of the pod).
     """
     if not spec.gang:
         return ()
+    master = f"{member_name(spec.gang, 0)}.{spec.gang}.{spec.namespace}.svc"
     return (
         ("WORLD_SIZE", str(spec.world_size)),
         ("RANK", str(spec.rank)),
-        ("MASTER_ADDR", f"{member_name(spec.gang, 0)}.{spec.gang}.{spec.namespace}.svc"),
+        ("MASTER_ADDR", master),
         ("MASTER_PORT", str(RENDEZVOUS_PORT)),
+        ("PET_NNODES", str(spec.world_size)),
+        ("PET_NODE_RANK", str(spec.rank)),
+        ("PET_MASTER_ADDR", master),
+        ("PET_MASTER_PORT", str(RENDEZVOUS_PORT)),
+        ("PET_NPROC_PER_NODE", str(max(1, len(spec.grants)))),
     )
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 #: names the platform sets; a request may not override them
 RESERVED_ENV = re.compile(
     r"^(NVIDIA_.*|CUDA_VISIBLE_DEVICES|QUARTERMASTER_.*|QM_.*"
-    r"|WORLD_SIZE|RANK|MASTER_ADDR|MASTER_PORT)$",
+    r"|WORLD_SIZE|RANK|MASTER_ADDR|MASTER_PORT|PET_.*)$",
     re.IGNORECASE,
 )
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

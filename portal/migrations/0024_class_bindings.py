@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('portal', '0022_ledger_without_fk_constraints'),
+        ('portal', '0023_access_tokens'),
     ]
 
     operations = [

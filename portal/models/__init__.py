@@ -33,8 +33,11 @@ from portal.models.scheduler import (
 from portal.models.serving import RevisionChange, ServingSample
 from portal.models.simulated import SimulatedNode, SimulatedWorkload
 from portal.models.teams import Membership, NotificationPreference, Quota, RequestTemplate, Team
+from portal.models.tokens import IdempotencyKey, PersonalToken
 
 __all__ = [
+    "PersonalToken",
+    "IdempotencyKey",
     "Team",
     "Membership",
     "Quota",

@@ -97,3 +97,9 @@ def gpu_hours(milli_seconds: int | None) -> str:
 def seconds(value: int | None) -> str:
     """45 s, 10 min, 2 h 5 min: a number of seconds as a person reads it."""
     return words.duration(value or 0)
+
+
+@register.filter
+def token_state(token: Any) -> str:
+    """A personal token's state now: "active", "revoked" or "expired"."""
+    return str(token.state_at(timezone.now()))

@@ -113,6 +113,7 @@ def _urls(world: World, req: GpuRequest) -> list[str]:
         f"/requests/{req.pk}/",
         f"/requests/{req.pk}/logs/",
         "/me/notifications/",
+        "/me/tokens/",
         "/queue/",
         "/decisions/",
         "/teams/",
@@ -123,6 +124,7 @@ def _urls(world: World, req: GpuRequest) -> list[str]:
         "/ops/audit/",
         "/ops/audit/?q=a100",
         "/ops/settings/",
+        "/ops/tokens/",
         "/no-such-page/",
     ]
 

@@ -158,3 +158,30 @@ def test_my_jobs_fits_a_phone_with_a_long_name(browser, live_server, world: Worl
         shot(pg, "people-404")
     finally:
         context.close()
+
+
+def test_a_researcher_makes_a_token_on_the_page_uses_it_and_revokes_it(
+    page,
+    live_server,
+    world: World,  # noqa: ANN001
+) -> None:
+    import httpx
+
+    login(page, "bob")
+    page.click("text=API tokens")
+    page.fill("#id_name", "laptop")
+    page.select_option("#id_scope", "read")
+    page.click("text=Create token")
+    secret = page.locator("[data-testid=new-token-secret]").input_value()
+    assert secret.startswith("qm_")
+    shot(page, "token-created")
+    api = httpx.Client(base_url=live_server.url, headers={"Authorization": f"Bearer {secret}"})
+    assert api.get("/api/v1/requests/").status_code == 200
+    # Shown once: gone on the next visit.
+    page.reload()
+    assert page.locator("[data-testid=new-token-secret]").count() == 0
+    assert "laptop" in page.locator("#tokens").inner_text()
+    page.click("[aria-label='Revoke token laptop']")
+    assert "revoked" in page.locator("[data-testid=message]").inner_text()
+    r = api.get("/api/v1/requests/")
+    assert r.status_code == 401 and r.headers["content-type"] == "application/problem+json"

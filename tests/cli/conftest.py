@@ -12,13 +12,12 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 from django.db import connection
-from rest_framework.authtoken.models import Token
 
 from cli import main as qm_main
 from portal.selectors import requests as request_selectors
 from portal.tick.reconcile import reconcile
 from portal.tick.run import run_tick
-from tests.base import World, make_world
+from tests.base import World, api_secret, make_world
 
 
 @dataclass
@@ -54,9 +53,9 @@ def world(transactional_db: Any) -> World:
 @pytest.fixture
 def as_user(live_server: Any, tmp_path: Path) -> Callable[[Any], Qm]:
     def make(user: Any) -> Qm:
-        token, _ = Token.objects.get_or_create(user=user)
+        secret = api_secret(user)
         home = tmp_path / f"config-{user.username}"
-        return Qm(url=live_server.url, token=token.key, config_home=home)
+        return Qm(url=live_server.url, token=secret, config_home=home)
 
     return make
 

@@ -22,7 +22,6 @@ import yaml
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from kubernetes import client
-from rest_framework.authtoken.models import Token
 
 import portal.backends
 from portal.backends.kubernetes import KubernetesBackend, _pool_selectors_from_db
@@ -30,6 +29,7 @@ from portal.models import AuditEvent, GpuRequest, Membership, Quota, Team, Workl
 from portal.services.nodes import inventory_sync
 from portal.tick.reconcile import reconcile
 from portal.tick.run import run_tick
+from tests.base import api_secret
 from tests.chart.chart import NAMESPACE, render
 from tests.cluster.conftest import CHART_VALUES, JOB_OPTIONS, TEAM_NS
 from tests.cluster.kube import Cluster, apply_one, wait_for
@@ -124,7 +124,7 @@ def test_an_empty_site_configured_by_the_chart_admits_a_first_request(
     # a researcher of team-a with an API token (people come from SSO or the team page)
     bob = get_user_model().objects.create_user("bob", password="pw-bob-123")
     Membership.objects.create(user=bob, team=Team.objects.get(name="team-a"), role="member")
-    headers = {"Authorization": f"Token {Token.objects.create(user=bob).key}"}
+    headers = {"Authorization": f"Token {api_secret(bob)}"}
     body = {
         "team": "team-a",
         "workload_class": "training",

@@ -323,3 +323,29 @@ def test_a_gang_is_one_job_per_pod_each_pinned_to_its_node() -> None:
             for g in grants
         ]
         assert j["metadata"]["labels"]["quartermaster.io/attempt-id"] == str(s.attempt_id)
+
+
+def test_every_gang_pod_gets_torchruns_variables_beside_world_size_and_rank() -> None:
+    """A bare `torchrun train.py` reads PET_*; scripts written for torch.distributed read the rest."""
+    from portal.backends.base import RENDEZVOUS_PORT, PodLaunch
+    from portal.k8s.jobs import gang_build
+
+    g0 = (GrantSpec(0, 1000), GrantSpec(1, 1000))
+    g1 = (GrantSpec(2, 1000), GrantSpec(3, 1000))
+    s = spec(pods=(PodLaunch(0, "gpu-a", g0), PodLaunch(1, "gpu-b", g1)))
+    _, jobs = gang_build(s, OPTIONS)
+    master = f"{s.name}-0.{s.name}.{s.namespace}.svc"
+    for rank, j in enumerate(jobs):
+        e = env(container(job_to_dict(j)))
+        assert (e["WORLD_SIZE"], e["RANK"], e["MASTER_ADDR"]) == ("2", str(rank), master)
+        assert e["PET_NNODES"] == "2"
+        assert e["PET_NODE_RANK"] == str(rank)
+        assert e["PET_MASTER_ADDR"] == master
+        assert e["PET_MASTER_PORT"] == str(RENDEZVOUS_PORT)
+        assert e["PET_NPROC_PER_NODE"] == "2"
+
+
+@pytest.mark.parametrize("name", ["PET_NNODES", "PET_NODE_RANK", "pet_master_addr"])
+def test_it_refuses_a_request_env_that_overrides_torchruns_variables(name: str) -> None:
+    with pytest.raises(LaunchRefused):
+        job_build(spec(env=((name, "9"),)), OPTIONS)

@@ -354,7 +354,6 @@ def _seed(*, pending: int, nodes: int) -> dict[str, Any]:
     from django.contrib.auth import get_user_model
     from django.db import transaction
     from django.utils import timezone
-    from rest_framework.authtoken.models import Token
 
     from portal.demo.seed import seed
     from portal.models import (
@@ -366,10 +365,12 @@ def _seed(*, pending: int, nodes: int) -> dict[str, Any]:
         GpuRequest,
         Membership,
         Node,
+        PersonalToken,
         Pool,
         Team,
         WorkloadClass,
     )
+    from portal.services.tokens import token_create
 
     rng = random.Random(7)
     seed()
@@ -556,8 +557,8 @@ def _seed(*, pending: int, nodes: int) -> dict[str, Any]:
         )
     submitters = []
     for u, team in members:
-        token, _ = Token.objects.get_or_create(user=u)
-        submitters.append((token.key, team.name))
+        _, secret = token_create(user=u, name="bench_web", scope=PersonalToken.Scope.SUBMIT)
+        submitters.append((secret, team.name))
     return {"admin": admin, "submitters": submitters}
 
 
@@ -762,7 +763,7 @@ def _drive_gunicorn(
                         "POST",
                         "/api/v1/requests/",
                         payload,
-                        {"Authorization": f"Token {token}", "Content-Type": "application/json"},
+                        {"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
                     )
                     resp = conn.getresponse()
                     data = resp.read()
@@ -785,7 +786,7 @@ def _drive_gunicorn(
         for _ in range(workers * 2):
             token, team = submitters[0]
             conn = HTTPConnection("127.0.0.1", port, timeout=30)
-            conn.request("GET", "/api/v1/pools/", headers={"Authorization": f"Token {token}"})
+            conn.request("GET", "/api/v1/pools/", headers={"Authorization": f"Bearer {token}"})
             conn.getresponse().read()
             conn.close()
         load_before = os.getloadavg()

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 from django.test import Client
-from rest_framework.authtoken.models import Token
 
 from portal.models import AuditEvent, GpuRequest, Pool, Quota
 from portal.tick import run as tick
-from tests.base import World, make_world, submit
+from tests.base import World, api_secret, make_world, submit
 
 pytestmark = pytest.mark.django_db
 
@@ -19,8 +18,7 @@ def world() -> World:
 
 
 def api(user) -> Client:
-    token, _ = Token.objects.get_or_create(user=user)
-    return Client(HTTP_AUTHORIZATION=f"Token {token.key}")
+    return Client(HTTP_AUTHORIZATION=f"Bearer {api_secret(user)}")
 
 
 BODY = {
@@ -58,7 +56,7 @@ def test_it_submits_lists_gets_and_cancels(world: World) -> None:
     assert r.status_code == 200 and r.json()["state"] == "cancelled"
     # Cancelling twice is a 400 naming the state, not a 500.
     r = post(c, f"/api/v1/requests/{req.pk}/cancel/", {})
-    assert r.status_code == 400 and "state" in r.json()
+    assert r.status_code == 400 and "state" in r.json()["errors"]
 
 
 def test_it_shows_queue_position_and_reason_after_a_tick(world: World) -> None:
@@ -96,7 +94,7 @@ def test_it_shows_queue_position_and_reason_after_a_tick(world: World) -> None:
 def test_it_answers_400_naming_the_field(world: World, change: dict, field: str) -> None:
     r = post(api(world.bob), "/api/v1/requests/", {**BODY, **change})
     assert r.status_code == 400, r.content
-    assert field in r.json(), r.json()
+    assert field in r.json()["errors"], r.json()
     assert not GpuRequest.objects.exists()
 
 
@@ -106,12 +104,12 @@ def test_it_caps_pending_requests_per_user_and_team(world: World, settings) -> N
     assert post(c, "/api/v1/requests/", BODY).status_code == 201
     assert post(c, "/api/v1/requests/", BODY).status_code == 201
     r = post(c, "/api/v1/requests/", BODY)
-    assert r.status_code == 400 and "2 pending" in r.json()["non_field_errors"][0]
+    assert r.status_code == 400 and "2 pending" in r.json()["errors"]["non_field_errors"][0]
     world.vision.max_pending = 3
     world.vision.save()
     assert post(api(world.alice), "/api/v1/requests/", BODY).status_code == 201
     r = post(api(world.alice), "/api/v1/requests/", BODY)
-    assert r.status_code == 400 and "vision" in r.json()["non_field_errors"][0]
+    assert r.status_code == 400 and "vision" in r.json()["errors"]["non_field_errors"][0]
     assert GpuRequest.objects.count() == 3
 
 
@@ -144,9 +142,9 @@ def test_it_sets_quotas_within_the_grant(world: World) -> None:
     assert r.status_code == 200 and r.json()["nominal_milli"] == 8000
     assert AuditEvent.objects.filter(action="quota.set", actor=world.alice).exists()
     r = c.put(url, {"nominal_milli": 99000}, content_type="application/json")
-    assert r.status_code == 400 and "nominal_milli" in r.json()
+    assert r.status_code == 400 and "nominal_milli" in r.json()["errors"]
     r = c.put(url, {"nominal_milli": 1000, "granted_milli": 99000}, content_type="application/json")
-    assert r.status_code == 400 and "granted_milli" in r.json()
+    assert r.status_code == 400 and "granted_milli" in r.json()["errors"]
     assert (
         api(world.bob).put(url, {"nominal_milli": 0}, content_type="application/json").status_code
         == 403

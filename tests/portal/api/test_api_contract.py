@@ -26,11 +26,10 @@ from django.core.signals import request_finished, request_started
 from django.core.wsgi import get_wsgi_application
 from django.db import OperationalError, close_old_connections, connection
 from django.test import Client
-from rest_framework.authtoken.models import Token
 
 from portal.celery import app as celery_app
 from portal.tick import run as tick
-from tests.base import World, make_world, submit
+from tests.base import World, api_secret, make_world, submit
 
 pytestmark = pytest.mark.django_db
 
@@ -41,8 +40,7 @@ def world() -> World:
 
 
 def api(user: Any) -> Client:
-    token, _ = Token.objects.get_or_create(user=user)
-    return Client(HTTP_AUTHORIZATION=f"Token {token.key}")
+    return Client(HTTP_AUTHORIZATION=f"Bearer {api_secret(user)}")
 
 
 def schema(user: Any) -> dict[str, Any]:
@@ -130,15 +128,13 @@ def test_a_client_generated_from_the_schema_calls_every_list_operation(
 def _call_every_list_operation(world: World, client_pkg: Any, wsgi: Any) -> None:
 
     def client_for(user: Any) -> Any:
-        token, _ = Token.objects.get_or_create(user=user)
-        c = client_pkg.AuthenticatedClient(
-            base_url="http://testserver", token=token.key, prefix="Token"
-        )
+        secret = api_secret(user)
+        c = client_pkg.AuthenticatedClient(base_url="http://testserver", token=secret)
         c.set_httpx_client(
             httpx.Client(
                 base_url="http://testserver",
                 transport=wsgi,
-                headers={"Authorization": f"Token {token.key}"},
+                headers={"Authorization": f"Bearer {secret}"},
             )
         )
         return c

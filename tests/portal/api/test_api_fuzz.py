@@ -18,7 +18,6 @@ from django.core.wsgi import get_wsgi_application
 from django.db import close_old_connections
 from django.test import Client
 from hypothesis import HealthCheck, Phase, given, settings
-from rest_framework.authtoken.models import Token
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
@@ -27,7 +26,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from portal.tick import run as tick
-from tests.base import make_world, submit
+from tests.base import api_secret, make_world, submit
 
 pytestmark = [pytest.mark.django_db, pytest.mark.fuzz]
 
@@ -51,8 +50,8 @@ def test_the_api_keeps_its_schema(settings: Any) -> None:
         submit(world.bob, world.vision)
     tick.run_tick()
     tokens = {
-        "member": Token.objects.get_or_create(user=world.bob)[0].key,
-        "admin": Token.objects.get_or_create(user=world.dave)[0].key,
+        "member": api_secret(world.bob),
+        "admin": api_secret(world.dave),
     }
     raw = Client(HTTP_AUTHORIZATION=f"Token {tokens['admin']}").get(
         "/api/schema/", {"format": "json"}

@@ -9,14 +9,13 @@ from typing import Any
 import pytest
 from django.test import Client
 from django.urls import reverse
-from rest_framework.authtoken.models import Token
 
 from portal.models import GpuRequest, SimulatedWorkload
 from portal.selectors import requests as selectors
 from portal.services.requests import gpu_request_cancel
 from portal.tick.reconcile import reconcile
 from portal.tick.run import run_tick
-from tests.base import World, make_world, submit
+from tests.base import World, api_secret, make_world, submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -28,8 +27,8 @@ def world() -> World:
 
 def api(user: Any) -> Client:
     """A client that sends the token as `Bearer`, as the command line does."""
-    token, _ = Token.objects.get_or_create(user=user)
-    return Client(HTTP_AUTHORIZATION=f"Bearer {token.key}")
+    secret = api_secret(user)
+    return Client(HTTP_AUTHORIZATION=f"Bearer {secret}")
 
 
 def _advance(req: GpuRequest, seconds: float) -> None:

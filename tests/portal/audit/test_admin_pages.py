@@ -249,7 +249,7 @@ def test_the_api_takes_a_reason_into_the_audit_log(world: World) -> None:
     c = APIClient()
     c.force_authenticate(world.bob)
     r = c.post(f"/api/v1/requests/{req.pk}/cancel/", {"reason": "x" * 501}, format="json")
-    assert r.status_code == 400 and "reason" in r.json()
+    assert r.status_code == 400 and "reason" in r.json()["errors"]
     assert GpuRequest.objects.get(pk=req.pk).state == "pending"
     r = c.post(f"/api/v1/requests/{req.pk}/cancel/", {"reason": "typo"}, format="json")
     assert r.status_code == 200

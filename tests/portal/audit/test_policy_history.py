@@ -61,4 +61,4 @@ def test_a_request_filter_past_a_database_key_is_a_400_naming_it(client: Client)
     client.force_login(w.dave)
     for value in ("-1831027545184673215513886720", str(2**63), "0"):
         response = client.get(f"/api/v1/decisions/?request={value}")
-        assert response.status_code == 400 and "request" in response.json(), value
+        assert response.status_code == 400 and "request" in response.json()["errors"], value

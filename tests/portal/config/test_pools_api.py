@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 from django.test import Client
-from rest_framework.authtoken.models import Token
 
 from portal.models import AuditEvent, GpuRequest, Pool, WorkloadClass
-from tests.base import World, make_world, submit
+from tests.base import World, api_secret, make_world, submit
 
 pytestmark = pytest.mark.django_db
 
@@ -18,8 +17,8 @@ def world() -> World:
 
 
 def api(user) -> Client:
-    token, _ = Token.objects.get_or_create(user=user)
-    return Client(HTTP_AUTHORIZATION=f"Token {token.key}")
+    secret = api_secret(user)
+    return Client(HTTP_AUTHORIZATION=f"Token {secret}")
 
 
 POOL = {

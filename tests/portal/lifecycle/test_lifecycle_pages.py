@@ -164,7 +164,7 @@ def test_admins_start_a_rollout_over_the_api_and_auditors_read_it(
 )
 def test_a_bad_rollout_is_refused_naming_the_field(world: World, data: dict, field: str) -> None:
     r = client_for(world.dave).post("/api/v1/rollouts/", data, content_type="application/json")
-    assert r.status_code == 400 and field in r.json(), r.content
+    assert r.status_code == 400 and field in r.json()["errors"], r.content
     assert not Rollout.objects.exists()
 
 
@@ -295,7 +295,7 @@ def test_an_admin_halts_a_running_rollout_and_its_burn_ins_still_finish(
     assert r.status_code == 200 and r.json()["state"] == "halted"
     assert r.json()["halt_reason"] == "halted by dave in wave 0: bad batch"
     again = client_for(world.dave).post(f"/api/v1/rollouts/{rollout.pk}/halt/")
-    assert again.status_code == 400 and "state" in again.json()
+    assert again.status_code == 400 and "state" in again.json()["errors"]
     assert AuditEvent.objects.filter(action="rollout.halt", actor=world.dave).count() == 1
     settings.SIMULATED_VALIDATION_SECONDS = 0
     rollouts_advance()

@@ -9,7 +9,6 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.test import Client
-from rest_framework.authtoken.models import Token
 
 from portal.models import AuditEvent, Decision, GpuRequest, PolicyProfile
 from portal.services.profiles import (
@@ -21,7 +20,7 @@ from portal.services.profiles import (
 from portal.tick.run import run_tick
 from portal.tick.snapshot import build_snapshot
 from scheduling import profile as scheduling_profile
-from tests.base import World, make_world, submit
+from tests.base import World, api_secret, make_world, submit
 
 #: the version the default profile is stored with (the shipped file's)
 SHIPPED_VERSION = scheduling_profile.load().version
@@ -35,8 +34,7 @@ def world() -> World:
 
 
 def api(user: Any) -> Client:
-    token, _ = Token.objects.get_or_create(user=user)
-    return Client(HTTP_AUTHORIZATION=f"Token {token.key}")
+    return Client(HTTP_AUTHORIZATION=f"Bearer {api_secret(user)}")
 
 
 def active() -> PolicyProfile:
@@ -245,7 +243,7 @@ def test_the_api_answers_400_naming_the_field(
     row = policy_profile_ensure()
     r = api(world.dave).patch(f"/api/v1/profiles/{row.pk}/", body, content_type="application/json")
     assert r.status_code == 400
-    assert field in r.json()
+    assert field in r.json()["errors"]
     row.refresh_from_db()
     assert row.version == SHIPPED_VERSION
 

@@ -13,11 +13,10 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.test import Client
 from django.urls import reverse
-from rest_framework.authtoken.models import Token
 
 from portal.models import AuditEvent, DeviceProfile, GpuRequest, Pool, WorkloadClass
 from portal.models.pools import WORKLOAD_KINDS
-from tests.base import World, make_world, submit, submit_serving
+from tests.base import World, api_secret, make_world, submit, submit_serving
 
 pytestmark = pytest.mark.django_db
 
@@ -35,8 +34,8 @@ def world() -> World:
 
 
 def api(user: Any) -> Client:
-    token, _ = Token.objects.get_or_create(user=user)
-    return Client(HTTP_AUTHORIZATION=f"Token {token.key}")
+    secret = api_secret(user)
+    return Client(HTTP_AUTHORIZATION=f"Token {secret}")
 
 
 BATCH_IN_INFERENCE = {

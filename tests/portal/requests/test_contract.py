@@ -151,11 +151,11 @@ def test_the_api_refuses_reserved_env_with_a_400_naming_the_field(settings: Any)
         "env": {"QM_READY_URL": "http://evil"},
     }
     r = api.post("/api/v1/requests/", body, format="json")
-    assert r.status_code == 400 and "env" in r.json()
+    assert r.status_code == 400 and "env" in r.json()["errors"]
     settings.K8S_ALLOWED_IMAGES = ["registry.example.com"]
     body.update(env={}, image="registry.example.com.evil.io/x:1")
     r = api.post("/api/v1/requests/", body, format="json")
-    assert r.status_code == 400 and "image" in r.json()
+    assert r.status_code == 400 and "image" in r.json()["errors"]
     assert not GpuRequest.objects.exists()
 
 

@@ -66,6 +66,9 @@ def test_a_two_by_eight_gang_runs_two_eight_gpu_pods_on_its_two_nodes() -> None:
         assert (
             env["MASTER_ADDR"] == f"{attempt.workload_name}-0.{attempt.workload_name}.qm-vision.svc"
         )
+        assert (env["PET_NNODES"], env["PET_NODE_RANK"]) == ("2", str(rank))
+        assert env["PET_NPROC_PER_NODE"] == "8"
+        assert env["PET_MASTER_ADDR"] == env["MASTER_ADDR"]
 
     # Started all or nothing: running once both pods run.
     _shift([members[1].name], -60)  # pod 1 starts a minute late
@@ -170,7 +173,7 @@ def test_the_form_and_the_api_accept_pods_cpu_and_memory() -> None:
         },
         format="json",
     )
-    assert r.status_code == 400 and "pods" in r.json()
+    assert r.status_code == 400 and "pods" in r.json()["errors"]
 
 
 # --- Kubernetes: one Job per pod under one headless Service -------------------------------

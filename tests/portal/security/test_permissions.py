@@ -90,8 +90,8 @@ def test_priority_is_bounded_by_role_on_the_service_the_form_and_the_api(setting
         "priority": 100,
     }
     r = api.post("/api/v1/requests/", body, format="json")
-    assert r.status_code == 400 and "priority" in r.json()
-    assert "between -100 and 0" in r.json()["priority"][0]
+    assert r.status_code == 400 and "priority" in r.json()["errors"]
+    assert "between -100 and 0" in r.json()["errors"]["priority"][0]
 
     page = _client(w.bob)
     training = WorkloadClass.objects.get(name="training")

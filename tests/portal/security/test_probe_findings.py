@@ -21,10 +21,9 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
-from rest_framework.authtoken.models import Token
 
 from portal.models import GpuRequest, WorkloadClass
-from tests.base import World, make_world
+from tests.base import World, api_secret, make_world
 
 pytestmark = pytest.mark.django_db
 
@@ -44,8 +43,8 @@ def world() -> World:
 
 
 def api(user: Any) -> Client:
-    token, _ = Token.objects.get_or_create(user=user)
-    return Client(HTTP_AUTHORIZATION=f"Token {token.key}")
+    secret = api_secret(user)
+    return Client(HTTP_AUTHORIZATION=f"Token {secret}")
 
 
 # ---------------------------------------------------------------------------

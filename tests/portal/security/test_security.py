@@ -17,12 +17,11 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.test import Client, RequestFactory
 from django.urls import reverse
-from rest_framework.authtoken.models import Token
 
 from portal.metrics.collector import metrics_view
 from portal.models import GpuRequest, Node, Pool, WorkloadClass
 from portal.services.pools import pool_update, workload_class_update
-from tests.base import World, make_world, submit
+from tests.base import World, api_secret, make_world, submit
 
 pytestmark = pytest.mark.django_db
 
@@ -35,8 +34,7 @@ def world() -> World:
 
 
 def api(user: Any) -> Client:
-    token, _ = Token.objects.get_or_create(user=user)
-    return Client(HTTP_AUTHORIZATION=f"Token {token.key}")
+    return Client(HTTP_AUTHORIZATION=f"Bearer {api_secret(user)}")
 
 
 def post(client: Client, url: str, body: Any) -> Any:

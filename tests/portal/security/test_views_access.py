@@ -17,7 +17,6 @@ from django.contrib.auth.models import Group
 from django.db import transaction
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
-from rest_framework.authtoken.models import Token
 
 from portal.models import (
     AuditEvent,
@@ -27,6 +26,7 @@ from portal.models import (
     Membership,
     Node,
     NotificationPreference,
+    PersonalToken,
     PolicyProfile,
     Pool,
     Quota,
@@ -36,9 +36,10 @@ from portal.models import (
     WorkloadClass,
 )
 from portal.services.rollouts import rollout_start
+from portal.services.tokens import token_create
 from portal.services.validations import validation_start
 from portal.tick import run as tick
-from tests.base import World, make_world, submit
+from tests.base import World, api_secret, make_world, submit
 
 # Not walked, and why:
 SKIPPED = {
@@ -106,6 +107,8 @@ def world(django_db_setup, django_db_blocker) -> Iterator[dict]:  # noqa: ANN001
             "template_id": RequestTemplate.objects.create(
                 user=w.bob, name=MARKER, fields={"name": MARKER}
             ).pk,
+            # bob's API token: only bob (and admins) may see or revoke it.
+            "token_id": token_create(user=w.bob, name=MARKER, scope="read")[0].pk,
             # Admins' and auditors' only; a node's burn-in reports with its own token.
             "rollout_id": rollout_start(
                 actor=w.dave, pool=Pool.objects.get(name="l4-shared"), kind="driver", target="1"
@@ -149,6 +152,7 @@ def state() -> tuple:
         sorted(Pool.objects.values_list("id", "lifecycle")),
         sorted(Membership.objects.values_list("id", "role", "gpu_cap_milli")),
         sorted(Device.objects.filter(quarantined=True).values_list("id", flat=True)),
+        sorted(PersonalToken.objects.values_list("id", "revoked_at")),
         sorted(Team.objects.values_list("id", "name")),
         sorted(RequestTemplate.objects.values_list("id", "name")),
         # carol (the outsider) may save her own notification settings; nobody else's change.
@@ -300,10 +304,12 @@ def test_it_lets_auditors_read_everything_and_change_nothing(world: dict, settin
     write answers 403, by session (pages and API) and by API token alike."""
     auditor = get_user_model().objects.create_user("erin", password="pw-erin-123")
     auditor.groups.add(Group.objects.get_or_create(name=settings.AUDITOR_GROUP)[0])
-    token = Token.objects.create(user=auditor)
+    # A token wider than the auditor may create (one adopted from before personal tokens):
+    # the role still refuses every write.
+    secret = api_secret(auditor, scope="read+submit")
     session = Client()
     session.force_login(auditor)
-    by_token = Client(HTTP_AUTHORIZATION=f"Token {token.key}")
+    by_token = Client(HTTP_AUTHORIZATION=f"Bearer {secret}")
     before = state()
     writes = 0
     for route in ROUTES:
@@ -328,6 +334,9 @@ def test_it_lets_auditors_read_everything_and_change_nothing(world: dict, settin
                 # A workload's checkpoint (or burn-in) report takes only POST and authenticates
                 # no user.
                 expected = {403, 405} if workload_report and client is by_token else {403}
+                if route in ("me/tokens/", "me/tokens/revoke/") and client is session:
+                    # An auditor keeps their own read tokens (this input is incomplete: 400).
+                    expected = {400, 405}
                 assert r.status_code in expected, (url, method, r.status_code)
                 writes += 1
     assert writes > 100

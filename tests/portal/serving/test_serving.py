@@ -125,7 +125,7 @@ def test_replicas_spread_run_servers_and_their_metrics_are_sampled() -> None:
         assert body["series"][name], name
     assert body["series"]["model_revision"][-1][1] == "r1"
     assert body["slo"]["objective_seconds"] == 0.5
-    assert api.get(f"/api/v1/requests/{req.pk}/metrics/?window=2d").json() == {
+    assert api.get(f"/api/v1/requests/{req.pk}/metrics/?window=2d").json()["errors"] == {
         "window": ["Choose one of 1h, 6h, 24h."]
     }
     # another team's workload is not found, its metrics included
@@ -148,7 +148,7 @@ def test_a_revision_change_rolls_the_replicas_over_and_is_audited() -> None:
     bad = api.patch(
         f"/api/v1/requests/{req.pk}/serving/", {"model_revision": "no spaces"}, format="json"
     )
-    assert bad.status_code == 400 and "model_revision" in bad.json()
+    assert bad.status_code == 400 and "model_revision" in bad.json()["errors"]
     r = api.patch(f"/api/v1/requests/{req.pk}/serving/", {"model_revision": "r2"}, format="json")
     assert r.status_code == 200, r.content
     assert r.json()["model_revision"] == "r2"

@@ -58,7 +58,7 @@ def test_admins_create_teams_audited(world: World) -> None:
 def test_it_refuses_a_bad_team_naming_the_field(world: World, data: dict, field: str) -> None:
     before = Team.objects.count()
     r = post(client_for(world.dave), "/api/v1/teams/", data)
-    assert r.status_code == 400 and field in r.json(), r.content
+    assert r.status_code == 400 and field in r.json()["errors"], r.content
     assert Team.objects.count() == before
 
 
@@ -108,7 +108,7 @@ def test_a_lead_adds_a_member_audited(world: World) -> None:
 def test_it_refuses_a_bad_member_naming_the_field(world: World, data: dict, field: str) -> None:
     before = sorted(Membership.objects.values_list("id", "team_id", "role"))
     r = post(client_for(world.alice), f"/api/v1/teams/{world.vision.pk}/members/", data)
-    assert r.status_code == 400 and field in r.json(), r.content
+    assert r.status_code == 400 and field in r.json()["errors"], r.content
     assert sorted(Membership.objects.values_list("id", "team_id", "role")) == before
 
 
@@ -127,7 +127,7 @@ def test_a_lead_sets_a_members_cap_audited_old_to_new(world: World) -> None:
     )
     # A lead does not change roles; an admin does.
     r = alice.patch(url, {"role": "lead"}, content_type="application/json")
-    assert r.status_code == 400 and "role" in r.json()
+    assert r.status_code == 400 and "role" in r.json()["errors"]
     r = client_for(world.dave).patch(url, {"role": "lead"}, content_type="application/json")
     assert r.status_code == 200 and r.json()["role"] == "lead"
     # Clearing the cap.
