@@ -15,6 +15,14 @@
       buttons(form).forEach(function (b) { b.disabled = true; b.setAttribute("aria-busy", "true"); });
     }, 0);
   });
+  // The phone menu: one button shows and hides the navigation (and says which it is).
+  document.addEventListener("click", function (event) {
+    const button = event.target.closest ? event.target.closest(".menu-button") : null;
+    if (!button) return;
+    const header = button.closest("header");
+    const open = header.classList.toggle("open");
+    button.setAttribute("aria-expanded", open ? "true" : "false");
+  });
   window.addEventListener("pageshow", function () {
     document.querySelectorAll("button[aria-busy=true]").forEach(function (b) {
       b.disabled = false;
