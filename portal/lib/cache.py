@@ -32,6 +32,19 @@ RETRY_SECONDS = 5.0
 SOCKET_TIMEOUT_SECONDS = 0.5
 
 
+class _State:
+    """One Redis server's outage, as this process sees it."""
+
+    def __init__(self) -> None:
+        self.down_since: float | None = None
+        self.retry_at = 0.0
+        self.lock = threading.Lock()
+
+
+_states: dict[str, _State] = {}
+_states_lock = threading.Lock()
+
+
 class FallbackRedisCache(RedisCache):
     """Django's Redis cache that degrades to local memory (see the module docstring)."""
 
@@ -40,33 +53,36 @@ class FallbackRedisCache(RedisCache):
         options.setdefault("socket_connect_timeout", SOCKET_TIMEOUT_SECONDS)
         options.setdefault("socket_timeout", SOCKET_TIMEOUT_SECONDS)
         super().__init__(server, {**params, "OPTIONS": options})
-        self._local = LocMemCache(f"fallback-{id(self)}", {"OPTIONS": {"MAX_ENTRIES": 10000}})
-        self._down_since: float | None = None
-        self._retry_at = 0.0
-        self._state_lock = threading.Lock()
+        # Django makes one cache object per thread: the outage's state and the memory that
+        # stands in for Redis are the process's, so it logs once and counts in one place.
+        with _states_lock:
+            self._state = _states.setdefault(str(server), _State())
+        self._local = LocMemCache(f"fallback:{server}", {"OPTIONS": {"MAX_ENTRIES": 10000}})
 
     @property
     def redis_down(self) -> bool:
-        return self._down_since is not None
+        return self._state.down_since is not None
 
     def _run(self, redis_call: Callable[[], _T], local_call: Callable[[], _T]) -> _T:
-        if self._down_since is not None and time.monotonic() < self._retry_at:
+        state = self._state
+        if state.down_since is not None and time.monotonic() < state.retry_at:
             return local_call()
         try:
             result = redis_call()
         except (RedisError, OSError) as exc:
             self._went_down(exc)
             return local_call()
-        if self._down_since is not None:
+        if state.down_since is not None:
             self._came_back()
         return result
 
     def _went_down(self, exc: Exception) -> None:
-        with self._state_lock:
+        state = self._state
+        with state.lock:
             now = time.monotonic()
-            self._retry_at = now + RETRY_SECONDS
-            if self._down_since is None:
-                self._down_since = now
+            state.retry_at = now + RETRY_SECONDS
+            if state.down_since is None:
+                state.down_since = now
                 log.warning(
                     "Redis cache unreachable (%s: %s): using this process's memory, retrying every %.0f s",
                     type(exc).__name__,
@@ -75,14 +91,15 @@ class FallbackRedisCache(RedisCache):
                 )
 
     def _came_back(self) -> None:
-        with self._state_lock:
-            if self._down_since is None:
+        state = self._state
+        with state.lock:
+            if state.down_since is None:
                 return
             log.warning(
                 "Redis cache reachable again after %.1f s: using it again",
-                time.monotonic() - self._down_since,
+                time.monotonic() - state.down_since,
             )
-            self._down_since = None
+            state.down_since = None
             self._local.clear()
 
     def add(

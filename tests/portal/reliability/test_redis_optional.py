@@ -120,16 +120,21 @@ def test_the_cache_falls_back_logs_once_and_recovers_by_itself(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     url = getattr(settings, "REDIS_URL", "") or "redis://127.0.0.1:6379/0"
+    clock = [100.0]
+    monkeypatch.setattr(fallback.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(fallback, "_states", {})
     cache = fallback.FallbackRedisCache(url, {"KEY_PREFIX": "qm-test-fallback"})
     flaky = _FlakyClient(cache._cache)
     monkeypatch.setattr(cache, "_cache", flaky)
-    clock = [100.0]
-    monkeypatch.setattr(fallback.time, "monotonic", lambda: clock[0])
+    # Django makes a cache object per thread: another thread's shares the outage and the memory.
+    other = fallback.FallbackRedisCache(url, {"KEY_PREFIX": "qm-test-fallback"})
+    monkeypatch.setattr(other, "_cache", flaky)
     with caplog.at_level(logging.WARNING, logger="portal.lib.cache"):
         cache.set("k", 1)
         assert cache.get("k") == 1 and cache.redis_down  # from memory
         assert cache.incr("k") == 2
         calls = flaky.calls
+        assert other.redis_down and other.get("k") == 2 and flaky.calls == calls
         for _ in range(10):
             cache.get("k")
         assert flaky.calls == calls  # not retried before RETRY_SECONDS
