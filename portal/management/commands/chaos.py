@@ -148,12 +148,22 @@ class Command(BaseCommand):
             done = subprocess.run(
                 argv, env=env, cwd=_root(), stdout=subprocess.PIPE, text=True, check=False
             )
-        finally:
+        except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        out = done.stdout.strip()
+        table: list[dict[str, Any]] = (
+            json.loads(out[out.rfind("\n[") + 1 if "\n[" in out else 0 :])
+            if done.returncode == 0
+            else []
+        )
+        if done.returncode == 0 and all(r["ok"] for r in table):
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            # Kept for the post-mortem: the web's, worker's and beat's log.
+            self.stderr.write(f"chaos: the processes' log is kept in {tmp / 'processes.log'}")
         if done.returncode != 0:
             raise CommandError(f"chaos child failed with exit code {done.returncode}")
-        out = done.stdout.strip()
-        table: list[dict[str, Any]] = json.loads(out[out.rfind("\n[") + 1 if "\n[" in out else 0 :])
         if opts["json"]:
             self.stdout.write(json.dumps(table, indent=2))
         else:
@@ -276,7 +286,7 @@ def _start_processes() -> dict[str, Any]:
     )  # fmt: skip
     worker = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "portal", "worker", "--pool", "prefork",
-         "--concurrency", "2", "--loglevel", "WARNING"],
+         "--concurrency", "2", "--loglevel", "INFO"],
         **common,
     )  # fmt: skip
     beat = subprocess.Popen(
