@@ -315,12 +315,13 @@ if not DEBUG and envbool("SECURE_COOKIES", "false"):
     SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]
 
 # The cache holds the API throttles' counts, shared by every process: Redis when REDIS_URL is
-# set, else files under var/ (one machine).
+# set (this process's memory while Redis cannot be reached: portal/lib/cache.py), else files
+# under var/ (one machine).
 REDIS_URL = env("REDIS_URL")
 if REDIS_URL:
     CACHES = {
         "default": {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "BACKEND": "portal.lib.cache.FallbackRedisCache",
             "LOCATION": env("CACHE_URL", REDIS_URL),
             "KEY_PREFIX": "qm",
         }
@@ -350,7 +351,10 @@ AXES_CLIENT_IP_CALLABLE = "portal.api.guards.client_address"
 # Celery: Redis when REDIS_URL is set, else a broker on the filesystem.
 if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
-    CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {"visibility_timeout": 3600}
+    CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {
+        "visibility_timeout": 3600,
+        "socket_connect_timeout": 2,
+    }
 else:
     _broker = VAR_DIR / "broker"
     for _sub in ("in", "processed", "control"):
@@ -377,6 +381,21 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+# The broker only wakes things up: a publish it refuses is given up quickly (the web's
+# submit must not wait on it; beat's next tick does the work), and a worker or beat waits
+# for it to come back however long it is away, instead of exiting.
+CELERY_BROKER_CONNECTION_TIMEOUT = 2
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
+CELERY_TASK_PUBLISH_RETRY_POLICY = {
+    "max_retries": 1,
+    "interval_start": 0,
+    "interval_step": 0.2,
+    "interval_max": 0.2,
+}
+# Beat touches its heartbeat files (portal/lib/heartbeat.py), read by `manage.py probe`.
+CELERY_BEAT_SCHEDULER = "portal.lib.heartbeat:HeartbeatScheduler"
+#: where the worker and beat write their heartbeats (per pod: the chart's var volume)
+HEARTBEAT_DIR = env("HEARTBEAT_DIR", str(VAR_DIR / "heartbeat"))
 
 # Scheduling.
 TICK_SECONDS = envint("TICK_SECONDS", "3")

@@ -9,8 +9,11 @@ from typing import Any, ParamSpec, Protocol, TypeVar, cast
 from celery import shared_task as _celery_shared_task
 from django.conf import settings
 
-from portal.lib import wake
+from portal.lib import heartbeat, wake
 from portal.services.attempts import attempts_launch
+
+# The worker's heartbeats for its probes (`manage.py probe`): every worker imports this module.
+heartbeat.connect_worker_signals()
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R", covariant=True)

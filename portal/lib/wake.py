@@ -61,6 +61,10 @@ def _task(name: str) -> Any:
 WAKE_COALESCE_SECONDS = 1.0
 _wake_lock = threading.Lock()
 _wake_due = 0.0  # time.monotonic() at which the latest tick this process enqueued becomes due
+#: After the broker refused a wake, this process sends none for this many seconds: each submit
+#: of a steady stream would otherwise pay a refused publish, and beat's next tick does the work.
+BROKER_RETRY_SECONDS = 2.0
+_broker_retry_at = 0.0  # time.monotonic() before which wakes are not sent
 
 
 def wake_tick() -> None:
@@ -72,17 +76,18 @@ def wake_tick() -> None:
     future, so that tick starts after the caller's commit. Otherwise the tick is
     enqueued now, or, within the window of the previous one, with a countdown to
     the window's end; every wake is followed by a tick within about a second. Eager
-    mode (tests) ticks on every call. If the broker is down, nothing is recorded and
-    beat's next tick does the work.
+    mode (tests) ticks on every call. If the broker is down, nothing is recorded, no
+    wake is sent for BROKER_RETRY_SECONDS, and beat's next tick (once the broker is
+    back) finds the request in the database.
     """
-    global _wake_due
+    global _wake_due, _broker_retry_at
     tick = _tick()
     if app.conf.task_always_eager:
         _safe_enqueue(tick.delay)
         return
     with _wake_lock:
         now = time.monotonic()
-        if _wake_due > now:
+        if _wake_due > now or _broker_retry_at > now:
             return
         due = max(now, _wake_due + WAKE_COALESCE_SECONDS)
         delay = due - now
@@ -92,6 +97,8 @@ def wake_tick() -> None:
             sent = _safe_enqueue(lambda: tick.apply_async(countdown=delay))
         if sent:
             _wake_due = due
+        else:
+            _broker_retry_at = time.monotonic() + BROKER_RETRY_SECONDS
 
 
 def enqueue(name: str, *args: Any) -> bool:

@@ -64,15 +64,9 @@ def whatif_draft(*, actor: User, days: int, settings: dict[str, str]) -> WhatIfR
 
 
 def _enqueue(run_id: int) -> None:
-    # By name, as portal/lib/wake.py wakes the tick: the task module imports this one.
-    from portal.celery import app
-
-    try:
-        task = app.tasks[wake.WHATIF_TASK]
-    except KeyError:
-        app.loader.import_default_modules()
-        task = app.tasks[wake.WHATIF_TASK]
-    task.delay(run_id)
+    # By name, as portal/lib/wake.py wakes the tick: the task module imports this one. A
+    # broker that refuses it is logged there, not raised: the run stays queued, not a 500.
+    wake.enqueue(wake.WHATIF_TASK, run_id)
 
 
 def whatif_execute(run_id: int, now: datetime | None = None) -> WhatIfRun:

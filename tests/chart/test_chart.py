@@ -285,6 +285,23 @@ def test_beat_is_exactly_one_and_recreated() -> None:
     ]
 
 
+def test_worker_and_beat_probes_read_heartbeats_never_the_broker() -> None:
+    docs = render(CASES["everything"])
+    for name in ("worker", "beat"):
+        container = one(docs, "Deployment", f"{FULL}-{name}")["spec"]["template"]["spec"][
+            "containers"
+        ][0]
+        for probe, mode in (("livenessProbe", "--live"), ("readinessProbe", "--ready")):
+            assert container[probe]["exec"]["command"] == [
+                "python",
+                "manage.py",
+                "probe",
+                name,
+                mode,
+            ]
+    assert "inspect" not in str(docs)
+
+
 def test_web_worker_and_migrations_run_the_right_commands() -> None:
     docs = render(CASES["everything"])
     web = one(docs, "Deployment", f"{FULL}-web")["spec"]["template"]["spec"]

@@ -82,11 +82,27 @@ class Command(BaseCommand):
         )
         parser.add_argument("--history-devices", type=int, default=1_000)
         parser.add_argument("--history-days", type=int, default=30)
+        parser.add_argument(
+            "--api",
+            action="store_true",
+            help="instead: API submits only, at each --concurrency, and a profile (docs/performance.md)",
+        )
+        parser.add_argument(
+            "--concurrency", default="4,8,16", help="--api: client threads, comma-separated"
+        )
+        parser.add_argument(
+            "--profile", type=int, default=200, help="--api: submits profiled in-process (0: none)"
+        )
         parser.add_argument("--child", action="store_true", help=__import__("argparse").SUPPRESS)
 
     def handle(self, *args: Any, **opts: Any) -> None:
         if opts["child"]:
-            result = _history_child(opts) if opts["history"] else _child(opts)
+            if opts["api"]:
+                result = _api_child(opts)
+            elif opts["history"]:
+                result = _history_child(opts)
+            else:
+                result = _child(opts)
             self.stdout.write(json.dumps(result, indent=2, default=str))
             return
         if opts["database_url"] and not opts["yes"]:
@@ -131,6 +147,14 @@ class Command(BaseCommand):
             argv += [f"--{key.replace('_', '-')}", str(opts[key])]
         if opts["new_connections"]:
             argv.append("--new-connections")
+        if opts["api"]:
+            argv += [
+                "--api",
+                "--concurrency",
+                opts["concurrency"],
+                "--profile",
+                str(opts["profile"]),
+            ]
         if opts["history"]:
             argv += [
                 "--history",
@@ -196,6 +220,113 @@ def _child(opts: dict[str, Any]) -> dict[str, Any]:
         )
         and api["rate_per_s"] >= TARGET_SUBMITS_PER_S
         and api["errors"] == 0,
+    }
+
+
+def _api_child(opts: dict[str, Any]) -> dict[str, Any]:
+    """API submits through gunicorn at each concurrency, then a profile of submits in-process."""
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    users = _seed(pending=opts["pending"], nodes=opts["nodes"])
+    runs = []
+    for threads in [int(c) for c in opts["concurrency"].split(",") if c.strip()]:
+        runs.append(
+            _drive_gunicorn(
+                users["submitters"],
+                submits=opts["submits"],
+                threads=threads,
+                workers=opts["workers"],
+                worker_class=opts["worker_class"],
+                worker_threads=opts["worker_threads"],
+                reuse=not opts["new_connections"],
+            )
+        )
+    best = max(runs, key=lambda r: r["rate_per_s"]) if runs else None
+    return {
+        "database": _db_label(),
+        "seeded": {"pending": opts["pending"], "nodes": opts["nodes"], **_counts()},
+        "cores": os.cpu_count(),
+        "runs": runs,
+        "best": {k: best[k] for k in ("client_threads", "rate_per_s", "latency_ms_p95")}
+        if best
+        else None,
+        "profile": _profile_submits(users["submitters"], opts["profile"])
+        if opts["profile"]
+        else None,
+    }
+
+
+def _profile_submits(submitters: list[tuple[str, str]], n: int) -> dict[str, Any]:
+    """Where a submit's server time goes: `n` submits through the Django test client (the whole
+    middleware and DRF stack, no network) under cProfile; the functions with the most time of
+    their own, the portal's by time including callees, and the queries per submit."""
+    import cProfile
+    import pstats
+
+    from django.db import connection
+    from django.test import Client
+
+    token, team = submitters[0]
+    client = Client(HTTP_AUTHORIZATION=f"Token {token}")
+    body = {
+        "team": team,
+        "workload_class": "training",
+        "pool": "a100-train",
+        "profile": "whole",
+        "count": 1,
+        "image": "registry.example.com/bench/train:1",
+        "command": ["python", "train.py"],
+    }
+    for i in range(5):  # warm: imports, connections, the first wake
+        client.post(
+            "/api/v1/requests/", {**body, "name": f"warm-{i}"}, content_type="application/json"
+        )
+    # Counted by a wrapper: the test client's request_started empties the debug query log.
+    sql: list[str] = []
+
+    def record(execute: Any, statement: str, params: Any, many: bool, context: Any) -> Any:
+        sql.append(statement)
+        return execute(statement, params, many, context)
+
+    with connection.execute_wrapper(record):
+        r = client.post("/api/v1/requests/", body, content_type="application/json")
+    assert r.status_code == 201, r.content[:300]
+    profiler = cProfile.Profile()
+    started = time.perf_counter()
+    profiler.enable()
+    for i in range(n):
+        client.post(
+            "/api/v1/requests/", {**body, "name": f"prof-{i}"}, content_type="application/json"
+        )
+    profiler.disable()
+    wall = time.perf_counter() - started
+    stats = pstats.Stats(profiler)
+    raw: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]  # pstats keeps it untyped
+    rows = []
+    for (file, line, func), (_cc, ncalls, tottime, cumtime, _callers) in raw.items():
+        rows.append((file, line, func, ncalls, tottime, cumtime))
+
+    def label(file: str, line: int, func: str) -> str:
+        short = file.split("site-packages/")[-1].replace(_root() + "/", "")
+        return f"{short}:{line}({func})"
+
+    def ms(x: float) -> float:
+        return round(x * 1000 / n, 3)
+
+    own = sorted(rows, key=lambda r: -r[4])[:20]
+    portal = sorted((r for r in rows if "/portal/" in r[0]), key=lambda r: -r[5])[:20]
+    return {
+        "submits": n,
+        "wall_ms_per_submit_profiled": round(wall * 1000 / n, 2),
+        "queries_per_submit": len(sql),
+        "queries": [x[:120] for x in sql],
+        "own_time_ms_per_submit": [
+            {"fn": label(*r[:3]), "calls": r[3] / n, "ms": ms(r[4])} for r in own
+        ],
+        "portal_cumulative_ms_per_submit": [
+            {"fn": label(*r[:3]), "calls": r[3] / n, "ms": ms(r[5])} for r in portal
+        ],
     }
 
 

@@ -51,7 +51,7 @@ SKIPPED = {
     "api/schema/": "the OpenAPI schema: no data, signed-in users only (tested in test_api.py)",
     "api/docs/": "Swagger UI page: no data (tested in test_api_contract.py)",
     "healthz": "liveness probe, no data",
-    "readyz": "readiness probe: whether the database and the broker answer, no data",
+    "readyz": "readiness probe: whether the database answers, no data",
     "metrics": "Prometheus scrape endpoint, aggregate numbers only",
 }
 # Node-agent endpoints authenticate the agent by its token, not a user: tested with the agent.

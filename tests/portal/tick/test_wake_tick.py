@@ -34,6 +34,7 @@ def broker(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[_Broker, list[floa
     monkeypatch.setattr(tasks.tick, "apply_async", b.apply_async)
     monkeypatch.setattr(wake.time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(wake, "_wake_due", 0.0)
+    monkeypatch.setattr(wake, "_broker_retry_at", 0.0)
     tasks.tick.app.conf.task_always_eager = False  # as with a real broker
     yield b, clock
     tasks.tick.app.conf.task_always_eager = True  # as tests/conftest.py sets it
@@ -75,7 +76,7 @@ def test_every_wake_is_followed_by_a_tick_due_after_it(broker: tuple[_Broker, li
     assert len(b.sent) <= 400 * 0.037 / wake.WAKE_COALESCE_SECONDS + 2
 
 
-def test_a_broker_outage_records_nothing_so_the_next_wake_tries_again(
+def test_a_broker_outage_records_nothing_and_the_wake_is_tried_again_later(
     broker: tuple[_Broker, list[float]],
 ) -> None:
     b, clock = broker
@@ -83,6 +84,9 @@ def test_a_broker_outage_records_nothing_so_the_next_wake_tries_again(
     wake.wake_tick()  # logged, not raised: beat's next tick does the work
     b.down = False
     clock[0] += 0.1
+    wake.wake_tick()  # within BROKER_RETRY_SECONDS: not tried, so a stream of submits pays once
+    assert b.sent == []
+    clock[0] += wake.BROKER_RETRY_SECONDS
     wake.wake_tick()
     assert b.sent == [0.0]
 
