@@ -354,6 +354,13 @@ if REDIS_URL:
     CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {
         "visibility_timeout": 3600,
         "socket_connect_timeout": 2,
+        # A worker blocked reading a connection Redis dropped while it was away never notices
+        # and stops consuming after Redis returns (celery/celery#8030): time reads out, check
+        # the connection while idle, and retry the read on a timeout.
+        "socket_timeout": 10,
+        "socket_keepalive": True,
+        "health_check_interval": 10,
+        "retry_on_timeout": True,
     }
 else:
     _broker = VAR_DIR / "broker"

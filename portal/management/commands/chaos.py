@@ -188,6 +188,7 @@ COLUMNS = (
     ("p95_ms", "p95 ms"),
     ("max_ms", "max ms"),
     ("worker_live", "worker live"),
+    ("restarts", "restarts"),
 )
 
 
@@ -242,7 +243,11 @@ def _child(opts: dict[str, Any], err: Any) -> list[dict[str, Any]]:
             faults.append(("postgresql", opts["pg_stop"], opts["pg_start"], opts["pg_outage"]))
         for name, stop, start, outage in faults:
             err.write(f"chaos: {name} down for {outage:.0f} s\n")
-            rows.append(_run_fault(name, stop, start, outage, opts, procs["port"], clients))
+            rows.append(
+                _run_fault(
+                    name, stop, start, outage, opts, procs["port"], clients, procs["supervised"]
+                )
+            )
             err.write(f"chaos: {json.dumps(rows[-1])}\n")
     finally:
         for proc in procs["all"]:
@@ -254,18 +259,18 @@ def _seed() -> dict[str, Any]:
     """The demo's cluster, teams and users; an API token and a page session per researcher."""
     from django.contrib.auth import get_user_model
     from django.test import Client
-    from rest_framework.authtoken.models import Token
 
     from portal.demo.seed import seed
+    from portal.services.tokens import token_create
 
     seed()
     users = []
     for username, team in (("researcher", "vision"), ("nlp-researcher", "nlp")):
         user = get_user_model().objects.get(username=username)
-        token, _ = Token.objects.get_or_create(user=user)
+        _, secret = token_create(user=user, name="chaos", scope="read+submit")
         page = Client()
         page.force_login(user)
-        users.append({"token": token.key, "team": team, "session": page.cookies["sessionid"].value})
+        users.append({"token": secret, "team": team, "session": page.cookies["sessionid"].value})
     return {"users": users}
 
 
@@ -284,20 +289,54 @@ def _start_processes() -> dict[str, Any]:
          "--log-level", "warning"],
         **common,
     )  # fmt: skip
-    worker = subprocess.Popen(
+    worker = _Supervised(
         [sys.executable, "-m", "celery", "-A", "portal", "worker", "--pool", "prefork",
          "--concurrency", "2", "--loglevel", "INFO"],
-        **common,
+        common,
     )  # fmt: skip
-    beat = subprocess.Popen(
+    beat = _Supervised(
         [sys.executable, "-m", "celery", "-A", "portal", "beat", "--loglevel", "WARNING",
          "--schedule", str(Path(os.environ["QM_VAR_DIR"]) / "beat-schedule")],
-        **common,
+        common,
     )  # fmt: skip
-    return {"port": port, "all": [web, worker, beat]}
+    return {"port": port, "all": [web, worker, beat], "supervised": [worker, beat]}
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+class _Supervised:
+    """A worker or beat restarted when it exits, as the kubelet restarts a container (the
+    chart's pods have restartPolicy Always): a fault that kills one is then a restart the
+    table counts, not an outage that never ends."""
+
+    def __init__(self, args: list[str], common: dict[str, Any]) -> None:
+        self.args, self.common = args, common
+        self.restarts = 0
+        self.proc = subprocess.Popen(args, **common)
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+        self.thread.start()
+
+    def _watch(self) -> None:
+        while not self.stopping.wait(0.5):
+            if self.proc.poll() is not None:
+                self.restarts += 1
+                self.proc = subprocess.Popen(self.args, **self.common)
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def send_signal(self, sig: int) -> None:
+        self.stopping.set()
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        self.stopping.set()
+        self.proc.kill()
+
+
+def _stop(proc: Any) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -348,11 +387,11 @@ class _Load:
             method, path = "POST", "/api/v1/requests/"
             body = json.dumps({**SUBMIT, "team": user["team"], "name": f"chaos-{seq}"})
             headers.update(
-                {"Authorization": f"Token {user['token']}", "Content-Type": "application/json"}
+                {"Authorization": f"Bearer {user['token']}", "Content-Type": "application/json"}
             )
         elif kind == "api_list":
             method, path = "GET", "/api/v1/requests/"
-            headers["Authorization"] = f"Token {user['token']}"
+            headers["Authorization"] = f"Bearer {user['token']}"
         elif kind == "readyz":
             method, path = "GET", "/readyz"
         else:
@@ -391,7 +430,9 @@ def _run_fault(
     opts: dict[str, Any],
     port: int,
     clients: dict[str, Any],
+    supervised: list[Any] | None = None,
 ) -> dict[str, Any]:
+    restarts_before = sum(p.restarts for p in supervised or [])
     load = _Load(port, clients, opts["rate"])
     load.start()
     time.sleep(opts["warmup"])
@@ -441,6 +482,8 @@ def _run_fault(
         "p95_ms": round(times[int(0.95 * (len(times) - 1))]) if times else 0,
         "max_ms": round(times[-1]) if times else 0,
         "worker_live": "yes" if worker_live else "no",
+        # worker or beat processes that exited during the fault and were started again
+        "restarts": sum(p.restarts for p in supervised or []) - restarts_before,
     }
     slow = sorted(results, key=lambda r: -r["ms"])[:5]
     row["slowest"] = [

@@ -76,7 +76,7 @@ def test_it_reads_each_pod_of_a_gang(world: World) -> None:
         assert r.json()["pods"] == 2
         assert r.json()["text"].startswith(f"[qm] {name}-{rank} on ")
     r = c.get(f"/api/v1/requests/{req.pk}/logs/?pod=2")
-    assert r.status_code == 400 and "0 to 1" in r.json()["pod"][0]
+    assert r.status_code == 400 and "0 to 1" in r.json()["errors"]["pod"][0]
 
 
 @pytest.mark.parametrize(
@@ -85,7 +85,7 @@ def test_it_reads_each_pod_of_a_gang(world: World) -> None:
 def test_it_answers_400_naming_the_parameter(world: World, query: str, field: str) -> None:
     req = _running(world)
     r = api(world.bob).get(f"/api/v1/requests/{req.pk}/logs/?{query}")
-    assert r.status_code == 400 and field in r.json()
+    assert r.status_code == 400 and field in r.json()["errors"]
 
 
 def test_it_lists_the_workloads_events(world: World) -> None:
@@ -189,7 +189,7 @@ def test_a_reconnecting_follower_gets_the_lines_after_those_it_has(world: World)
     body = b"".join(r.streaming_content).decode()  # type: ignore[attr-defined]
     assert body.splitlines() == lines.splitlines()[-1:]
     r = api(world.bob).get(f"/api/v1/requests/{req.pk}/logs/", {"follow": "1", "after": ["x"] * 21})
-    assert r.status_code == 400 and "after" in r.json()
+    assert r.status_code == 400 and "after" in r.json()["errors"]
 
 
 def test_a_followed_stream_ends_after_its_time_even_while_the_request_runs(

@@ -72,7 +72,7 @@ def test_it_answers_bad_pool_input_with_a_400_naming_the_field(
 ) -> None:
     r = api(world.dave).post("/api/v1/pools/", {**POOL, **change}, content_type="application/json")
     assert r.status_code == 400, r.content
-    assert field in r.json()
+    assert field in r.json()["errors"]
     assert not Pool.objects.filter(name=POOL["name"]).exists()
 
 
@@ -100,7 +100,7 @@ def test_it_creates_and_changes_a_class(world: World) -> None:
     r = admin.post(
         "/api/v1/classes/", {**body, "name": "x", "band": -1}, content_type="application/json"
     )
-    assert r.status_code == 400 and "band" in r.json()
+    assert r.status_code == 400 and "band" in r.json()["errors"]
 
 
 def test_it_asks_before_retiring_a_pool_with_waiting_work_then_moves_it(world: World) -> None:
@@ -109,7 +109,7 @@ def test_it_asks_before_retiring_a_pool_with_waiting_work_then_moves_it(world: W
     admin = api(world.dave)
     r = admin.delete(f"/api/v1/pools/{pool.pk}/", content_type="application/json")
     assert r.status_code == 400
-    assert "1 waiting request" in r.json()["confirm"][0]
+    assert "1 waiting request" in r.json()["errors"]["confirm"][0]
     pool.refresh_from_db()
     assert pool.retired_at is None
     r = admin.delete(
@@ -148,7 +148,7 @@ def test_a_retired_class_takes_no_new_requests_and_its_waiting_ones_are_cancelle
     }
     r = api(world.bob).post("/api/v1/requests/", body, content_type="application/json")
     assert r.status_code == 400
-    assert "retired" in str(r.json()["workload_class"])
+    assert "retired" in str(r.json()["errors"]["workload_class"])
 
 
 def test_an_admin_changes_a_team_and_a_lead_may_not(world: World) -> None:
@@ -160,4 +160,4 @@ def test_an_admin_changes_a_team_and_a_lead_may_not(world: World) -> None:
     event = AuditEvent.objects.get(action="team.update")
     assert (event.before["weight"], event.after["weight"]) == (1, 5)
     r = api(world.dave).patch(url, {"namespace": "Bad_NS"}, content_type="application/json")
-    assert r.status_code == 400 and "namespace" in r.json()
+    assert r.status_code == 400 and "namespace" in r.json()["errors"]

@@ -68,7 +68,7 @@ def test_a_members_batch_request_in_the_inference_class_is_a_400_naming_the_fiel
         "/api/v1/requests/", BATCH_IN_INFERENCE, content_type="application/json"
     )
     assert r.status_code == 400, r.content
-    assert "serving" in r.json()["workload_class"][0]
+    assert "serving" in r.json()["errors"]["workload_class"][0]
     assert not GpuRequest.objects.exists()
 
 
@@ -85,7 +85,7 @@ def test_a_pool_the_class_is_not_bound_to_is_a_400_naming_the_pool(
     body = {**SERVING, "pool": pool, "profile": "whole"}
     r = api(world.bob).post("/api/v1/requests/", body, content_type="application/json")
     assert r.status_code == 400, r.content
-    assert "h100-mig" in r.json()["pool"][0]
+    assert "h100-mig" in r.json()["errors"]["pool"][0]
     assert not GpuRequest.objects.exists()
 
 

@@ -234,8 +234,8 @@ def test_an_overlong_env_name_is_a_400(world: World, name: str) -> None:
         "/api/v1/requests/", {**BODY, "env": {name: "1"}}, content_type="application/json"
     )
     assert r.status_code == 400
-    assert "env" in r.json()
-    assert "characters" in r.json()["env"][0]
+    assert "env" in r.json()["errors"]
+    assert "characters" in r.json()["errors"]["env"][0]
     assert not GpuRequest.objects.exists()
 
 
