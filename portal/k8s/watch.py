@@ -254,6 +254,8 @@ class WorkloadWatcher:
             try:
                 self.watch_once(ns, kind)
             except Exception:  # keep watching; the resync heals the cache
+                if stop.is_set():  # a stream cut short as the process stops
+                    return
                 log.exception("watch %s/%s failed; retrying", ns, kind)
                 stop.wait(5)
 
