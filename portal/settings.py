@@ -462,6 +462,9 @@ K8S_FAIL_EXIT_CODES = envlist("K8S_FAIL_EXIT_CODES", "137")
 K8S_IMAGE_PULL_SECRETS = envlist("K8S_IMAGE_PULL_SECRETS", "")
 K8S_POD_NAMESPACES = envlist("K8S_POD_NAMESPACES", "")
 K8S_WATCH_NAMESPACES = envlist("K8S_WATCH_NAMESPACES", "")
+#: keep nodes and non-terminal pods by watches in each worker process (docs/kubernetes.md);
+#: false lists both on every reconcile instead
+K8S_WATCH_INVENTORY = envbool("K8S_WATCH_INVENTORY", "true")
 # Autoscaled pools' PodTemplates and ProvisioningRequests go here (docs/capacity.md).
 K8S_PROVISIONING_NAMESPACE = env("K8S_PROVISIONING_NAMESPACE", "quartermaster")
 #: offer MIG instances only where mig-manager reports `nvidia.com/mig.config.state=success`;

@@ -85,6 +85,9 @@ class KubernetesBackend:
       belongs to the process that started it: a Celery prefork child inherits the parent's
       watcher object through fork but not its threads, so it starts its own (one watcher
       per worker process, list then watch).
+    - `watch_inventory`: likewise keep every Node and the non-terminal pods (those
+      `pod_namespaces` says) by watches, started on the first `inventory()` of each
+      process; `inventory()` reads that cache once synced, and lists before.
     """
 
     name = "kubernetes"
@@ -104,6 +107,8 @@ class KubernetesBackend:
         image_pull_timeout_s: int = 600,
         require_mig_state: bool = True,
         auto_watch: bool = False,
+        watch_inventory: bool = False,
+        watch_factory: Callable[[], Any] | None = None,
         custom: Any = None,
         provisioning_namespace: str = "quartermaster",
         now: Callable[[], datetime] | None = None,
@@ -135,6 +140,11 @@ class KubernetesBackend:
         self.auto_watch = auto_watch
         #: the process whose threads keep `watcher` current
         self.watch_pid: int | None = None
+        self.watch_inventory = watch_inventory
+        self.inventory_watcher: WorkloadWatcher | None = None
+        self.inventory_pid: int | None = None
+        #: makes the `kubernetes.watch.Watch`es of watchers started here (tests pass a fake)
+        self.watch_factory = watch_factory
         #: the process that loaded the clients from kubeconfig (None: passed in)
         self._load_pid: int | None = None
 
@@ -187,6 +197,7 @@ class KubernetesBackend:
             image_pull_timeout_s=int(setting("IMAGE_PULL_TIMEOUT_SECONDS", 600)),
             require_mig_state=bool(setting("K8S_REQUIRE_MIG_CONFIG_STATE", True)),
             auto_watch=True,
+            watch_inventory=bool(setting("K8S_WATCH_INVENTORY", True)),
             validation_image=setting("VALIDATION_IMAGE", ""),
             provisioning_namespace=setting("K8S_PROVISIONING_NAMESPACE", "quartermaster"),
         )
@@ -277,8 +288,12 @@ class KubernetesBackend:
         return gpu_nodes_discovered(nodes_list_gpu(self.core))
 
     def inventory(self) -> list[InventoryNode]:
-        nodes = nodes_list_gpu(self.core)
-        pods = pods_list_active(self.core, self.pod_namespaces)
+        watcher = self.current_inventory_watcher()
+        if watcher is not None and watcher.synced():
+            nodes, pods = watcher.inventory_objects()
+        else:
+            nodes = nodes_list_gpu(self.core)
+            pods = pods_list_active(self.core, self.pod_namespaces)
         with self._lock:
             self._facts = {n.metadata.name: node_facts(n) for n in nodes}
         return inventory_from_nodes(
@@ -464,6 +479,43 @@ class KubernetesBackend:
                 self.watcher = None
         return self.watcher
 
+    def current_inventory_watcher(self) -> WorkloadWatcher | None:
+        """This process's node and pod watcher, as `current_watcher()` for workloads."""
+        self._forget_if_forked()
+        with self._lock:
+            if self.inventory_watcher is not None and self.inventory_pid != os.getpid():
+                self.inventory_watcher = None
+            start = self.inventory_watcher is None and self.watch_inventory
+        if start:
+            try:
+                self.start_watching_inventory(threading.Event())
+            except Exception:  # noqa: BLE001 - inventory() lists instead; next call retries
+                log.exception("could not start watching nodes and pods")
+                self.inventory_watcher = None
+        return self.inventory_watcher
+
+    def start_watching_inventory(
+        self,
+        stop: threading.Event,
+        *,
+        resync_s: float = 300.0,
+        watch_factory: Callable[[], Any] | None = None,
+    ) -> list[threading.Thread]:
+        """Keep every Node and the non-terminal pods cached; `inventory()` then reads the cache."""
+        watcher = WorkloadWatcher(
+            self.core,
+            None,
+            (),
+            watch_factory=watch_factory or self.watch_factory,
+            resync_s=resync_s,
+            inventory=True,
+            pod_namespaces=self.pod_namespaces,
+        )
+        threads = watcher.run(stop)
+        with self._lock:
+            self.inventory_watcher, self.inventory_pid = watcher, os.getpid()
+        return threads
+
     def start_watching(
         self,
         stop: threading.Event,
@@ -476,7 +528,7 @@ class KubernetesBackend:
             self.core,
             self.batch,
             self.watch_namespaces,
-            watch_factory=watch_factory,
+            watch_factory=watch_factory or self.watch_factory,
             resync_s=resync_s,
         )
         threads = watcher.run(stop)

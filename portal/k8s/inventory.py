@@ -17,6 +17,7 @@ from portal.backends.base import (
     InventoryNode,
 )
 from portal.k8s.names import (
+    ACTIVE_SELECTOR,
     GPU,
     GPU_SHARED,
     L_MANAGED_BY,
@@ -80,7 +81,7 @@ def gpu_nodes_discovered(nodes: Iterable[Any]) -> list[DiscoveredNode]:
 
 def pods_list_active(core: Any, namespaces: Sequence[str] | None = None) -> list[Any]:
     """Non-terminal pods: cluster-wide when `namespaces` is None, else from those namespaces."""
-    selector = "status.phase!=Succeeded,status.phase!=Failed"
+    selector = ACTIVE_SELECTOR
     if namespaces is None:
         return list(core.list_pod_for_all_namespaces(field_selector=selector).items)
     pods: list[Any] = []

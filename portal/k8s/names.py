@@ -50,6 +50,8 @@ L_RANK = "quartermaster.io/rank"
 A_NODE = "quartermaster.io/node"
 A_GRANTS = "quartermaster.io/grants"
 MANAGED_SELECTOR = f"{L_MANAGED_BY}={MANAGED_BY}"
+#: the pods that hold capacity (non-terminal), for the inventory's list and watch
+ACTIVE_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
 
 MAIN_CONTAINER = "main"
 READY_CONTAINER = "wait-for-device"

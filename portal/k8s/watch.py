@@ -1,4 +1,5 @@
-"""The watch: Quartermaster's Jobs and pods kept current, relisting on `410 Gone`."""
+"""The watch: Quartermaster's Jobs and pods, and the inventory's nodes and non-terminal pods,
+kept current, relisting on `410 Gone`."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from portal.backends.base import WorkloadStatus
-from portal.k8s.names import L_INSTANCE, MANAGED_SELECTOR, TERMINAL_PHASES
+from portal.k8s.names import ACTIVE_SELECTOR, L_INSTANCE, MANAGED_SELECTOR, TERMINAL_PHASES
 from portal.k8s.status import classify, condition
 
 log = logging.getLogger(__name__)
+
+WORKLOAD_KINDS = ("jobs", "pods")
 
 
 @dataclass
@@ -36,6 +39,11 @@ class WorkloadWatcher:
     relists and carries on from the new version, so no event is lost for long;
     `resync_s` forces a full relist now and then anyway, to heal anything a
     watch missed. `run()` drives all of it from threads.
+
+    With `inventory`, it keeps every Node (`nodes`) and the non-terminal pods
+    (`active`: cluster-wide, or of `pod_namespaces`) instead: a stream that
+    ends because a pod turned terminal ends in DELETED, as the field selector
+    no longer matches it.
     """
 
     core: Any
@@ -47,6 +55,12 @@ class WorkloadWatcher:
     clock: Callable[[], float] = time.monotonic
     jobs: dict[tuple[str, str], Any] = field(default_factory=dict)
     pods: dict[tuple[str, str], Any] = field(default_factory=dict)
+    inventory: bool = False
+    pod_namespaces: Sequence[str] | None = None
+    #: {("", name): Node}
+    nodes: dict[tuple[str, str], Any] = field(default_factory=dict)
+    #: {(pod namespace, name): pod} of non-terminal pods
+    active: dict[tuple[str, str], Any] = field(default_factory=dict)
     #: final state of deleted pods that ended for a telling reason (preempted,
     #: evicted, node lost): the Job replaces such a pod, and without this the
     #: reason would leave with it. Kept `tombstone_s` seconds.
@@ -63,24 +77,53 @@ class WorkloadWatcher:
 
         return watch.Watch()  # type: ignore[no-untyped-call]
 
-    def _lister(self, kind: str) -> Callable[..., Any]:
-        lister: Callable[..., Any] = (
-            self.batch.list_namespaced_job if kind == "jobs" else self.core.list_namespaced_pod
-        )
+    def pairs(self) -> list[tuple[str, str]]:
+        """The (namespace, kind) streams this watcher keeps; "" is cluster-wide."""
+        if not self.inventory:
+            return [(ns, kind) for ns in self.namespaces for kind in WORKLOAD_KINDS]
+        pod_ns = [""] if self.pod_namespaces is None else list(self.pod_namespaces)
+        return [("", "nodes")] + [(ns, "active") for ns in pod_ns]
+
+    def _lister(self, kind: str, namespace: str = "") -> Callable[..., Any]:
+        lister: Callable[..., Any]
+        if kind == "jobs":
+            lister = self.batch.list_namespaced_job
+        elif kind == "nodes":
+            lister = self.core.list_node
+        elif kind == "active" and not namespace:
+            lister = self.core.list_pod_for_all_namespaces
+        else:
+            lister = self.core.list_namespaced_pod
         return lister
 
+    def _args(self, namespace: str, kind: str) -> tuple[tuple[str, ...], dict[str, str]]:
+        """Positional and selector arguments of the list (and watch) of one stream."""
+        if kind == "nodes":
+            return (), {}
+        if kind == "active":
+            return ((namespace,) if namespace else ()), {"field_selector": ACTIVE_SELECTOR}
+        return (namespace,), {"label_selector": MANAGED_SELECTOR}
+
     def _store(self, kind: str) -> dict[tuple[str, str], Any]:
-        return self.jobs if kind == "jobs" else self.pods
+        stores = {"jobs": self.jobs, "pods": self.pods, "nodes": self.nodes, "active": self.active}
+        return stores[kind]
+
+    @staticmethod
+    def _key(namespace: str, kind: str, obj: Any) -> tuple[str, str]:
+        if kind == "active":
+            return (obj.metadata.namespace or namespace, obj.metadata.name)
+        return (namespace, obj.metadata.name)
 
     def relist(self, namespace: str, kind: str) -> None:
         """Replace the cache for (namespace, kind) with a fresh list."""
-        result = self._lister(kind)(namespace, label_selector=MANAGED_SELECTOR)
+        args, selectors = self._args(namespace, kind)
+        result = self._lister(kind, namespace)(*args, **selectors)
         store = self._store(kind)
         with self.lock:
-            for key in [k for k in store if k[0] == namespace]:
+            for key in [k for k in store if not namespace or k[0] == namespace]:
                 del store[key]
             for obj in result.items:
-                store[(namespace, obj.metadata.name)] = obj
+                store[self._key(namespace, kind, obj)] = obj
             stream = self.streams.setdefault((namespace, kind), _Stream())
             stream.resource_version = result.metadata.resource_version or ""
             stream.relists += 1
@@ -90,9 +133,8 @@ class WorkloadWatcher:
         with self.lock:
             for key in [k for k, (at, _) in self.gone.items() if at < horizon]:
                 del self.gone[key]
-        for ns in self.namespaces:
-            for kind in ("jobs", "pods"):
-                self.relist(ns, kind)
+        for ns, kind in self.pairs():
+            self.relist(ns, kind)
         self.last_resync = self.clock()
 
     def apply(self, namespace: str, kind: str, event: Mapping[str, Any]) -> None:
@@ -103,9 +145,9 @@ class WorkloadWatcher:
         rv = getattr(obj.metadata, "resource_version", None) if hasattr(obj, "metadata") else None
         with self.lock:
             if etype in ("ADDED", "MODIFIED"):
-                self._store(kind)[(namespace, obj.metadata.name)] = obj
+                self._store(kind)[self._key(namespace, kind, obj)] = obj
             elif etype == "DELETED":
-                self._store(kind).pop((namespace, obj.metadata.name), None)
+                self._store(kind).pop(self._key(namespace, kind, obj), None)
                 if kind == "pods" and (
                     condition(obj, "DisruptionTarget") or obj.status.phase == "Failed"
                 ):
@@ -124,12 +166,13 @@ class WorkloadWatcher:
         if stream is None or not stream.resource_version:
             self.relist(namespace, kind)
             stream = self.streams[(namespace, kind)]
+        args, selectors = self._args(namespace, kind)
         w = self._watch()
         try:
             for event in w.stream(
-                self._lister(kind),
-                namespace,
-                label_selector=MANAGED_SELECTOR,
+                self._lister(kind, namespace),
+                *args,
+                **selectors,
                 resource_version=stream.resource_version,
                 timeout_seconds=self.timeout_s,
                 allow_watch_bookmarks=True,
@@ -180,22 +223,27 @@ class WorkloadWatcher:
         )
 
     def synced(self) -> bool:
-        return all((ns, k) in self.streams for ns in self.namespaces for k in ("jobs", "pods"))
+        """Every stream has been listed once: the cache can answer."""
+        return all(pair in self.streams for pair in self.pairs())
+
+    def inventory_objects(self) -> tuple[list[Any], list[Any]]:
+        """The cached Nodes and non-terminal pods, as `inventory_from_nodes` takes them."""
+        with self.lock:
+            return list(self.nodes.values()), list(self.active.values())
 
     def run(self, stop: threading.Event) -> list[threading.Thread]:
         """Start one watching thread per namespace and kind, and a resync thread."""
         self.resync()
         threads = []
-        for ns in self.namespaces:
-            for kind in ("jobs", "pods"):
-                t = threading.Thread(
-                    target=self._loop,
-                    args=(ns, kind, stop),
-                    daemon=True,
-                    name=f"qm-watch-{ns}-{kind}",
-                )
-                t.start()
-                threads.append(t)
+        for ns, kind in self.pairs():
+            t = threading.Thread(
+                target=self._loop,
+                args=(ns, kind, stop),
+                daemon=True,
+                name=f"qm-watch-{ns or 'all'}-{kind}",
+            )
+            t.start()
+            threads.append(t)
         t = threading.Thread(target=self._resync_loop, args=(stop,), daemon=True, name="qm-resync")
         t.start()
         threads.append(t)
@@ -206,6 +254,8 @@ class WorkloadWatcher:
             try:
                 self.watch_once(ns, kind)
             except Exception:  # keep watching; the resync heals the cache
+                if stop.is_set():  # a stream cut short as the process stops
+                    return
                 log.exception("watch %s/%s failed; retrying", ns, kind)
                 stop.wait(5)
 

@@ -219,8 +219,11 @@ class FakeCluster:
     # -- nodes ----------------------------------------------------------------
 
     def add_node(self, node: client.V1Node) -> None:
-        self._bump(node)
+        self._emit("nodes", "", "ADDED", node)
         self.nodes[node.metadata.name] = node
+
+    def delete_node(self, name: str) -> None:
+        self._emit("nodes", "", "DELETED", self.nodes.pop(name))
 
     def node_not_ready(self, name: str) -> None:
         node = self.nodes[name]
@@ -230,11 +233,11 @@ class FakeCluster:
         node.spec.taints = (node.spec.taints or []) + [
             client.V1Taint(key="node.kubernetes.io/unreachable", effect="NoExecute")
         ]
-        self._bump(node)
+        self._emit("nodes", "", "MODIFIED", node)
 
     def set_node_labels(self, name: str, **labels: str) -> None:
         self.nodes[name].metadata.labels.update(labels)
-        self._bump(self.nodes[name])
+        self._emit("nodes", "", "MODIFIED", self.nodes[name])
 
     def add_pod(self, pod: client.V1Pod) -> None:
         self._emit("pods", pod.metadata.namespace, "ADDED", pod)
@@ -739,8 +742,10 @@ class FakeBatchV1Api:
 class FakeWatch:
     """`kubernetes.watch.Watch` over the fake's event log.
 
-    Streams the events after `resource_version` for the namespace and label
-    selector, then ends (as a server-side timeout would). A version at or
+    Streams the events after `resource_version` for the namespace (none: every
+    namespace, and Nodes) and selectors, then ends (as a server-side timeout
+    would). An object that no longer matches the field selector arrives as
+    DELETED, as the apiserver sends it. A version at or
     below the cluster's compaction point raises `ApiException(410)`, as the
     real Watch does once its own retry fails. `gone_after` injects a 410 after
     that many events of this stream.
@@ -754,23 +759,27 @@ class FakeWatch:
     def stream(
         self,
         func: Any,
-        namespace: str,
+        namespace: str | None = None,
         *,
         label_selector: str | None = None,
+        field_selector: str | None = None,
         resource_version: str | None = None,
         **kw: Any,
     ) -> Iterator[dict[str, Any]]:
-        kind = "jobs" if "job" in func.__name__ else "pods"
+        name = func.__name__
+        kind = "jobs" if "job" in name else "nodes" if name == "list_node" else "pods"
         since = int(resource_version or 0)
         self.streams.append({"kind": kind, "namespace": namespace, "resource_version": since})
         if since and since <= self.cluster.compacted_rv:
             raise api_error(410, "Gone")
         sent = 0
         for rv, k, ns, etype, obj in list(self.cluster.events):
-            if rv <= since or k != kind or ns != namespace:
+            if rv <= since or k != kind or (namespace is not None and ns != namespace):
                 continue
             if not _match_labels(obj.metadata.labels, label_selector):
                 continue
+            if field_selector and not _match_fields(obj, field_selector):
+                etype = "DELETED"
             if self.gone_after is not None and sent >= self.gone_after:
                 raise api_error(410, "Gone")
             sent += 1

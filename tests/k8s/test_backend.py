@@ -365,6 +365,9 @@ def test_from_settings(settings) -> None:  # noqa: ANN001
     assert b.in_cluster and b.image_pull_timeout_s == 123
     assert b.job_options.fail_exit_codes == (137, 3)
     assert b.pod_namespaces is None and b.watch_namespaces == ["team-a", "team-b"]
+    assert b.auto_watch and b.watch_inventory
+    settings.K8S_WATCH_INVENTORY = False
+    assert not KubernetesBackend.from_settings().watch_inventory
     assert b.job_options.portal_url == "http://qm-web:8000"
     assert (
         b.job_options.ready_token_key and settings.SECRET_KEY not in b.job_options.ready_token_key
