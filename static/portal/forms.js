@@ -29,14 +29,21 @@
       b.removeAttribute("aria-busy");
     });
   });
+  // htmx: only a request a submit started (a preview on change is not a submit), and only
+  // the buttons this script disabled are enabled again (others have their own reasons).
   document.addEventListener("htmx:beforeRequest", function (event) {
     const elt = event.detail.elt;
-    if (elt && elt.tagName === "FORM" && event.detail.requestConfig.verb !== "get") {
-      buttons(elt).forEach(function (b) { b.disabled = true; });
-    }
+    const cause = event.detail.requestConfig && event.detail.requestConfig.triggeringEvent;
+    if (!elt || elt.tagName !== "FORM" || !cause || cause.type !== "submit") return;
+    buttons(elt).forEach(function (b) {
+      if (!b.disabled) { b.disabled = true; b.dataset.qmBusy = "1"; }
+    });
   });
   document.addEventListener("htmx:afterRequest", function (event) {
     const elt = event.detail.elt;
-    if (elt && elt.tagName === "FORM") buttons(elt).forEach(function (b) { b.disabled = false; });
+    if (!elt || elt.tagName !== "FORM") return;
+    buttons(elt).forEach(function (b) {
+      if (b.dataset.qmBusy) { b.disabled = false; delete b.dataset.qmBusy; }
+    });
   });
 })();

@@ -267,7 +267,11 @@ def test_a_lead_adds_caps_and_removes_members_on_the_team_page(
     page.wait_for_selector("#members tr:has-text('carol') >> text=2 GPUs")
     carol.refresh_from_db()
     assert carol.gpu_cap_milli == 2000
-    page.locator("#members tr", has_text="bob").locator("button:has-text('Remove')").click()
+    # removing asks first, saying what it cancels
+    bob_row = page.locator("#members tr", has_text="bob")
+    bob_row.locator("summary:has-text('Remove')").click()
+    assert "1 pending request of bob will be cancelled" in bob_row.inner_text()
+    bob_row.locator("button:has-text('Confirm remove')").click()
     page.wait_for_function(
         "!document.querySelector('#members').innerText.includes('bob')", timeout=20_000
     )

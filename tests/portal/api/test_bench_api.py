@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import pytest
-from rest_framework.authtoken.models import Token
 
 from portal.management.commands.bench_web import _profile_submits
 from portal.models import GpuRequest
-from tests.base import make_world
+from tests.base import api_secret, make_world
 
 pytestmark = pytest.mark.django_db
 
 
 def test_the_profile_counts_a_submits_statements_and_names_where_its_time_goes() -> None:
     w = make_world()
-    token, _ = Token.objects.get_or_create(user=w.bob)
-    out = _profile_submits([(token.key, "vision")], 3)
+    secret = api_secret(w.bob)
+    out = _profile_submits([(secret, "vision")], 3)
     assert GpuRequest.objects.count() == 5 + 1 + 3  # warm-up, counted, profiled
     assert out["submits"] == 3
     assert 5 <= out["queries_per_submit"] <= 30

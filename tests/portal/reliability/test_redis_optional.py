@@ -12,14 +12,13 @@ import pytest
 from django.conf import settings
 from django.test import Client
 from redis.exceptions import ConnectionError as RedisConnectionError
-from rest_framework.authtoken.models import Token
 
 from portal.celery import app as celery_app
 from portal.lib import cache as fallback
 from portal.lib import wake
 from portal.models import GpuRequest
 from portal.tick.run import run_tick
-from tests.base import World, make_world
+from tests.base import World, api_secret, make_world
 
 pytestmark = pytest.mark.django_db
 
@@ -61,8 +60,8 @@ def world() -> World:
 
 
 def test_it_answers_pages_and_the_api_with_redis_down(redis_down: None, world: World) -> None:
-    token, _ = Token.objects.get_or_create(user=world.bob)
-    api = Client(HTTP_AUTHORIZATION=f"Token {token.key}")
+    secret = api_secret(world.bob)
+    api = Client(HTTP_AUTHORIZATION=f"Token {secret}")
     started = time.monotonic()
     r = api.post("/api/v1/requests/", BODY, content_type="application/json")
     assert r.status_code == 201, r.content[:300]
@@ -90,8 +89,8 @@ def test_the_throttle_still_counts_in_memory_with_redis_down(
 ) -> None:
     rates = {"anon": "100000/min", "user": "3/min", "token": "100000/min"}
     settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": rates}  # type: ignore[attr-defined]
-    token, _ = Token.objects.get_or_create(user=world.bob)
-    api = Client(HTTP_AUTHORIZATION=f"Token {token.key}")
+    secret = api_secret(world.bob)
+    api = Client(HTTP_AUTHORIZATION=f"Token {secret}")
     codes = [api.get("/api/v1/requests/").status_code for _ in range(4)]
     assert codes == [200, 200, 200, 429]
 
