@@ -70,7 +70,11 @@ CLASS_KEYS = [
     "priority_class_name",
     "restricted",
     "teams",
+    "kinds",
+    "pools",
 ]
+#: the class keys that name other rows (set apart from the class's own fields)
+CLASS_LINKS = ("teams", "pools")
 TEAM_KEYS = ["display_name", "namespace", "weight", "max_pending", "groups"]
 QUOTA_KEYS = ["nominal_milli", "borrowing_limit_milli", "lending_limit_milli", "granted_milli"]
 PROFILE_KEYS = ["kind", "mig_profile", "milli", "gpu_memory_mib"]
@@ -107,6 +111,9 @@ def class_as_file(wc: WorkloadClass) -> dict[str, Any]:
     for key in CLASS_KEYS:
         if key == "teams":
             out[key] = sorted(wc.teams.values_list("name", flat=True))
+        elif key == "pools":
+            # a retired pool takes no work: the file names the live ones it could apply
+            out[key] = sorted(wc.pools.filter(retired_at=None).values_list("name", flat=True))
         elif key == "default_profile":
             out[key] = wc.default_profile.name if wc.default_profile else None
         else:
@@ -201,11 +208,14 @@ def pool_fields_from_file(entry: dict[str, Any]) -> dict[str, Any]:
 
 def _class_wanted(entry: dict[str, Any]) -> dict[str, Any]:
     model = {
-        k: _default(WorkloadClass, k) for k in CLASS_KEYS if k not in ("teams", "default_profile")
+        k: _default(WorkloadClass, k)
+        for k in CLASS_KEYS
+        if k not in (*CLASS_LINKS, "default_profile")
     }
-    out = {"name": entry["name"], **model, "default_profile": None, "teams": []}
+    out = {"name": entry["name"], **model, "default_profile": None, "teams": [], "pools": []}
     out.update(entry)
     out["teams"] = sorted(out["teams"])
+    out["pools"] = sorted(out["pools"])
     return out
 
 
@@ -385,6 +395,7 @@ def _apply_classes(run: _Run, entries: list[dict[str, Any]]) -> None:
     current = {c.name: c for c in WorkloadClass.objects.select_related("default_profile")}
     profiles = {d.name: d for d in DeviceProfile.objects.all()}
     teams = {t.name: t for t in Team.objects.all()}
+    pools = {p.name: p for p in Pool.objects.filter(retired_at=None)}
     for i, entry in enumerate(entries):
         path = f"classes[{i}]"
         wanted = _class_wanted(entry)
@@ -392,13 +403,18 @@ def _apply_classes(run: _Run, entries: list[dict[str, Any]]) -> None:
         if missing:
             run.errors.append(f"{path}.teams: no team {missing[0]!r}")
             continue
+        unknown = [p for p in wanted["pools"] if p not in pools]
+        if unknown:
+            run.errors.append(f"{path}.pools: no live pool {unknown[0]!r}")
+            continue
         ref = wanted["default_profile"]
         if ref is not None and ref not in profiles:
             run.errors.append(f"{path}.default_profile: no profile {ref!r}")
             continue
-        fields = {k: wanted[k] for k in CLASS_KEYS if k != "teams"}
+        fields = {k: wanted[k] for k in CLASS_KEYS if k not in CLASS_LINKS}
         fields["default_profile"] = profiles[ref] if ref else None
         team_rows = [teams[t] for t in wanted["teams"]]
+        pool_rows = [pools[p] for p in wanted["pools"]]
         row = current.get(entry["name"])
         if row is None:
             made = run.attempt(
@@ -407,6 +423,7 @@ def _apply_classes(run: _Run, entries: list[dict[str, Any]]) -> None:
                 actor=None,
                 name=entry["name"],
                 teams=team_rows,
+                pools=pool_rows,
                 config_managed=True,
                 **fields,
             )
@@ -425,6 +442,7 @@ def _apply_classes(run: _Run, entries: list[dict[str, Any]]) -> None:
             actor=None,
             workload_class=row,
             teams=team_rows,
+            pools=pool_rows,
             **{k: v for k, v in fields.items() if k in changed},
         ):
             run.changes.append(Change("class", row.name, "changed", changed))
