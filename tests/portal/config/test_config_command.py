@@ -252,3 +252,34 @@ def test_export_then_apply_on_the_demo_changes_nothing(tmp_path: Path) -> None:
     inference = _inference(yaml.safe_load(text))
     assert (inference["kinds"], inference["pools"]) == (["serving"], ["h100-mig"])
     assert apply(tmp_path, text).strip() == "No changes."
+
+
+def test_prune_retires_a_team_the_file_leaves_out(world: World, tmp_path: Path) -> None:
+    from tests.base import submit
+
+    waiting = submit(world.carol, world.nlp, pool_name="l4-shared", count=1)
+    doc = yaml.safe_load(export())
+    doc["teams"] = [t for t in doc["teams"] if t["name"] != "nlp"]
+    text = yaml.safe_dump(doc)
+
+    out = apply(tmp_path, text)
+    assert "not in the file (kept; --prune retires it) team nlp" in out
+    assert Team.objects.get(name="nlp").retired_at is None
+
+    dry = apply(tmp_path, text, "--dry-run", "--prune")
+    assert "retired team nlp" in dry
+    assert Team.objects.get(name="nlp").retired_at is None
+    assert apply(tmp_path, text, "--prune") == dry.replace("would change", "changed")
+    nlp = Team.objects.get(name="nlp")
+    assert nlp.retired_at is not None
+    waiting.refresh_from_db()
+    assert waiting.state == "cancelled"
+    event = AuditEvent.objects.get(action="team.retire", object_id=str(nlp.pk))
+    assert event.actor is None and event.after["cancelled"] == 1
+    # retired: out of the export, and the same name cannot come back in place
+    assert "nlp" not in [t["name"] for t in yaml.safe_load(export())["teams"]]
+    assert apply(tmp_path, text, "--prune").strip() == "No changes."
+    doc["teams"].append({"name": "nlp"})
+    with pytest.raises(CommandError) as exc:
+        apply(tmp_path, yaml.safe_dump(doc))
+    assert "teams[" in str(exc.value) and "team nlp is retired" in str(exc.value)
