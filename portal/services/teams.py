@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.db import transaction
@@ -10,7 +12,6 @@ from django.utils import timezone
 from portal import access
 from portal.models import GpuRequest, Membership, Pool, Quota, Team
 from portal.services.audit import audit, field_values, update_audited
-from portal.services.pools import RetireImpact
 from portal.services.requests import gpu_request_cancel, gpu_request_cancel_not_member
 
 QUOTA_FIELDS = ["nominal_milli", "borrowing_limit_milli", "lending_limit_milli", "granted_milli"]
@@ -112,21 +113,29 @@ def team_live(team: Team) -> None:
         raise ValidationError({"team": f"Team {team.name} is retired; choose another team."})
 
 
-def team_retire_impact(team: Team) -> RetireImpact:
-    return RetireImpact(
+@dataclass(frozen=True)
+class TeamRetireImpact:
+    """What retiring a team does to its work (as `pools.RetireImpact`, without a move)."""
+
+    running: int
+    pending: int
+
+
+def team_retire_impact(team: Team) -> TeamRetireImpact:
+    return TeamRetireImpact(
         running=GpuRequest.objects.filter(team=team, state__in=GpuRequest.ACTIVE_STATES).count(),
         pending=GpuRequest.objects.filter(team=team, state=GpuRequest.State.PENDING).count(),
     )
 
 
-def team_retire_sentence(team: Team, impact: RetireImpact) -> str:
+def team_retire_sentence(team: Team, impact: TeamRetireImpact) -> str:
     return (
         f"{impact.running} running request(s) of team {team.name} run to the end; "
         f"{impact.pending} waiting request(s) are cancelled."
     )
 
 
-def team_retire(*, actor: User | None, team: Team, confirm: bool) -> tuple[RetireImpact, int]:
+def team_retire(*, actor: User | None, team: Team, confirm: bool) -> tuple[TeamRetireImpact, int]:
     """Retire a team (admins): no new requests; its waiting requests are cancelled; running
     work runs to its end; its quotas leave the cohort (the snapshot skips them). Nothing is
     deleted, so the audit and decision logs keep it. Refused without `confirm` when work is in
