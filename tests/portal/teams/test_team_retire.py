@@ -13,7 +13,7 @@ from django.utils import timezone
 from portal import access
 from portal.forms.requests import SubmitForm
 from portal.forms.settings import WorkloadClassForm
-from portal.models import AuditEvent, GpuRequest, Team, WorkloadClass
+from portal.models import AuditEvent, GpuRequest, Pool, Team, WorkloadClass
 from portal.tick.run import run_tick
 from portal.tick.snapshot import build_snapshot
 from tests.base import World, make_world, submit
@@ -108,6 +108,16 @@ def test_a_retired_team_takes_no_new_requests(world: World) -> None:
     assert r.status_code == 400, r.content
     assert "retired" in str(r.json()["errors"]["team"])
     assert not GpuRequest.objects.filter(team=world.vision).exists()
+    # nor new quota: its quotas no longer count
+    pool = Pool.objects.get(name="a100-train")
+    r = client_for(world.dave).put(
+        f"/api/v1/teams/{world.vision.pk}/quotas/{pool.pk}/",
+        {"nominal_milli": 1000},
+        content_type="application/json",
+    )
+    assert r.status_code == 400 and "retired" in str(r.json()["errors"]["team"])
+    page = client_for(world.dave).get(f"/teams/{world.vision.pk}/").content.decode()
+    assert 'id="quota-split"' not in page and 'data-testid="team-retired"' in page
 
 
 def test_a_retired_team_s_quotas_leave_the_cohort(world: World) -> None:
