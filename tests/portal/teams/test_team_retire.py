@@ -14,6 +14,7 @@ from portal import access
 from portal.forms.requests import SubmitForm
 from portal.forms.settings import WorkloadClassForm
 from portal.models import AuditEvent, GpuRequest, Pool, Team, WorkloadClass
+from portal.selectors.teams import team_usage
 from portal.tick.run import run_tick
 from portal.tick.snapshot import build_snapshot
 from tests.base import World, make_world, submit
@@ -127,6 +128,9 @@ def test_a_retired_team_s_quotas_leave_the_cohort(world: World) -> None:
     snapshot, _ = build_snapshot(timezone.now())
     assert not any(q.team == "vision" for q in snapshot.quotas)
     assert any(q.team == "nlp" for q in snapshot.quotas)
+    # the team page counts as the tick does
+    assert all(u.quota is None for u in team_usage(world.vision))
+    assert any(u.quota is not None for u in team_usage(world.nlp))
 
 
 def test_a_retired_team_is_hidden_from_pickers_but_its_page_stays(world: World) -> None:
@@ -153,17 +157,21 @@ def test_the_team_page_asks_before_retiring(world: World) -> None:
     admin = client_for(world.dave)
     page = admin.get(f"/teams/{world.vision.pk}/").content.decode()
     assert f"/teams/{world.vision.pk}/retire/" in page
-    assert f"/teams/{world.vision.pk}/retire/" not in client_for(world.alice).get(
-        f"/teams/{world.vision.pk}/"
-    ).content.decode()
+    assert (
+        f"/teams/{world.vision.pk}/retire/"
+        not in client_for(world.alice).get(f"/teams/{world.vision.pk}/").content.decode()
+    )
     r = admin.post(f"/teams/{world.vision.pk}/retire/", {})
     assert r.status_code == 200
     assert "1 waiting request(s)" in r.content.decode()
     world.vision.refresh_from_db()
     assert world.vision.retired_at is None
-    assert client_for(world.alice).post(
-        f"/teams/{world.vision.pk}/retire/", {"confirm": "on"}
-    ).status_code == 403
+    assert (
+        client_for(world.alice)
+        .post(f"/teams/{world.vision.pk}/retire/", {"confirm": "on"})
+        .status_code
+        == 403
+    )
     r = admin.post(f"/teams/{world.vision.pk}/retire/", {"confirm": "on"})
     assert r.status_code == 302
     world.vision.refresh_from_db()
