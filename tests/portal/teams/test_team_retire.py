@@ -13,8 +13,9 @@ from django.utils import timezone
 from portal import access
 from portal.forms.requests import SubmitForm
 from portal.forms.settings import WorkloadClassForm
-from portal.models import AuditEvent, GpuRequest, Pool, Team, WorkloadClass
+from portal.models import AuditEvent, GpuRequest, Pool, Quota, Team, WorkloadClass
 from portal.selectors.teams import team_usage
+from portal.services.teams import team_retire
 from portal.tick.run import run_tick
 from portal.tick.snapshot import build_snapshot
 from tests.base import World, make_world, submit
@@ -177,3 +178,23 @@ def test_the_team_page_asks_before_retiring(world: World) -> None:
     world.vision.refresh_from_db()
     assert world.vision.retired_at is not None
     assert GpuRequest.objects.get(team=world.vision).state == GpuRequest.State.CANCELLED
+
+
+def test_a_retired_team_s_guarantee_becomes_lendable(world: World) -> None:
+    """vision keeps its 16 a100-train GPUs for itself (lends none): nlp, at its own 12, may
+    not borrow 8 more from a cohort of 4. Once vision is retired, its 16 are lendable."""
+    Quota.objects.filter(team=world.vision, pool__name="a100-train").update(lending_limit_milli=0)
+    own = [submit(world.carol, world.nlp, count=8), submit(world.carol, world.nlp, count=4)]
+    run_tick()
+    borrower = submit(world.carol, world.nlp, count=8)
+    run_tick()
+    for req in own:
+        req.refresh_from_db()
+        assert req.state in GpuRequest.ACTIVE_STATES
+    borrower.refresh_from_db()
+    assert borrower.state == GpuRequest.State.PENDING
+
+    team_retire(actor=world.dave, team=world.vision, confirm=True)
+    run_tick()
+    borrower.refresh_from_db()
+    assert borrower.state in GpuRequest.ACTIVE_STATES
