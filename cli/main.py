@@ -123,7 +123,8 @@ def login(url: str | None, token: str | None, fmt: str) -> None:
     # Checked before it is stored: a wrong token is said now, not at the next command.
     teams = Api(settings).pages("teams/", limit=0)
     path = config.save(settings)
-    names = [t["name"] for t in teams]
+    # a retired team takes no new requests: not one of "your teams" to submit for
+    names = [t["name"] for t in teams if not t.get("retired_at")]
     if fmt != "table":
         output.dump({"url": url, "teams": names, "config": str(path)}, fmt)
         return

@@ -74,6 +74,7 @@ from portal.views.teams import (
     team_create,
     team_detail,
     team_list,
+    team_retire_view,
 )
 from portal.views.tokens import all_tokens, my_tokens, token_revoke_view
 
@@ -116,6 +117,7 @@ portal_patterns = [
     path("teams/", team_list, name="team-list"),
     path("teams/new/", team_create, name="team-create"),
     path("teams/<int:team_id>/", team_detail, name="team-detail"),
+    path("teams/<int:team_id>/retire/", team_retire_view, name="team-retire"),
     path("teams/<int:team_id>/members/add/", member_add, name="member-add"),
     path(
         "teams/<int:team_id>/members/<int:membership_id>/remove/",

@@ -160,7 +160,7 @@ class _ClassFields(StrictSerializer):
     priority_class_name = serializers.CharField(max_length=63, required=False, allow_blank=True)
     restricted = serializers.BooleanField(required=False)
     teams = serializers.SlugRelatedField(
-        slug_field="name", queryset=Team.objects.all(), many=True, required=False
+        slug_field="name", queryset=Team.objects.filter(retired_at=None), many=True, required=False
     )
 
 

@@ -148,7 +148,7 @@ class SubmitFields(StrictSerializer):
             if team is None:
                 raise ValidationError({"team": ["You are not a member of this team."]})
         else:
-            teams = list(mine[:2])
+            teams = list(mine.filter(retired_at=None)[:2])
             if len(teams) != 1:
                 raise ValidationError({"team": ["Name the team to submit for."]})
             team = teams[0]

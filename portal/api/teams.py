@@ -22,6 +22,7 @@ from portal.services.teams import (
     membership_set,
     quota_set,
     team_create,
+    team_retire,
     team_update,
 )
 
@@ -40,6 +41,8 @@ class TeamOutputSerializer(serializers.Serializer[Any]):
     display_name = serializers.CharField()
     namespace = serializers.CharField()
     weight = serializers.IntegerField()
+    #: retired teams stay listed for the logs; they take no new requests
+    retired_at = serializers.DateTimeField(allow_null=True)
 
 
 class TeamListApi(ListApiView):
@@ -249,6 +252,30 @@ class TeamDetailApi(ApiView):
         serializer.is_valid(raise_exception=True)
         team = team_update(actor=signed_in_user(request), team=team, **serializer.validated_data)
         return Response(TeamOutputSerializer(team).data)
+
+    class RetireSerializer(StrictSerializer):
+        confirm = serializers.BooleanField(default=False)
+
+    class RetiredSerializer(serializers.Serializer[Any]):
+        running = serializers.IntegerField(help_text="running requests, left to run to the end")
+        cancelled = serializers.IntegerField(help_text="waiting requests cancelled")
+
+    @extend_schema(
+        operation_id="teams_retire", request=RetireSerializer, responses={200: RetiredSerializer}
+    )
+    def delete(self, request: Request, team_id: int) -> Response:
+        """Admins retire (never delete) a team: with work in it, a 400 says what happens to it
+        until `confirm` is true; its waiting requests are cancelled, running work runs on."""
+        team = access.get_team_for_user(request.user, team_id)
+        access.require_admin(request.user)
+        serializer = self.RetireSerializer(data=request.data or request.query_params.dict())
+        serializer.is_valid(raise_exception=True)
+        impact, cancelled = team_retire(
+            actor=signed_in_user(request),
+            team=team,
+            confirm=serializer.validated_data["confirm"],
+        )
+        return Response({"running": impact.running, "cancelled": cancelled})
 
 
 class QuotaSetApi(ApiView):

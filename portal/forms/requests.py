@@ -106,6 +106,8 @@ class SubmitForm(forms.Form):
     def __init__(self, *args: Any, teams: Any = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if teams is not None:
+            # a retired team takes no new requests: not offered
+            teams = teams.filter(retired_at=None)
             self.fields["team"].queryset = teams  # type: ignore[attr-defined]
             if teams.count() == 1:
                 self.fields["team"].initial = teams.first()

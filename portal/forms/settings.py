@@ -14,7 +14,7 @@ from portal.forms.fields import (
     to_gpus,
     to_milli,
 )
-from portal.models import GpuRequest, Pool, WorkloadClass
+from portal.models import GpuRequest, Pool, Team, WorkloadClass
 from portal.services.pools import CLASS_FIELDS, POOL_FIELDS
 from scheduling import profile as scheduling_profile
 
@@ -39,6 +39,13 @@ class WorkloadClassForm(forms.ModelForm):  # type: ignore[type-arg]
             "latency_objective_ms": "Latency objective (milliseconds)",
             "priority_class_name": "Kubernetes priority class",
         }
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # a retired team is kept for the logs, not offered
+        field = self.fields["teams"]
+        assert isinstance(field, forms.ModelMultipleChoiceField)
+        field.queryset = Team.objects.filter(retired_at=None)
 
 
 class PoolForm(forms.ModelForm):  # type: ignore[type-arg]

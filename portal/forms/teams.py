@@ -95,3 +95,9 @@ class MemberAddForm(forms.Form):
         super().__init__(*args, **kwargs)
         if not admin:
             del self.fields["role"]
+
+
+class TeamRetireForm(forms.Form):
+    """Retiring a team with work in it: confirm (its waiting requests are cancelled)."""
+
+    confirm = forms.BooleanField(required=False, label="Retire it")

@@ -272,7 +272,8 @@ class PortalCollector(Collector):
         quota = GaugeMetricFamily(
             "quartermaster_team_quota", "Nominal quota in GPUs", labels=["team", "pool"]
         )
-        for q in Quota.objects.values("team__name", "pool__name", "nominal_milli"):
+        live = Quota.objects.filter(team__retired_at=None)
+        for q in live.values("team__name", "pool__name", "nominal_milli"):
             quota.add_metric([q["team__name"], q["pool__name"]], q["nominal_milli"] / 1000)
         yield quota
         usage = GaugeMetricFamily(

@@ -30,6 +30,9 @@ class Team(models.Model):
     #: identity-provider groups whose members single sign-on makes members of this team:
     #: {group: "member" | "lead"}, beside the site-wide OIDC_GROUP_MAP
     groups = models.JSONField(default=dict, blank=True)
+    #: retired: no new requests, no quota in the cohort; the row stays for the audit and
+    #: decision logs
+    retired_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["name"]

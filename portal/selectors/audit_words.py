@@ -35,6 +35,7 @@ ACTIONS = {
     "class.pools": "changed the pools a workload class runs in",
     "pool.update": "changed a pool",
     "team.create": "created a team",
+    "team.retire": "retired a team",
     "membership.set": "set a membership",
     "membership.remove": "removed a member",
     "user.roles": "synced roles from sign-on",

@@ -45,12 +45,14 @@ def team_usage(team: Team, *, all_pools: bool = False) -> list[PoolUsage]:
         .annotate(s=Sum("gpus_milli"))
         .values_list("request__team_id", "pool_id", "s")
     }
-    quotas = list(Quota.objects.select_related("pool"))
+    # as the tick counts them: a retired team's quotas no longer do
+    quotas = list(Quota.objects.filter(team__retired_at=None).select_related("pool"))
     by_key = {(q.team_id, q.pool_id): q for q in quotas}
     pools = {q.pool_id: q.pool for q in quotas}
     extra = Pool.objects.all() if all_pools else Pool.objects.filter(pk__in={p for _, p in used})
     pools.update({p.pk: p for p in extra})
-    team_ids = {t for t, _ in used} | {q.team_id for q in quotas}
+    # the team itself even without quota or usage (retired, or new on an admin's page)
+    team_ids = {t for t, _ in used} | {q.team_id for q in quotas} | {team.pk}
     out = []
     for pool_id, pool in sorted(pools.items(), key=lambda kv: kv[1].name):
         borrowed: dict[int, int] = {}

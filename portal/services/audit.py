@@ -65,6 +65,7 @@ POLICY_ACTIONS = frozenset(
         "class.create",
         "class.retire",
         "team.update",
+        "team.retire",
         "profile.create",
         "profile.update",
         "profile.activate",

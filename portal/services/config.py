@@ -31,7 +31,7 @@ from portal.services.profiles import (
     policy_profile_create,
     policy_profile_update,
 )
-from portal.services.teams import quota_set, team_create, team_update
+from portal.services.teams import quota_set, team_create, team_retire, team_update
 from scheduling import profile as scheduling_profile
 
 #: a pool's settings as the file says them, in the model's words
@@ -70,7 +70,11 @@ CLASS_KEYS = [
     "priority_class_name",
     "restricted",
     "teams",
+    "kinds",
+    "pools",
 ]
+#: the class keys that name other rows (set apart from the class's own fields)
+CLASS_LINKS = ("teams", "pools")
 TEAM_KEYS = ["display_name", "namespace", "weight", "max_pending", "groups"]
 QUOTA_KEYS = ["nominal_milli", "borrowing_limit_milli", "lending_limit_milli", "granted_milli"]
 PROFILE_KEYS = ["kind", "mig_profile", "milli", "gpu_memory_mib"]
@@ -106,7 +110,11 @@ def class_as_file(wc: WorkloadClass) -> dict[str, Any]:
     out: dict[str, Any] = {"name": wc.name}
     for key in CLASS_KEYS:
         if key == "teams":
-            out[key] = sorted(wc.teams.values_list("name", flat=True))
+            # a retired team is no longer offered a class: the file names the live ones
+            out[key] = sorted(wc.teams.filter(retired_at=None).values_list("name", flat=True))
+        elif key == "pools":
+            # a retired pool takes no work: the file names the live ones it could apply
+            out[key] = sorted(wc.pools.filter(retired_at=None).values_list("name", flat=True))
         elif key == "default_profile":
             out[key] = wc.default_profile.name if wc.default_profile else None
         else:
@@ -142,7 +150,7 @@ def config_document() -> dict[str, Any]:
         .select_related("default_profile")
         .order_by("name")
     ]
-    doc["teams"] = [team_as_file(t) for t in Team.objects.order_by("name")]
+    doc["teams"] = [team_as_file(t) for t in Team.objects.filter(retired_at=None).order_by("name")]
     return doc
 
 
@@ -201,11 +209,14 @@ def pool_fields_from_file(entry: dict[str, Any]) -> dict[str, Any]:
 
 def _class_wanted(entry: dict[str, Any]) -> dict[str, Any]:
     model = {
-        k: _default(WorkloadClass, k) for k in CLASS_KEYS if k not in ("teams", "default_profile")
+        k: _default(WorkloadClass, k)
+        for k in CLASS_KEYS
+        if k not in (*CLASS_LINKS, "default_profile")
     }
-    out = {"name": entry["name"], **model, "default_profile": None, "teams": []}
+    out = {"name": entry["name"], **model, "default_profile": None, "teams": [], "pools": []}
     out.update(entry)
     out["teams"] = sorted(out["teams"])
+    out["pools"] = sorted(out["pools"])
     return out
 
 
@@ -267,7 +278,8 @@ def config_apply(
 ) -> list[Change]:
     """Make the database match `doc`: every change one audit event (the system acting), all in
     one transaction. Sections the file leaves out are left alone; with `prune`, pools and
-    classes the file no longer lists are retired and quotas it no longer lists are zeroed.
+    classes and teams the file no longer lists are retired and quotas it no longer lists are
+    zeroed.
     Raises ConfigError with every error at its path, having changed nothing."""
     run = _Run(prune)
     with transaction.atomic():
@@ -368,6 +380,11 @@ def _apply_teams(run: _Run, entries: list[dict[str, Any]]) -> None:
             ):
                 run.changes.append(Change("team", entry["name"], "created"))
             continue
+        if row.retired_at is not None:
+            run.errors.append(
+                f"{path}.name: team {row.name} is retired; give the new one a new name"
+            )
+            continue
         changed = _diff({k: getattr(row, k) for k in TEAM_KEYS}, fields, TEAM_KEYS)
         if changed and run.attempt(
             path, team_update, actor=None, team=row, **{k: fields[k] for k in changed}
@@ -375,30 +392,39 @@ def _apply_teams(run: _Run, entries: list[dict[str, Any]]) -> None:
             run.changes.append(Change("team", row.name, "changed", changed))
         _mark(row)
     listed = {e["name"] for e in entries}
-    for name in sorted(set(current) - listed):
-        run.changes.append(
-            Change("team", name, "not in the file (kept: teams are never retired by apply)")
-        )
+    for name, row in sorted(current.items()):
+        if name in listed or row.retired_at is not None:
+            continue
+        if not run.prune:
+            run.changes.append(Change("team", name, "not in the file (kept; --prune retires it)"))
+        elif run.attempt(f"teams({name})", team_retire, actor=None, team=row, confirm=True):
+            run.changes.append(Change("team", name, "retired"))
 
 
 def _apply_classes(run: _Run, entries: list[dict[str, Any]]) -> None:
     current = {c.name: c for c in WorkloadClass.objects.select_related("default_profile")}
     profiles = {d.name: d for d in DeviceProfile.objects.all()}
-    teams = {t.name: t for t in Team.objects.all()}
+    teams = {t.name: t for t in Team.objects.filter(retired_at=None)}
+    pools = {p.name: p for p in Pool.objects.filter(retired_at=None)}
     for i, entry in enumerate(entries):
         path = f"classes[{i}]"
         wanted = _class_wanted(entry)
         missing = [t for t in wanted["teams"] if t not in teams]
         if missing:
-            run.errors.append(f"{path}.teams: no team {missing[0]!r}")
+            run.errors.append(f"{path}.teams: no live team {missing[0]!r}")
+            continue
+        unknown = [p for p in wanted["pools"] if p not in pools]
+        if unknown:
+            run.errors.append(f"{path}.pools: no live pool {unknown[0]!r}")
             continue
         ref = wanted["default_profile"]
         if ref is not None and ref not in profiles:
             run.errors.append(f"{path}.default_profile: no profile {ref!r}")
             continue
-        fields = {k: wanted[k] for k in CLASS_KEYS if k != "teams"}
+        fields = {k: wanted[k] for k in CLASS_KEYS if k not in CLASS_LINKS}
         fields["default_profile"] = profiles[ref] if ref else None
         team_rows = [teams[t] for t in wanted["teams"]]
+        pool_rows = [pools[p] for p in wanted["pools"]]
         row = current.get(entry["name"])
         if row is None:
             made = run.attempt(
@@ -407,6 +433,7 @@ def _apply_classes(run: _Run, entries: list[dict[str, Any]]) -> None:
                 actor=None,
                 name=entry["name"],
                 teams=team_rows,
+                pools=pool_rows,
                 config_managed=True,
                 **fields,
             )
@@ -425,6 +452,7 @@ def _apply_classes(run: _Run, entries: list[dict[str, Any]]) -> None:
             actor=None,
             workload_class=row,
             teams=team_rows,
+            pools=pool_rows,
             **{k: v for k, v in fields.items() if k in changed},
         ):
             run.changes.append(Change("class", row.name, "changed", changed))
@@ -445,8 +473,8 @@ def _apply_quotas(run: _Run, entries: list[dict[str, Any]]) -> None:
     pools = {p.name: p for p in Pool.objects.filter(retired_at=None)}
     for i, entry in enumerate(entries):
         team = Team.objects.filter(name=entry["name"]).first()
-        if team is None:
-            continue  # its creation failed: reported already
+        if team is None or team.retired_at is not None:
+            continue  # its creation failed, or it is retired: reported already
         wanted = _team_wanted(entry)["quotas"]
         have = {q.pool.name: q for q in team.quotas.select_related("pool")}
         for pool_name, q in wanted.items():

@@ -245,7 +245,12 @@ CLASS_CREATE_FIELDS = ["name", *CLASS_FIELDS]
 
 
 def workload_class_create(
-    *, actor: Actor, teams: Any = None, config_managed: bool = False, **fields: Any
+    *,
+    actor: Actor,
+    teams: Any = None,
+    pools: Any = None,
+    config_managed: bool = False,
+    **fields: Any,
 ) -> WorkloadClass:
     unknown = set(fields) - set(CLASS_CREATE_FIELDS)
     if unknown:
@@ -256,6 +261,8 @@ def workload_class_create(
         wc.save()
         if teams:
             wc.teams.set(list(teams))
+        if pools:
+            wc.pools.set(list(pools))
         audit(
             actor=actor,
             action="class.create",
@@ -263,6 +270,7 @@ def workload_class_create(
             after={
                 **field_values(wc, ["name", *CLASS_FIELDS]),
                 "teams": sorted(wc.teams.values_list("name", flat=True)),
+                "pools": sorted(wc.pools.values_list("name", flat=True)),
             },
         )
     return wc

@@ -92,6 +92,11 @@ def check_priority(user: Any, team: Team, priority: Any, role: str | None = None
     return int(priority)
 
 
+def _check_team_live(team: Team) -> None:
+    if team.retired_at is not None:
+        raise ValidationError({"team": f"Team {team.name} is retired; it takes no new requests."})
+
+
 def check_class(
     team: Team, workload_class: WorkloadClass, kind: str = "batch", pool: Pool | None = None
 ) -> None:
@@ -141,6 +146,7 @@ def gpu_request_submit(
     role = Membership.objects.filter(user=user, team=team).values_list("role", flat=True).first()
     if role is None:
         raise ValidationError({"team": "You are not a member of this team."})
+    _check_team_live(team)
     check_class(team, workload_class, kind, pool)
     priority = check_priority(user, team, priority, role)
     try:
@@ -185,6 +191,8 @@ def gpu_request_submit(
     with transaction.atomic():
         # The team row lock makes the pending caps exact under concurrent submits.
         team = Team.objects.select_for_update().get(pk=team.pk)
+        # again under the lock: a retire that committed since the first check wins
+        _check_team_live(team)
         _check_pending_caps(user=user, team=team)
         req = GpuRequest(
             team=team,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.db import transaction
@@ -10,7 +12,7 @@ from django.utils import timezone
 from portal import access
 from portal.models import GpuRequest, Membership, Pool, Quota, Team
 from portal.services.audit import audit, field_values, update_audited
-from portal.services.requests import gpu_request_cancel_not_member
+from portal.services.requests import gpu_request_cancel, gpu_request_cancel_not_member
 
 QUOTA_FIELDS = ["nominal_milli", "borrowing_limit_milli", "lending_limit_milli", "granted_milli"]
 
@@ -30,6 +32,7 @@ def quota_set(
 
     `actor` None is the system (`manage.py config apply`), which sets what an admin may."""
     is_admin = actor is None or access.is_admin(actor)
+    team_live(team)
     with transaction.atomic():
         quota, _ = Quota.objects.select_for_update().get_or_create(team=team, pool=pool)
         before = field_values(quota, QUOTA_FIELDS)
@@ -102,6 +105,72 @@ def team_create(
             after={"name": name, "namespace": team.namespace},
         )
     return team
+
+
+def team_live(team: Team) -> None:
+    """Refuse a retired team, naming the field: it takes no new requests or quota."""
+    if team.retired_at is not None:
+        raise ValidationError({"team": f"Team {team.name} is retired; choose another team."})
+
+
+@dataclass(frozen=True)
+class TeamRetireImpact:
+    """What retiring a team does to its work (as `pools.RetireImpact`, without a move)."""
+
+    running: int
+    pending: int
+
+
+def team_retire_impact(team: Team) -> TeamRetireImpact:
+    return TeamRetireImpact(
+        running=GpuRequest.objects.filter(team=team, state__in=GpuRequest.ACTIVE_STATES).count(),
+        pending=GpuRequest.objects.filter(team=team, state=GpuRequest.State.PENDING).count(),
+    )
+
+
+def team_retire_sentence(team: Team, impact: TeamRetireImpact) -> str:
+    return (
+        f"{impact.running} running request(s) of team {team.name} run to the end; "
+        f"{impact.pending} waiting request(s) are cancelled."
+    )
+
+
+def team_retire(*, actor: User | None, team: Team, confirm: bool) -> tuple[TeamRetireImpact, int]:
+    """Retire a team (admins): no new requests; its waiting requests are cancelled; running
+    work runs to its end; its quotas leave the cohort (the snapshot skips them). Nothing is
+    deleted, so the audit and decision logs keep it. Refused without `confirm` when work is in
+    it. Returns the impact and how many waiting requests were cancelled."""
+    impact = team_retire_impact(team)
+    if (impact.running or impact.pending) and not confirm:
+        raise ValidationError({"confirm": team_retire_sentence(team, impact)})
+    with transaction.atomic():
+        # the team row lock orders this against submits, which take it too
+        row = Team.objects.select_for_update().get(pk=team.pk)
+        if row.retired_at is not None:
+            raise ValidationError({"team": f"Team {row.name} is retired already."})
+        # locked so that a tick admitting one of them waits, then finds it cancelled
+        pending = list(
+            GpuRequest.objects.select_for_update()
+            .filter(team=row, state=GpuRequest.State.PENDING)
+            .order_by("id")
+        )
+        for req in pending:
+            gpu_request_cancel(user=actor, gpu_request=req, reason="its team was retired")  # type: ignore[arg-type]
+        row.retired_at = timezone.now()
+        row.save(update_fields=["retired_at"])
+        audit(
+            actor=actor,
+            action="team.retire",
+            obj=row,
+            team=row,
+            before={"retired_at": None},
+            after={
+                "retired_at": row.retired_at,
+                "running": impact.running,
+                "cancelled": len(pending),
+            },
+        )
+    return impact, len(pending)
 
 
 TEAM_FIELDS = ["display_name", "namespace", "weight", "max_pending", "groups"]

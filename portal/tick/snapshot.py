@@ -138,9 +138,13 @@ def build_snapshot(now: datetime, policy: st.Policy | None = None) -> tuple[st.S
         teams=tuple(st.Team(name, weight) for name, _, weight in teams.values()),
         quotas=tuple(
             st.Quota(teams[team_id][0], pool_names[pool_id], nominal, borrowing, lending)
-            for team_id, pool_id, nominal, borrowing, lending in Quota.objects.order_by(
-                "team__name", "pool__name"
-            ).values_list(
+            # a retired team's quota leaves the cohort: its guarantee is free to lend, and its
+            # running work counts as borrowed until it ends
+            for team_id, pool_id, nominal, borrowing, lending in Quota.objects.filter(
+                team__retired_at=None
+            )
+            .order_by("team__name", "pool__name")
+            .values_list(
                 "team_id",
                 "pool_id",
                 "nominal_milli",

@@ -13,12 +13,26 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from portal import access
-from portal.forms.teams import MemberAddForm, MemberCapForm, QuotaForm, TeamCreateForm
+from portal.forms.teams import (
+    MemberAddForm,
+    MemberCapForm,
+    QuotaForm,
+    TeamCreateForm,
+    TeamRetireForm,
+)
 from portal.models import GpuRequest, Membership, Team
 from portal.selectors.audit import audit_list
 from portal.selectors.audit_words import describe
 from portal.selectors.teams import team_members, team_usage
-from portal.services.teams import membership_add, membership_remove, membership_set, quota_set
+from portal.services.teams import (
+    membership_add,
+    membership_remove,
+    membership_set,
+    quota_set,
+    team_retire,
+    team_retire_impact,
+    team_retire_sentence,
+)
 from portal.services.teams import team_create as create_team
 from portal.views.base import AuthedRequest, add_errors, next_url
 
@@ -26,12 +40,20 @@ from portal.views.base import AuthedRequest, add_errors, next_url
 @login_required
 @require_GET
 def team_list(request: AuthedRequest) -> HttpResponse:
-    teams = list(access.teams_for(request.user))
+    teams, retired = _teams_split(request)
     admin = access.is_admin(request.user)
-    if len(teams) == 1 and not admin:
+    if len(teams) == 1 and not retired and not admin:
         return redirect("portal:team-detail", team_id=teams[0].pk)
     form = TeamCreateForm() if admin else None
-    return render(request, "portal/team_list.html", {"teams": teams, "form": form})
+    return render(
+        request, "portal/team_list.html", {"teams": teams, "retired": retired, "form": form}
+    )
+
+
+def _teams_split(request: AuthedRequest) -> tuple[list[Team], list[Team]]:
+    """The user's live teams, and apart the retired ones (kept for the logs)."""
+    teams = list(access.teams_for(request.user))
+    return [t for t in teams if t.retired_at is None], [t for t in teams if t.retired_at]
 
 
 @login_required
@@ -48,8 +70,9 @@ def team_create(request: AuthedRequest) -> HttpResponse:
         else:
             messages.success(request, f"Team {team.name} created.")
             return redirect("portal:team-detail", team_id=team.pk)
-    teams = list(access.teams_for(request.user))
-    return render(request, "portal/team_list.html", {"teams": teams, "form": form}, status=400)
+    teams, retired = _teams_split(request)
+    context = {"teams": teams, "retired": retired, "form": form}
+    return render(request, "portal/team_list.html", context, status=400)
 
 
 @login_required
@@ -202,3 +225,33 @@ def member_edit(request: AuthedRequest, team_id: int, membership_id: int) -> Htt
         if m["membership"].pk == membership.pk:
             m["form"] = form
     return render(request, "portal/team.html", context, status=400)
+
+
+@login_required
+@require_POST
+def team_retire_view(request: AuthedRequest, team_id: int) -> HttpResponse:
+    """Admins retire a team, after a page that says what happens to its work."""
+    team = access.get_team_for_user(request.user, team_id)
+    access.require_admin(request.user)
+    form = TeamRetireForm(request.POST)
+    impact = team_retire_impact(team)
+    context = {
+        "what": f"team {team.name}",
+        "form": form,
+        "sentence": team_retire_sentence(team, impact),
+        "back": reverse("portal:team-detail", args=[team.pk]),
+        "error": "",
+    }
+    if not form.is_valid() or not form.cleaned_data["confirm"]:
+        return render(request, "portal/retire.html", context)
+    try:
+        _, cancelled = team_retire(actor=request.user, team=team, confirm=True)
+    except ValidationError as exc:
+        context["error"] = " ".join(exc.messages)
+        return render(request, "portal/retire.html", context, status=400)
+    messages.success(
+        request,
+        f"Team {team.name} retired; {cancelled} waiting request{'s' if cancelled != 1 else ''} "
+        "cancelled, running work runs to its end.",
+    )
+    return redirect("portal:team-list")

@@ -143,6 +143,34 @@ def test_an_admin_lands_on_the_overview(page, world: World) -> None:  # noqa: AN
     shot(page, "admin-overview")
 
 
+def test_an_admin_retires_a_team_after_being_told_what_happens(
+    page,
+    world: World,
+    monkeypatch,  # noqa: ANN001
+) -> None:
+    # no tick: the request stays waiting
+    monkeypatch.setattr("portal.services.requests._wake_scheduler", lambda: None)
+    waiting = submit(world.carol, world.nlp, count=8, name="nlp-waits")
+    login(page, "dave")
+    page.goto(f"/teams/{world.nlp.pk}/")
+    page.click("#team-retire button")
+    assert (
+        "1 waiting request(s) are cancelled"
+        in page.locator("[data-testid=retire-impact]").inner_text()
+    )
+    shot(page, "admin-team-retire")
+    page.click("button:has-text('Retire team nlp')")
+    page.wait_for_url("**/teams/")
+    assert "Team nlp retired; 1 waiting request cancelled" in page.content()
+    assert "Retired: nlp" in page.locator("main").inner_text()
+    world.nlp.refresh_from_db()
+    waiting.refresh_from_db()
+    assert world.nlp.retired_at is not None and waiting.state == GpuRequest.State.CANCELLED
+    # gone from the submit form's teams
+    page.goto("/requests/new/")
+    assert "nlp" not in page.locator("#id_team option").all_inner_texts()
+
+
 def _axe(pg) -> list[dict]:  # noqa: ANN001
     pg.add_script_tag(path=str(AXE))
     result = pg.evaluate(

@@ -68,6 +68,17 @@ def test_login_checks_the_token_and_stores_it_for_the_owner_only(qm: Qm) -> None
     assert r.exit_code == 0, r.output
 
 
+def test_login_names_only_live_teams(qm: Qm, world: World) -> None:
+    from portal.models import Membership
+    from portal.services.teams import team_retire
+
+    Membership.objects.create(user=world.bob, team=world.nlp, role="member")
+    team_retire(actor=world.dave, team=world.nlp, confirm=True)
+    r = qm("login", "--url", qm.url, "--token", qm.token, QM_URL="", QM_TOKEN="")
+    assert r.exit_code == 0, r.output
+    assert "your teams: vision." in r.output
+
+
 def test_login_prompts_for_the_token_without_echoing_it(qm: Qm) -> None:
     r = qm("login", "--url", qm.url, input=f"{qm.token}\n", QM_URL="", QM_TOKEN="")
     assert r.exit_code == 0, r.output

@@ -25,7 +25,9 @@ class Command(BaseCommand):
         apply.add_argument("-f", "--file", required=True, help="the YAML file ('-' reads stdin)")
         apply.add_argument("--dry-run", action="store_true", help="print the diff, change nothing")
         apply.add_argument(
-            "--prune", action="store_true", help="retire pools and classes the file leaves out"
+            "--prune",
+            action="store_true",
+            help="retire pools, classes and teams the file leaves out; zero the quotas it leaves out",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:

@@ -184,3 +184,102 @@ def test_memberships_by_group_come_from_the_file_and_sign_in_applies_them(
     nlp["groups"] = {"gpu-nlp": "boss"}
     with pytest.raises(CommandError, match=r"teams\[\d\]\.groups\.gpu-nlp: 'boss' is not one of"):
         apply(tmp_path, yaml.safe_dump(doc))
+
+
+def _inference(doc: dict) -> dict:
+    return next(c for c in doc["classes"] if c["name"] == "inference")
+
+
+def test_a_class_s_kinds_and_pools_go_through_the_file(world: World, tmp_path: Path) -> None:
+    from portal.services.pools import workload_class_update
+
+    wc = WorkloadClass.objects.get(name="inference")
+    workload_class_update(
+        actor=None,
+        workload_class=wc,
+        kinds=["serving"],
+        pools=[Pool.objects.get(name="h100-mig")],
+    )
+    doc = yaml.safe_load(export())
+    assert (_inference(doc)["kinds"], _inference(doc)["pools"]) == (["serving"], ["h100-mig"])
+    training = next(c for c in doc["classes"] if c["name"] == "training")
+    assert (training["kinds"], training["pools"]) == ([], [])
+    assert apply(tmp_path, export()).strip() == "No changes."
+
+    _inference(doc)["kinds"] = ["batch", "serving"]
+    _inference(doc)["pools"] = ["a100-train", "h100-mig"]
+    events = AuditEvent.objects.latest("id").pk
+    out = apply(tmp_path, yaml.safe_dump(doc))
+    assert "changed class inference" in out
+    assert "    kinds: ['serving'] -> ['batch', 'serving']" in out
+    assert "    pools: ['h100-mig'] -> ['a100-train', 'h100-mig']" in out
+    wc.refresh_from_db()
+    assert wc.kinds == ["batch", "serving"]
+    assert sorted(wc.pools.values_list("name", flat=True)) == ["a100-train", "h100-mig"]
+    event = AuditEvent.objects.get(action="class.pools", id__gt=events)
+    assert event.after == {"pools": ["a100-train", "h100-mig"]}
+    event = AuditEvent.objects.get(action="class.update", id__gt=events)
+    assert (event.before["kinds"], event.after["kinds"]) == (["serving"], ["batch", "serving"])
+    assert apply(tmp_path, yaml.safe_dump(doc)).strip() == "No changes."
+
+    # left out: every kind, every pool (the model's defaults), as for the other keys
+    del _inference(doc)["kinds"], _inference(doc)["pools"]
+    out = apply(tmp_path, yaml.safe_dump(doc))
+    assert "    pools: ['a100-train', 'h100-mig'] -> []" in out
+    wc.refresh_from_db()
+    assert wc.kinds == [] and not wc.pools.exists()
+
+
+def test_a_class_s_kinds_and_pools_are_checked(world: World, tmp_path: Path) -> None:
+    doc = yaml.safe_load(export())
+    i = doc["classes"].index(_inference(doc))
+    _inference(doc)["kinds"] = ["gpu"]
+    assert any(e.startswith(f"classes[{i}].kinds[0]:") for e in check(doc))
+
+    _inference(doc)["kinds"] = ["serving"]
+    _inference(doc)["pools"] = ["nowhere"]
+    with pytest.raises(CommandError) as cmd:
+        apply(tmp_path, yaml.safe_dump(doc))
+    assert f"classes[{i}].pools: no live pool 'nowhere'" in str(cmd.value)
+    assert WorkloadClass.objects.get(name="inference").kinds == []
+
+
+def test_export_then_apply_on_the_demo_changes_nothing(tmp_path: Path) -> None:
+    from portal.demo.seed import seed
+
+    seed()
+    text = export()
+    inference = _inference(yaml.safe_load(text))
+    assert (inference["kinds"], inference["pools"]) == (["serving"], ["h100-mig"])
+    assert apply(tmp_path, text).strip() == "No changes."
+
+
+def test_prune_retires_a_team_the_file_leaves_out(world: World, tmp_path: Path) -> None:
+    from tests.base import submit
+
+    waiting = submit(world.carol, world.nlp, pool_name="l4-shared", count=1)
+    doc = yaml.safe_load(export())
+    doc["teams"] = [t for t in doc["teams"] if t["name"] != "nlp"]
+    text = yaml.safe_dump(doc)
+
+    out = apply(tmp_path, text)
+    assert "not in the file (kept; --prune retires it) team nlp" in out
+    assert Team.objects.get(name="nlp").retired_at is None
+
+    dry = apply(tmp_path, text, "--dry-run", "--prune")
+    assert "retired team nlp" in dry
+    assert Team.objects.get(name="nlp").retired_at is None
+    assert apply(tmp_path, text, "--prune") == dry.replace("would change", "changed")
+    nlp = Team.objects.get(name="nlp")
+    assert nlp.retired_at is not None
+    waiting.refresh_from_db()
+    assert waiting.state == "cancelled"
+    event = AuditEvent.objects.get(action="team.retire", object_id=str(nlp.pk))
+    assert event.actor is None and event.after["cancelled"] == 1
+    # retired: out of the export, and the same name cannot come back in place
+    assert "nlp" not in [t["name"] for t in yaml.safe_load(export())["teams"]]
+    assert apply(tmp_path, text, "--prune").strip() == "No changes."
+    doc["teams"].append({"name": "nlp"})
+    with pytest.raises(CommandError) as exc:
+        apply(tmp_path, yaml.safe_dump(doc))
+    assert "teams[" in str(exc.value) and "team nlp is retired" in str(exc.value)

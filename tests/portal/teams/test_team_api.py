@@ -39,6 +39,7 @@ def test_admins_create_teams_audited(world: World) -> None:
         "display_name": "robotics",
         "namespace": "qm-robotics",
         "weight": 2,
+        "retired_at": None,
     }
     event = AuditEvent.objects.get(action="team.create", object_id=str(team.pk))
     assert event.actor == world.dave
