@@ -216,6 +216,9 @@ def jobset_build(
     # would leave the JobSet to count it missing.
     job_spec.pop("ttlSecondsAfterFinished", None)
     job_spec["completions"] = job_spec["parallelism"] = 1
+    # Indexed: the Job controller names the pod <job>-<index> (here <job>-0), under the
+    # subdomain the JobSet controller sets: rank 0's MASTER_ADDR.
+    job_spec["completionMode"] = "Indexed"
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "JobSet",

@@ -131,6 +131,8 @@ def test_a_gang_is_one_replicated_job_of_one_pod_per_rank() -> None:
     [rj] = js["spec"]["replicatedJobs"]
     assert (rj["name"], rj["replicas"]) == ("pod", 2)
     assert (job_spec(js)["completions"], job_spec(js)["parallelism"]) == (1, 1)
+    # The Job controller names an Indexed Job's pod <job>-<index>: MASTER_ADDR's host.
+    assert job_spec(js)["completionMode"] == "Indexed"
     assert "ttlSecondsAfterFinished" not in job_spec(js)
     assert js["spec"]["ttlSecondsAfterFinished"] == OPTIONS.ttl_seconds_after_finished
     assert js["spec"]["failurePolicy"] == {"maxRestarts": 0}
