@@ -347,7 +347,7 @@ class KubernetesBackend:
             return self.gang_api
         if self._jobset_found is None:
             try:
-                found = jobset_installed(self.custom.api_client)
+                found = jobset_installed(self.custom)
             except Exception:  # noqa: BLE001 - Jobs work everywhere; ask again next time
                 log.exception("could not ask the API server whether JobSets are served")
                 return "jobs"

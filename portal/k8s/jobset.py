@@ -56,29 +56,20 @@ JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
 GANG_APIS = ("auto", "jobs", "jobset")
 
 
-def jobset_installed(api_client: Any) -> bool:
-    """Whether the API server serves `jobsets` in jobset.x-k8s.io/v1alpha2 (discovery).
+def jobset_installed(custom: Any) -> bool:
+    """Whether the API server serves `jobsets` in jobset.x-k8s.io/v1alpha2 (discovery, through
+    the CustomObjectsApi's `get_api_resources`).
 
     Discovery needs no RBAC beyond being signed in (system:discovery), unlike reading
     the CustomResourceDefinition; 404 is "not installed", anything else raises.
     """
     try:
-        found = api_client.call_api(
-            f"/apis/{GROUP}/{VERSION}",
-            "GET",
-            header_params={"Accept": "application/json"},
-            response_type="object",
-            auth_settings=["BearerToken"],
-            _return_http_data_only=True,
-        )
+        found = custom.get_api_resources(GROUP, VERSION)
     except ApiException as exc:
         if exc.status == 404:
             return False
         raise
-    if isinstance(found, tuple):  # some client versions answer (data, status, headers)
-        found = found[0]
-    resources = (found or {}).get("resources") or ()
-    return any(r.get("name") == PLURAL for r in resources)
+    return any(r.name == PLURAL for r in (found.resources if found is not None else None) or ())
 
 
 def job_name(jobset: str, rank: int) -> str:

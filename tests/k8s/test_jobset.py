@@ -207,24 +207,36 @@ def test_a_gang_one_template_cannot_serve_stays_jobs(pods: tuple[PodLaunch, ...]
 
 
 class Discovery:
-    def __init__(self, answer: Any) -> None:
-        self.answer = answer
-        self.calls: list[str] = []
+    """The CustomObjectsApi's discovery: the resources a group version serves, or an error."""
 
-    def call_api(self, path: str, method: str, **kw: Any) -> Any:
-        self.calls.append(path)
+    def __init__(self, answer: list[str] | ApiException) -> None:
+        self.answer = answer
+        self.calls: list[tuple[str, str]] = []
+
+    def get_api_resources(self, group: str, version: str) -> client.V1APIResourceList:
+        self.calls.append((group, version))
         if isinstance(self.answer, ApiException):
             raise self.answer
-        return self.answer
+        return client.V1APIResourceList(
+            group_version=f"{group}/{version}",
+            resources=[
+                client.V1APIResource(
+                    name=n, kind="JobSet", namespaced=True, singular_name="", verbs=["get"]
+                )
+                for n in self.answer
+            ],
+        )
+
+
+ASKED = [("jobset.x-k8s.io", "v1alpha2")]
 
 
 def test_discovery_finds_jobsets_or_not() -> None:
-    served = {"resources": [{"name": "jobsets"}, {"name": "jobsets/status"}]}
-    found = Discovery(served)
+    found = Discovery(["jobsets", "jobsets/status"])
     assert jobset_installed(found) is True
-    assert found.calls == ["/apis/jobset.x-k8s.io/v1alpha2"]
+    assert found.calls == ASKED
     assert jobset_installed(Discovery(api_error(404))) is False
-    assert jobset_installed(Discovery({"resources": []})) is False
+    assert jobset_installed(Discovery([])) is False
     with pytest.raises(ApiException):
         jobset_installed(Discovery(api_error(403)))
 
@@ -232,15 +244,15 @@ def test_discovery_finds_jobsets_or_not() -> None:
 # -- the backend -------------------------------------------------------------------------
 
 
-class FakeJobSets:
+class FakeJobSets(Discovery):
     """CustomObjectsApi over JobSets, and enough of the JobSet controller: `reconcile`
     makes each rank's Job from the replicated Job's template, labelled as it does."""
 
     def __init__(self, cluster: FakeCluster, discovery: Any = None) -> None:
+        super().__init__(["jobsets"] if discovery is None else discovery)
         self.cluster = cluster
         self.store: dict[tuple[str, str], dict[str, Any]] = {}
         self.deletes: list[dict[str, Any]] = []
-        self.api_client = Discovery(discovery or {"resources": [{"name": "jobsets"}]})
 
     def create_namespaced_custom_object(
         self, group: str, version: str, namespace: str, plural: str, body: dict[str, Any]
@@ -318,11 +330,11 @@ def test_auto_launches_a_gang_as_one_jobset_where_the_crd_is_served(
     assert cluster.jobs == {} and cluster.services == {}
     # Asked once, at the first question: the answer is kept.
     b.launch(gang())
-    assert jobsets.api_client.calls == ["/apis/jobset.x-k8s.io/v1alpha2"]
+    assert jobsets.calls == ASKED
 
 
 def test_auto_launches_jobs_where_the_crd_is_not_served(cluster: FakeCluster) -> None:
-    b, jobsets = jobset_backend(cluster, discovery={"resources": []})
+    b, jobsets = jobset_backend(cluster, discovery=[])
     assert b.gang_api_in_use() == "jobs"
     b.launch(gang())
     assert jobsets.store == {}
@@ -332,14 +344,14 @@ def test_auto_launches_jobs_where_the_crd_is_not_served(cluster: FakeCluster) ->
 def test_a_failed_discovery_launches_jobs_and_asks_again(cluster: FakeCluster) -> None:
     b, jobsets = jobset_backend(cluster, discovery=api_error(503))
     assert b.gang_api_in_use() == "jobs"
-    jobsets.api_client.answer = {"resources": [{"name": "jobsets"}]}
+    jobsets.answer = ["jobsets"]
     assert b.gang_api_in_use() == "jobset"
 
 
 def test_k8s_gang_api_jobs_never_asks(cluster: FakeCluster) -> None:
     b, jobsets = jobset_backend(cluster, gang_api="jobs")
     b.launch(gang())
-    assert jobsets.store == {} and jobsets.api_client.calls == []
+    assert jobsets.store == {} and jobsets.calls == []
     with pytest.raises(ValueError, match="K8S_GANG_API"):
         jobset_backend(cluster, gang_api="jobsets")
 

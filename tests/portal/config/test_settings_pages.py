@@ -122,14 +122,9 @@ def test_the_settings_page_says_how_gangs_are_launched(
     assert b'data-gang-api="simulated"' in page.content
     assert b"K8S_GANG_API=auto" in page.content
 
-    class Discovery:
-        def call_api(self, path: str, method: str, **kw: object) -> dict:
-            return {"resources": [{"name": "jobsets"}]}
+    from tests.k8s.test_jobset import Discovery
 
-    class Custom:
-        api_client = Discovery()
-
-    found = KubernetesBackend(core=object(), batch=object(), custom=Custom())
+    found = KubernetesBackend(core=object(), batch=object(), custom=Discovery(["jobsets"]))
     monkeypatch.setattr(gangs, "get_backend", lambda: found)
     page = login(world.dave).get(reverse("portal:settings"))
     assert b'data-gang-api="jobset"' in page.content
