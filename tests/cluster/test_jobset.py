@@ -25,7 +25,15 @@ from kubernetes.client.exceptions import ApiException
 
 from portal.backends.base import GrantSpec, LaunchSpec, Outcome, PodLaunch
 from portal.backends.kubernetes import KubernetesBackend
-from portal.k8s.jobset import GROUP, JOB_INDEX, JOBSET_NAME, PLURAL, VERSION, jobset_build
+from portal.k8s.jobset import (
+    GROUP,
+    JOB_INDEX,
+    JOBSET_NAME,
+    PLURAL,
+    VERSION,
+    jobset_build,
+    master_addr,
+)
 from tests.cluster.conftest import JOB_OPTIONS
 from tests.cluster.kube import Cluster, apply_one, can_i, wait_for
 from tests.cluster.nodes import POOL_SELECTORS
@@ -189,6 +197,14 @@ def test_a_gang_is_one_jobset_whose_status_the_backend_reads(
     pods = wait_for("both ranks' pods bound", bound, 60)
     # One pod on each of the packer's nodes (the anti-affinity), whichever rank is where.
     assert sorted(p.spec.node_name for p in pods) == ["a100-0", "a100-1"]
+    # Rank 0's DNS name is MASTER_ADDR: the Indexed Job names its pod, the subdomain is the
+    # JobSet's (its headless Service).
+    rank0 = next(p for p in pods if p.metadata.annotations[JOB_INDEX] == "0")
+    assert (rank0.spec.hostname, rank0.spec.subdomain) == (f"{spec.name}-pod-0-0", spec.name)
+    assert master_addr(spec) == f"{spec.name}-pod-0-0.{spec.name}.{spec.namespace}.svc"
+    env = {e.name: e for e in rank0.spec.containers[0].env}
+    assert env["MASTER_ADDR"].value == master_addr(spec)
+    assert env["RANK"].value_from.field_ref.field_path == f"metadata.annotations['{JOB_INDEX}']"
     wait_for(
         "the gang running",
         lambda: backend.status(spec.name, spec.namespace, pods=2).outcome is Outcome.RUNNING,
