@@ -310,6 +310,7 @@ def cluster() -> FakeCluster:
 
 def jobset_backend(cluster: FakeCluster, **kw: Any) -> tuple[KubernetesBackend, FakeJobSets]:
     jobsets = FakeJobSets(cluster, kw.pop("discovery", None))
+    kw.setdefault("gang_api", "auto")
     return backend(cluster, custom=jobsets, **kw), jobsets
 
 
