@@ -56,6 +56,7 @@ from portal.k8s.jobs import (
 )
 from portal.k8s.jobset import (
     GANG_APIS,
+    JOB_INDEX,
     jobset_build,
     jobset_create,
     jobset_delete,
@@ -64,7 +65,9 @@ from portal.k8s.jobset import (
     jobset_read,
     jobset_status,
     rank_selector,
+    rank_status_read,
 )
+from portal.k8s.jobset import job_name as jobset_job_name
 from portal.k8s.logs import pod_log, workload_events
 from portal.k8s.names import built
 from portal.k8s.serving import (
@@ -508,17 +511,36 @@ class KubernetesBackend:
         jobset = self._jobset(name, namespace, pods)
         if jobset is not None:
             return jobset_status(
-                self.core,
-                self.batch,
-                jobset,
-                pods,
-                now=self._now() if self._now else None,
-                image_pull_timeout_s=self.image_pull_timeout_s,
+                jobset, pods, lambda rank: self._rank_status(name, namespace, rank)
             )
         if pods > 1:
             members = [self._status(m, namespace) for m in _member_names(name, pods)]
             return gang_status(name, namespace, members)
         return self._status(name, namespace)
+
+    def _rank_status(self, name: str, namespace: str, rank: int) -> WorkloadStatus:
+        """One rank of the JobSet `name`: from the watch's cache once synced (its Jobs and
+        pods carry the portal's labels), else read now."""
+        now = self._now() if self._now else None
+        watcher = self.current_watcher()
+        if watcher is not None and namespace in watcher.namespaces and watcher.synced():
+            return watcher.status(
+                jobset_job_name(name, rank),
+                namespace,
+                now=now,
+                image_pull_timeout_s=self.image_pull_timeout_s,
+                instance=name,
+                labels={JOB_INDEX: str(rank)},
+            )
+        return rank_status_read(
+            self.core,
+            self.batch,
+            name,
+            namespace,
+            rank,
+            now=now,
+            image_pull_timeout_s=self.image_pull_timeout_s,
+        )
 
     def _status(self, name: str, namespace: str) -> WorkloadStatus:
         now = self._now() if self._now else None

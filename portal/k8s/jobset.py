@@ -302,16 +302,32 @@ def _condition(jobset: Mapping[str, Any], type_: str) -> Mapping[str, Any] | Non
     return None
 
 
-def jobset_status(
+def rank_status_read(
     core: Any,
     batch: Any,
-    jobset: Mapping[str, Any],
-    pods: int,
+    name: str,
+    namespace: str,
+    rank: int,
     *,
     now: datetime | None = None,
     image_pull_timeout_s: int = 600,
 ) -> WorkloadStatus:
-    """The gang's outcome from its JobSet and each rank's Job and pods.
+    """One rank of a JobSet as a Job of its own is classified, read now (GETs)."""
+    return classify(
+        job_name(name, rank),
+        namespace,
+        job_read(batch, job_name(name, rank), namespace),
+        rank_pods(core, name, namespace, rank),
+        now=now,
+        image_pull_timeout_s=image_pull_timeout_s,
+    )
+
+
+def jobset_status(
+    jobset: Mapping[str, Any], pods: int, rank_status: Callable[[int], WorkloadStatus]
+) -> WorkloadStatus:
+    """The gang's outcome from its JobSet and each rank's (`rank_status`: its Job and pods,
+    from the watch's cache or read now).
 
     Each rank is classified as a Job of its own is (portal/k8s/status.py), so a pod
     preempted, OOM-killed or stuck pulling its image ends the gang as it does on the
@@ -323,15 +339,7 @@ def jobset_status(
     name, ns = meta["name"], meta["namespace"]
     members: list[WorkloadStatus] = []
     for rank in range(pods):
-        job = job_read(batch, job_name(name, rank), ns)
-        st = classify(
-            job_name(name, rank),
-            ns,
-            job,
-            rank_pods(core, name, ns, rank),
-            now=now,
-            image_pull_timeout_s=image_pull_timeout_s,
-        )
+        st = rank_status(rank)
         if st.outcome is Outcome.MISSING:
             st = WorkloadStatus(st.name, ns, Outcome.PENDING, "JobSetStarting")
         members.append(st)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from portal.k8s.jobset import (
     master_addr,
 )
 from portal.k8s.names import JobConflict
-from tests.fakes.fake_k8s import FakeCluster, api_error
+from tests.fakes.fake_k8s import FakeBatchV1Api, FakeCluster, api_error
 from tests.k8s.builders import NS, OPTIONS, backend, cluster_with_nodes, spec
 from tests.k8s.pss import restricted_violations
 from tests.k8s.test_job_build import KUBE_VERSION
@@ -292,9 +293,7 @@ class FakeJobSets(Discovery):
             body["metadata"].update(name=job_name, namespace=namespace)
             job = client.ApiClient()._ApiClient__deserialize(body, "V1Job")  # noqa: SLF001
             job.api_version, job.kind = "batch/v1", "Job"
-            job.status = client.V1JobStatus()
-            job.metadata.uid = f"uid-{job_name}"
-            self.cluster.jobs[(namespace, job_name)] = job
+            FakeBatchV1Api(self.cluster).create_namespaced_job(namespace, job)
             made.append(job_name)
         return made
 
@@ -443,3 +442,33 @@ def test_stop_deletes_the_jobset_in_the_foreground(cluster: FakeCluster) -> None
     ]
     assert b.status(NAME, NS, pods=2).outcome is Outcome.MISSING
     b.stop(NAME, NS, pods=2)  # gone already: fine
+
+
+def test_status_reads_each_rank_from_the_watch_once_synced(cluster: FakeCluster) -> None:
+    """The reconciler asks often: the ranks' Jobs and pods come from the watch's cache, so
+    a status costs one GET (the JobSet), not one per rank."""
+    from tests.k8s.test_watch import drive, watcher
+
+    b, jobsets = jobset_backend(cluster, gang_api="jobset", watch_namespaces=[NS])
+    w = watcher(cluster)
+    b.watcher, b.watch_pid = w, os.getpid()
+    drive(w)
+    b.launch(gang())
+    pods = started(cluster, jobsets)
+    for pod in pods:
+        cluster.run_pod(pod)
+    drive(w)
+    reads = (
+        len(cluster.calls_of("read_namespaced_job")),
+        len(cluster.calls_of("list_namespaced_pod")),
+    )
+    st = b.status(NAME, NS, pods=2)
+    assert (st.outcome, st.active_pods) == (Outcome.RUNNING, 2)
+    assert (
+        len(cluster.calls_of("read_namespaced_job")),
+        len(cluster.calls_of("list_namespaced_pod")),
+    ) == reads
+    cluster.terminate(pods[0], 137, "OOMKilled")
+    drive(w)
+    st = b.status(NAME, NS, pods=2)
+    assert st.outcome is Outcome.OOM and st.message.startswith("pod 0:")
