@@ -140,6 +140,14 @@ def play_the_jobset_controller(cluster: Cluster, js: dict[str, Any]) -> list[str
     return names
 
 
+def test_without_the_crd_auto_launches_gangs_as_jobs(
+    qm_api: client.ApiClient, chart: list[dict[str, Any]]
+) -> None:
+    """First in this module: before `jobset_crd` applies the CRD (the other cluster tests
+    run without it)."""
+    assert make_backend(qm_api).gang_api_in_use() == "jobs"
+
+
 def test_discovery_finds_the_crd_once_applied(qm_api: client.ApiClient, jobset_crd: None) -> None:
     assert make_backend(qm_api).gang_api_in_use() == "jobset"
     for verb in ("create", "get", "delete"):
