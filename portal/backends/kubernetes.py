@@ -465,8 +465,14 @@ class KubernetesBackend:
 
     def events(self, name: str, namespace: str, pods: int = 1) -> list[WorkloadEvent]:
         if self._jobset(name, namespace, pods) is not None:
-            # Every rank's pods carry the JobSet's name as their instance.
-            return workload_events(self.core, name, namespace)
+            # Every rank's pods carry the JobSet's name as their instance; each rank's Job
+            # has its own events (a quota's FailedCreate, BackoffLimitExceeded).
+            found = workload_events(self.core, name, namespace) + [
+                e
+                for r in range(pods)
+                for e in workload_events(self.core, jobset_job_name(name, r), namespace)
+            ]
+            return sorted(found, key=lambda e: e.at.timestamp() if e.at else float("inf"))
         return [
             e for m in _member_names(name, pods) for e in workload_events(self.core, m, namespace)
         ]

@@ -428,9 +428,13 @@ def test_logs_of_a_rank_read_that_ranks_pod(cluster: FakeCluster) -> None:
         cluster.pod_logs[(NS, pod.metadata.name)] = f"hello from rank {rank}\n"
     assert b.logs(NAME, NS, pods=2) == "hello from rank 0\n"
     assert b.logs(NAME, NS, pods=2, pod=1) == "hello from rank 1\n"
-    assert {e.object for e in b.events(NAME, NS, pods=2)} <= {
-        f"Pod/{p.metadata.name}" for p in pods
-    } | {f"Job/{NAME}"}
+    cluster.record_event("Job", f"{NAME}-pod-1", NS, "FailedCreate", "exceeded quota", "Warning")
+    cluster.tick(1)
+    cluster.record_event("Pod", pods[0].metadata.name, NS, "Started", "Started container main")
+    assert [(e.object, e.reason) for e in b.events(NAME, NS, pods=2)] == [
+        (f"Job/{NAME}-pod-1", "FailedCreate"),
+        (f"Pod/{pods[0].metadata.name}", "Started"),
+    ]
 
 
 def test_stop_deletes_the_jobset_in_the_foreground(cluster: FakeCluster) -> None:
