@@ -333,14 +333,17 @@ def jobset_status(
     preempted, OOM-killed or stuck pulling its image ends the gang as it does on the
     Jobs path (`gang_status`). The JobSet's own conditions decide where the ranks do
     not: `Completed` is success, `Failed` a failure with its message. A rank whose Job
-    the controller has not made yet is pending, not missing: the JobSet exists.
+    the controller has not made yet is pending, not missing: the JobSet exists (unless it
+    is being deleted: then the rank is gone, and counts no active pod).
     """
     meta = jobset.get("metadata") or {}
     name, ns = meta["name"], meta["namespace"]
     members: list[WorkloadStatus] = []
+    # Being deleted (foreground): a rank whose Job is gone has ended, not yet to start.
+    deleting = bool(meta.get("deletionTimestamp"))
     for rank in range(pods):
         st = rank_status(rank)
-        if st.outcome is Outcome.MISSING:
+        if st.outcome is Outcome.MISSING and not deleting:
             st = WorkloadStatus(st.name, ns, Outcome.PENDING, "JobSetStarting")
         members.append(st)
     gang = gang_status(name, ns, members)

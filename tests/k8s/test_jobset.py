@@ -476,3 +476,13 @@ def test_status_reads_each_rank_from_the_watch_once_synced(cluster: FakeCluster)
     drive(w)
     st = b.status(NAME, NS, pods=2)
     assert st.outcome is Outcome.OOM and st.message.startswith("pod 0:")
+
+
+def test_a_jobset_being_deleted_counts_its_gone_ranks_as_gone(cluster: FakeCluster) -> None:
+    """Foreground deletion keeps the JobSet until its Jobs are gone: a rank without its Job
+    then has ended, not yet to start, so the stop is seen to finish (no active pods)."""
+    b, jobsets = jobset_backend(cluster, gang_api="jobset")
+    b.launch(gang())
+    jobsets.store[(NS, NAME)]["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    st = b.status(NAME, NS, pods=2)
+    assert (st.outcome, st.active_pods) == (Outcome.MISSING, 0)
