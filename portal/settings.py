@@ -470,6 +470,12 @@ K8S_PROVISIONING_NAMESPACE = env("K8S_PROVISIONING_NAMESPACE", "quartermaster")
 #: offer MIG instances only where mig-manager reports `nvidia.com/mig.config.state=success`;
 #: false for clusters that partition GPUs without mig-manager (the label never appears)
 K8S_REQUIRE_MIG_CONFIG_STATE = envbool("K8S_REQUIRE_MIG_CONFIG_STATE", "true")
+#: how a gang (a request of several pods) is launched (docs/kubernetes.md, "Gangs"): "jobset"
+#: one JobSet (needs the JobSet CRD), "jobs" one Job per pod and a headless Service, "auto"
+#: a JobSet where the API server serves jobset.x-k8s.io/v1alpha2 (asked once per process)
+K8S_GANG_API = env("K8S_GANG_API", "auto")
+if K8S_GANG_API not in ("auto", "jobs", "jobset"):
+    raise ImproperlyConfigured(f"K8S_GANG_API must be auto, jobs or jobset, not {K8S_GANG_API!r}")
 # Node validation (docs/lifecycle.md): the burn-in image, and the namespace its Jobs run in.
 VALIDATION_IMAGE = env("VALIDATION_IMAGE", "nvcr.io/nvidia/pytorch:24.05-py3")
 VALIDATION_NAMESPACE = env("VALIDATION_NAMESPACE", "quartermaster-validation")

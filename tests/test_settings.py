@@ -84,3 +84,9 @@ def test_it_refuses_bad_checkpoint_storage_settings(name: str, value: str, says:
     result = _manage("check", **{name: value})
     assert result.returncode != 0
     assert says in result.stderr
+
+
+def test_it_refuses_an_unknown_gang_api() -> None:
+    result = _manage("check", K8S_GANG_API="jobsets")
+    assert result.returncode != 0
+    assert "K8S_GANG_API must be auto, jobs or jobset, not 'jobsets'" in result.stderr

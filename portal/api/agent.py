@@ -86,11 +86,16 @@ def attempt_ready(request: HttpRequest, attempt_id: int) -> JsonResponse:
         return JsonResponse({"error": "bad or missing bearer token"}, status=403)
     if attempt.state not in (Attempt.State.ADMITTED, Attempt.State.RUNNING):
         return JsonResponse({"error": f"attempt is {attempt.state}"}, status=410)
-    # A gang's pods each ask about their own node (?rank=N, set by the Job builder).
+    # A gang's pods each ask about their own node: ?rank=N from the Job builder, or
+    # ?node=<name> from a JobSet's pods (one template: the pod knows only where it landed).
     members = launch_spec(attempt).members()
+    node_name = request.GET.get("node")
     try:
-        member = members[int(request.GET.get("rank", "0"))]
-    except (ValueError, IndexError):
+        if node_name is not None:
+            member = next(m for m in members if m.node == node_name)
+        else:
+            member = members[int(request.GET.get("rank", "0"))]
+    except (ValueError, IndexError, StopIteration):
         return JsonResponse({"error": "no such pod in this attempt"}, status=404)
     node = Node.objects.filter(name=member.node).first()
     uuids = [

@@ -54,6 +54,20 @@ from portal.k8s.jobs import (
     service_create,
     service_delete,
 )
+from portal.k8s.jobset import (
+    GANG_APIS,
+    JOB_INDEX,
+    jobset_build,
+    jobset_create,
+    jobset_delete,
+    jobset_fits,
+    jobset_installed,
+    jobset_read,
+    jobset_status,
+    rank_selector,
+    rank_status_read,
+)
+from portal.k8s.jobset import job_name as jobset_job_name
 from portal.k8s.logs import pod_log, workload_events
 from portal.k8s.names import built
 from portal.k8s.serving import (
@@ -115,7 +129,16 @@ class KubernetesBackend:
         sleep: Callable[[float], None] = time.sleep,
         apps: Any = None,
         validation_image: str = "",
+        gang_api: str = "auto",
     ) -> None:
+        if gang_api not in GANG_APIS:
+            raise ValueError(
+                f"K8S_GANG_API must be one of {', '.join(GANG_APIS)}, not {gang_api!r}"
+            )
+        #: K8S_GANG_API: "auto" (a JobSet where its CRD is served), "jobs" or "jobset"
+        self.gang_api = gang_api
+        #: what "auto" found, once asked (None: not asked yet, or the question failed)
+        self._jobset_found: bool | None = None
         self._core = core
         #: the burn-in image (nvidia-smi, nccl-tests, dcgmi, PyTorch): VALIDATION_IMAGE
         self.validation_image = validation_image
@@ -200,6 +223,7 @@ class KubernetesBackend:
             watch_inventory=bool(setting("K8S_WATCH_INVENTORY", True)),
             validation_image=setting("VALIDATION_IMAGE", ""),
             provisioning_namespace=setting("K8S_PROVISIONING_NAMESPACE", "quartermaster"),
+            gang_api=setting("K8S_GANG_API", "auto"),
         )
 
     def _forget_if_forked(self) -> None:
@@ -316,8 +340,36 @@ class KubernetesBackend:
             self._facts[node] = facts
         return facts
 
+    # -- gangs: a JobSet where its CRD is served, else N Jobs --------------------------
+
+    def gang_api_in_use(self) -> str:
+        """ "jobset" or "jobs": how gangs are launched. With K8S_GANG_API=auto the API
+        server is asked once (discovery) and the answer kept; a failed question is asked
+        again next time, and gangs are Jobs meanwhile."""
+        if self.gang_api != "auto":
+            return self.gang_api
+        if self._jobset_found is None:
+            try:
+                found = jobset_installed(self.custom)
+            except Exception:  # noqa: BLE001 - Jobs work everywhere; ask again next time
+                log.exception("could not ask the API server whether JobSets are served")
+                return "jobs"
+            with self._lock:
+                self._jobset_found = found
+            log.info("gangs launch as %s", "one JobSet" if found else "Jobs")
+        return "jobset" if self._jobset_found else "jobs"
+
+    def _jobset(self, name: str, namespace: str, pods: int) -> dict[str, Any] | None:
+        """The gang's JobSet, when gangs may be JobSets and this one is (None otherwise:
+        it was launched as Jobs, before the CRD came or because it did not fit one)."""
+        if pods <= 1 or self.gang_api_in_use() != "jobset":
+            return None
+        return jobset_read(self.custom, name, namespace)
+
     def launch(self, spec: LaunchSpec) -> None:
-        """One Job; for a gang, its headless Service and one Job per pod, owned by the Service.
+        """One Job; for a gang, one JobSet (portal/k8s/jobset.py) where JobSets are in use
+        and the gang fits one pod template, else its headless Service and one Job per pod,
+        owned by the Service.
 
         A checkpointing request's PVC is created first (if missing), owned by nothing:
         it outlives the attempt, and its retries mount the same one.
@@ -331,6 +383,14 @@ class KubernetesBackend:
             if pvc is not None:
                 pvc_create(self.core, pvc)
             job_create(self.batch, job, sleep=self._sleep)
+            return
+        if self.gang_api_in_use() == "jobset" and jobset_fits(
+            spec, self.job_options, self._node_facts
+        ):
+            jobset = jobset_build(spec, self.job_options, self._node_facts)
+            if pvc is not None:
+                pvc_create(self.core, pvc)
+            jobset_create(self.custom, jobset)
             return
         service, jobs = gang_build(spec, self.job_options, self._node_facts)
         if pvc is not None:
@@ -358,7 +418,10 @@ class KubernetesBackend:
 
     def stop(self, name: str, namespace: str, grace_seconds: int = 30, pods: int = 1) -> None:
         """Delete every Job (all pods of a gang together), then a gang's Service; a serving
-        workload's Deployment and Service."""
+        workload's Deployment and Service; a gang's JobSet with its Jobs and pods."""
+        jobset = pods > 1 and self.gang_api_in_use() == "jobset"
+        if jobset and jobset_delete(self.custom, name, namespace, grace_seconds=grace_seconds):
+            return
         for member in _member_names(name, pods):
             job_delete(self.batch, member, namespace, grace_seconds=grace_seconds)
         serving = self._serving_deployment(name, namespace) is not None
@@ -396,9 +459,20 @@ class KubernetesBackend:
         self, name: str, namespace: str, tail_lines: int = 200, pods: int = 1, pod: int = 0
     ) -> str:
         """The main container's log of the workload's newest pod; of a gang, rank `pod`'s."""
+        if self._jobset(name, namespace, pods) is not None:
+            return pod_log(self.core, name, namespace, tail_lines, rank_selector(pod))
         return pod_log(self.core, _member_names(name, pods)[pod], namespace, tail_lines)
 
     def events(self, name: str, namespace: str, pods: int = 1) -> list[WorkloadEvent]:
+        if self._jobset(name, namespace, pods) is not None:
+            # Every rank's pods carry the JobSet's name as their instance; each rank's Job
+            # has its own events (a quota's FailedCreate, BackoffLimitExceeded).
+            found = workload_events(self.core, name, namespace) + [
+                e
+                for r in range(pods)
+                for e in workload_events(self.core, jobset_job_name(name, r), namespace)
+            ]
+            return sorted(found, key=lambda e: e.at.timestamp() if e.at else float("inf"))
         return [
             e for m in _member_names(name, pods) for e in workload_events(self.core, m, namespace)
         ]
@@ -440,10 +514,39 @@ class KubernetesBackend:
         return status
 
     def _status_jobs(self, name: str, namespace: str, pods: int) -> WorkloadStatus:
+        jobset = self._jobset(name, namespace, pods)
+        if jobset is not None:
+            return jobset_status(
+                jobset, pods, lambda rank: self._rank_status(name, namespace, rank)
+            )
         if pods > 1:
             members = [self._status(m, namespace) for m in _member_names(name, pods)]
             return gang_status(name, namespace, members)
         return self._status(name, namespace)
+
+    def _rank_status(self, name: str, namespace: str, rank: int) -> WorkloadStatus:
+        """One rank of the JobSet `name`: from the watch's cache once synced (its Jobs and
+        pods carry the portal's labels), else read now."""
+        now = self._now() if self._now else None
+        watcher = self.current_watcher()
+        if watcher is not None and namespace in watcher.namespaces and watcher.synced():
+            return watcher.status(
+                jobset_job_name(name, rank),
+                namespace,
+                now=now,
+                image_pull_timeout_s=self.image_pull_timeout_s,
+                instance=name,
+                labels={JOB_INDEX: str(rank)},
+            )
+        return rank_status_read(
+            self.core,
+            self.batch,
+            name,
+            namespace,
+            rank,
+            now=now,
+            image_pull_timeout_s=self.image_pull_timeout_s,
+        )
 
     def _status(self, name: str, namespace: str) -> WorkloadStatus:
         now = self._now() if self._now else None

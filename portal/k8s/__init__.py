@@ -10,7 +10,9 @@ imports Django. Four jobs, one module each (`names` holds what they share):
    hold on each node (Quartermaster's own attempts are counted by the
    database's allocations, so counting them here would count them twice).
 2. **Launch** — `job_build()` makes an allowlisted `batch/v1` Job from a
-   `LaunchSpec`; `job_create()` creates it and adopts an existing one on `409`.
+   `LaunchSpec`; `job_create()` creates it and adopts an existing one on `409`. A gang
+   is one JobSet where the cluster serves the CRD (`jobset.py`: `jobset_build()`,
+   `jobset_create()`, `jobset_delete()`, `jobset_status()`), else one Job per pod.
 3. **Stop** — `job_delete()` deletes with a grace period; a missing Job is fine.
 4. **Status** — `classify()` turns a Job and its pods into an `Outcome`;
    `WorkloadWatcher` keeps Jobs and pods current with a watch that relists on

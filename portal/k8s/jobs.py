@@ -718,6 +718,6 @@ def job_read(batch: Any, name: str, namespace: str) -> Any | None:
         raise
 
 
-def pods_for_workload(core: Any, name: str, namespace: str) -> list[Any]:
-    selector = f"{L_INSTANCE}={name},{MANAGED_SELECTOR}"
+def pods_for_workload(core: Any, name: str, namespace: str, extra: str = "") -> list[Any]:
+    selector = f"{L_INSTANCE}={name},{MANAGED_SELECTOR}" + (f",{extra}" if extra else "")
     return list(core.list_namespaced_pod(namespace, label_selector=selector).items)

@@ -31,10 +31,11 @@ def _newest(pods: list[Any]) -> Any | None:
     return max(pods, key=lambda p: (created(p), p.metadata.name))
 
 
-def pod_log(core: Any, name: str, namespace: str, tail_lines: int) -> str:
-    """The last `tail_lines` lines of the main container of the workload's newest pod."""
+def pod_log(core: Any, name: str, namespace: str, tail_lines: int, selector: str = "") -> str:
+    """The last `tail_lines` lines of the main container of the workload's newest pod (of
+    those `selector` also matches: one rank of a JobSet)."""
     try:
-        pod = _newest(pods_for_workload(core, name, namespace))
+        pod = _newest(pods_for_workload(core, name, namespace, selector))
         if pod is None:
             return ""
         text = core.read_namespaced_pod_log(

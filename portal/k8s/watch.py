@@ -207,7 +207,12 @@ class WorkloadWatcher:
         *,
         now: datetime | None = None,
         image_pull_timeout_s: int = 600,
+        instance: str = "",
+        labels: Mapping[str, str] | None = None,
     ) -> WorkloadStatus:
+        """The Job `name` and its pods, classified. A JobSet's rank: its pods carry the
+        JobSet's name as `instance` and the rank in `labels` (portal/k8s/jobset.py)."""
+        want = {L_INSTANCE: instance or name, **(labels or {})}
         with self.lock:
             job = self.jobs.get((namespace, name))
             candidates = list(self.pods.items()) + [
@@ -216,7 +221,8 @@ class WorkloadWatcher:
             pods = [
                 p
                 for (ns, _), p in candidates
-                if ns == namespace and (p.metadata.labels or {}).get(L_INSTANCE) == name
+                if ns == namespace
+                and all((p.metadata.labels or {}).get(k) == v for k, v in want.items())
             ]
         return classify(
             name, namespace, job, pods, now=now, image_pull_timeout_s=image_pull_timeout_s

@@ -21,6 +21,7 @@ from portal.forms.settings import (
     WorkloadClassForm,
 )
 from portal.models import PolicyProfile, Pool, Quota, Team, WorkloadClass
+from portal.selectors.gangs import gang_launch
 from portal.services.pools import (
     RetireImpact,
     pool_create,
@@ -85,6 +86,7 @@ def _settings_context(override: dict[tuple[str, int], Any] | None = None) -> dic
         "new_class": override.get(("class", 0)) or WorkloadClassCreateForm(prefix="c-new"),
         "retired_pools": Pool.objects.exclude(retired_at=None),
         "retired_classes": WorkloadClass.objects.exclude(retired_at=None),
+        "gang_launch": gang_launch(),
     }
 
 

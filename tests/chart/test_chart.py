@@ -187,6 +187,21 @@ def test_jobs_are_written_only_in_team_namespaces() -> None:
         assert binding["roleRef"]["kind"] == "Role"
 
 
+def test_a_gangs_jobset_is_written_only_in_team_namespaces() -> None:
+    """A gang is one JobSet where its CRD is installed (K8S_GANG_API=auto, the default)."""
+    docs = render(CASES["everything"])
+    for role in team_roles(docs):
+        [rule] = [r for r in role["rules"] if r["resources"] == ["jobsets"]]
+        assert rule == {
+            "apiGroups": ["jobset.x-k8s.io"],
+            "resources": ["jobsets"],
+            "verbs": ["create", "get", "delete"],
+        }
+    assert one(docs, "ConfigMap", f"{FULL}-config")["data"]["K8S_GANG_API"] == "auto"
+    jobs = render({**CASES["everything"], "config": {"gangApi": "jobs"}})
+    assert one(jobs, "ConfigMap", f"{FULL}-config")["data"]["K8S_GANG_API"] == "jobs"
+
+
 def test_provisioning_requests_are_written_in_team_namespaces() -> None:
     """The autoscaler reads a pod's consume annotation in the pod's namespace: the asks for
     a team's requests are written there; an ask naming no request (min_nodes) in the

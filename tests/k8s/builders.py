@@ -131,6 +131,8 @@ def cluster_with_nodes() -> FakeCluster:
 def backend(cluster: FakeCluster, **kw: Any) -> KubernetesBackend:
     core, batch = apis(cluster)
     kw.setdefault("job_options", OPTIONS)
+    # The fake serves no discovery: gangs are Jobs here (tests/k8s/test_jobset.py: JobSets).
+    kw.setdefault("gang_api", "jobs")
     return KubernetesBackend(
         core=core, batch=batch, now=lambda: cluster.now, sleep=lambda s: None, **kw
     )

@@ -190,3 +190,25 @@ def test_each_pod_of_a_gang_asks_about_its_own_node(agent: Client) -> None:
     assert agent.get(url + "?rank=1", **auth).json()["ready"] is True
     assert agent.get(url + "?rank=2", **auth).status_code == 404
     assert agent.get(url + "?rank=x", **auth).status_code == 404
+
+
+def test_a_jobset_pod_asks_about_the_node_it_landed_on(agent: Client) -> None:
+    """A JobSet's pods share one template: they name their node (?node=), not a rank."""
+    from portal.models import Attempt, Membership
+
+    bob = Membership.objects.get(user__username="bob").user
+    team = Membership.objects.get(user__username="bob").team
+    req = submit(bob, team, pool_name="a100-train", count=8, pods=2)
+    run_tick()
+    attempt = Attempt.objects.get(request=req)
+    first, second = attempt.nodes
+    url = f"/api/v1/agent/attempts/{attempt.pk}/ready"
+    auth = {
+        "HTTP_AUTHORIZATION": "Bearer "
+        + attempt_token(ready_token_key(), attempt.namespace, attempt.workload_name, attempt.pk)
+    }
+    _post(agent, _report(node=first))
+    assert agent.get(url + f"?node={first}", **auth).json()["ready"] is True
+    body = agent.get(url + f"?node={second}", **auth).json()
+    assert body["ready"] is False and "report" in body["reason"]
+    assert agent.get(url + "?node=not-in-this-gang", **auth).status_code == 404

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from django.test import Client
+from django.urls import reverse
 
 from portal.models import AuditEvent, GpuRequest, Pool, WorkloadClass
 from tests.base import World, make_world, submit
@@ -106,3 +107,30 @@ def test_an_admin_creates_a_class_on_the_settings_page(world: World) -> None:
     assert wc.band == 900 and list(wc.teams.all()) == [world.vision]
     r = login(world.dave).post("/ops/classes/new/", {**body, "c-new-name": "b", "c-new-band": "-5"})
     assert r.status_code == 400
+
+
+def test_the_settings_page_says_how_gangs_are_launched(
+    world: World,
+    settings,
+    monkeypatch: pytest.MonkeyPatch,  # noqa: ANN001
+) -> None:
+    """Simulated here; on Kubernetes, what K8S_GANG_API and discovery chose."""
+    from portal.backends.kubernetes import KubernetesBackend
+    from portal.selectors import gangs
+
+    page = login(world.dave).get(reverse("portal:settings"))
+    assert b'data-gang-api="simulated"' in page.content
+    assert b"K8S_GANG_API=auto" in page.content
+
+    from tests.k8s.test_jobset import Discovery
+
+    found = KubernetesBackend(core=object(), batch=object(), custom=Discovery(["jobsets"]))
+    monkeypatch.setattr(gangs, "get_backend", lambda: found)
+    page = login(world.dave).get(reverse("portal:settings"))
+    assert b'data-gang-api="jobset"' in page.content
+    assert b"one JobSet" in page.content
+    settings.K8S_GANG_API = "jobs"
+    monkeypatch.setattr(gangs, "get_backend", lambda: KubernetesBackend(gang_api="jobs"))
+    page = login(world.dave).get(reverse("portal:settings"))
+    assert b'data-gang-api="jobs"' in page.content
+    assert b"K8S_GANG_API=jobs" in page.content
