@@ -601,6 +601,19 @@ SIMULATED_SERVING_RPS = float(env("SIMULATED_SERVING_RPS", "2"))
 #: Prometheus's HTTP API ("" = read the portal's own stored samples)
 PROMETHEUS_URL = env("PROMETHEUS_URL", "")
 PROMETHEUS_TIMEOUT_S = float(env("PROMETHEUS_TIMEOUT_S", "5"))
+#: how the portal authenticates to it (docs/kubernetes.md, "GPU metrics"): a bearer token
+#: file (read at each query) or basic auth (PROMETHEUS_PASSWORD, or PROMETHEUS_PASSWORD_FILE)
+PROMETHEUS_BEARER_TOKEN_FILE = env("PROMETHEUS_BEARER_TOKEN_FILE", "")
+PROMETHEUS_USERNAME = env("PROMETHEUS_USERNAME", "")
+PROMETHEUS_PASSWORD = env("PROMETHEUS_PASSWORD", "")
+if PROMETHEUS_BEARER_TOKEN_FILE and PROMETHEUS_USERNAME:
+    raise ImproperlyConfigured(
+        "set PROMETHEUS_BEARER_TOKEN_FILE or PROMETHEUS_USERNAME (basic auth), not both"
+    )
+#: a PEM bundle to verify an https PROMETHEUS_URL with (empty: the system's CAs)
+PROMETHEUS_CA_FILE = env("PROMETHEUS_CA_FILE", "")
+#: extra headers on every query, "Name=value,Name=value", e.g. "X-Scope-OrgID=gpu-cluster"
+PROMETHEUS_HEADERS = env("PROMETHEUS_HEADERS", "")
 #: raw per-minute device samples are kept this long, then only their rollups
 UTILIZATION_RAW_HOURS = envint("UTILIZATION_RAW_HOURS", "2")
 #: 5-minute rollups are kept this long (the 24 h charts)

@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import zlib
 from typing import Any
 
 from django.conf import settings
@@ -60,10 +61,29 @@ def serving_fields(member: LaunchSpec) -> dict[str, Any] | None:
             "model_name": s.model,
             "node": member.node,
             "memory_mib": str(_memory_mib(member)),
+            # what dcgm-exporter labels the replica's GPU series with (a Job's pod name)
+            "namespace": member.namespace,
+            "pod": f"{member.name}-{_suffix(member.name)}",
+            **_mig_labels(member),
         },
         "port": 0,
         "pid": 0,
     }
+
+
+def _suffix(name: str) -> str:
+    """The five characters Kubernetes appends to a Job's pod name, stable per workload."""
+    alphabet = "bcdfghjklmnpqrstvwxz2456789"
+    n = zlib.crc32(name.encode())
+    return "".join(alphabet[(n >> (5 * i)) % len(alphabet)] for i in range(5))
+
+
+def _mig_labels(member: LaunchSpec) -> dict[str, str]:
+    mig = [g for g in member.grants if g.mig_profile]
+    if not mig:
+        return {}
+    profile = mig[0].mig_profile.rsplit("/", 1)[-1].removeprefix("mig-")
+    return {"mig_profile": profile, "mig_instance": str(max(0, mig[0].mig_start))}
 
 
 def _memory_mib(member: LaunchSpec) -> int:

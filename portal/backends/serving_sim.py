@@ -4,8 +4,10 @@ Run as `python -m portal.backends.serving_sim --port P --runtime vllm ...`. It i
 (it starts in well under a second) and serves, with the stdlib's http.server:
 
 * `GET /metrics` — real Prometheus exposition with the names the runtime's server uses
-  (vLLM, TGI or Triton, `RUNTIME_METRICS`), plus the dcgm-exporter series of its GPU,
-  every series labelled with team, workload, pool, class and model revision;
+  (vLLM, TGI or Triton, `RUNTIME_METRICS`), labelled with team, workload, pool, class and
+  model revision (as the chart's PodMonitor relabels them), plus the series dcgm-exporter
+  reports for its GPU or MIG instance, with exactly dcgm-exporter's labels
+  (`portal.lib.dcgm`: device, pod, namespace, container; no label of ours);
 * `GET /health` — 503 until the model is warmed up (`--warmup-s`), then 200: the
   readiness probe of the replica;
 * `POST /load?rps=N` — set the offered load (requests per second);
@@ -21,6 +23,7 @@ load, as on a real server.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import random
@@ -40,6 +43,8 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
+
+from portal.lib import dcgm
 
 STEP_S = 0.05
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0)
@@ -71,6 +76,32 @@ RUNTIME_METRICS = {
     },
 }
 LABELS = ("team", "workload", "pool", "class", "model_name", "model_revision")
+#: the serving container of a replica's pod (portal/k8s/serving.py)
+CONTAINER = "main"
+
+
+def dcgm_labels(labels: dict[str, str]) -> dict[str, str]:
+    """What dcgm-exporter in Kubernetes mode labels the replica's GPU series with, from the
+    replica's `node`, `namespace`, `pod` and (a MIG instance) `mig_profile`/`mig_instance`."""
+    node = labels.get("node", "")
+    gpu = labels.get("gpu", "0")
+    digest = hashlib.sha256(f"{node}/{gpu}".encode()).hexdigest()
+    out = {
+        "gpu": gpu,
+        "UUID": f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}",
+        "pci_bus_id": f"00000000:{0x18 + int(gpu) if gpu.isdigit() else 0x18:02X}:00.0",
+        "device": f"nvidia{gpu}",
+        "modelName": labels.get("model", "NVIDIA H100 80GB HBM3"),
+        "Hostname": node,
+        "DCGM_FI_DRIVER_VERSION": "550.127.05",
+        "container": CONTAINER,
+        "namespace": labels.get("namespace", ""),
+        "pod": labels.get("pod", ""),
+    }
+    if labels.get("mig_profile"):
+        out["GPU_I_PROFILE"] = labels["mig_profile"]
+        out["GPU_I_ID"] = labels.get("mig_instance", "1")
+    return out
 
 
 @dataclass
@@ -138,23 +169,20 @@ class Engine:
         counter("success", "Successful inference requests")
         counter("exec", "Model executions (batches)")
         counter("e2e_us", "Cumulative request duration, microseconds")
-        dlabels = ("gpu", "Hostname", *LABELS)
-        dv = ["0", labels.get("node", ""), *lv]
-        self.util = Gauge(
-            "DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %)", dlabels, registry=self.registry
-        ).labels(*dv)
-        self.fb_used = Gauge(
-            "DCGM_FI_DEV_FB_USED",
-            "Framebuffer memory used (in MiB)",
-            dlabels,
-            registry=self.registry,
-        ).labels(*dv)
-        self.sm_active = Gauge(
-            "DCGM_FI_PROF_SM_ACTIVE",
-            "Ratio of cycles an SM has a warp",
-            dlabels,
-            registry=self.registry,
-        ).labels(*dv)
+        device = dcgm_labels(labels)
+        dnames, dv = tuple(device), list(device.values())
+        self.mig = "GPU_I_ID" in device
+
+        def dgauge(name: str, doc: str) -> Any:
+            return Gauge(name, doc, dnames, registry=reg).labels(*dv)
+
+        # dcgm-exporter reports no GPU_UTIL for a MIG instance, only the profiling fields
+        self.util = None if self.mig else dgauge(dcgm.GPU_UTIL, "GPU utilization (in %)")
+        self.gr_active = dgauge(
+            dcgm.GR_ENGINE_ACTIVE, "Ratio of time the graphics engine is active"
+        )
+        self.fb_used = dgauge(dcgm.FB_USED, "Framebuffer memory used (in MiB)")
+        self.sm_active = dgauge("DCGM_FI_PROF_SM_ACTIVE", "Ratio of cycles an SM has a warp")
         self.memory_mib = int(labels.get("memory_mib", "81920") or 81920)
 
     @property
@@ -218,7 +246,9 @@ class Engine:
             self._set("running", len(self.running))
             self._set("waiting", len(self.waiting))
             util = 0.0 if not self.ready else min(100.0, 100.0 * batch / self.max_batch * 1.15)
-            self.util.set(round(util))
+            if self.util is not None:
+                self.util.set(round(util))
+            self.gr_active.set(round(util / 100, 3))
             self.sm_active.set(round(util / 100 * 0.9, 3))
             weights = 0.6 * self.memory_mib if self.ready else 0.2 * self.memory_mib
             self.fb_used.set(int(weights + 0.35 * self.memory_mib * batch / self.max_batch))

@@ -21,6 +21,7 @@ from pathlib import Path
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
 from portal.backends import serving_sim
+from portal.lib import dcgm
 from portal.metrics.collector import PortalCollector
 from portal.services import serving_samples
 
@@ -50,6 +51,8 @@ EXTERNAL_MEANING = {
     "DCGM_FI_DEV_GPU_UTIL": "gauge: GPU utilization, % (dcgm-exporter)",
     "DCGM_FI_DEV_FB_USED": "gauge: framebuffer memory used, MiB (dcgm-exporter)",
     "DCGM_FI_PROF_SM_ACTIVE": "gauge: share of cycles an SM has a warp resident (dcgm-exporter)",
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "gauge: share of time the graphics engine is active, 0..1 "
+    "(dcgm-exporter; stands in for GPU_UTIL on MIG instances)",
 }
 API_MEANING = {
     "ttft_p50_seconds": "median time to first token over 1 min",
@@ -62,6 +65,8 @@ API_MEANING = {
 }
 SERVING_LABELS = "team, workload, pool, class, model_name, model_revision"
 SEL = 'workload="qm-<id>"'
+#: the request's pods as dcgm-exporter labels them (attempt workloads `qm-<id>-<n>`)
+DSEL = dcgm.pods_selector("<team namespace>", ["qm-<id>-<n>"])
 
 
 def _alerts() -> dict[str, str]:
@@ -128,9 +133,13 @@ def render() -> str:
         "",
         "## Serving runtimes and devices (scraped from the replicas and dcgm-exporter)",
         "",
-        f"Every series carries {SERVING_LABELS} (the pod labels of the Deployment on",
-        "Kubernetes, relabelled; the simulated servers set them). DCGM series also carry",
-        "`gpu` and `Hostname`.",
+        f"Every runtime series carries {SERVING_LABELS} (the pod labels of the Deployment",
+        "on Kubernetes, relabelled; the simulated servers set them). DCGM series carry",
+        "only dcgm-exporter's labels: "
+        + ", ".join(f"`{lab}`" for lab in dcgm.DEVICE_LABELS + dcgm.POD_LABELS)
+        + ", and on a MIG instance "
+        + ", ".join(f"`{lab}`" for lab in dcgm.MIG_LABELS)
+        + "; the portal selects a request's by `namespace` and `pod`.",
         "",
         "| Runtime | Series | Meaning | Alerts |",
         "|---|---|---|---|",
@@ -142,7 +151,12 @@ def render() -> str:
             lines.append(
                 f"| {runtime} | `{exposed}` | {_cell(meaning)} | {_used_by(exposed, alerts)} |"
             )
-    for name in ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_PROF_SM_ACTIVE"):
+    for name in (
+        "DCGM_FI_DEV_GPU_UTIL",
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+        "DCGM_FI_DEV_FB_USED",
+        "DCGM_FI_PROF_SM_ACTIVE",
+    ):
         lines.append(
             f"| device | `{name}` | {_cell(EXTERNAL_MEANING[name])} | {_used_by(name, alerts)} |"
         )
@@ -161,10 +175,9 @@ def render() -> str:
     for name in serving_samples.SERIES:
         queries = []
         for runtime in ("vllm", "tgi", "triton"):
-            q = serving_samples.QUERIES[runtime].get(name) or serving_samples.DEVICE_QUERIES.get(
-                name, ""
-            )
-            queries.append(f"`{_cell(q.format(sel=SEL))}`" if q else "—")
+            q = serving_samples.QUERIES[runtime].get(name, "").format(sel=SEL)
+            q = q or serving_samples.device_queries(DSEL).get(name, "")
+            queries.append(f"`{_cell(q)}`" if q else "—")
         lines.append(f"| `{name}` | {API_MEANING[name]} | {' | '.join(queries)} |")
     lines += [
         "| `model_revision` | the revision serving | "

@@ -4,8 +4,10 @@ GPU utilization and memory, with the model revision (docs/metrics.md).
 Two sources, one shape of answer (`request_metrics`):
 
 * **Prometheus** (`PROMETHEUS_URL` set): range queries through its HTTP API, with the
-  names each runtime's server exports (`QUERIES`) and dcgm-exporter's device series,
-  selected by the `workload` label every series carries;
+  names each runtime's server exports (`QUERIES`, selected by the `workload` label the
+  chart's PodMonitor relabels from the pods) and dcgm-exporter's device series
+  (`device_queries`, selected by the namespace and pod names of the request's workloads:
+  dcgm-exporter labels a series with the pod holding the GPU, nothing of ours);
 * **the portal's own samples** (no Prometheus): `sample_serving` reads each replica's
   /metrics (the simulated cluster's servers, `portal.backends.serving_sim`) and stores one
   `ServingSample` per workload per call, from the histogram increments since the last
@@ -14,14 +16,11 @@ Two sources, one shape of answer (`request_metrics`):
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import urllib.error
-import urllib.parse
 import urllib.request
 from collections.abc import Iterable
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -30,7 +29,10 @@ from django.core.cache import cache
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
+from portal.lib import dcgm
+from portal.lib.prometheus import Prometheus, PrometheusError
 from portal.models import Attempt, GpuRequest, RevisionChange, ServingSample
+from portal.services.prometheus import client as prometheus
 
 log = logging.getLogger(__name__)
 
@@ -82,10 +84,16 @@ QUERIES: dict[str, dict[str, str]] = {
         "revision": "count by (model_revision) (nv_inference_pending_request_count{{{sel}}})",
     },
 }
-DEVICE_QUERIES = {
-    "gpu_utilization": "avg(DCGM_FI_DEV_GPU_UTIL{{{sel}}})",
-    "gpu_memory_used_mib": "sum(DCGM_FI_DEV_FB_USED{{{sel}}})",
-}
+
+
+def device_queries(dsel: str) -> dict[str, str]:
+    """dcgm-exporter's series of a request; `dsel` selects its pods (`dcgm.pods_selector`)."""
+    return {
+        "gpu_utilization": f"avg({dcgm.utilization(dsel)})",
+        "gpu_memory_used_mib": f"sum({dcgm.FB_USED}{{{dsel}}})",
+    }
+
+
 #: what the sampler reads from a replica's /metrics, per runtime and role
 SCRAPE_NAMES = {
     "vllm": {
@@ -110,61 +118,31 @@ SCRAPE_NAMES = {
 }
 
 
-class PrometheusError(Exception):
-    pass
-
-
-@dataclass
-class Prometheus:
-    """A small client of Prometheus's HTTP API (/api/v1/query and /api/v1/query_range)."""
-
-    url: str
-    timeout_s: float = 5.0
-
-    def _get(self, path: str, params: dict[str, str]) -> Any:
-        full = f"{self.url.rstrip('/')}{path}?{urllib.parse.urlencode(params)}"
-        try:
-            with urllib.request.urlopen(full, timeout=self.timeout_s) as resp:  # noqa: S310
-                body = json.loads(resp.read())
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            raise PrometheusError(f"{path}: {exc}") from exc
-        if body.get("status") != "success":
-            raise PrometheusError(f"{path}: {body.get('error', 'failed')}")
-        return body["data"]
-
-    def query(self, expr: str, at: datetime | None = None) -> list[dict[str, Any]]:
-        params = {"query": expr}
-        if at is not None:
-            params["time"] = f"{at.timestamp():.3f}"
-        return list(self._get("/api/v1/query", params)["result"])
-
-    def query_range(
-        self, expr: str, start: datetime, end: datetime, step_s: int
-    ) -> list[dict[str, Any]]:
-        params = {
-            "query": expr,
-            "start": f"{start.timestamp():.3f}",
-            "end": f"{end.timestamp():.3f}",
-            "step": str(step_s),
-        }
-        return list(self._get("/api/v1/query_range", params)["result"])
-
-
-def prometheus() -> Prometheus | None:
-    url = settings.PROMETHEUS_URL
-    return Prometheus(url, settings.PROMETHEUS_TIMEOUT_S) if url else None
+__all__ = ["Prometheus", "PrometheusError", "prometheus"]
 
 
 def selector(req: GpuRequest) -> str:
+    """The runtime's series of a request: the PodMonitor's relabelled `workload`."""
     return f'workload="qm-{req.pk}"'
+
+
+def device_selector(req: GpuRequest) -> str:
+    """dcgm-exporter's series of a request: its attempts' pods, by namespace and name."""
+    attempts = list(
+        Attempt.objects.filter(request=req)
+        .order_by("-pk")
+        .values_list("namespace", "workload_name")
+    )
+    namespace = attempts[0][0] if attempts else req.team.namespace
+    return dcgm.pods_selector(namespace, [name for ns, name in attempts if ns == namespace])
 
 
 def queries_for(req: GpuRequest) -> dict[str, str]:
     """The PromQL of every series of a workload (its runtime's names, dcgm-exporter's)."""
-    sel = selector(req)
+    sel, dsel = selector(req), device_selector(req)
     per_runtime = QUERIES.get(req.runtime or "vllm", QUERIES["vllm"])
     out = {k: v.format(sel=sel) for k, v in per_runtime.items()}
-    out.update({k: v.format(sel=sel) for k, v in DEVICE_QUERIES.items()})
+    out.update(device_queries(dsel))
     return out
 
 
@@ -325,7 +303,9 @@ def parse_scrape(text: str, runtime: str) -> dict[str, Any]:
     """The cumulative numbers the sampler needs from one replica's /metrics."""
     names = SCRAPE_NAMES.get(runtime, SCRAPE_NAMES["vllm"])
     out: dict[str, Any] = {}
-    dcgm: dict[str, float] = {}
+    dcgm_values: dict[str, float] = {}
+    # the revision is the runtime's series' label (dcgm-exporter knows nothing of it)
+    role_names = set(names.values())
     for fam in text_string_to_metric_families(text):
         for role, name in names.items():
             if fam.name != name:
@@ -344,13 +324,20 @@ def parse_scrape(text: str, runtime: str) -> dict[str, Any]:
                 out[role] = {"buckets": buckets, "sum": s, "count": c}
             else:
                 out[role] = sum(x.value for x in fam.samples)
-        if fam.name in ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED"):
-            dcgm[fam.name] = sum(x.value for x in fam.samples)
-        if fam.name == "DCGM_FI_DEV_GPU_UTIL":
+        if fam.name in (dcgm.GPU_UTIL, dcgm.GR_ENGINE_ACTIVE, dcgm.FB_USED) and fam.samples:
+            values = [x.value for x in fam.samples]
+            dcgm_values[fam.name] = (
+                sum(values) if fam.name == dcgm.FB_USED else sum(values) / len(values)
+            )
+        if role_names & {fam.name, fam.name + "_total"}:
             for x in fam.samples:
-                out["revision"] = x.labels.get("model_revision", "")
-    out["util"] = dcgm.get("DCGM_FI_DEV_GPU_UTIL")
-    out["fb_used"] = dcgm.get("DCGM_FI_DEV_FB_USED")
+                if "model_revision" in x.labels:
+                    out["revision"] = x.labels["model_revision"]
+    util = dcgm_values.get(dcgm.GPU_UTIL)
+    if util is None and dcgm.GR_ENGINE_ACTIVE in dcgm_values:
+        util = 100 * dcgm_values[dcgm.GR_ENGINE_ACTIVE]  # a MIG instance: no GPU_UTIL
+    out["util"] = util
+    out["fb_used"] = dcgm_values.get(dcgm.FB_USED)
     return out
 
 

@@ -9,11 +9,15 @@
   5-minute buckets (the 24 h charts) and 1-hour buckets (the 7 d and 30 d charts).
 * `prune` keeps raw samples UTILIZATION_RAW_HOURS, 5-minute rollups UTILIZATION_5M_DAYS,
   1-hour rollups UTILIZATION_1H_DAYS.
-* `history` reads one node's, pool's or team's chart points.
+* `history` reads one node's, pool's or team's chart points: from Prometheus when
+  `PROMETHEUS_URL` is set (dcgm-exporter's series, so MIG instances, for which NVML and so
+  the node agent report no utilization, count too), else, or when it does not answer,
+  from the rollups.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import zlib
@@ -26,14 +30,21 @@ from django.db import transaction
 from django.db.models import Max, Min
 from django.utils import timezone
 
+from portal.lib import dcgm
 from portal.lib.bulk import insert_rows
+from portal.lib.prometheus import Prometheus, PrometheusError
 from portal.models import (
     Allocation,
     Device,
+    Node,
     ServingSample,
+    Team,
     UtilizationRollup,
     UtilizationSample,
 )
+from portal.services.prometheus import client as prometheus
+
+log = logging.getLogger(__name__)
 
 RESOLUTIONS = (300, 3600)
 #: chart range -> (seconds, rollup resolution)
@@ -192,6 +203,12 @@ def history(
 ) -> list[tuple[float, float, float]]:
     """[(epoch seconds, mean utilization %, peak %)] of a node, pool or team over `span`."""
     now = now or timezone.now()
+    prom = prometheus()
+    if prom is not None:
+        try:
+            return prometheus_history(prom, scope, key, span, now)
+        except PrometheusError as exc:
+            log.warning("Prometheus unavailable, using stored rollups: %s", exc)
     seconds, res = RANGES[span]
     return [
         (start.timestamp(), avg, peak)
@@ -200,6 +217,55 @@ def history(
         )
         .order_by("start")
         .values_list("start", "utilization_avg", "utilization_max")
+    ]
+
+
+def device_selector(scope: str, key: str) -> str | None:
+    """dcgm-exporter's series of a node (`Hostname` is the node name in Kubernetes mode), a
+    pool (its nodes) or a team (pods in its namespace); None: nothing to select."""
+    if scope == "node":
+        return f"Hostname={dcgm.quote(key)}"
+    if scope == "pool":
+        nodes = sorted(Node.objects.filter(pool__name=key).values_list("name", flat=True))
+        if not nodes:
+            return None
+        return f"Hostname=~{dcgm.quote('|'.join(dcgm.regex_literal(n) for n in nodes))}"
+    if scope == "team":
+        namespace = Team.objects.filter(name=key).values_list("namespace", flat=True).first()
+        return f"namespace={dcgm.quote(namespace)}" if namespace else None
+    raise ValueError(f"unknown scope {scope!r}")
+
+
+def history_queries(sel: str, res: int) -> tuple[str, str]:
+    """(mean, peak) over each `res`-second bucket of every device or MIG instance selected,
+    from one-minute points, as the rollups fold the per-minute samples."""
+    util = dcgm.utilization(sel)
+    return (
+        f"avg(avg_over_time({util}[{res}s:60s]))",
+        f"max(max_over_time({util}[{res}s:60s]))",
+    )
+
+
+def prometheus_history(
+    prom: Prometheus, scope: str, key: str, span: str, now: datetime
+) -> list[tuple[float, float, float]]:
+    seconds, res = RANGES[span]
+    sel = device_selector(scope, key)
+    if sel is None:
+        return []
+    start = now - timedelta(seconds=seconds)
+    mean_q, peak_q = history_queries(sel, res)
+    points: dict[float, list[float]] = {}
+    for i, expr in enumerate((mean_q, peak_q)):
+        for r in prom.query_range(expr, start, now, res)[:1]:
+            for t, v in r["values"]:
+                value = float(v)
+                if math.isfinite(value):
+                    points.setdefault(float(t), [math.nan, math.nan])[i] = value
+    return [
+        (t, mean, peak)
+        for t, (mean, peak) in sorted(points.items())
+        if math.isfinite(mean) and math.isfinite(peak)
     ]
 
 
