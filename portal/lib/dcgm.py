@@ -62,6 +62,15 @@ def utilization(sel: str) -> str:
     return f"({GPU_UTIL}{{{sel}}} or 100 * {GR_ENGINE_ACTIVE}{{{sel}}})"
 
 
+def utilization_over(fn: str, sel: str, window_s: int) -> str:
+    """`utilization` through a range function (`avg_over_time`, `max_over_time`) over every
+    raw sample of the last `window_s`."""
+    return (
+        f"({fn}({GPU_UTIL}{{{sel}}}[{window_s}s])"
+        f" or 100 * {fn}({GR_ENGINE_ACTIVE}{{{sel}}}[{window_s}s]))"
+    )
+
+
 def selected_labels(expr: str) -> set[tuple[str, str]]:
     """(series name, label) for every label a PromQL expression matches on a DCGM series or
     groups DCGM series by; raises ValueError for a selector it cannot read."""

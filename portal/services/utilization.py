@@ -237,12 +237,10 @@ def device_selector(scope: str, key: str) -> str | None:
 
 
 def history_queries(sel: str, res: int) -> tuple[str, str]:
-    """(mean, peak) over each `res`-second bucket of every device or MIG instance selected,
-    from one-minute points, as the rollups fold the per-minute samples."""
-    util = dcgm.utilization(sel)
+    """(mean, peak) over each `res`-second bucket of every device or MIG instance selected."""
     return (
-        f"avg(avg_over_time({util}[{res}s:60s]))",
-        f"max(max_over_time({util}[{res}s:60s]))",
+        f"avg({dcgm.utilization_over('avg_over_time', sel, res)})",
+        f"max({dcgm.utilization_over('max_over_time', sel, res)})",
     )
 
 
