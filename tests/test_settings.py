@@ -90,3 +90,11 @@ def test_it_refuses_an_unknown_gang_api() -> None:
     result = _manage("check", K8S_GANG_API="jobsets")
     assert result.returncode != 0
     assert "K8S_GANG_API must be auto, jobs or jobset, not 'jobsets'" in result.stderr
+
+
+def test_it_refuses_two_ways_to_authenticate_to_prometheus() -> None:
+    result = _manage(
+        "check", PROMETHEUS_BEARER_TOKEN_FILE="/var/run/token", PROMETHEUS_USERNAME="portal"
+    )
+    assert result.returncode != 0
+    assert "PROMETHEUS_BEARER_TOKEN_FILE or PROMETHEUS_USERNAME" in result.stderr
