@@ -118,9 +118,6 @@ SCRAPE_NAMES = {
 }
 
 
-__all__ = ["Prometheus", "PrometheusError", "prometheus"]
-
-
 def selector(req: GpuRequest) -> str:
     """The runtime's series of a request: the PodMonitor's relabelled `workload`."""
     return f'workload="qm-{req.pk}"'

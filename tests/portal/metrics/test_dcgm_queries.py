@@ -101,3 +101,28 @@ def test_the_sampler_reads_a_mig_instances_utilization_and_the_runtimes_revision
 
 
 ENGINE = {"max_batch": 4, "rps": 0.0, "warmup_s": 0.0}
+
+
+@pytest.mark.django_db
+def test_history_falls_back_to_the_node_agents_rollups_when_prometheus_does_not_answer() -> None:
+    from datetime import timedelta
+
+    from django.test import override_settings
+
+    from portal.models import UtilizationRollup
+
+    make_world()
+    now = timezone.now()
+    UtilizationRollup.objects.create(
+        scope="node",
+        key="h100-01",
+        resolution_s=300,
+        start=now - timedelta(minutes=10),
+        utilization_avg=40,
+        utilization_max=60,
+        memory_used_mib_avg=0,
+        samples=5,
+    )
+    with override_settings(PROMETHEUS_URL="http://127.0.0.1:9", PROMETHEUS_TIMEOUT_S=1):
+        points = utilization.history("node", "h100-01", "24h", now=now)
+    assert [(mean, peak) for _, mean, peak in points] == [(40, 60)]

@@ -95,7 +95,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
 
 def _query(server: dict[str, Any], **settings: Any) -> dict[str, str]:
     server["seen"].clear()
-    with override_settings(PROMETHEUS_URL=server["url"], PROMETHEUS_CA_FILE=server["ca"], **settings):
+    with override_settings(
+        PROMETHEUS_URL=server["url"], PROMETHEUS_CA_FILE=server["ca"], **settings
+    ):
         client = prometheus.client()
         assert client is not None
         assert client.query('up{job="x"}') == []
@@ -142,6 +144,6 @@ def test_a_bad_header_setting_names_itself() -> None:
     assert parse_headers("") == ()
     with pytest.raises(ValueError, match="'no-equals' is not Name=value"):
         parse_headers("X-Scope-OrgID=a,no-equals")
-    with override_settings(PROMETHEUS_URL="http://127.0.0.1:9", PROMETHEUS_HEADERS="Bad Name=1"):
-        with pytest.raises(ImproperlyConfigured, match="PROMETHEUS_HEADERS"):
-            prometheus.client()
+    bad = override_settings(PROMETHEUS_URL="http://127.0.0.1:9", PROMETHEUS_HEADERS="Bad Name=1")
+    with bad, pytest.raises(ImproperlyConfigured, match="PROMETHEUS_HEADERS"):
+        prometheus.client()

@@ -21,6 +21,7 @@ from rest_framework.test import APIClient
 
 from portal.backends.serving_sim import Engine, dcgm_labels, serve
 from portal.lib import dcgm
+from portal.lib.prometheus import Prometheus
 from portal.models import Attempt, GpuRequest, Node, Pool
 from portal.services import serving_samples as serving_metrics
 from portal.services import utilization
@@ -130,7 +131,7 @@ def _serving(w: Any, rid: int) -> GpuRequest:
 @pytest.mark.parametrize("rid", sorted(RUNTIMES))
 def test_every_query_of_each_runtime_answers_on_prometheus(stack: dict[str, Any], rid: int) -> None:
     req = _serving(make_world(), rid)
-    prom = serving_metrics.Prometheus(stack["url"])
+    prom = Prometheus(stack["url"])
     for name, expr in serving_metrics.queries_for(req).items():
         assert not dcgm.foreign_labels(expr), expr
         result = prom.query(expr)
@@ -169,7 +170,7 @@ def test_without_prometheus_reachable_the_stored_samples_answer() -> None:
 
 
 def test_the_test_exporters_carry_exactly_dcgm_exporters_labels(stack: dict[str, Any]) -> None:
-    prom = serving_metrics.Prometheus(stack["url"])
+    prom = Prometheus(stack["url"])
     for series in prom.query('{__name__=~"DCGM_.+"}'):
         labels = set(series["metric"]) - {"__name__", "job", "instance"}
         mig = "GPU_I_ID" in labels
