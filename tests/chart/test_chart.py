@@ -631,3 +631,41 @@ def test_single_sign_on_needs_its_client_secret() -> None:
 def test_the_schema_rejects_bad_single_sign_on_values(sso: dict) -> None:
     with pytest.raises(helm.HelmValuesError):
         helm.Chart.load(CHART).validate_schema({**EXTERNAL, "config": {"sso": sso}})
+
+
+PROMETHEUS = {
+    "url": "https://mimir.example.com/prometheus",
+    "username": "portal",
+    "caFile": "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt",
+    "headers": {"X-Scope-OrgID": "gpu-cluster"},
+}
+
+
+def test_prometheus_values_map_onto_the_portal_environment() -> None:
+    from portal.lib.prometheus import parse_headers
+
+    values = {
+        **EXTERNAL,
+        "config": {"prometheus": PROMETHEUS},
+        "secrets": {"prometheusPassword": "pw"},
+    }
+    docs = render(values)
+    data = one(docs, "ConfigMap", f"{FULL}-config")["data"]
+    assert data["PROMETHEUS_URL"] == PROMETHEUS["url"] and data["PROMETHEUS_USERNAME"] == "portal"
+    assert data["PROMETHEUS_CA_FILE"] == PROMETHEUS["caFile"]
+    # the portal's own parser reads what the chart wrote
+    assert parse_headers(data["PROMETHEUS_HEADERS"]) == (("X-Scope-OrgID", "gpu-cluster"),)
+    secret = one(docs, "Secret", f"{FULL}-app")["data"]
+    assert base64.b64decode(secret["PROMETHEUS_PASSWORD"]).decode() == "pw"
+    web = one(docs, "Deployment", f"{FULL}-web")["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in web["containers"][0]["env"]}
+    assert env["PROMETHEUS_PASSWORD_FILE"] == "/run/secrets/quartermaster/PROMETHEUS_PASSWORD"
+    with pytest.raises(helm.HelmRenderError, match="secrets.prometheusPassword"):
+        render({**EXTERNAL, "config": {"prometheus": PROMETHEUS}})
+    with pytest.raises(helm.HelmValuesError):
+        helm.Chart.load(CHART).validate_schema(
+            {**EXTERNAL, "config": {"prometheus": {"headers": {"X Bad": "a"}}}}
+        )
+    # off by default: the portal's own samples
+    data = one(render(CASES["defaults"]), "ConfigMap", f"{FULL}-config")["data"]
+    assert not [k for k in data if k.startswith("PROMETHEUS_")]

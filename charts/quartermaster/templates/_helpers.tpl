@@ -124,6 +124,10 @@ env:
   - name: OIDC_RP_CLIENT_SECRET_FILE
     value: /run/secrets/quartermaster/OIDC_RP_CLIENT_SECRET
   {{- end }}
+  {{- if and .Values.config.prometheus.url .Values.config.prometheus.username }}
+  - name: PROMETHEUS_PASSWORD_FILE
+    value: /run/secrets/quartermaster/PROMETHEUS_PASSWORD
+  {{- end }}
   # names this replica for the metrics lease (portal/metrics.py)
   - name: POD_NAME
     valueFrom:
@@ -157,6 +161,9 @@ env:
       - {key: METRICS_TOKEN, path: METRICS_TOKEN}
       {{- if .Values.config.sso.clientId }}
       - {key: OIDC_RP_CLIENT_SECRET, path: OIDC_RP_CLIENT_SECRET}
+      {{- end }}
+      {{- if and .Values.config.prometheus.url .Values.config.prometheus.username }}
+      - {key: PROMETHEUS_PASSWORD, path: PROMETHEUS_PASSWORD}
       {{- end }}
 - name: var
   emptyDir: {}
