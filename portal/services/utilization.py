@@ -11,8 +11,8 @@
   1-hour rollups UTILIZATION_1H_DAYS.
 * `history` reads one node's, pool's or team's chart points: from Prometheus when
   `PROMETHEUS_URL` is set (dcgm-exporter's series, so MIG instances, for which NVML and so
-  the node agent report no utilization, count too), else, or when it does not answer,
-  from the rollups.
+  the node agent report no utilization, count too), else, or when it does not answer or
+  holds no series of it, from the rollups.
 """
 
 from __future__ import annotations
@@ -206,9 +206,13 @@ def history(
     prom = prometheus()
     if prom is not None:
         try:
-            return prometheus_history(prom, scope, key, span, now)
+            points = prometheus_history(prom, scope, key, span, now)
         except PrometheusError as exc:
             log.warning("Prometheus unavailable, using stored rollups: %s", exc)
+        else:
+            if points:
+                return points
+            # no dcgm-exporter series (yet): the node agent's samples are better than none
     seconds, res = RANGES[span]
     return [
         (start.timestamp(), avg, peak)
