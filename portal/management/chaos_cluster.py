@@ -87,20 +87,7 @@ def restart_under_launches(
         if i == restart_after:
             thread.start()
         started = time.monotonic()
-        ids.append(
-            gpu_request_submit(
-                user=world.user,
-                team=world.team,
-                workload_class=world.workload_class,
-                pool=world.pool,
-                image=IMAGE,
-                command=["python", "train.py"],
-                count=1,
-                cpu_milli=1000,
-                estimated_runtime_s=60,
-                name=f"chaos-{fault.split()[0].lower()}-{i}",
-            ).pk
-        )
+        ids.append(_submit(world, f"chaos-{fault.split()[0].lower()}-{i}"))
         step()
         time.sleep(max(0.0, interval_s - (time.monotonic() - started)))
     if not thread.is_alive() and "down" not in window:
@@ -117,34 +104,56 @@ def restart_under_launches(
             break
         step()
         time.sleep(0.3)
-    attempts = list(Attempt.objects.filter(request_id__in=ids).values_list("pk", "request_id"))
-    live = Counter(
-        Attempt.objects.filter(request_id__in=ids)
-        .filter(state__in=Attempt.ACTIVE_STATES)
-        .values_list("request_id", flat=True)
+    row = _row(fault, ids, world.team.namespace, batch)
+    row.update(
+        outage_s=round(window.get("back", 0.0) - window.get("down", 0.0), 1),
+        tick_errors=errors,
+        launched_s=launched_s,
     )
-    wanted = {str(pk) for pk, _ in attempts}
+    row["ok"] = row["double"] == 0 and row["stuck"] == 0 and launched_s is not None
+    return row
+
+
+def _submit(world: StreamWorld, name: str) -> int:
+    """One GPU for a short training run: admitted at once while the pool has room."""
+    return gpu_request_submit(
+        user=world.user,
+        team=world.team,
+        workload_class=world.workload_class,
+        pool=world.pool,
+        image=IMAGE,
+        command=["python", "train.py"],
+        count=1,
+        cpu_milli=1000,
+        estimated_runtime_s=60,
+        name=name,
+    ).pk
+
+
+def _row(fault: str, ids: list[int], namespace: str, batch: Any) -> dict[str, Any]:
+    """What the cluster and the database hold of the stream `ids`: attempts, Jobs, double
+    launches, launched and stuck requests."""
+    attempts = list(Attempt.objects.filter(request_id__in=ids).values_list("pk", flat=True))
+    live = Counter(
+        Attempt.objects.filter(request_id__in=ids, state__in=Attempt.ACTIVE_STATES).values_list(
+            "request_id", flat=True
+        )
+    )
     jobs = Counter(
         (j.metadata.labels or {}).get(L_ATTEMPT_ID)
-        for j in batch.list_namespaced_job(world.team.namespace, label_selector=L_ATTEMPT_ID).items
+        for j in batch.list_namespaced_job(namespace, label_selector=L_ATTEMPT_ID).items
     )
-    jobs_of_stream = {a: jobs[a] for a in wanted if jobs[a]}
-    double = sum(n > 1 for n in jobs_of_stream.values()) + sum(n > 1 for n in live.values())
+    of_stream = [jobs[str(pk)] for pk in attempts]
     launched = GpuRequest.objects.filter(pk__in=ids, state__in=LAUNCHED).count()
-    row: dict[str, Any] = {
+    return {
         "fault": fault,
-        "outage_s": round(window.get("back", 0.0) - window.get("down", 0.0), 1),
         "requests": len(ids),
         "attempts": len(attempts),
-        "jobs": sum(jobs_of_stream.values()),
-        "double": double,
+        "jobs": sum(of_stream),
+        "double": sum(n > 1 for n in of_stream) + sum(n > 1 for n in live.values()),
         "launched": launched,
         "stuck": len(ids) - launched,
-        "tick_errors": errors,
-        "launched_s": launched_s,
     }
-    row["ok"] = double == 0 and launched == len(ids) and launched_s is not None
-    return row
 
 
 # --- the command's own world on a control plane of its own -------------------------------
