@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
-from rest_framework import serializers
+from rest_framework import serializers, status
 from rest_framework.exceptions import AuthenticationFailed, ValidationError
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.request import Request
@@ -77,6 +77,22 @@ def paginate(
     paginator = PageNumberPagination()
     page = paginator.paginate_queryset(qs, request, view=view)
     return paginator.get_paginated_response(serializer(page, many=True).data)
+
+
+def validated(
+    serializer: type[serializers.Serializer[Any]], request: Request, *, query: bool = False
+) -> dict[str, Any]:
+    """The request body as `serializer` checked it (a 400 naming each field it refuses); with
+    `query`, a request without a body is read from its query string (a DELETE's options)."""
+    data = (request.data or request.query_params.dict()) if query else request.data
+    checked = serializer(data=data)
+    checked.is_valid(raise_exception=True)
+    return dict(checked.validated_data)
+
+
+def created(data: Any) -> Response:
+    """201 with the new object."""
+    return Response(data, status=status.HTTP_201_CREATED)
 
 
 class StrictSerializer(serializers.Serializer[Any]):

@@ -11,7 +11,15 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from portal import access
-from portal.api.base import ApiView, ListApiView, StrictSerializer, paginate, signed_in_user
+from portal.api.base import (
+    ApiView,
+    ListApiView,
+    StrictSerializer,
+    created,
+    paginate,
+    signed_in_user,
+    validated,
+)
 from portal.api.capacity import PoolListApi
 from portal.models import DeviceProfile, Pool, Team, WorkloadClass
 from portal.services.pools import (
@@ -76,10 +84,9 @@ class PoolListCreateApi(PoolListApi):
     )
     def post(self, request: Request) -> Response:
         access.require_admin(request.user)
-        serializer = PoolCreateSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        pool = pool_create(actor=signed_in_user(request), **serializer.validated_data)
-        return Response(PoolOutputSerializer(pool).data, status=status.HTTP_201_CREATED)
+        data = validated(PoolCreateSerializer, request)
+        pool = pool_create(actor=signed_in_user(request), **data)
+        return created(PoolOutputSerializer(pool).data)
 
 
 class PoolDetailApi(ApiView):
@@ -93,9 +100,8 @@ class PoolDetailApi(ApiView):
     @extend_schema(operation_id="pools_update", request=_PoolFields, responses=PoolOutputSerializer)
     def patch(self, request: Request, pool_id: int) -> Response:
         pool = access.get_pool_for_admin(request.user, pool_id)
-        serializer = _PoolFields(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        pool = pool_update(actor=signed_in_user(request), pool=pool, **serializer.validated_data)
+        data = validated(_PoolFields, request)
+        pool = pool_update(actor=signed_in_user(request), pool=pool, **data)
         return Response(PoolOutputSerializer(pool).data)
 
     @extend_schema(operation_id="pools_retire", request=RetireSerializer, responses={204: None})
@@ -103,25 +109,18 @@ class PoolDetailApi(ApiView):
         """Retire (never delete): with work in the pool, a 400 says what happens to it until
         `confirm` is true; waiting requests move to `move_to` or are cancelled."""
         pool = access.get_pool_for_admin(request.user, pool_id)
-        serializer = RetireSerializer(data=request.data or request.query_params.dict())
-        serializer.is_valid(raise_exception=True)
-        move_to = _named(Pool, serializer.validated_data.get("move_to"))
-        pool_retire(
-            actor=signed_in_user(request),
-            pool=pool,
-            confirm=serializer.validated_data["confirm"],
-            move_to=move_to,
-        )
+        pool_retire(actor=signed_in_user(request), pool=pool, **_retire_options(request, Pool))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
-def _named(model: type[Pool] | type[WorkloadClass], name: str | None) -> Any:
-    if not name:
-        return None
-    row = model.objects.filter(name=name).first()
-    if row is None:
+def _retire_options(request: Request, model: type[Pool] | type[WorkloadClass]) -> dict[str, Any]:
+    """A retire's `confirm`, and the pool or class named by `move_to` (none: cancelled)."""
+    data = validated(RetireSerializer, request, query=True)
+    name = data.get("move_to")
+    move_to = model.objects.filter(name=name).first() if name else None
+    if name and move_to is None:
         raise serializers.ValidationError({"move_to": f"No {model._meta.verbose_name} {name!r}."})
-    return row
+    return {"confirm": data["confirm"], "move_to": move_to}
 
 
 class ClassOutputSerializer(serializers.Serializer[Any]):
@@ -186,10 +185,9 @@ class ClassListApi(ListApiView):
     )
     def post(self, request: Request) -> Response:
         access.require_admin(request.user)
-        serializer = ClassCreateSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        wc = workload_class_create(actor=signed_in_user(request), **serializer.validated_data)
-        return Response(self.OutputSerializer(wc).data, status=status.HTTP_201_CREATED)
+        data = validated(ClassCreateSerializer, request)
+        wc = workload_class_create(actor=signed_in_user(request), **data)
+        return created(self.OutputSerializer(wc).data)
 
 
 class ClassDetailApi(ApiView):
@@ -208,22 +206,16 @@ class ClassDetailApi(ApiView):
     )
     def patch(self, request: Request, class_id: int) -> Response:
         wc = access.get_workload_class_for_admin(request.user, class_id)
-        serializer = _ClassFields(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        wc = workload_class_update(
-            actor=signed_in_user(request), workload_class=wc, **serializer.validated_data
-        )
+        data = validated(_ClassFields, request)
+        wc = workload_class_update(actor=signed_in_user(request), workload_class=wc, **data)
         return Response(ClassOutputSerializer(wc).data)
 
     @extend_schema(operation_id="classes_retire", request=RetireSerializer, responses={204: None})
     def delete(self, request: Request, class_id: int) -> Response:
         wc = access.get_workload_class_for_admin(request.user, class_id)
-        serializer = RetireSerializer(data=request.data or request.query_params.dict())
-        serializer.is_valid(raise_exception=True)
         workload_class_retire(
             actor=signed_in_user(request),
             workload_class=wc,
-            confirm=serializer.validated_data["confirm"],
-            move_to=_named(WorkloadClass, serializer.validated_data.get("move_to")),
+            **_retire_options(request, WorkloadClass),
         )
         return Response(status=status.HTTP_204_NO_CONTENT)

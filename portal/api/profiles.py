@@ -5,13 +5,20 @@ from __future__ import annotations
 from typing import Any
 
 from drf_spectacular.utils import extend_schema, extend_schema_serializer
-from rest_framework import serializers, status
+from rest_framework import serializers
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from portal import access
-from portal.api.base import ApiView, ListApiView, StrictSerializer, signed_in_user
+from portal.api.base import (
+    ApiView,
+    ListApiView,
+    StrictSerializer,
+    created,
+    signed_in_user,
+    validated,
+)
 from portal.api.schema import name_nested_serializers
 from portal.models import PolicyProfile
 from portal.services.profiles import (
@@ -103,12 +110,10 @@ class ProfileListCreateApi(ListApiView):
     )
     def post(self, request: Request) -> Response:
         access.require_admin(request.user)
-        serializer = ProfileCreateSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        data = dict(serializer.validated_data)
+        data = validated(ProfileCreateSerializer, request)
         name = data.pop("name")
         row = policy_profile_create(actor=signed_in_user(request), name=name, knobs=data)
-        return Response(_profile_data(row), status=status.HTTP_201_CREATED)
+        return created(_profile_data(row))
 
 
 class ProfileDetailApi(ApiView):
@@ -126,11 +131,8 @@ class ProfileDetailApi(ApiView):
     )
     def patch(self, request: Request, profile_id: int) -> Response:
         row = access.get_policy_profile_for_admin(request.user, profile_id)
-        serializer = ProfileUpdateSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        row = policy_profile_update(
-            actor=signed_in_user(request), profile=row, knobs=dict(serializer.validated_data)
-        )
+        data = validated(ProfileUpdateSerializer, request)
+        row = policy_profile_update(actor=signed_in_user(request), profile=row, knobs=data)
         return Response(_profile_data(row))
 
 

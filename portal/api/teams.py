@@ -6,13 +6,21 @@ from typing import Any
 
 from django.http import Http404
 from drf_spectacular.utils import extend_schema
-from rest_framework import serializers, status
+from rest_framework import serializers
 from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from portal import access
-from portal.api.base import ApiView, ListApiView, StrictSerializer, paginate, signed_in_user
+from portal.api.base import (
+    ApiView,
+    ListApiView,
+    StrictSerializer,
+    created,
+    paginate,
+    signed_in_user,
+    validated,
+)
 from portal.api.schema import name_nested_serializers
 from portal.models import Membership
 from portal.selectors.teams import team_members, team_usage
@@ -69,10 +77,9 @@ class TeamListApi(ListApiView):
     )
     def post(self, request: Request) -> Response:
         access.require_admin(request.user)
-        serializer = self.InputSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        team = team_create(actor=signed_in_user(request), **serializer.validated_data)
-        return Response(self.OutputSerializer(team).data, status=status.HTTP_201_CREATED)
+        data = validated(self.InputSerializer, request)
+        team = team_create(actor=signed_in_user(request), **data)
+        return created(self.OutputSerializer(team).data)
 
 
 class MemberOutputSerializer(serializers.Serializer[Any]):
@@ -117,9 +124,7 @@ class TeamMemberListApi(ListApiView):
     )
     def post(self, request: Request, team_id: int) -> Response:
         team = access.get_team_for_user(request.user, team_id, role=Membership.Role.LEAD)
-        serializer = self.InputSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        data = serializer.validated_data
+        data = validated(self.InputSerializer, request)
         role = data.get("role", Membership.Role.MEMBER)
         if role != Membership.Role.MEMBER and not access.is_admin(request.user):
             raise ValidationError({"role": ["Only platform admins add leads."]})
@@ -134,9 +139,7 @@ class TeamMemberListApi(ListApiView):
                 role=membership.role,
                 gpu_cap_milli=data["gpu_cap_milli"],
             )
-        return Response(
-            MemberOutputSerializer(_member_view(membership)).data, status=status.HTTP_201_CREATED
-        )
+        return created(MemberOutputSerializer(_member_view(membership)).data)
 
 
 class TeamMemberDetailApi(ApiView):
@@ -171,9 +174,7 @@ class TeamMemberDetailApi(ApiView):
     )
     def patch(self, request: Request, team_id: int, membership_id: int) -> Response:
         membership = self._membership(request, team_id, membership_id)
-        serializer = self.InputSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        data = serializer.validated_data
+        data = validated(self.InputSerializer, request)
         role = data.get("role", membership.role)
         if role != membership.role and not access.is_admin(request.user):
             raise ValidationError({"role": ["Only platform admins change roles."]})
@@ -248,9 +249,8 @@ class TeamDetailApi(ApiView):
         """Admins: a team's name for people, namespace, fair-share weight, pending limit."""
         team = access.get_team_for_user(request.user, team_id)
         access.require_admin(request.user)
-        serializer = self.PatchSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        team = team_update(actor=signed_in_user(request), team=team, **serializer.validated_data)
+        data = validated(self.PatchSerializer, request)
+        team = team_update(actor=signed_in_user(request), team=team, **data)
         return Response(TeamOutputSerializer(team).data)
 
     class RetireSerializer(StrictSerializer):
@@ -268,12 +268,11 @@ class TeamDetailApi(ApiView):
         until `confirm` is true; its waiting requests are cancelled, running work runs on."""
         team = access.get_team_for_user(request.user, team_id)
         access.require_admin(request.user)
-        serializer = self.RetireSerializer(data=request.data or request.query_params.dict())
-        serializer.is_valid(raise_exception=True)
+        data = validated(self.RetireSerializer, request, query=True)
         impact, cancelled = team_retire(
             actor=signed_in_user(request),
             team=team,
-            confirm=serializer.validated_data["confirm"],
+            confirm=data["confirm"],
         )
         return Response({"running": impact.running, "cancelled": cancelled})
 
@@ -307,11 +306,8 @@ class QuotaSetApi(ApiView):
     def put(self, request: Request, team_id: int, pool_id: int) -> Response:
         team = access.get_team_for_user(request.user, team_id, role=Membership.Role.LEAD)
         pool = access.get_pool(request.user, pool_id)
-        serializer = self.InputSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        quota = quota_set(
-            actor=signed_in_user(request), team=team, pool=pool, **serializer.validated_data
-        )
+        data = validated(self.InputSerializer, request)
+        quota = quota_set(actor=signed_in_user(request), team=team, pool=pool, **data)
         return Response(self.OutputSerializer(quota).data)
 
 

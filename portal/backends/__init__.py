@@ -20,5 +20,16 @@ def _backend(name: str) -> ClusterBackend:
     return SimulatedBackend(settings.SIMULATED_CLUSTER)
 
 
+#: a backend a command brought itself (`manage.py chaos` on a control plane of its own)
+_override: list[ClusterBackend] = []
+
+
+def use_backend(backend: ClusterBackend | None) -> None:
+    """Make `get_backend()` answer `backend` in this process (None: the configured one again)."""
+    _override[:] = [backend] if backend is not None else []
+
+
 def get_backend() -> ClusterBackend:
+    if _override:
+        return _override[0]
     return _backend(settings.CLUSTER_BACKEND)

@@ -15,7 +15,7 @@ from portal.forms.fields import (
     to_milli,
 )
 from portal.models import GpuRequest, Pool, Team, WorkloadClass
-from portal.services.pools import CLASS_FIELDS, POOL_FIELDS
+from portal.services.pools import CLASS_FIELDS, POOL_FIELDS, POOL_FIXED_FIELDS
 from scheduling import profile as scheduling_profile
 
 
@@ -132,7 +132,7 @@ class PoolCreateForm(PoolForm):
     """A new pool: what its nodes are (fixed once made), then the settings any pool has."""
 
     class Meta(PoolForm.Meta):
-        fields = ["name", "gpu_model", "gpu_memory_mib", "partitioning", *POOL_FIELDS]
+        fields = [*POOL_FIXED_FIELDS, *POOL_FIELDS]
         help_texts = {
             "gpu_model": "as GPU Feature Discovery labels it (nvidia.com/gpu.product)",
             "gpu_memory_mib": "per GPU, MiB (nvidia.com/gpu.memory)",

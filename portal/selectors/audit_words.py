@@ -22,7 +22,9 @@ from portal.models import (
     PolicyProfile,
     Pool,
     Quota,
+    Rollout,
     Team,
+    ValidationRun,
     WorkloadClass,
 )
 
@@ -46,6 +48,19 @@ ACTIONS = {
     "profile.create": "created a scheduling profile",
     "profile.update": "changed a scheduling profile",
     "profile.activate": "activated a scheduling profile",
+    "rollout.start": "started a rollout",
+    "rollout.wave": "moved a rollout to its next wave",
+    "rollout.cordon": "cordoned a node for a rollout",
+    "rollout.apply": "wrote a rollout's change to a node",
+    "rollout.preempt": "stopped work on a node for a rollout",
+    "rollout.applied": "applied a rollout's change to a node",
+    "rollout.return": "returned a node from a rollout",
+    "rollout.node_failed": "failed a node in a rollout",
+    "rollout.halt": "halted a rollout",
+    "rollout.succeed": "finished a rollout",
+    "node.validate": "started a node's validation",
+    "validation.passed": "passed a node's validation",
+    "validation.failed": "failed a node's validation",
 }
 
 LABELS = {
@@ -194,6 +209,26 @@ def _targets(events: list[AuditEvent]) -> dict[tuple[str, str], str]:
                 (pk, f"GPU {index} on node {node}")
                 for pk, index, node in Device.objects.filter(pk__in=ids).values_list(
                     "pk", "index", "node__name"
+                )
+            ),
+        )
+    if ids := by_type.get("rollout"):
+        put(
+            "rollout",
+            (
+                (pk, f"rollout #{pk} ({kind} {target} on pool {pool})")
+                for pk, kind, target, pool in Rollout.objects.filter(pk__in=ids).values_list(
+                    "pk", "kind", "target", "pool__name"
+                )
+            ),
+        )
+    if ids := by_type.get("validationrun"):
+        put(
+            "validationrun",
+            (
+                (pk, f"validation #{pk} of node {node}")
+                for pk, node in ValidationRun.objects.filter(pk__in=ids).values_list(
+                    "pk", "node__name"
                 )
             ),
         )

@@ -8,6 +8,7 @@ rolls all of it back, and a dry run rolls back what it did to report the same di
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -323,150 +324,184 @@ def _apply_profiles(run: _Run, entries: list[dict[str, Any]]) -> None:
             )
 
 
-def _apply_pools(run: _Run, entries: list[dict[str, Any]]) -> None:
-    current = {p.name: p for p in Pool.objects.all()}
+def _retired(run: _Run, path: str, kind: str, row: Pool | Team | WorkloadClass) -> bool:
+    """A retired row keeps its name: the file must give a new one another name."""
+    if row.retired_at is None:
+        return False
+    run.errors.append(f"{path}.name: {kind} {row.name} is retired; give the new one a new name")
+    return True
+
+
+def _apply_section(
+    run: _Run,
+    *,
+    kind: str,
+    section: str,
+    entries: list[dict[str, Any]],
+    current: dict[str, Any],
+    upsert: Callable[[_Run, str, dict[str, Any], Any], Any],
+    retire: Callable[[Any], Any],
+) -> None:
+    """Create or update each listed row (`upsert` answers the row the file now manages, or
+    None), then keep or, with --prune, retire the live rows the file no longer lists."""
     for i, entry in enumerate(entries):
-        path = f"pools[{i}]"
-        wanted = _pool_wanted(entry)
-        fields = pool_fields_from_file(entry)
-        auto = wanted.get("autoscale")
-        row = current.get(entry["name"])
-        if row is None:
-            if run.attempt(path, pool_create, actor=None, config_managed=True, **fields):
-                run.changes.append(Change("pool", entry["name"], "created"))
-            continue
-        if row.retired_at is not None:
-            run.errors.append(
-                f"{path}.name: pool {row.name} is retired; give the new one a new name"
-            )
-            continue
-        have = pool_as_file(row)
-        keys = [k for k in wanted if k != "name"]
-        changed = _diff(have, wanted, keys)
-        fixed = [k for k in POOL_FIXED if k in changed]
-        if fixed:
-            run.errors.append(
-                f"{path}.{fixed[0]}: cannot change on an existing pool (its nodes are what they are); "
-                "retire it and add a new pool"
-            )
-            continue
-        if changed:
-            updates = {k: fields[k] for k in fields if k not in ("name", *POOL_FIXED)}
-            if not auto:
-                updates = {k: v for k, v in updates.items() if k not in AUTOSCALE_KEYS}
-            if run.attempt(path, pool_update, actor=None, pool=row, **updates):
-                run.changes.append(Change("pool", row.name, "changed", changed))
-        _mark(row)
+        managed = upsert(run, f"{section}[{i}]", entry, current.get(entry["name"]))
+        if managed is not None:
+            _mark(managed)
     listed = {e["name"] for e in entries}
     for name, row in sorted(current.items()):
         if name in listed or row.retired_at is not None:
             continue
         if not run.prune:
-            run.changes.append(Change("pool", name, "not in the file (kept; --prune retires it)"))
-        elif run.attempt(f"pools({name})", pool_retire, actor=None, pool=row, confirm=True):
-            run.changes.append(Change("pool", name, "retired"))
+            run.changes.append(Change(kind, name, "not in the file (kept; --prune retires it)"))
+        elif run.attempt(f"{section}({name})", retire, row):
+            run.changes.append(Change(kind, name, "retired"))
+
+
+def _apply_pools(run: _Run, entries: list[dict[str, Any]]) -> None:
+    _apply_section(
+        run,
+        kind="pool",
+        section="pools",
+        entries=entries,
+        current={p.name: p for p in Pool.objects.all()},
+        upsert=_pool_upsert,
+        retire=lambda row: pool_retire(actor=None, pool=row, confirm=True),
+    )
+
+
+def _pool_upsert(run: _Run, path: str, entry: dict[str, Any], row: Pool | None) -> Pool | None:
+    wanted = _pool_wanted(entry)
+    fields = pool_fields_from_file(entry)
+    if row is None:
+        if run.attempt(path, pool_create, actor=None, config_managed=True, **fields):
+            run.changes.append(Change("pool", entry["name"], "created"))
+        return None
+    if _retired(run, path, "pool", row):
+        return None
+    changed = _diff(pool_as_file(row), wanted, [k for k in wanted if k != "name"])
+    fixed = [k for k in POOL_FIXED if k in changed]
+    if fixed:
+        run.errors.append(
+            f"{path}.{fixed[0]}: cannot change on an existing pool (its nodes are what they are); "
+            "retire it and add a new pool"
+        )
+        return None
+    if changed:
+        updates = {k: fields[k] for k in fields if k not in ("name", *POOL_FIXED)}
+        if not wanted.get("autoscale"):
+            updates = {k: v for k, v in updates.items() if k not in AUTOSCALE_KEYS}
+        if run.attempt(path, pool_update, actor=None, pool=row, **updates):
+            run.changes.append(Change("pool", row.name, "changed", changed))
+    return row
 
 
 def _apply_teams(run: _Run, entries: list[dict[str, Any]]) -> None:
-    current = {t.name: t for t in Team.objects.all()}
-    for i, entry in enumerate(entries):
-        path = f"teams[{i}]"
-        wanted = _team_wanted(entry)
-        fields = {k: wanted[k] for k in TEAM_KEYS}
-        row = current.get(entry["name"])
-        if row is None:
-            if run.attempt(
-                path, team_create, actor=None, name=entry["name"], config_managed=True, **fields
-            ):
-                run.changes.append(Change("team", entry["name"], "created"))
-            continue
-        if row.retired_at is not None:
-            run.errors.append(
-                f"{path}.name: team {row.name} is retired; give the new one a new name"
-            )
-            continue
-        changed = _diff({k: getattr(row, k) for k in TEAM_KEYS}, fields, TEAM_KEYS)
-        if changed and run.attempt(
-            path, team_update, actor=None, team=row, **{k: fields[k] for k in changed}
+    _apply_section(
+        run,
+        kind="team",
+        section="teams",
+        entries=entries,
+        current={t.name: t for t in Team.objects.all()},
+        upsert=_team_upsert,
+        retire=lambda row: team_retire(actor=None, team=row, confirm=True),
+    )
+
+
+def _team_upsert(run: _Run, path: str, entry: dict[str, Any], row: Team | None) -> Team | None:
+    wanted = _team_wanted(entry)
+    fields = {k: wanted[k] for k in TEAM_KEYS}
+    if row is None:
+        if run.attempt(
+            path, team_create, actor=None, name=entry["name"], config_managed=True, **fields
         ):
-            run.changes.append(Change("team", row.name, "changed", changed))
-        _mark(row)
-    listed = {e["name"] for e in entries}
-    for name, row in sorted(current.items()):
-        if name in listed or row.retired_at is not None:
-            continue
-        if not run.prune:
-            run.changes.append(Change("team", name, "not in the file (kept; --prune retires it)"))
-        elif run.attempt(f"teams({name})", team_retire, actor=None, team=row, confirm=True):
-            run.changes.append(Change("team", name, "retired"))
+            run.changes.append(Change("team", entry["name"], "created"))
+        return None
+    if _retired(run, path, "team", row):
+        return None
+    changed = _diff({k: getattr(row, k) for k in TEAM_KEYS}, fields, TEAM_KEYS)
+    if changed and run.attempt(
+        path, team_update, actor=None, team=row, **{k: fields[k] for k in changed}
+    ):
+        run.changes.append(Change("team", row.name, "changed", changed))
+    return row
 
 
 def _apply_classes(run: _Run, entries: list[dict[str, Any]]) -> None:
-    current = {c.name: c for c in WorkloadClass.objects.select_related("default_profile")}
     profiles = {d.name: d for d in DeviceProfile.objects.all()}
     teams = {t.name: t for t in Team.objects.filter(retired_at=None)}
     pools = {p.name: p for p in Pool.objects.filter(retired_at=None)}
-    for i, entry in enumerate(entries):
-        path = f"classes[{i}]"
-        wanted = _class_wanted(entry)
-        missing = [t for t in wanted["teams"] if t not in teams]
-        if missing:
-            run.errors.append(f"{path}.teams: no live team {missing[0]!r}")
-            continue
-        unknown = [p for p in wanted["pools"] if p not in pools]
-        if unknown:
-            run.errors.append(f"{path}.pools: no live pool {unknown[0]!r}")
-            continue
-        ref = wanted["default_profile"]
-        if ref is not None and ref not in profiles:
-            run.errors.append(f"{path}.default_profile: no profile {ref!r}")
-            continue
-        fields = {k: wanted[k] for k in CLASS_KEYS if k not in CLASS_LINKS}
-        fields["default_profile"] = profiles[ref] if ref else None
-        team_rows = [teams[t] for t in wanted["teams"]]
-        pool_rows = [pools[p] for p in wanted["pools"]]
-        row = current.get(entry["name"])
-        if row is None:
-            made = run.attempt(
-                path,
-                workload_class_create,
-                actor=None,
-                name=entry["name"],
-                teams=team_rows,
-                pools=pool_rows,
-                config_managed=True,
-                **fields,
-            )
-            if made:
-                run.changes.append(Change("class", entry["name"], "created"))
-            continue
-        if row.retired_at is not None:
-            run.errors.append(
-                f"{path}.name: class {row.name} is retired; give the new one a new name"
-            )
-            continue
-        changed = _diff(class_as_file(row), wanted, CLASS_KEYS)
-        if changed and run.attempt(
+
+    def upsert(
+        run: _Run, path: str, entry: dict[str, Any], row: WorkloadClass | None
+    ) -> WorkloadClass | None:
+        return _class_upsert(run, path, entry, row, profiles=profiles, teams=teams, pools=pools)
+
+    _apply_section(
+        run,
+        kind="class",
+        section="classes",
+        entries=entries,
+        current={c.name: c for c in WorkloadClass.objects.select_related("default_profile")},
+        upsert=upsert,
+        retire=lambda row: workload_class_retire(actor=None, workload_class=row, confirm=True),
+    )
+
+
+def _class_upsert(
+    run: _Run,
+    path: str,
+    entry: dict[str, Any],
+    row: WorkloadClass | None,
+    *,
+    profiles: dict[str, DeviceProfile],
+    teams: dict[str, Team],
+    pools: dict[str, Pool],
+) -> WorkloadClass | None:
+    wanted = _class_wanted(entry)
+    missing = [t for t in wanted["teams"] if t not in teams]
+    if missing:
+        run.errors.append(f"{path}.teams: no live team {missing[0]!r}")
+        return None
+    unknown = [p for p in wanted["pools"] if p not in pools]
+    if unknown:
+        run.errors.append(f"{path}.pools: no live pool {unknown[0]!r}")
+        return None
+    ref = wanted["default_profile"]
+    if ref is not None and ref not in profiles:
+        run.errors.append(f"{path}.default_profile: no profile {ref!r}")
+        return None
+    fields = {k: wanted[k] for k in CLASS_KEYS if k not in CLASS_LINKS}
+    fields["default_profile"] = profiles[ref] if ref else None
+    links = {
+        "teams": [teams[t] for t in wanted["teams"]],
+        "pools": [pools[p] for p in wanted["pools"]],
+    }
+    if row is None:
+        if run.attempt(
             path,
-            workload_class_update,
+            workload_class_create,
             actor=None,
-            workload_class=row,
-            teams=team_rows,
-            pools=pool_rows,
-            **{k: v for k, v in fields.items() if k in changed},
+            name=entry["name"],
+            config_managed=True,
+            **links,
+            **fields,
         ):
-            run.changes.append(Change("class", row.name, "changed", changed))
-        _mark(row)
-    listed = {e["name"] for e in entries}
-    for name, row in sorted(current.items()):
-        if name in listed or row.retired_at is not None:
-            continue
-        if not run.prune:
-            run.changes.append(Change("class", name, "not in the file (kept; --prune retires it)"))
-        elif run.attempt(
-            f"classes({name})", workload_class_retire, actor=None, workload_class=row, confirm=True
-        ):
-            run.changes.append(Change("class", name, "retired"))
+            run.changes.append(Change("class", entry["name"], "created"))
+        return None
+    if _retired(run, path, "class", row):
+        return None
+    changed = _diff(class_as_file(row), wanted, CLASS_KEYS)
+    if changed and run.attempt(
+        path,
+        workload_class_update,
+        actor=None,
+        workload_class=row,
+        **links,
+        **{k: v for k, v in fields.items() if k in changed},
+    ):
+        run.changes.append(Change("class", row.name, "changed", changed))
+    return row
 
 
 def _apply_quotas(run: _Run, entries: list[dict[str, Any]]) -> None:

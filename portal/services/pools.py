@@ -49,30 +49,29 @@ def workload_class_update(
             changes=changes,
         )
         if teams is not None:
-            before = sorted(wc.teams.values_list("name", flat=True))
-            wc.teams.set(list(teams))
-            after = sorted(wc.teams.values_list("name", flat=True))
-            if before != after:
-                audit(
-                    actor=actor,
-                    action="class.teams",
-                    obj=wc,
-                    before={"teams": before},
-                    after={"teams": after},
-                )
+            _links_set(actor, wc, "teams", teams)
         if pools is not None:
-            before = sorted(wc.pools.values_list("name", flat=True))
-            wc.pools.set(list(pools))
-            after = sorted(wc.pools.values_list("name", flat=True))
-            if before != after:
-                audit(
-                    actor=actor,
-                    action="class.pools",
-                    obj=wc,
-                    before={"pools": before},
-                    after={"pools": after},
-                )
+            _links_set(actor, wc, "pools", pools)
     return wc
+
+
+def _link_names(wc: WorkloadClass, relation: str) -> list[str]:
+    return sorted(getattr(wc, relation).values_list("name", flat=True))
+
+
+def _links_set(actor: Actor, wc: WorkloadClass, relation: str, rows: Any) -> None:
+    """Set a class's teams or pools, audited as `class.<relation>` when they changed."""
+    before = _link_names(wc, relation)
+    getattr(wc, relation).set(list(rows))
+    after = _link_names(wc, relation)
+    if before != after:
+        audit(
+            actor=actor,
+            action=f"class.{relation}",
+            obj=wc,
+            before={relation: before},
+            after={relation: after},
+        )
 
 
 POOL_FIELDS = [
@@ -100,15 +99,12 @@ POOL_AUTOSCALE_FIELDS = [
 ]
 
 
+#: what a pool is given once, when it is made (its nodes are what they are)
+POOL_FIXED_FIELDS = ["name", "gpu_model", "gpu_memory_mib", "partitioning"]
+#: what a pool's update may change
+POOL_UPDATE_FIELDS = [*POOL_FIELDS, *POOL_AUTOSCALE_FIELDS]
 #: what a new pool may be given (the rest keep their defaults)
-POOL_CREATE_FIELDS = [
-    "name",
-    "gpu_model",
-    "gpu_memory_mib",
-    "partitioning",
-    *POOL_FIELDS,
-    *POOL_AUTOSCALE_FIELDS,
-]
+POOL_CREATE_FIELDS = [*POOL_FIXED_FIELDS, *POOL_UPDATE_FIELDS]
 
 
 def mig_layout_check(pool: Pool) -> None:
@@ -156,7 +152,7 @@ def pool_update(*, actor: Actor, pool: Pool, **changes: Any) -> Pool:
     return update_audited(
         actor=actor,
         obj=pool,
-        fields=POOL_FIELDS + POOL_AUTOSCALE_FIELDS,
+        fields=POOL_UPDATE_FIELDS,
         action="pool.update",
         changes=changes,
         # checked when the layout changes: rows from before the check keep working
@@ -268,9 +264,9 @@ def workload_class_create(
             action="class.create",
             obj=wc,
             after={
-                **field_values(wc, ["name", *CLASS_FIELDS]),
-                "teams": sorted(wc.teams.values_list("name", flat=True)),
-                "pools": sorted(wc.pools.values_list("name", flat=True)),
+                **field_values(wc, CLASS_CREATE_FIELDS),
+                "teams": _link_names(wc, "teams"),
+                "pools": _link_names(wc, "pools"),
             },
         )
     return wc

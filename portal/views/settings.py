@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
+from django.db.models import QuerySet
 from django.http import HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -150,6 +152,26 @@ def profile_activate(request: AuthedRequest, profile_id: int) -> HttpResponse:
     return _profiles_answer(request)
 
 
+def _save_form(
+    request: AuthedRequest,
+    form: Any,
+    save: Callable[[dict[str, Any]], object],
+    *,
+    section: str,
+    key: tuple[str, int],
+) -> HttpResponse:
+    """Validate an admin's pool or class form and save it: a redirect to its section of the
+    settings page, or the page again (400) with the form's errors."""
+    if form.is_valid():
+        try:
+            save({f: form.cleaned_data[f] for f in form.Meta.fields})
+        except ValidationError as exc:
+            add_errors(form, exc)
+        else:
+            return redirect(reverse("portal:settings") + f"#{section}")
+    return render(request, "portal/settings.html", _settings_context({key: form}), status=400)
+
+
 @login_required
 @require_POST
 def workload_class_edit(request: AuthedRequest, class_id: int) -> HttpResponse:
@@ -157,16 +179,12 @@ def workload_class_edit(request: AuthedRequest, class_id: int) -> HttpResponse:
     form = WorkloadClassForm(
         request.POST, instance=WorkloadClass.objects.get(pk=wc.pk), prefix=f"c{wc.pk}"
     )
-    if form.is_valid():
-        changes = {f: form.cleaned_data[f] for f in form.Meta.fields}
-        try:
-            workload_class_update(actor=request.user, workload_class=wc, **changes)
-        except ValidationError as exc:
-            add_errors(form, exc)
-        else:
-            return redirect(reverse("portal:settings") + "#classes")
-    return render(
-        request, "portal/settings.html", _settings_context({("class", wc.pk): form}), status=400
+    return _save_form(
+        request,
+        form,
+        lambda changes: workload_class_update(actor=request.user, workload_class=wc, **changes),
+        section="classes",
+        key=("class", wc.pk),
     )
 
 
@@ -175,16 +193,12 @@ def workload_class_edit(request: AuthedRequest, class_id: int) -> HttpResponse:
 def pool_edit(request: AuthedRequest, pool_id: int) -> HttpResponse:
     pool = access.get_pool_for_admin(request.user, pool_id)
     form = PoolForm(request.POST, instance=Pool.objects.get(pk=pool.pk), prefix=f"p{pool.pk}")
-    if form.is_valid():
-        changes = {f: form.cleaned_data[f] for f in form.Meta.fields}
-        try:
-            pool_update(actor=request.user, pool=pool, **changes)
-        except ValidationError as exc:
-            add_errors(form, exc)
-        else:
-            return redirect(reverse("portal:settings") + "#pools")
-    return render(
-        request, "portal/settings.html", _settings_context({("pool", pool.pk): form}), status=400
+    return _save_form(
+        request,
+        form,
+        lambda changes: pool_update(actor=request.user, pool=pool, **changes),
+        section="pools",
+        key=("pool", pool.pk),
     )
 
 
@@ -193,15 +207,12 @@ def pool_edit(request: AuthedRequest, pool_id: int) -> HttpResponse:
 def pool_new(request: AuthedRequest) -> HttpResponse:
     access.require_admin(request.user)
     form = PoolCreateForm(request.POST, prefix="p-new")
-    if form.is_valid():
-        try:
-            pool_create(actor=request.user, **{f: form.cleaned_data[f] for f in form.Meta.fields})
-        except ValidationError as exc:
-            add_errors(form, exc)
-        else:
-            return redirect(reverse("portal:settings") + "#pools")
-    return render(
-        request, "portal/settings.html", _settings_context({("pool", 0): form}), status=400
+    return _save_form(
+        request,
+        form,
+        lambda fields: pool_create(actor=request.user, **fields),
+        section="pools",
+        key=("pool", 0),
     )
 
 
@@ -210,16 +221,12 @@ def pool_new(request: AuthedRequest) -> HttpResponse:
 def workload_class_new(request: AuthedRequest) -> HttpResponse:
     access.require_admin(request.user)
     form = WorkloadClassCreateForm(request.POST, prefix="c-new")
-    if form.is_valid():
-        fields = {f: form.cleaned_data[f] for f in form.Meta.fields}
-        try:
-            workload_class_create(actor=request.user, **fields)
-        except ValidationError as exc:
-            add_errors(form, exc)
-        else:
-            return redirect(reverse("portal:settings") + "#classes")
-    return render(
-        request, "portal/settings.html", _settings_context({("class", 0): form}), status=400
+    return _save_form(
+        request,
+        form,
+        lambda fields: workload_class_create(actor=request.user, **fields),
+        section="classes",
+        key=("class", 0),
     )
 
 
@@ -231,49 +238,54 @@ def _retire_answer(
     return render(request, "portal/retire.html", context, status=400 if error else 200)
 
 
+def _retire(
+    request: AuthedRequest,
+    *,
+    what: str,
+    live: QuerySet[Any],
+    impact: RetireImpact,
+    retire: Callable[[bool, Any], object],
+    section: str,
+) -> HttpResponse:
+    """Retire a pool or class once the admin confirmed and chose where its work moves."""
+    form = RetireForm(request.POST, choices=live)
+    if not form.is_valid() or not form.cleaned_data["confirm"]:
+        return _retire_answer(request, what=what, form=form, impact=impact)
+    try:
+        retire(form.cleaned_data["confirm"], form.cleaned_data["move_to"])
+    except ValidationError as exc:
+        message = "" if "confirm" in exc.message_dict else " ".join(exc.messages)
+        return _retire_answer(request, what=what, form=form, impact=impact, error=message)
+    return redirect(reverse("portal:settings") + f"#{section}")
+
+
 @login_required
 @require_POST
 def pool_retire_view(request: AuthedRequest, pool_id: int) -> HttpResponse:
     pool = access.get_pool_for_admin(request.user, pool_id)
-    live = Pool.objects.filter(retired_at=None).exclude(pk=pool.pk)
-    form = RetireForm(request.POST, choices=live)
-    impact = pool_retire_impact(pool)
-    if not form.is_valid() or not form.cleaned_data["confirm"]:
-        return _retire_answer(request, what=f"pool {pool.name}", form=form, impact=impact)
-    try:
-        pool_retire(
-            actor=request.user,
-            pool=pool,
-            confirm=form.cleaned_data["confirm"],
-            move_to=form.cleaned_data["move_to"],
-        )
-    except ValidationError as exc:
-        message = "" if "confirm" in exc.message_dict else " ".join(exc.messages)
-        return _retire_answer(
-            request, what=f"pool {pool.name}", form=form, impact=impact, error=message
-        )
-    return redirect(reverse("portal:settings") + "#pools")
+    return _retire(
+        request,
+        what=f"pool {pool.name}",
+        live=Pool.objects.filter(retired_at=None).exclude(pk=pool.pk),
+        impact=pool_retire_impact(pool),
+        retire=lambda confirm, move_to: pool_retire(
+            actor=request.user, pool=pool, confirm=confirm, move_to=move_to
+        ),
+        section="pools",
+    )
 
 
 @login_required
 @require_POST
 def workload_class_retire_view(request: AuthedRequest, class_id: int) -> HttpResponse:
     wc = access.get_workload_class_for_admin(request.user, class_id)
-    live = WorkloadClass.objects.filter(retired_at=None).exclude(pk=wc.pk)
-    form = RetireForm(request.POST, choices=live)
-    impact = workload_class_retire_impact(wc)
-    if not form.is_valid() or not form.cleaned_data["confirm"]:
-        return _retire_answer(request, what=f"class {wc.name}", form=form, impact=impact)
-    try:
-        workload_class_retire(
-            actor=request.user,
-            workload_class=wc,
-            confirm=form.cleaned_data["confirm"],
-            move_to=form.cleaned_data["move_to"],
-        )
-    except ValidationError as exc:
-        message = "" if "confirm" in exc.message_dict else " ".join(exc.messages)
-        return _retire_answer(
-            request, what=f"class {wc.name}", form=form, impact=impact, error=message
-        )
-    return redirect(reverse("portal:settings") + "#classes")
+    return _retire(
+        request,
+        what=f"class {wc.name}",
+        live=WorkloadClass.objects.filter(retired_at=None).exclude(pk=wc.pk),
+        impact=workload_class_retire_impact(wc),
+        retire=lambda confirm, move_to: workload_class_retire(
+            actor=request.user, workload_class=wc, confirm=confirm, move_to=move_to
+        ),
+        section="classes",
+    )

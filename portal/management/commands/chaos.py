@@ -29,7 +29,15 @@ POST /api/v1/requests/, GET /api/v1/requests/, GET / and GET /queue/ (signed in)
   decision (the scheduling caught up);
 - the worker's liveness probe at the end of the outage (`manage.py probe worker --live`).
 
-The exit status is 1 when any fault saw a 500 or lost a submit, or left one undecided.
+`--worker-kill` adds a row: the worker gets SIGKILL under the same load and the supervisor
+starts it again (`outage_s` until its new heartbeat; `restarts` counts it).
+
+`--kubeconfig` with `--apiserver-restart` / `--etcd-restart` (e.g. `scripts/controlplane
+restart-apiserver STATE`) adds the control plane rows, run by a second child on the database
+recreated for it: see `portal/management/chaos_cluster.py` and docs/reliability.md.
+
+The exit status is 1 when any fault saw a 500 or lost a submit, or left one undecided, or
+launched an attempt twice or left a request unlaunched.
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from http.client import HTTPConnection, HTTPException
 from pathlib import Path
 from typing import Any
@@ -63,7 +72,10 @@ KINDS = ("submit", "api_list", "page_home", "page_queue", "readyz", "submit")
 
 
 class Command(BaseCommand):
-    help = "Stop Redis and PostgreSQL under load with a real web, worker and beat; print a table."
+    help = (
+        "Stop Redis and PostgreSQL, kill the worker, restart the API server and etcd under load;"
+        " print a table."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--database-url", required=True, help="a THROWAWAY PostgreSQL database")
@@ -90,14 +102,35 @@ class Command(BaseCommand):
         parser.add_argument(
             "--settle", type=float, default=90.0, help="most seconds to wait for decisions"
         )
+        parser.add_argument(
+            "--worker-kill", action="store_true", help="SIGKILL the worker under load (a row)"
+        )
+        parser.add_argument(
+            "--worker-outage", type=float, default=5.0, help="seconds of load after the kill"
+        )
+        parser.add_argument(
+            "--kubeconfig", default="", help="a control plane of your own (scripts/controlplane)"
+        )
+        parser.add_argument(
+            "--apiserver-restart", default="", help="shell command that restarts its apiserver"
+        )
+        parser.add_argument(
+            "--etcd-restart", default="", help="shell command that restarts its etcd"
+        )
+        parser.add_argument(
+            "--launches", type=int, default=8, help="submits per control plane fault"
+        )
         parser.add_argument("--rate", type=float, default=10.0, help="client requests per second")
         parser.add_argument("--tick-seconds", type=int, default=1)
         parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
         parser.add_argument("--child", action="store_true", help=__import__("argparse").SUPPRESS)
+        parser.add_argument(
+            "--child-cluster", action="store_true", help=__import__("argparse").SUPPRESS
+        )
 
     def handle(self, *args: Any, **opts: Any) -> None:
-        if opts["child"]:
-            rows = _child(opts, self.stderr)
+        if opts["child"] or opts["child_cluster"]:
+            rows = (_child_cluster if opts["child_cluster"] else _child)(opts, self.stderr)
             self.stdout.write(json.dumps(rows))
             return
         if not opts["yes"]:
@@ -106,6 +139,32 @@ class Command(BaseCommand):
             )
         if not urlsplit(opts["database_url"]).scheme.startswith("postgres"):
             raise CommandError("--database-url must be a PostgreSQL URL")
+        web = bool(
+            (opts["redis_stop"] and opts["redis_start"])
+            or (opts["pg_stop"] and opts["pg_start"])
+            or opts["worker_kill"]
+        )
+        cluster = bool(opts["kubeconfig"] and (opts["apiserver_restart"] or opts["etcd_restart"]))
+        if not (web or cluster):
+            raise CommandError("no fault to run: name the stop/start or restart commands")
+        table: list[dict[str, Any]] = []
+        if web:
+            table += self._run_child(opts, "--child")
+        if cluster:
+            table += self._run_child(opts, "--child-cluster")
+        if opts["json"]:
+            self.stdout.write(json.dumps(table, indent=2))
+        else:
+            self.stdout.write(format_table(table))
+        if not all(r["ok"] for r in table):
+            raise CommandError(
+                "a fault saw a 500, lost a submit, left one undecided, "
+                "launched an attempt twice or left one unlaunched"
+            )
+
+    def _run_child(self, opts: dict[str, Any], mode: str) -> list[dict[str, Any]]:
+        """The rows of one child (`--child`: the web's faults, `--child-cluster`: the control
+        plane's), on the database recreated for it."""
         _recreate_database(opts["database_url"])
         tmp = Path(tempfile.mkdtemp(prefix="qm-chaos-"))
         env = {k: v for k, v in os.environ.items() if k not in ("SQLITE_PATH",)}
@@ -113,7 +172,7 @@ class Command(BaseCommand):
             DATABASE_URL=opts["database_url"],
             REDIS_URL=opts["redis_url"],
             QM_VAR_DIR=str(tmp),
-            CELERY_TASK_ALWAYS_EAGER="false",
+            CELERY_TASK_ALWAYS_EAGER="false" if mode == "--child" else "true",
             TICK_SECONDS=str(opts["tick_seconds"]),
             MAX_PENDING_PER_USER="1000000",
             MAX_PENDING_PER_TEAM="1000000",
@@ -128,9 +187,9 @@ class Command(BaseCommand):
         # One key for the child that signs the sessions and the web that reads them.
         env.setdefault("SECRET_KEY", "chaos-" + os.urandom(16).hex())
         env.pop("SIMULATED_CLUSTER", None)  # the demo's cluster, whatever the caller's
-        argv = [sys.executable, "manage.py", "chaos", "--child"]
+        argv = [sys.executable, "manage.py", "chaos", mode]
         for key, value in opts.items():
-            if key in ("child", "json", "yes") or value in ("", None, False):
+            if key in ("child", "child_cluster", "json", "yes") or value in ("", None, False):
                 continue
             if key in (
                 "verbosity",
@@ -143,7 +202,7 @@ class Command(BaseCommand):
                 continue
             if key == "skip_checks":
                 continue
-            argv += [f"--{key.replace('_', '-')}", str(value)]
+            argv += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
         try:
             done = subprocess.run(
                 argv, env=env, cwd=_root(), stdout=subprocess.PIPE, text=True, check=False
@@ -152,24 +211,19 @@ class Command(BaseCommand):
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         out = done.stdout.strip()
-        table: list[dict[str, Any]] = (
+        rows: list[dict[str, Any]] = (
             json.loads(out[out.rfind("\n[") + 1 if "\n[" in out else 0 :])
             if done.returncode == 0
             else []
         )
-        if done.returncode == 0 and all(r["ok"] for r in table):
+        if done.returncode == 0 and all(r["ok"] for r in rows):
             shutil.rmtree(tmp, ignore_errors=True)
         else:
             # Kept for the post-mortem: the web's, worker's and beat's log.
             self.stderr.write(f"chaos: the processes' log is kept in {tmp / 'processes.log'}")
         if done.returncode != 0:
             raise CommandError(f"chaos child failed with exit code {done.returncode}")
-        if opts["json"]:
-            self.stdout.write(json.dumps(table, indent=2))
-        else:
-            self.stdout.write(format_table(table))
-        if not all(r["ok"] for r in table):
-            raise CommandError("a fault saw a 500, lost a submit or left one undecided")
+        return rows
 
 
 COLUMNS = (
@@ -192,12 +246,36 @@ COLUMNS = (
 )
 
 
+#: the control plane rows (`portal/management/chaos_cluster.py`)
+CLUSTER_COLUMNS = (
+    ("fault", "fault"),
+    ("outage_s", "outage s"),
+    ("requests", "requests"),
+    ("attempts", "attempts"),
+    ("jobs", "Jobs"),
+    ("double", "double launches"),
+    ("launched", "launched"),
+    ("stuck", "stuck"),
+    ("tick_errors", "tick errors"),
+    ("launched_s", "launched s"),
+)
+
+
 def format_table(rows: list[dict[str, Any]]) -> str:
-    """The rows as a Markdown table (docs quote it as printed)."""
-    head = "| " + " | ".join(title for _, title in COLUMNS) + " |"
-    rule = "|" + "|".join("---" for _ in COLUMNS) + "|"
-    body = ["| " + " | ".join(str(r.get(key, "")) for key, _ in COLUMNS) + " |" for r in rows]
-    return "\n".join([head, rule, *body])
+    """The rows as Markdown tables, the web's faults then the control plane's (docs quote them
+    as printed)."""
+    tables = []
+    for columns, part in (
+        (COLUMNS, [r for r in rows if "jobs" not in r]),
+        (CLUSTER_COLUMNS, [r for r in rows if "jobs" in r]),
+    ):
+        if not part:
+            continue
+        head = "| " + " | ".join(title for _, title in columns) + " |"
+        rule = "|" + "|".join("---" for _ in columns) + "|"
+        body = ["| " + " | ".join(str(r.get(k, "")) for k, _ in columns) + " |" for r in part]
+        tables.append("\n".join([head, rule, *body]))
+    return "\n\n".join(tables)
 
 
 def _root() -> str:
@@ -236,13 +314,24 @@ def _child(opts: dict[str, Any], err: Any) -> list[dict[str, Any]]:
             2 * len(KINDS)
         ):  # each gunicorn worker's first requests import and connect
             warm._one(seq)
-        faults = []
+        faults: list[tuple[str, Any, Any, float]] = []
         if opts.get("redis_stop") and opts.get("redis_start"):
-            faults.append(("redis", opts["redis_stop"], opts["redis_start"], opts["redis_outage"]))
+            faults.append(
+                ("redis", _shelled(opts["redis_stop"]), _shelled(opts["redis_start"]),
+                 opts["redis_outage"])
+            )  # fmt: skip
         if opts.get("pg_stop") and opts.get("pg_start"):
-            faults.append(("postgresql", opts["pg_stop"], opts["pg_start"], opts["pg_outage"]))
+            faults.append(
+                ("postgresql", _shelled(opts["pg_stop"]), _shelled(opts["pg_start"]),
+                 opts["pg_outage"])
+            )  # fmt: skip
+        if opts.get("worker_kill"):
+            worker = procs["supervised"][0]
+            faults.append(
+                ("worker kill", worker.kill_hard, worker.wait_restarted, opts["worker_outage"])
+            )
         for name, stop, start, outage in faults:
-            err.write(f"chaos: {name} down for {outage:.0f} s\n")
+            err.write(f"chaos: {name}, {outage:.0f} s\n")
             rows.append(
                 _run_fault(
                     name, stop, start, outage, opts, procs["port"], clients, procs["supervised"]
@@ -253,6 +342,26 @@ def _child(opts: dict[str, Any], err: Any) -> list[dict[str, Any]]:
         for proc in procs["all"]:
             _stop(proc)
     return rows
+
+
+def _child_cluster(opts: dict[str, Any], err: Any) -> list[dict[str, Any]]:
+    """The control plane rows (`portal/management/chaos_cluster.py`) on a fresh database."""
+    from django.core.management import call_command
+
+    from portal.management.chaos_cluster import run_cluster_faults
+
+    call_command("migrate", verbosity=0)
+    faults = [
+        (name, opts[key])
+        for name, key in (
+            ("API server restart", "apiserver_restart"),
+            ("etcd restart", "etcd_restart"),
+        )
+        if opts.get(key)
+    ]
+    return run_cluster_faults(
+        opts["kubeconfig"], faults, submits=opts["launches"], settle_s=opts["settle"], err=err
+    )
 
 
 def _seed() -> dict[str, Any]:
@@ -318,11 +427,32 @@ class _Supervised:
     def _watch(self) -> None:
         while not self.stopping.wait(0.5):
             if self.proc.poll() is not None:
-                self.restarts += 1
+                # the new process first: who sees the count grow finds it running
                 self.proc = subprocess.Popen(self.args, **self.common)
+                self.restarts += 1
 
     def poll(self) -> int | None:
         return self.proc.poll()
+
+    def kill_hard(self) -> None:
+        """SIGKILL, as the OOM killer or a lost node would: the watcher starts it again."""
+        self.killed_at_restarts = self.restarts
+        self.proc.kill()
+
+    def wait_restarted(self, timeout: float = 120.0) -> None:
+        """Until the process killed by `kill_hard` runs again and its heartbeat is fresh."""
+        from portal.lib import heartbeat
+
+        deadline = time.monotonic() + timeout
+        while self.restarts <= getattr(self, "killed_at_restarts", self.restarts - 1):
+            if time.monotonic() > deadline:
+                raise CommandError("the killed worker was not started again")
+            time.sleep(0.2)
+        restarted = time.monotonic()
+        while (heartbeat.age(heartbeat.WORKER_ALIVE) or 1e9) > time.monotonic() - restarted:
+            if time.monotonic() > deadline:
+                raise CommandError("the restarted worker wrote no heartbeat")
+            time.sleep(0.2)
 
     def send_signal(self, sig: int) -> None:
         self.stopping.set()
@@ -424,8 +554,8 @@ class _Load:
 
 def _run_fault(
     name: str,
-    stop: str,
-    start: str,
+    stop: Callable[[], object],
+    start: Callable[[], object],
     outage: float,
     opts: dict[str, Any],
     port: int,
@@ -436,7 +566,7 @@ def _run_fault(
     load = _Load(port, clients, opts["rate"])
     load.start()
     time.sleep(opts["warmup"])
-    _shell(stop)
+    stop()
     down_at = time.monotonic()
     # The worker's liveness probe, run a quarter into the outage, beside the load.
     probe: dict[str, bool] = {}
@@ -444,7 +574,7 @@ def _run_fault(
     prober = threading.Thread(target=lambda: probe.update(live=_probe_worker_live()))
     prober.start()
     time.sleep(max(0.0, outage - (time.monotonic() - down_at)))
-    _shell(start)
+    start()
     back_at = time.monotonic()
     decided_s = _wait_decided(load, back_at, opts["after"], opts["settle"])
     results = load.finish()
@@ -489,8 +619,18 @@ def _run_fault(
     row["slowest"] = [
         f"{r['kind']}@{r['at'] - down_at:+.1f}s:{r['ms']:.0f}ms:{r['status']}" for r in slow
     ]
-    row["ok"] = row["s500"] == 0 and row["lost"] == 0 and decided == len(accepted) and worker_live
+    # A killed worker is the fault its liveness probe is there to find: not required live.
+    row["ok"] = (
+        row["s500"] == 0
+        and row["lost"] == 0
+        and decided == len(accepted)
+        and (worker_live or name == "worker kill")
+    )
     return row
+
+
+def _shelled(command: str) -> Callable[[], None]:
+    return lambda: _shell(command)
 
 
 def _shell(command: str) -> None:

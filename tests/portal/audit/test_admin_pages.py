@@ -287,3 +287,37 @@ def test_objects_known_by_name_are_named_with_their_kind(world: World) -> None:
         rows = describe(events)
     assert [r.target for r in rows] == [name for _, name in targets.values()]
     assert len(queries) == len(targets)
+
+
+def test_rollouts_and_validation_runs_are_named_not_deleted(world: World) -> None:
+    from portal.models import Rollout, ValidationRun
+
+    pool = Pool.objects.get(name="a100-train")
+    node = Node.objects.filter(pool=pool).first()
+    assert node is not None
+    rollout = Rollout.objects.create(pool=pool, kind="driver", target="550.90")
+    run = ValidationRun.objects.create(
+        node=node, rollout=rollout, name="qm-validate-1", started_at=timezone.now()
+    )
+    events = [
+        AuditEvent.objects.create(
+            actor_name="system",
+            action="rollout.start",
+            object_type="rollout",
+            object_id=str(rollout.pk),
+        ),
+        AuditEvent.objects.create(
+            actor_name="system",
+            action="validation.passed",
+            object_type="validationrun",
+            object_id=str(run.pk),
+        ),
+    ]
+    with CaptureQueriesContext(connection) as queries:
+        rows = describe(events)
+    assert [r.target for r in rows] == [
+        f"rollout #{rollout.pk} (driver 550.90 on pool a100-train)",
+        f"validation #{run.pk} of node {node.name}",
+    ]
+    assert len(queries) == 2
+    assert [r.what for r in rows] == ["started a rollout", "passed a node's validation"]
