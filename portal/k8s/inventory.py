@@ -311,13 +311,15 @@ def _mig_devices(
     count = max(0, to_int(labels.get(LABEL_COUNT)) - first_index) if strategy == "mixed" else 0
     layouts: list[list[InventoryMig]] = [[] for _ in range(count)]
     order = sorted(wanted, key=lambda p: (-_compute(p), p))
+    if wanted and mig.family_for(model, device_memory) is None:
+        # no guessed geometry: the devices stay without instances, so nothing lands on them
+        log.warning("%s", mig.unknown_gpu_message(model))
     for profile in order:
         prof = mig.profile_for(model, device_memory, profile)
         if prof is None:
             continue
-        size, starts = prof.slots, prof.starts
         for n in range(wanted[profile]):
-            _place(layouts, profile, size, starts, n, grow=strategy == "single")
+            _place(layouts, prof, n, grow=strategy == "single")
     if not mig_ok:
         layouts = [[] for _ in layouts]
     return tuple(
@@ -340,29 +342,29 @@ def _compute(profile: str) -> int:
 
 def _place(
     layouts: list[list[InventoryMig]],
-    profile: str,
-    size: int,
-    starts: tuple[int, ...],
+    prof: mig.MigProfile,
     n: int,
     grow: bool,
 ) -> None:
     """Put one instance on a device, trying device `n mod count` first (spread evenly)."""
+    profile, size = prof.name, prof.slots
+    slots = prof.gpu_slots
     count = len(layouts)
     for k in range(count):
         lay = layouts[(n + k) % count]
         used = 0
         for m in lay:
             used |= ((1 << m.size) - 1) << m.start
-        if sum(_compute(m.profile) for m in lay) + _compute(profile) > 7:
+        if sum(_compute(m.profile) for m in lay) + prof.compute > prof.gpu_compute:
             continue
-        for start in sorted(starts, reverse=True):
+        for start in sorted(prof.starts, reverse=True):
             mask = ((1 << size) - 1) << start
-            if start + size <= 8 and not used & mask:
+            if start + size <= slots and not used & mask:
                 lay.append(InventoryMig(profile=profile, start=start, size=size))
                 return
     if grow:
         layouts.append([])
-        _place(layouts, profile, size, starts, len(layouts) - 1, grow=False)
+        _place(layouts, prof, len(layouts) - 1, grow=False)
     else:
         log.warning("MIG %s: %d instance(s) do not fit the synthesised layout", profile, 1)
 

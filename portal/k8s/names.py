@@ -120,7 +120,7 @@ def mig_resource(profile: str) -> str:
     return MIG_PREFIX + profile.replace("+", ".")
 
 
-_MIG_NAME = re.compile(r"^(\d+g\.\d+gb)(?:\.(.+))?$")
+_MIG_NAME = re.compile(r"^(\d+g\.\d+gb(?:-me)?)(?:\.(.+))?$")
 
 
 def mig_profile_of(resource: str) -> str | None:
