@@ -77,6 +77,7 @@ class PoolForm(forms.ModelForm):  # type: ignore[type-arg]
         fields = POOL_FIELDS
         labels = {
             "time_slicing_replicas": "Time-slicing replicas (per GPU)",
+            "sharing_engine": "Sharing engine (time-slicing pools)",
             "interconnect": "Interconnect",
             "architecture": "Architecture",
         }

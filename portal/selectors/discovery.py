@@ -64,11 +64,14 @@ class Group:
 def mig_mode(labels: Mapping[str, str]) -> bool:
     """Whether the GPU Operator runs the node's GPUs in MIG mode."""
     config = labels.get(MIG_CONFIG, "")
-    return labels.get(MIG_STRATEGY, "") in ("single", "mixed") and config not in ("", "all-disabled")
+    return labels.get(MIG_STRATEGY, "") in ("single", "mixed") and config not in (
+        "",
+        "all-disabled",
+    )
 
 
 def mig_problem(labels: Mapping[str, str]) -> str:
-    """"unknown MIG GPU <product>: ..." for MIG GPUs the geometry table lacks, else ""."""
+    """ "unknown MIG GPU <product>: ..." for MIG GPUs the geometry table lacks, else ""."""
     if not mig_mode(labels):
         return ""
     memory = labels.get(MEMORY, "")

@@ -81,6 +81,7 @@ POOL_FIELDS = [
     "taints",
     "node_selector",
     "time_slicing_replicas",
+    "sharing_engine",
     "mig_layout",
     "interconnect",
     "architecture",
