@@ -178,6 +178,9 @@ def gpu_resource(
         # A shared unit is an access right, not more compute: one per container.
         if len(spec.grants) != 1:
             raise LaunchRefused("a shared-GPU launch takes exactly one shared unit")
+        if spec.sharing_engine == "hami":
+            # HAMi's device plugin serves vGPUs as nvidia.com/gpu; the caps ride beside it
+            return GPU, 1
         if GPU_SHARED in resources or (not resources and options.shared_resource == GPU_SHARED):
             return GPU_SHARED, 1
         return GPU, 1
