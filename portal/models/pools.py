@@ -267,6 +267,17 @@ class Pool(models.Model):
         if errors:
             raise ValidationError(errors)
 
+    @property
+    def sharing_words(self) -> str:
+        """How the pool's GPUs are shared, for its pages ("" when they are not)."""
+        if self.partitioning != self.Partitioning.TIME_SLICING:
+            return ""
+        if self.sharing_engine == self.SharingEngine.MPS:
+            return "MPS — per-slice memory limit and compute share enforced"
+        if self.sharing_engine == self.SharingEngine.HAMI:
+            return "HAMi — per-slice memory and compute caps enforced"
+        return "time-slicing — memory is not isolated"
+
     def offers(self, kind: str, mig_profile: str = "") -> bool:
         """Whether devices of this pool can serve a device profile."""
         if self.partitioning == self.Partitioning.MIG:
