@@ -20,6 +20,7 @@ from portal.k8s.names import (
     ACTIVE_SELECTOR,
     GPU,
     GPU_SHARED,
+    HAMI_MEMORY,
     L_MANAGED_BY,
     LABEL_COUNT,
     LABEL_HOSTNAME,
@@ -253,9 +254,13 @@ def _devices(
         return whole + migs
     sharing = labels.get(LABEL_SHARING, "none")
     count = max(to_int(labels.get(LABEL_COUNT)), int(cap.get(GPU, Decimal(0))))
-    if GPU_SHARED in alloc or sharing in ("time-slicing", "mps"):
+    hami = HAMI_MEMORY in alloc
+    if GPU_SHARED in alloc or sharing in ("time-slicing", "mps") or hami:
         resource = GPU_SHARED if GPU_SHARED in alloc else GPU
         replicas = max(1, to_int(labels.get(LABEL_REPLICAS), 1))
+        if hami and replicas == 1 and to_int(labels.get(LABEL_COUNT)):
+            # HAMi advertises vGPUs (its split count per GPU) as nvidia.com/gpu
+            replicas = max(1, int(cap.get(GPU, Decimal(0))) // to_int(labels.get(LABEL_COUNT)))
         count = to_int(labels.get(LABEL_COUNT)) or math.ceil(
             int(cap.get(resource, Decimal(0))) / replicas
         )

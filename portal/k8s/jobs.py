@@ -26,6 +26,8 @@ from portal.k8s.names import (
     A_NODE,
     GPU,
     GPU_SHARED,
+    HAMI_CORES,
+    HAMI_MEMORY,
     L_ATTEMPT,
     L_ATTEMPT_ID,
     L_CLASS,
@@ -187,9 +189,6 @@ def gpu_resource(
     raise LaunchRefused(f"unknown profile kind {spec.profile_kind!r}")
 
 
-#: HAMi's extended resources (its default names): device memory in MiB, percent of the SMs
-HAMI_MEMORY = "nvidia.com/gpumem"
-HAMI_CORES = "nvidia.com/gpucores"
 #: env names the sharing engine sets and a user may not: they are the caps
 _ENGINE_ENV = {
     "mps": ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"),

@@ -16,6 +16,9 @@ _T = TypeVar("_T")
 GPU = "nvidia.com/gpu"
 GPU_SHARED = "nvidia.com/gpu.shared"
 MIG_PREFIX = "nvidia.com/mig-"
+#: HAMi's extended resources (its default names): device memory in MiB, percent of the SMs
+HAMI_MEMORY = "nvidia.com/gpumem"
+HAMI_CORES = "nvidia.com/gpucores"
 
 LABEL_PRODUCT = "nvidia.com/gpu.product"
 LABEL_MEMORY = "nvidia.com/gpu.memory"

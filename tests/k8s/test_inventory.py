@@ -280,3 +280,29 @@ def test_it_gives_an_unknown_mig_gpu_no_guessed_layout(caplog) -> None:  # noqa:
 def test_it_maps_the_rtx_pro_6000_profile_variants_to_resource_names() -> None:
     for profile in ("1g.24gb+gfx", "1g.24gb+me.all", "1g.24gb-me", "2g.48gb"):
         assert names.mig_profile_of(names.mig_resource(profile)) == profile
+
+
+def test_it_reads_a_hami_node_as_shared_gpus() -> None:
+    cluster = FakeCluster()
+    cluster.add_node(
+        gpu_node(
+            "hami-0",
+            labels={
+                "nvidia.com/gpu.product": "NVIDIA-L40S",
+                "nvidia.com/gpu.memory": "46068",
+                "nvidia.com/gpu.count": "2",
+                "quartermaster.io/pool": "l40s-hami",
+            },
+            allocatable={
+                "nvidia.com/gpu": "20",
+                "nvidia.com/gpumem": "92136",
+                "nvidia.com/gpucores": "200",
+            },
+        )
+    )
+    devices = inv(cluster)["hami-0"].devices
+    # two GPUs of ten vGPUs each (HAMi's split count), not twenty whole GPUs
+    assert [(d.partitioning, d.replicas, d.memory_mib) for d in devices] == [
+        ("time-slicing", 10, 46068),
+        ("time-slicing", 10, 46068),
+    ]
