@@ -440,3 +440,16 @@ def test_the_product_of_a_single_strategy_node_names_the_gpu() -> None:
     # GFD under the `single` strategy appends the profile to the product
     assert mig.family_for("NVIDIA-A30-MIG-1g.6gb", 6016) is mig.A30_24GB
     assert mig.family_for("NVIDIA-H100-80GB-HBM3-MIG-1g.10gb", 9856) is mig.H100_80GB
+
+
+def test_quotas_count_a_4_slice_gpu_s_slice_as_its_share() -> None:
+    from scheduling.types import FOUR_SLICE_MIG_PROFILES, ProfileKind, Shape
+
+    def milli(profile: str) -> int:
+        return Shape(kind=ProfileKind.MIG, count=1, mig_profile=profile).gpus_milli
+
+    assert milli("1g.6gb") == 250 and milli("2g.48gb") == 500 and milli("4g.24gb") == 1000
+    assert milli("3g.40gb") == 428 and milli("1g.24gb") == 142  # the H100-94/96GB profile
+    small = {p.name for f in mig.FAMILIES if f.compute_slices == 4 for p in f.profiles}
+    big = {p.name for f in mig.FAMILIES if f.compute_slices == 7 for p in f.profiles}
+    assert small - big == FOUR_SLICE_MIG_PROFILES
