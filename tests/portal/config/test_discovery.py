@@ -134,3 +134,33 @@ def test_it_proposes_the_balanced_layout_of_a_4_slice_gpu() -> None:
     assert group.problem == ""
     assert group.proposal is not None
     assert group.proposal["mig_layout"] == ["2g.12gb", "1g.6gb", "1g.6gb"]
+
+
+class UnknownMigBackend:
+    def gpu_nodes(self) -> list[DiscoveredNode]:
+        return [
+            node(
+                "gb300-01",
+                **{
+                    "nvidia.com/gpu.product": "NVIDIA-GB300",
+                    "nvidia.com/gpu.memory": "284208",
+                    "nvidia.com/mig.strategy": "mixed",
+                    "nvidia.com/mig.config": "all-1g.35gb",
+                },
+            )
+        ]
+
+
+@pytest.mark.django_db
+def test_the_page_tells_the_admin_an_unknown_mig_gpu_is_not_scheduled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(discovery, "get_backend", UnknownMigBackend)
+    w: World = make_world()
+    admin = Client()
+    admin.force_login(w.dave)
+    page = admin.get("/ops/discover/").content.decode()
+    words = "unknown MIG GPU NVIDIA-GB300: not scheduled as MIG"
+    assert f'<p class="notice" data-testid="problem">{words}</p>' in page
+    assert f'data-testid="flag">{words}</span>' in page
+    assert "Create pool" not in page
