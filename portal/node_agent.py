@@ -70,7 +70,7 @@ def _now_iso(now: datetime | None = None) -> str:
     return (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-_PROFILE = re.compile(r"(\d+g\.\d+gb(?:\+me)?)")
+_PROFILE = re.compile(r"(\d+g\.\d+gb(?:\+me\.all|\+me|-me|\+gfx)?)")
 
 
 class NodeAgent:

@@ -15,8 +15,8 @@ Two questions, for one pod of a `Shape` on one `Node`:
 A device gives one unit of a shape when its model is allowed (`Shape.gpu_models`, empty =
 any) and its partitioning serves the profile: `WHOLE` on a non-MIG device; `SHARED` on a
 `TIME_SLICING` device with at least the slice's memory cap and a share of at most 1000;
-`MIG` on a `MIG` device whose family (`scheduling.mig.family_for`, or the generic table)
-has the profile.
+`MIG` on a `MIG` device whose family (`scheduling.mig.family_for`) has the profile; a MIG
+device of an unknown GPU serves no MIG shape (its geometry is never guessed).
 
 `fits_free` answers "does one pod fit given what is held" from per-device held milli and
 held CPU and memory — a necessary condition (a MIG instance needs only a device that is
@@ -63,10 +63,8 @@ def mig_family(device: Device) -> mig.MigFamily | None:
 
 
 def mig_profile(family: mig.MigFamily | None, name: str) -> mig.MigProfile | None:
-    """The MIG profile by name in the device's family (the generic table without one)."""
-    if family is not None:
-        return family.profile(name)
-    return mig.generic_profile(name)
+    """The MIG profile by name in the device's family; None on an unknown GPU."""
+    return family.profile(name) if family is not None else None
 
 
 def device_serves(

@@ -296,8 +296,8 @@ def _fresh(spec: Device) -> DevState:
     return (WHOLE_GPU_MILLI, spec.memory_mib, 0, 0, 0, 0, fixed)
 
 
-def _mig_idle(compute_used: int) -> int:
-    return (mig.COMPUTE_SLICES - compute_used) * WHOLE_GPU_MILLI // mig.COMPUTE_SLICES
+def _mig_idle(compute_used: int, slices: int = mig.COMPUTE_SLICES) -> int:
+    return (slices - compute_used) * WHOLE_GPU_MILLI // slices
 
 
 @dataclass(slots=True, eq=False)
@@ -802,7 +802,7 @@ class ClusterState:
                     seen.add((d, inst))
                     out.append((i, _mig_take(d, prof, inst, fixed=True), _mig_pick(i, prof, inst)))
                 continue
-            me = 1 if prof.name.endswith("+me") else 0
+            me = 1 if mig.media_profile(prof.name) else 0
             for start in mig.free_starts(prof, d[3], d[4], d[5] if me else 0):
                 inst = MigInstance(prof.name, start, prof.slots)
                 if cls.uniform and (d, start) in seen:
@@ -928,15 +928,15 @@ def _mig_profile(spec: Device, family: mig.MigFamily | None, name: str) -> mig.M
 
 
 def _mig_pick(pos: int, prof: mig.MigProfile, inst: MigInstance) -> Pick:
-    return (pos, prof.compute * WHOLE_GPU_MILLI // mig.COMPUTE_SLICES, prof.memory_mib, inst)
+    return (pos, prof.compute * WHOLE_GPU_MILLI // prof.gpu_compute, prof.memory_mib, inst)
 
 
 def _mig_take(d: DevState, prof: mig.MigProfile, inst: MigInstance, *, fixed: bool) -> DevState:
     compute = d[4] + prof.compute
-    me = d[5] + (1 if prof.name.endswith("+me") else 0)
+    me = d[5] + (1 if mig.media_profile(prof.name) else 0)
     free = tuple(i for i in d[6] if i != inst) if fixed else d[6]
     return (
-        _mig_idle(compute),
+        _mig_idle(compute, prof.gpu_compute),
         d[1] - prof.memory_mib,
         d[2],
         d[3] | prof.mask(inst.start),
@@ -962,7 +962,7 @@ def _unit_fits(cls: _Class, i: int, d: DevState, m: Shape) -> bool:
         return False
     if spec.mig_instances:
         return any(inst.profile == m.mig_profile for inst in d[6])
-    return bool(mig.free_starts(prof, d[3], d[4], d[5] if prof.name.endswith("+me") else 0))
+    return bool(mig.free_starts(prof, d[3], d[4], d[5] if mig.media_profile(prof.name) else 0))
 
 
 def _apply_grant(spec: Device, d: DevState, g: DeviceGrant, sign: int) -> DevState:
@@ -971,17 +971,19 @@ def _apply_grant(spec: Device, d: DevState, g: DeviceGrant, sign: int) -> DevSta
         inst = g.mig
         compute = mig_compute_slices(inst.profile)
         mask = ((1 << inst.size) - 1) << inst.start
-        me = 1 if inst.profile.endswith("+me") else 0
+        me = 1 if mig.media_profile(inst.profile) else 0
+        family = mig.family_for(spec.model, spec.memory_mib)
+        slices = family.compute_slices if family is not None else mig.COMPUTE_SLICES
         mem = g.gpu_memory_mib
         if sign < 0:
             free = tuple(i for i in d[6] if i != inst)
             c = d[4] + compute
-            return (_mig_idle(c), d[1] - mem, d[2], d[3] | mask, c, d[5] + me, free)
+            return (_mig_idle(c, slices), d[1] - mem, d[2], d[3] | mask, c, d[5] + me, free)
         free = d[6]
         if inst in spec.mig_instances and inst not in free:
             free = tuple(sorted((*free, inst), key=lambda i: (i.start, i.profile)))
         c = d[4] - compute
-        return (_mig_idle(c), d[1] + mem, d[2], d[3] & ~mask, c, d[5] - me, free)
+        return (_mig_idle(c, slices), d[1] + mem, d[2], d[3] & ~mask, c, d[5] - me, free)
     shared = g.milli < WHOLE_GPU_MILLI
     mem = g.gpu_memory_mib if shared else spec.memory_mib
     slices = d[2] - sign if shared else d[2]

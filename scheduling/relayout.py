@@ -42,7 +42,7 @@ def _candidates(family: mig.MigFamily) -> list[tuple[str, ...]]:
             out.append(tuple(chosen))
         for i in range(start, len(profiles)):
             p = profiles[i]
-            if compute + p.compute > mig.COMPUTE_SLICES:
+            if compute + p.compute > family.compute_slices:
                 continue
             chosen.append(p.name)
             if mig.fits(family, chosen):
@@ -60,14 +60,14 @@ def propose(family: mig.MigFamily, demand: Mapping[str, float]) -> Proposal | No
         return None
     compute = {p.name: p.compute for p in family.profiles}
     total = sum(w * compute[p] for p, w in demand.items())
-    target = {p: mig.COMPUTE_SLICES * w * compute[p] / total for p, w in demand.items()}
+    target = {p: family.compute_slices * w * compute[p] / total for p, w in demand.items()}
     best: tuple[tuple[float, int, int, tuple[str, ...]], tuple[str, ...]] | None = None
     for cand in _candidates(family):
         counts = Counter(cand)
         used = sum(compute[p] for p in cand)
         names = set(counts) | set(target)
         distance = sum(abs(counts[p] * compute[p] - target.get(p, 0.0)) for p in names)
-        key = (round(distance, 9), mig.COMPUTE_SLICES - used, len(cand), tuple(sorted(cand)))
+        key = (round(distance, 9), family.compute_slices - used, len(cand), tuple(sorted(cand)))
         if best is None or key < best[0]:
             best = (key, cand)
     assert best is not None
@@ -84,6 +84,6 @@ def propose(family: mig.MigFamily, demand: Mapping[str, float]) -> Proposal | No
 
 def idle_of(family: mig.MigFamily, profiles: list[str]) -> int:
     """Compute slices a layout leaves idle on each GPU."""
-    return mig.COMPUTE_SLICES - sum(
+    return family.compute_slices - sum(
         p.compute for p in (family.profile(n) for n in profiles) if p is not None
     )

@@ -140,12 +140,36 @@ class Shape:
 
     def __post_init__(self) -> None:
         if self.kind is ProfileKind.MIG:
-            per = mig_compute_slices(self.mig_profile) * WHOLE_GPU_MILLI // 7
+            slices = 4 if self.mig_profile in FOUR_SLICE_MIG_PROFILES else 7
+            per = mig_compute_slices(self.mig_profile) * WHOLE_GPU_MILLI // slices
         elif self.kind is ProfileKind.SHARED:
             per = self.milli
         else:
             per = WHOLE_GPU_MILLI
         object.__setattr__(self, "gpus_milli", per * self.count * self.pods)
+
+
+#: MIG profiles found only on 4-slice GPUs (A30, RTX PRO 6000 Blackwell): quotas count such a
+#: slice as compute/4 of a GPU, every other as compute/7 ("1g.24gb" is also an H100-94/96GB
+#: profile, so 1/7). tests/scheduling/test_mig.py holds this to `scheduling.mig`'s table.
+FOUR_SLICE_MIG_PROFILES = frozenset(
+    {
+        "1g.6gb",
+        "1g.6gb+me",
+        "2g.12gb",
+        "2g.12gb+me",
+        "4g.24gb",
+        "1g.24gb+gfx",
+        "1g.24gb-me",
+        "1g.24gb+me.all",
+        "2g.48gb",
+        "2g.48gb+gfx",
+        "2g.48gb-me",
+        "2g.48gb+me.all",
+        "4g.96gb",
+        "4g.96gb+gfx",
+    }
+)
 
 
 def mig_compute_slices(profile: str) -> int:

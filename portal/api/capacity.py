@@ -28,6 +28,7 @@ class PoolListApi(ApiView):
         gpu_model = serializers.CharField(source="pool.gpu_model")
         gpu_memory_mib = serializers.IntegerField(source="pool.gpu_memory_mib")
         partitioning = serializers.CharField(source="pool.partitioning")
+        sharing_engine = serializers.CharField(source="pool.sharing_engine")
         lifecycle = serializers.CharField(source="pool.lifecycle")
         interconnect = serializers.CharField(source="pool.interconnect")
         mig_layout = serializers.ListField(source="pool.mig_layout", child=serializers.CharField())

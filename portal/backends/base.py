@@ -189,6 +189,8 @@ class LaunchSpec:
     grants: tuple[GrantSpec, ...]
     cpu_milli: int
     memory_mib: int
+    #: what shares the pool's GPUs between slices: none, time-slicing, mps, hami
+    sharing_engine: str = "none"
     tolerations: tuple[tuple[str, str, str], ...] = ()
     max_runtime_s: int = 0
     #: simulated backend: how long the workload runs, and whether it fails

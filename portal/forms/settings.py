@@ -67,6 +67,12 @@ class PoolForm(forms.ModelForm):  # type: ignore[type-arg]
         label="MIG layout",
         help_text="profiles each GPU is cut into, e.g. 3g.40gb, 2g.20gb, 1g.10gb, 1g.10gb",
     )
+    sharing_engine = forms.ChoiceField(
+        choices=Pool.SharingEngine.choices,
+        required=False,
+        label="Sharing engine (time-slicing pools)",
+        help_text="time-slicing: memory is not isolated; mps and hami enforce each slice's caps",
+    )
     inference_floor_milli = GpuField(
         label="Inference floor (GPUs)",
         help_text="kept for production inference; training uses it only preemptibly",
@@ -85,6 +91,11 @@ class PoolForm(forms.ModelForm):  # type: ignore[type-arg]
         super().__init__(*args, **kwargs)
         if not self.is_bound and self.instance.pk:
             self.initial["inference_floor_milli"] = to_gpus(self.instance.inference_floor_milli)
+
+    def clean_sharing_engine(self) -> str:
+        # a form posted without the field (an older page) keeps the pool's engine
+        value = self.cleaned_data.get("sharing_engine") or ""
+        return value or (self.instance.sharing_engine if self.instance.pk else "none")
 
     def clean_inference_floor_milli(self) -> int:
         return to_milli(self.cleaned_data["inference_floor_milli"]) or 0

@@ -20,6 +20,7 @@ from portal.k8s.names import (
     ACTIVE_SELECTOR,
     GPU,
     GPU_SHARED,
+    HAMI_MEMORY,
     L_MANAGED_BY,
     LABEL_COUNT,
     LABEL_HOSTNAME,
@@ -253,9 +254,13 @@ def _devices(
         return whole + migs
     sharing = labels.get(LABEL_SHARING, "none")
     count = max(to_int(labels.get(LABEL_COUNT)), int(cap.get(GPU, Decimal(0))))
-    if GPU_SHARED in alloc or sharing in ("time-slicing", "mps"):
+    hami = HAMI_MEMORY in alloc
+    if GPU_SHARED in alloc or sharing in ("time-slicing", "mps") or hami:
         resource = GPU_SHARED if GPU_SHARED in alloc else GPU
         replicas = max(1, to_int(labels.get(LABEL_REPLICAS), 1))
+        if hami and replicas == 1 and to_int(labels.get(LABEL_COUNT)):
+            # HAMi advertises vGPUs (its split count per GPU) as nvidia.com/gpu
+            replicas = max(1, int(cap.get(GPU, Decimal(0))) // to_int(labels.get(LABEL_COUNT)))
         count = to_int(labels.get(LABEL_COUNT)) or math.ceil(
             int(cap.get(resource, Decimal(0))) / replicas
         )
@@ -311,13 +316,15 @@ def _mig_devices(
     count = max(0, to_int(labels.get(LABEL_COUNT)) - first_index) if strategy == "mixed" else 0
     layouts: list[list[InventoryMig]] = [[] for _ in range(count)]
     order = sorted(wanted, key=lambda p: (-_compute(p), p))
+    if wanted and mig.family_for(model, device_memory) is None:
+        # no guessed geometry: the devices stay without instances, so nothing lands on them
+        log.warning("%s", mig.unknown_gpu_message(model))
     for profile in order:
         prof = mig.profile_for(model, device_memory, profile)
         if prof is None:
             continue
-        size, starts = prof.slots, prof.starts
         for n in range(wanted[profile]):
-            _place(layouts, profile, size, starts, n, grow=strategy == "single")
+            _place(layouts, prof, n, grow=strategy == "single")
     if not mig_ok:
         layouts = [[] for _ in layouts]
     return tuple(
@@ -340,29 +347,29 @@ def _compute(profile: str) -> int:
 
 def _place(
     layouts: list[list[InventoryMig]],
-    profile: str,
-    size: int,
-    starts: tuple[int, ...],
+    prof: mig.MigProfile,
     n: int,
     grow: bool,
 ) -> None:
     """Put one instance on a device, trying device `n mod count` first (spread evenly)."""
+    profile, size = prof.name, prof.slots
+    slots = prof.gpu_slots
     count = len(layouts)
     for k in range(count):
         lay = layouts[(n + k) % count]
         used = 0
         for m in lay:
             used |= ((1 << m.size) - 1) << m.start
-        if sum(_compute(m.profile) for m in lay) + _compute(profile) > 7:
+        if sum(_compute(m.profile) for m in lay) + prof.compute > prof.gpu_compute:
             continue
-        for start in sorted(starts, reverse=True):
+        for start in sorted(prof.starts, reverse=True):
             mask = ((1 << size) - 1) << start
-            if start + size <= 8 and not used & mask:
+            if start + size <= slots and not used & mask:
                 lay.append(InventoryMig(profile=profile, start=start, size=size))
                 return
     if grow:
         layouts.append([])
-        _place(layouts, profile, size, starts, len(layouts) - 1, grow=False)
+        _place(layouts, prof, len(layouts) - 1, grow=False)
     else:
         log.warning("MIG %s: %d instance(s) do not fit the synthesised layout", profile, 1)
 

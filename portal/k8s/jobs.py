@@ -26,6 +26,8 @@ from portal.k8s.names import (
     A_NODE,
     GPU,
     GPU_SHARED,
+    HAMI_CORES,
+    HAMI_MEMORY,
     L_ATTEMPT,
     L_ATTEMPT_ID,
     L_CLASS,
@@ -178,10 +180,65 @@ def gpu_resource(
         # A shared unit is an access right, not more compute: one per container.
         if len(spec.grants) != 1:
             raise LaunchRefused("a shared-GPU launch takes exactly one shared unit")
+        if spec.sharing_engine == "hami":
+            # HAMi's device plugin serves vGPUs as nvidia.com/gpu; the caps ride beside it
+            return GPU, 1
         if GPU_SHARED in resources or (not resources and options.shared_resource == GPU_SHARED):
             return GPU_SHARED, 1
         return GPU, 1
     raise LaunchRefused(f"unknown profile kind {spec.profile_kind!r}")
+
+
+#: env names the sharing engine sets and a user may not: they are the caps
+_ENGINE_ENV = {
+    "mps": ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"),
+    "hami": ("CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT"),
+}
+
+
+def _share_percent(spec: LaunchSpec) -> int:
+    """The slice's share of the GPU's compute, in percent (1-100)."""
+    milli = max((g.milli for g in spec.grants), default=0)
+    return min(100, max(1, milli // 10))
+
+
+def _shared_cap(spec: LaunchSpec) -> int:
+    return max((g.gpu_memory_mib for g in spec.grants), default=0)
+
+
+def sharing_requests(spec: LaunchSpec) -> dict[str, str]:
+    """Extended resources a shared slice asks for beyond its GPU unit: HAMi's caps.
+
+    HAMi's scheduler and device plugin enforce what is requested (HAMi-core limits the
+    container's allocations and kernel launches); the other engines need none.
+    """
+    if spec.profile_kind != "shared" or spec.sharing_engine != "hami":
+        return {}
+    cap = _shared_cap(spec)
+    if cap <= 0:
+        raise LaunchRefused("a HAMi slice needs a GPU memory cap")
+    return {HAMI_MEMORY: str(cap), HAMI_CORES: str(_share_percent(spec))}
+
+
+def sharing_env(spec: LaunchSpec) -> list[tuple[str, str]]:
+    """Env a shared slice gets from its pool's engine.
+
+    Time-slicing cannot enforce memory: the cap is only told (QUARTERMASTER_GPU_MEMORY_MIB).
+    MPS enforces a client's pinned device memory and active-thread share from these CUDA
+    variables (the device plugin's MPS daemon serves the container; device 0 is its GPU).
+    """
+    if spec.profile_kind != "shared":
+        return []
+    cap = _shared_cap(spec)
+    env = [("QUARTERMASTER_GPU_MEMORY_MIB", str(cap))] if cap else []
+    if spec.sharing_engine == "mps":
+        if cap <= 0:
+            raise LaunchRefused("an MPS slice needs a GPU memory cap")
+        env += [
+            ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", f"0={cap}M"),
+            ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", str(_share_percent(spec))),
+        ]
+    return env
 
 
 def job_labels(spec: LaunchSpec) -> dict[str, str]:
@@ -212,7 +269,11 @@ def _security_context() -> client.V1SecurityContext:
 
 
 def _resources(
-    cpu_milli: int, memory_mib: int, gpu: str, count: int
+    cpu_milli: int,
+    memory_mib: int,
+    gpu: str,
+    count: int,
+    extra: Mapping[str, str] | None = None,
 ) -> client.V1ResourceRequirements:
     requests: dict[str, str] = {}
     limits: dict[str, str] = {}
@@ -223,6 +284,9 @@ def _resources(
         requests["memory"] = limits["memory"] = f"{memory_mib}Mi"
     if gpu:
         requests[gpu] = limits[gpu] = str(count)
+    for name, value in (extra or {}).items():
+        # extended resources cannot be overcommitted: limit = request
+        requests[name] = limits[name] = value
     return client.V1ResourceRequirements(requests=requests or None, limits=limits or None)
 
 
@@ -251,7 +315,11 @@ def job_build(
     if not spec.node:
         raise LaunchRefused("a launch needs the node the packer chose")
     check_env(spec.env)
+    reserved = [k for k, _ in spec.env if k in _ENGINE_ENV.get(spec.sharing_engine, ())]
+    if reserved and spec.profile_kind == "shared":
+        raise LaunchRefused(f"{reserved[0]} is set by the pool's sharing engine")
     gpu, count = gpu_resource(spec, facts, options)
+    extra = sharing_requests(spec)
     labels = job_labels(spec)
     hostname = (facts or {}).get("hostname") or spec.node
 
@@ -261,12 +329,9 @@ def job_build(
         client.V1EnvVar(name="QUARTERMASTER_REQUEST_ID", value=str(spec.request_id)),
         client.V1EnvVar(name="QUARTERMASTER_ATTEMPT", value=str(spec.attempt_number)),
     ]
-    shared_cap = max((g.gpu_memory_mib for g in spec.grants), default=0)
     if spec.pods:
         raise LaunchRefused("a gang is launched one Job per pod: build each of spec.members()")
-    if spec.profile_kind == "shared" and shared_cap:
-        # Time-slicing does not isolate memory: tell frameworks the cap they agreed to.
-        env.append(client.V1EnvVar(name="QUARTERMASTER_GPU_MEMORY_MIB", value=str(shared_cap)))
+    env += [client.V1EnvVar(name=k, value=v) for k, v in sharing_env(spec)]
     if not gpu:
         # Without a GPU request the device plugin's envvar strategy would expose every GPU.
         env.append(client.V1EnvVar(name="NVIDIA_VISIBLE_DEVICES", value="void"))
@@ -299,11 +364,11 @@ def job_build(
         image=spec.image,
         command=list(spec.command) or None,
         env=env,
-        resources=_resources(spec.cpu_milli, spec.memory_mib, gpu, count),
+        resources=_resources(spec.cpu_milli, spec.memory_mib, gpu, count, extra),
         security_context=_security_context(),
         volume_mounts=mounts,
     )
-    init = _ready_container(spec, options, gpu, count)
+    init = _ready_container(spec, options, gpu, count, extra)
     pod_spec = client.V1PodSpec(
         containers=[main],
         init_containers=[init] if init else None,
@@ -560,7 +625,11 @@ def _toleration(t: tuple[str, str, str]) -> client.V1Toleration:
 
 
 def _ready_container(
-    spec: LaunchSpec, options: JobOptions, gpu: str, count: int
+    spec: LaunchSpec,
+    options: JobOptions,
+    gpu: str,
+    count: int,
+    extra: Mapping[str, str] | None = None,
 ) -> client.V1Container | None:
     """The init container that waits until the node agent reports the devices free.
 
@@ -588,7 +657,7 @@ def _ready_container(
             client.V1EnvVar(name="QM_READY_TOKEN", value=token),
             client.V1EnvVar(name="QM_READY_TIMEOUT", value=str(options.ready_timeout_s)),
         ],
-        resources=_resources(50, 64, gpu, count),
+        resources=_resources(50, 64, gpu, count, extra),
         security_context=_security_context(),
     )
 

@@ -16,6 +16,9 @@ _T = TypeVar("_T")
 GPU = "nvidia.com/gpu"
 GPU_SHARED = "nvidia.com/gpu.shared"
 MIG_PREFIX = "nvidia.com/mig-"
+#: HAMi's extended resources (its default names): device memory in MiB, percent of the SMs
+HAMI_MEMORY = "nvidia.com/gpumem"
+HAMI_CORES = "nvidia.com/gpucores"
 
 LABEL_PRODUCT = "nvidia.com/gpu.product"
 LABEL_MEMORY = "nvidia.com/gpu.memory"
@@ -120,7 +123,7 @@ def mig_resource(profile: str) -> str:
     return MIG_PREFIX + profile.replace("+", ".")
 
 
-_MIG_NAME = re.compile(r"^(\d+g\.\d+gb)(?:\.(.+))?$")
+_MIG_NAME = re.compile(r"^(\d+g\.\d+gb(?:-me)?)(?:\.(.+))?$")
 
 
 def mig_profile_of(resource: str) -> str | None:

@@ -21,7 +21,8 @@ _PREFIX = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9
 LABEL_KEY = re.compile(rf"^({_PREFIX}/)?{_NAME}$")
 LABEL_VALUE = re.compile(rf"^({_NAME})?$")
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
-MIG_PROFILE = re.compile(r"^[1-7]g\.[0-9]+gb(\+me)?$")
+#: `+me`/`+me.all` (media engines), `-me` (none), `+gfx` (graphics, RTX PRO 6000 Blackwell)
+MIG_PROFILE = re.compile(r"^[1-7]g\.[0-9]+gb(\+me|\+me\.all|-me|\+gfx)?$")
 #: a Kubernetes object name that is a DNS subdomain (RFC 1123): PriorityClass, Namespace, ...
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 

@@ -176,6 +176,18 @@ class Pool(models.Model):
         TIME_SLICING = "time-slicing"
         MIG = "mig"
 
+    class SharingEngine(models.TextChoices):
+        """What shares a GPU between a time-slicing pool's slices (docs/kubernetes.md)."""
+
+        #: whole GPUs or MIG; on a time-slicing pool, as `time-slicing`
+        NONE = "none"
+        #: the device plugin's time-slicing: memory is not isolated
+        TIME_SLICING = "time-slicing"
+        #: the device plugin's MPS: per-client memory limit and active-thread share
+        MPS = "mps"
+        #: HAMi: `nvidia.com/gpumem` and `nvidia.com/gpucores` requests, enforced in the container
+        HAMI = "hami"
+
     class Lifecycle(models.TextChoices):
         CANARY = "canary"
         PRODUCTION = "production"
@@ -191,6 +203,9 @@ class Pool(models.Model):
     )
     time_slicing_replicas = models.PositiveIntegerField(
         default=1, validators=[MinValueValidator(1)]
+    )
+    sharing_engine = models.CharField(
+        max_length=20, choices=SharingEngine.choices, default=SharingEngine.NONE
     )
     #: MIG: the profiles each device is cut into, e.g. ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]
     mig_layout = models.JSONField(default=list, blank=True)
@@ -238,12 +253,30 @@ class Pool(models.Model):
                 for key, messages in exc.message_dict.items():
                     where = "" if key == field else f"{key}: "
                     errors.setdefault(field, []).extend(where + m for m in messages)
+        if (
+            self.sharing_engine != self.SharingEngine.NONE
+            and self.partitioning != self.Partitioning.TIME_SLICING
+        ):
+            errors.setdefault("sharing_engine", []).append(
+                "A sharing engine shares GPUs between slices: it needs a time-slicing pool."
+            )
         if self.autoscaled and self.max_nodes < max(1, self.min_nodes):
             errors.setdefault("max_nodes", []).append(
                 "An autoscaled pool needs max_nodes of at least 1 and at least min_nodes."
             )
         if errors:
             raise ValidationError(errors)
+
+    @property
+    def sharing_words(self) -> str:
+        """How the pool's GPUs are shared, for its pages ("" when they are not)."""
+        if self.partitioning != self.Partitioning.TIME_SLICING:
+            return ""
+        if self.sharing_engine == self.SharingEngine.MPS:
+            return "MPS — per-slice memory limit and compute share enforced"
+        if self.sharing_engine == self.SharingEngine.HAMI:
+            return "HAMi — per-slice memory and compute caps enforced"
+        return "time-slicing — memory is not isolated"
 
     def offers(self, kind: str, mig_profile: str = "") -> bool:
         """Whether devices of this pool can serve a device profile."""

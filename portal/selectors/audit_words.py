@@ -71,6 +71,7 @@ LABELS = {
     "inference_floor_milli": "inference floor",
     "gpu_cap_milli": "GPU cap",
     "time_slicing_replicas": "time-slicing replicas",
+    "sharing_engine": "sharing engine",
     "mig_layout": "MIG layout",
     "node_selector": "node selector",
     "min_runtime_s": "minimum runtime",

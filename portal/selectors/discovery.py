@@ -31,9 +31,13 @@ class NodeRow:
     gpus: int
     #: names of the pools whose node selector matches the node's labels
     pools: list[str]
+    #: why the node's GPUs are not scheduled as they are labelled ("" when they are)
+    problem: str = ""
 
     @property
     def flag(self) -> str:
+        if self.problem:
+            return self.problem
         if not self.pools:
             return "no pool selects it"
         if len(self.pools) > 1:
@@ -51,6 +55,30 @@ class Group:
     @property
     def gpus(self) -> int:
         return sum(n.gpus for n in self.nodes)
+
+    @property
+    def problem(self) -> str:
+        return mig_problem(self.labels)
+
+
+def mig_mode(labels: Mapping[str, str]) -> bool:
+    """Whether the GPU Operator runs the node's GPUs in MIG mode."""
+    config = labels.get(MIG_CONFIG, "")
+    return labels.get(MIG_STRATEGY, "") in ("single", "mixed") and config not in (
+        "",
+        "all-disabled",
+    )
+
+
+def mig_problem(labels: Mapping[str, str]) -> str:
+    """ "unknown MIG GPU <product>: ..." for MIG GPUs the geometry table lacks, else ""."""
+    if not mig_mode(labels):
+        return ""
+    memory = labels.get(MEMORY, "")
+    product = labels.get(PRODUCT, "")
+    if mig.family_for(product, int(memory) if memory.isdigit() else 0) is not None:
+        return ""
+    return mig.unknown_gpu_message(product)
 
 
 def selects(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
@@ -74,11 +102,12 @@ def group_nodes(
         key = tuple(key_labels[k] for k in GROUP_LABELS)
         group = groups.setdefault(key, Group(labels=key_labels))
         chosen = sorted(p for p, sel in pools.items() if selects(sel, n.labels))
-        group.nodes.append(NodeRow(n.name, n.gpus, chosen))
+        group.nodes.append(NodeRow(n.name, n.gpus, chosen, group.problem))
     out = [groups[k] for k in sorted(groups)]
     taken = set(pools)
     for g in out:
-        if any(len(n.pools) != 1 for n in g.nodes):
+        # a pool of an unknown MIG GPU would be refused: no geometry to pack it by
+        if any(len(n.pools) != 1 for n in g.nodes) and not g.problem:
             g.proposal = propose(g, out, taken)
             taken.add(g.proposal["name"])
     return out
@@ -103,7 +132,7 @@ def propose(group: Group, groups: list[Group], taken: set[str]) -> dict[str, Any
     }
     replicas = int(labels[REPLICAS]) if labels[REPLICAS].isdigit() else 1
     config = labels[MIG_CONFIG]
-    if labels[MIG_STRATEGY] in ("single", "mixed") and config and config != "all-disabled":
+    if mig_mode(labels):
         entry["partitioning"] = "mig"
         entry["mig_layout"] = mig_layout_for(product, memory, config)
     elif replicas > 1:
@@ -127,12 +156,14 @@ def mig_layout_for(product: str, memory_mib: int, config: str) -> list[str]:
             layout.append(one)
         return layout
     if config == "all-balanced":
-        # mig-parted's balanced layout: one 3g, one 2g and two 1g instances
+        # mig-parted's balanced layout: one 3g, one 2g and two 1g instances (on a 4-slice
+        # GPU one 2g and two 1g)
         by_compute: dict[int, str] = {}
         for p in family.profiles:
-            if not p.name.endswith("+me"):
+            if "+" not in p.name and "-" not in p.name:
                 by_compute.setdefault(p.compute, p.name)
-        wanted = [by_compute.get(c) for c in (3, 2, 1, 1)]
+        sizes = (3, 2, 1, 1) if family.compute_slices == mig.COMPUTE_SLICES else (2, 1, 1)
+        wanted = [by_compute.get(c) for c in sizes]
         if all(wanted) and mig.fits(family, [w for w in wanted if w]):
             return [w for w in wanted if w]
     return []

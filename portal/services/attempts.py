@@ -160,6 +160,7 @@ def launch_spec(
         grants=pods[0].grants if pods else (),
         cpu_milli=req.cpu_milli,
         memory_mib=req.memory_mib,
+        sharing_engine=attempt.pool.sharing_engine,
         tolerations=tuple(
             (t["key"], t.get("value", ""), t.get("effect", "NoSchedule"))
             for t in attempt.pool.taints

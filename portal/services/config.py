@@ -43,6 +43,7 @@ POOL_KEYS = [
     "interconnect",
     "partitioning",
     "time_slicing_replicas",
+    "sharing_engine",
     "mig_layout",
     "node_selector",
     "taints",

@@ -80,6 +80,7 @@ POOL_FIELDS = [
     "taints",
     "node_selector",
     "time_slicing_replicas",
+    "sharing_engine",
     "mig_layout",
     "interconnect",
     "architecture",
@@ -116,7 +117,7 @@ def mig_layout_check(pool: Pool) -> None:
     family = mig.family_for(pool.gpu_model, pool.gpu_memory_mib)
     if family is None:
         raise ValidationError(
-            {"gpu_model": f"{pool.gpu_model} is not a GPU model that supports MIG."}
+            {"gpu_model": f"{mig.unknown_gpu_message(pool.gpu_model)} (no MIG geometry is known)."}
         )
     unknown = [p for p in pool.mig_layout if family.profile(p) is None]
     if unknown:

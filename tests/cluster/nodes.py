@@ -174,6 +174,23 @@ def l4_shared(name: str, pool: str = "l4-shared") -> dict[str, Any]:
     )
 
 
+def l40s_hami(name: str, pool: str = "l40s-hami") -> dict[str, Any]:
+    """2× L40S shared by HAMi: ten vGPUs each as `nvidia.com/gpu`, beside HAMi's
+    `nvidia.com/gpumem` (MiB) and `nvidia.com/gpucores` (percent per GPU). Not in
+    `all_nodes`: the sharing test adds it and takes it away."""
+    return _node(
+        name,
+        {
+            POOL: pool,
+            "nvidia.com/gpu.product": "NVIDIA-L40S",
+            "nvidia.com/gpu.memory": "46068",
+            "nvidia.com/gpu.count": "2",
+            "nvidia.com/mig.capable": "false",
+        },
+        {"nvidia.com/gpu": "20", "nvidia.com/gpumem": "92136", "nvidia.com/gpucores": "200"},
+    )
+
+
 def all_nodes() -> list[dict[str, Any]]:
     return [
         a100("a100-0"),

@@ -233,3 +233,76 @@ def test_it_maps_mig_profiles_and_resource_names_both_ways() -> None:
     assert names.mig_profile_of("nvidia.com/mig-1g.10gb.shared") is None
     assert names.mig_profile_of("nvidia.com/mig-1g.10gb.me.shared") is None
     assert names.mig_profile_of("nvidia.com/gpu") is None
+
+
+def _mixed_node(name: str, product: str, memory: str, resources: dict[str, str]):  # noqa: ANN202
+    return gpu_node(
+        name,
+        labels={
+            "nvidia.com/gpu.product": product,
+            "nvidia.com/gpu.memory": memory,
+            "nvidia.com/gpu.count": "1",
+            "nvidia.com/mig.strategy": "mixed",
+            "nvidia.com/mig.config.state": "success",
+            "quartermaster.io/pool": "mig",
+        },
+        allocatable=resources,
+    )
+
+
+def test_it_lays_out_a_4_slice_gpu_on_its_own_geometry() -> None:
+    cluster = FakeCluster()
+    cluster.add_node(
+        _mixed_node(
+            "a30",
+            "NVIDIA-A30",
+            "24576",
+            {"nvidia.com/mig-2g.12gb": "1", "nvidia.com/mig-1g.6gb": "2"},
+        )
+    )
+    (device,) = inv(cluster)["a30"].devices
+    layout = [(m.profile, m.start, m.size) for m in device.mig_instances]
+    # all four slices used: a 7-slice geometry would have put the 2g at start 4
+    assert layout == [("1g.6gb", 0, 1), ("1g.6gb", 1, 1), ("2g.12gb", 2, 2)]
+
+
+def test_it_gives_an_unknown_mig_gpu_no_guessed_layout(caplog) -> None:  # noqa: ANN001
+    cluster = FakeCluster()
+    cluster.add_node(
+        _mixed_node("gb300", "NVIDIA-GB300", "284208", {"nvidia.com/mig-3g.139gb": "2"})
+    )
+    with caplog.at_level("WARNING"):
+        (device,) = inv(cluster)["gb300"].devices
+    assert device.partitioning == "mig" and device.mig_instances == ()
+    assert "unknown MIG GPU NVIDIA-GB300: not scheduled as MIG" in caplog.text
+
+
+def test_it_maps_the_rtx_pro_6000_profile_variants_to_resource_names() -> None:
+    for profile in ("1g.24gb+gfx", "1g.24gb+me.all", "1g.24gb-me", "2g.48gb"):
+        assert names.mig_profile_of(names.mig_resource(profile)) == profile
+
+
+def test_it_reads_a_hami_node_as_shared_gpus() -> None:
+    cluster = FakeCluster()
+    cluster.add_node(
+        gpu_node(
+            "hami-0",
+            labels={
+                "nvidia.com/gpu.product": "NVIDIA-L40S",
+                "nvidia.com/gpu.memory": "46068",
+                "nvidia.com/gpu.count": "2",
+                "quartermaster.io/pool": "l40s-hami",
+            },
+            allocatable={
+                "nvidia.com/gpu": "20",
+                "nvidia.com/gpumem": "92136",
+                "nvidia.com/gpucores": "200",
+            },
+        )
+    )
+    devices = inv(cluster)["hami-0"].devices
+    # two GPUs of ten vGPUs each (HAMi's split count), not twenty whole GPUs
+    assert [(d.partitioning, d.replicas, d.memory_mib) for d in devices] == [
+        ("time-slicing", 10, 46068),
+        ("time-slicing", 10, 46068),
+    ]

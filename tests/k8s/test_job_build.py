@@ -18,7 +18,7 @@ import pytest
 
 from portal.backends.base import GrantSpec
 from portal.k8s.jobs import READY_SCRIPT, job_build, job_to_dict
-from portal.k8s.names import READY_EXIT_BUSY, READY_EXIT_REFUSED, LaunchRefused
+from portal.k8s.names import READY_CONTAINER, READY_EXIT_BUSY, READY_EXIT_REFUSED, LaunchRefused
 from portal.lib.readiness import attempt_token
 from tests.k8s.builders import OPTIONS, mig_spec, shared_spec, spec
 from tests.k8s.pss import restricted_violations
@@ -52,6 +52,14 @@ ALL_SPECS = {
         {"hostname": "gpu-mig", "resources": ["nvidia.com/mig-3g.40gb"], "mig_strategy": "mixed"},
     ),
     "shared": (shared_spec(), {"hostname": "gpu-ts", "resources": ["nvidia.com/gpu.shared"]}),
+    "shared-mps": (
+        replace(shared_spec(), sharing_engine="mps"),
+        {"hostname": "gpu-ts", "resources": ["nvidia.com/gpu"]},
+    ),
+    "shared-hami": (
+        replace(shared_spec(), sharing_engine="hami"),
+        {"hostname": "gpu-ts", "resources": ["nvidia.com/gpu", "nvidia.com/gpumem"]},
+    ),
     "cpu-only": (spec(name="qm-45-1", grants=(), profile_kind="whole"), None),
     "no-ready-check": (spec(), None),
 }
@@ -349,3 +357,55 @@ def test_every_gang_pod_gets_torchruns_variables_beside_world_size_and_rank() ->
 def test_it_refuses_a_request_env_that_overrides_torchruns_variables(name: str) -> None:
     with pytest.raises(LaunchRefused):
         job_build(spec(env=((name, "9"),)), OPTIONS)
+
+
+def _shared(engine: str, milli: int = 250, memory_mib: int = 12288):  # noqa: ANN202
+    return replace(shared_spec(), sharing_engine=engine, grants=(GrantSpec(0, milli, memory_mib),))
+
+
+@pytest.mark.parametrize("engine", ["none", "time-slicing"])
+def test_a_time_sliced_slice_is_only_told_its_memory_cap(engine: str) -> None:
+    j = job(_shared(engine), {"resources": ["nvidia.com/gpu"]})
+    main = container(j)
+    assert env(main)["QUARTERMASTER_GPU_MEMORY_MIB"] == "12288"
+    assert not any(k.startswith("CUDA_MPS_") for k in env(main))
+    assert main["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert "nvidia.com/gpumem" not in main["resources"]["limits"]
+
+
+def test_an_mps_slice_gets_its_memory_limit_and_thread_share() -> None:
+    j = job(_shared("mps", milli=250), {"resources": ["nvidia.com/gpu"]})
+    main = container(j)
+    assert env(main)["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=12288M"
+    assert env(main)["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+    assert main["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert "nvidia.com/gpumem" not in main["resources"]["limits"]
+
+
+def test_a_hami_slice_requests_its_caps_as_hami_resources() -> None:
+    # the node advertises the renamed shared resource; HAMi still takes nvidia.com/gpu
+    j = job(_shared("hami", milli=300, memory_mib=8192), {"resources": ["nvidia.com/gpu.shared"]})
+    for name in ("main", READY_CONTAINER):
+        c = container(j, name)
+        for side in ("requests", "limits"):
+            got = c["resources"][side]
+            assert got["nvidia.com/gpu"] == "1", (name, side)
+            assert got["nvidia.com/gpumem"] == "8192", (name, side)
+            assert got["nvidia.com/gpucores"] == "30", (name, side)
+            assert "nvidia.com/gpu.shared" not in got
+    assert not any(k.startswith("CUDA_MPS_") for k in env(container(j)))
+
+
+def test_a_whole_gpu_on_a_hami_pool_asks_for_no_caps() -> None:
+    j = job(replace(spec(), sharing_engine="hami"))
+    assert "nvidia.com/gpumem" not in container(j)["resources"]["limits"]
+
+
+@pytest.mark.parametrize(
+    ("engine", "name"),
+    [("mps", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), ("hami", "CUDA_DEVICE_MEMORY_LIMIT")],
+)
+def test_a_user_may_not_set_the_engine_caps(engine: str, name: str) -> None:
+    s = replace(_shared(engine), env=((name, "100"),))
+    with pytest.raises(LaunchRefused, match=name):
+        job(s, {"resources": ["nvidia.com/gpu"]})

@@ -283,3 +283,22 @@ def test_prune_retires_a_team_the_file_leaves_out(world: World, tmp_path: Path) 
     with pytest.raises(CommandError) as exc:
         apply(tmp_path, yaml.safe_dump(doc))
     assert "teams[" in str(exc.value) and "team nlp is retired" in str(exc.value)
+
+
+def test_a_pool_s_sharing_engine_goes_through_the_file(world: World, tmp_path: Path) -> None:
+    doc = yaml.safe_load(export())
+    shared = next(p for p in doc["pools"] if p["name"] == "l4-shared")
+    assert shared["sharing_engine"] == "none"
+    shared["sharing_engine"] = "hami"
+    out = apply(tmp_path, yaml.safe_dump(doc))
+    assert "sharing_engine" in out
+    assert Pool.objects.get(name="l4-shared").sharing_engine == "hami"
+    assert yaml.safe_load(export())["pools"] == doc["pools"]
+    # only a time-slicing pool shares its GPUs; an unknown engine is refused at its path
+    whole = next(p for p in doc["pools"] if p["partitioning"] == "exclusive")
+    whole["sharing_engine"] = "mps"
+    with pytest.raises(CommandError, match="sharing engine"):
+        apply(tmp_path, yaml.safe_dump(doc))
+    whole["sharing_engine"] = "magic"
+    errors = check(doc)
+    assert errors and "sharing_engine" in str(errors[0])

@@ -108,3 +108,59 @@ def test_an_admin_creates_the_proposed_pool_in_one_step(fake_cluster: None) -> N
     lead.force_login(w.alice)
     assert lead.get("/ops/discover/").status_code == 403
     assert lead.post("/ops/discover/create/", {"name": "nvidia-l40s"}).status_code == 403
+
+
+def test_it_flags_an_unknown_mig_gpu_and_proposes_no_pool_for_it() -> None:
+    labels = {
+        "nvidia.com/gpu.product": "NVIDIA-GB300",
+        "nvidia.com/gpu.memory": "284208",
+        "nvidia.com/mig.strategy": "mixed",
+        "nvidia.com/mig.config": "all-balanced",
+    }
+    (group,) = discovery.group_nodes([node("g-1", **labels)], {})
+    assert group.problem == "unknown MIG GPU NVIDIA-GB300: not scheduled as MIG"
+    assert group.nodes[0].flag == group.problem
+    assert group.proposal is None
+
+
+def test_it_proposes_the_balanced_layout_of_a_4_slice_gpu() -> None:
+    labels = {
+        "nvidia.com/gpu.product": "NVIDIA-A30",
+        "nvidia.com/gpu.memory": "24576",
+        "nvidia.com/mig.strategy": "mixed",
+        "nvidia.com/mig.config": "all-balanced",
+    }
+    (group,) = discovery.group_nodes([node("a30-1", **labels)], {})
+    assert group.problem == ""
+    assert group.proposal is not None
+    assert group.proposal["mig_layout"] == ["2g.12gb", "1g.6gb", "1g.6gb"]
+
+
+class UnknownMigBackend:
+    def gpu_nodes(self) -> list[DiscoveredNode]:
+        return [
+            node(
+                "gb300-01",
+                **{
+                    "nvidia.com/gpu.product": "NVIDIA-GB300",
+                    "nvidia.com/gpu.memory": "284208",
+                    "nvidia.com/mig.strategy": "mixed",
+                    "nvidia.com/mig.config": "all-1g.35gb",
+                },
+            )
+        ]
+
+
+@pytest.mark.django_db
+def test_the_page_tells_the_admin_an_unknown_mig_gpu_is_not_scheduled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(discovery, "get_backend", UnknownMigBackend)
+    w: World = make_world()
+    admin = Client()
+    admin.force_login(w.dave)
+    page = admin.get("/ops/discover/").content.decode()
+    words = "unknown MIG GPU NVIDIA-GB300: not scheduled as MIG"
+    assert f'<p class="notice" data-testid="problem">{words}</p>' in page
+    assert f'data-testid="flag">{words}</span>' in page
+    assert "Create pool" not in page

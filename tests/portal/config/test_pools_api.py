@@ -161,3 +161,37 @@ def test_an_admin_changes_a_team_and_a_lead_may_not(world: World) -> None:
     assert (event.before["weight"], event.after["weight"]) == (1, 5)
     r = api(world.dave).patch(url, {"namespace": "Bad_NS"}, content_type="application/json")
     assert r.status_code == 400 and "namespace" in r.json()["errors"]
+
+
+SHARED = {
+    "name": "l40s-hami",
+    "gpu_model": "NVIDIA-L40S",
+    "gpu_memory_mib": 46068,
+    "partitioning": "time-slicing",
+    "time_slicing_replicas": 4,
+    "sharing_engine": "hami",
+    "node_selector": {"quartermaster.io/pool": "l40s-hami"},
+}
+
+
+def test_a_pool_declares_its_sharing_engine(world: World) -> None:
+    admin = api(world.dave)
+    r = admin.post("/api/v1/pools/", SHARED, content_type="application/json")
+    assert r.status_code == 201, r.content
+    assert Pool.objects.get(name="l40s-hami").sharing_engine == "hami"
+    listed = {p["name"]: p for p in admin.get("/api/v1/pools/").json()}
+    assert listed["l40s-hami"]["sharing_engine"] == "hami"
+    assert listed["a100-train"]["sharing_engine"] == "none"
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"sharing_engine": "magic"}, {"partitioning": "exclusive"}],
+)
+def test_a_bad_sharing_engine_is_a_400_naming_the_field(world: World, change: dict) -> None:
+    r = api(world.dave).post(
+        "/api/v1/pools/", {**SHARED, **change}, content_type="application/json"
+    )
+    assert r.status_code == 400, r.content
+    assert "sharing_engine" in r.json()["errors"]
+    assert not Pool.objects.filter(name="l40s-hami").exists()

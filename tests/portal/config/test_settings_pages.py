@@ -134,3 +134,16 @@ def test_the_settings_page_says_how_gangs_are_launched(
     page = login(world.dave).get(reverse("portal:settings"))
     assert b'data-gang-api="jobs"' in page.content
     assert b"K8S_GANG_API=jobs" in page.content
+
+
+def test_the_pool_form_sets_the_sharing_engine_and_refuses_it_on_a_whole_gpu_pool(
+    world: World,
+) -> None:
+    shared = {**NEW_POOL, "p-new-partitioning": "time-slicing", "p-new-sharing_engine": "mps"}
+    assert login(world.dave).post("/ops/pools/new/", shared).status_code == 302
+    assert Pool.objects.get(name="l40s").sharing_engine == "mps"
+    Pool.objects.filter(name="l40s").delete()
+    whole = {**NEW_POOL, "p-new-partitioning": "exclusive", "p-new-sharing_engine": "hami"}
+    r = login(world.dave).post("/ops/pools/new/", whole)
+    assert r.status_code == 400 and "needs a time-slicing pool" in r.content.decode()
+    assert not Pool.objects.filter(name="l40s").exists()

@@ -311,3 +311,23 @@ def test_a_missing_rollout_is_404_and_only_admins_halt(world: World, settings: A
     assert dave.post("/api/v1/rollouts/999999/halt/", {}, "application/json").status_code == 404
     assert erin.post("/ops/rollouts/999999/halt/").status_code == 403
     assert erin.post("/api/v1/rollouts/999999/halt/", {}, "application/json").status_code == 403
+
+
+@pytest.mark.parametrize(
+    ("engine", "words"),
+    [
+        ("none", "time-slicing — memory is not isolated"),
+        ("time-slicing", "time-slicing — memory is not isolated"),
+        ("mps", "MPS — per-slice memory limit and compute share enforced"),
+        ("hami", "HAMi — per-slice memory and compute caps enforced"),
+    ],
+)
+def test_the_pool_page_says_how_the_gpus_are_shared(world: World, engine: str, words: str) -> None:
+    pool = Pool.objects.get(partitioning="time-slicing")
+    Pool.objects.filter(pk=pool.pk).update(sharing_engine=engine)
+    html = client_for(world.dave).get(f"/ops/pools/{pool.pk}/lifecycle/").content.decode()
+    assert f'<span data-testid="sharing">{words}</span>' in html
+    whole = Pool.objects.get(name="a100-train")
+    assert 'data-testid="sharing"' not in (
+        client_for(world.dave).get(f"/ops/pools/{whole.pk}/lifecycle/").content.decode()
+    )
