@@ -31,6 +31,8 @@ class InventoryDevice:
     memory_mib: int
     uuid: str = ""
     healthy: bool = True
+    #: held by a pod Quartermaster did not create (healthy is then False: not usable)
+    foreign: bool = False
     #: "exclusive", "time-slicing" or "mig"
     partitioning: str = "exclusive"
     replicas: int = 1
