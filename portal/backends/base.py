@@ -261,6 +261,12 @@ class Outcome(StrEnum):
     MISSING = "missing"
 
 
+#: `WorkloadStatus.reason` of a workload another controller holds back: the portal never
+#: suspends its Jobs, so a suspended one was suspended by someone else (Kueue, most likely:
+#: docs/kubernetes.md, "Running beside Kueue")
+SUSPENDED_BY_OTHERS = "SuspendedByOthers"
+
+
 @dataclass(frozen=True)
 class WorkloadStatus:
     name: str
