@@ -147,7 +147,7 @@ def _install_crds(cluster: Cluster) -> None:
 def kueue(
     cluster: Cluster, chart: list[dict[str, Any]], gpu_nodes: list[dict[str, Any]]
 ) -> Iterator[subprocess.Popen[bytes]]:
-    if not _script("built"):
+    if subprocess.run([str(KUEUE), "built"], check=False).returncode != 0:
         why = f"Kueue is not built in {_script('bin-dir')}: run `scripts/kueue build`"
         if REQUIRE:
             pytest.fail(f"QM_REQUIRE_CLUSTER=1: {why}")
@@ -204,7 +204,7 @@ def kueue(
     finally:
         proc.terminate()
         try:
-            proc.wait(timeout=20)
+            proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 
 from portal.backends.base import SUSPENDED_BY_OTHERS, Outcome, WorkloadStatus
-from portal.models import Decision, GpuRequest
+from portal.models import Attempt, Decision, GpuRequest
 from portal.services.attempts import SUSPENDED_CODE, attempt_observe
-from portal.tick.run import run_tick
 from tests.base import make_world, submit
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 MESSAGE = "the Job was suspended by Kueue, not by Quartermaster"
 
@@ -20,10 +20,18 @@ MESSAGE = "the Job was suspended by Kueue, not by Quartermaster"
 def test_a_suspended_job_is_said_once_then_running_clears_it() -> None:
     w = make_world()
     req = submit(w.bob, w.vision)
-    run_tick()
-    req.refresh_from_db()
-    assert req.state == GpuRequest.State.ADMITTED
-    attempt = req.attempts.get()
+    GpuRequest.objects.filter(pk=req.pk).update(state=GpuRequest.State.ADMITTED)
+    attempt = Attempt.objects.create(
+        request=req,
+        number=1,
+        state=Attempt.State.ADMITTED,
+        pool=req.pool,
+        nodes=["a100-01"],
+        workload_name=f"qm-{req.pk}-1",
+        namespace=req.team.namespace,
+        gpus_milli=1000,
+        admitted_at=timezone.now(),
+    )
     held = WorkloadStatus(
         attempt.workload_name,
         attempt.namespace,
