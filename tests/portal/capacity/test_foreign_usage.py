@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 from django.utils import timezone
+from rest_framework.test import APIClient
 
 from portal.backends.base import InventoryDevice, InventoryNode
 from portal.models import Allocation, Attempt, Device, DeviceCondition, Node, Pool
@@ -79,6 +80,14 @@ def test_a_gpu_held_by_a_foreign_pod_is_drawn_and_counted_as_foreign(world: Worl
     foreign = [v for v in views if v.condition == DeviceCondition.FOREIGN]
     assert len(foreign) == 2
     assert all(v.healthy and [c.status for c in v.cells] == ["foreign"] for v in foreign)
+    # the same through the API
+    client = APIClient()
+    client.force_authenticate(world.dave)
+    pools = {p["name"]: p for p in client.get("/api/v1/pools/").json()}
+    assert pools[pool.name]["foreign"] == 2
+    r = client.get(f"/api/v1/capacity/?pool={pool.name}").json()["results"]
+    cells = [c for n in r if n["name"] == NODE for d in n["devices"] for c in d["cells"]]
+    assert sum(c["status"] == "foreign" for c in cells) == 2
     # the tick does not place work there either
     snapshot, _ = build_snapshot(timezone.now())
     snap = next(n for n in snapshot.nodes if n.name == NODE)
