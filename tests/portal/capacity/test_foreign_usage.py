@@ -12,6 +12,7 @@ from rest_framework.test import APIClient
 from portal.backends.base import InventoryDevice, InventoryNode
 from portal.models import Allocation, Attempt, Device, DeviceCondition, Node, Pool
 from portal.selectors.capacity import capacity_nodes, pool_summaries
+from portal.selectors.overview import nodes_needing_attention
 from portal.services.nodes import inventory_sync
 from portal.tick.snapshot import build_snapshot
 from tests.base import World, make_world, submit
@@ -88,6 +89,8 @@ def test_a_gpu_held_by_a_foreign_pod_is_drawn_and_counted_as_foreign(world: Worl
     r = client.get(f"/api/v1/capacity/?pool={pool.name}").json()["results"]
     cells = [c for n in r if n["name"] == NODE for d in n["devices"] for c in d["cells"]]
     assert sum(c["status"] == "foreign" for c in cells) == 2
+    # held by others is not a sick node
+    assert NODE not in {a.node.name for a in nodes_needing_attention(timezone.now())}
     # the tick does not place work there either
     snapshot, _ = build_snapshot(timezone.now())
     snap = next(n for n in snapshot.nodes if n.name == NODE)
