@@ -16,7 +16,17 @@ import helm_python as helm
 import pytest
 import yaml
 
-from tests.chart.chart import CASES, CHART, EXTERNAL, NAMESPACE, RELEASE, kinds, one, render
+from tests.chart.chart import (
+    CASES,
+    CHART,
+    EXTERNAL,
+    NAMESPACE,
+    RELEASE,
+    kinds,
+    one,
+    render,
+    render_files,
+)
 
 FULL = "qm-quartermaster"
 SELECTOR = {"app.kubernetes.io/name": "quartermaster", "app.kubernetes.io/instance": "qm"}
@@ -229,3 +239,12 @@ def test_a_seed_makes_generated_secrets_the_same_on_every_render() -> None:
         _secrets(CASES["everything"])[f"{FULL}-app"]["SECRET_KEY"]
         != _secrets(CASES["everything"])[f"{FULL}-app"]["SECRET_KEY"]
     )
+
+
+def test_the_notes_warn_about_generated_secrets_under_gitops() -> None:
+    def notes(values: dict[str, Any]) -> str:
+        return next(t for p, t in render_files(values).items() if p.endswith("NOTES.txt"))
+
+    assert "set secrets.seed or secrets.existingSecret" in notes(EXTERNAL)
+    assert "secrets.seed" not in notes({**EXTERNAL, "secrets": {"seed": "s" * 32}})
+    assert "secrets.seed" not in notes(CASES["existing-secret"])

@@ -166,13 +166,12 @@ def kueue(
     etc = _etc(state)
     binary = Path(_script("bin-dir")) / "kueue"
     log = (state / "kueue.log").open("wb")
-    # A user and mount namespace of its own: /etc is replaced for this process only.
+    # A mount namespace of its own: /etc is replaced for this process only.
+    # root: a mount namespace is enough; anyone else: a user namespace maps them to root in it
+    unshare = ["unshare", "--mount"] if os.geteuid() == 0 else ["unshare", "-r", "--mount"]
     proc = subprocess.Popen(
         [
-            "unshare",
-            "--user",
-            "--map-root-user",
-            "--mount",
+            *unshare,
             "sh",
             "-c",
             'mount --bind "$1" /etc && shift && exec "$@"',
