@@ -37,6 +37,8 @@ class PoolListApi(ApiView):
         cordoned = serializers.IntegerField()
         devices = serializers.IntegerField()
         unhealthy = serializers.IntegerField()
+        #: whole GPUs held by pods Quartermaster did not create (docs/kubernetes.md)
+        foreign = serializers.IntegerField()
         quarantined = serializers.IntegerField()
         stale = serializers.IntegerField()
         usable = serializers.IntegerField()

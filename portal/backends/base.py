@@ -31,6 +31,8 @@ class InventoryDevice:
     memory_mib: int
     uuid: str = ""
     healthy: bool = True
+    #: held by a pod Quartermaster did not create (healthy is then False: not usable)
+    foreign: bool = False
     #: "exclusive", "time-slicing" or "mig"
     partitioning: str = "exclusive"
     replicas: int = 1
@@ -259,6 +261,12 @@ class Outcome(StrEnum):
     DEVICE_ERROR = "device_error"
     #: the workload is gone and nothing says why
     MISSING = "missing"
+
+
+#: `WorkloadStatus.reason` of a workload another controller holds back: the portal never
+#: suspends its Jobs, so a suspended one was suspended by someone else (Kueue, most likely:
+#: docs/kubernetes.md, "Running beside Kueue")
+SUSPENDED_BY_OTHERS = "SuspendedByOthers"
 
 
 @dataclass(frozen=True)

@@ -244,10 +244,7 @@ def _devices(
         if strategy == "mixed":
             # GPUs left out of MIG mode are advertised as nvidia.com/gpu beside the instances.
             n_whole = int(cap.get(GPU, alloc.get(GPU, Decimal(0))))
-            whole = tuple(
-                InventoryDevice(index=i, model=model, memory_mib=memory, healthy=u > 0)
-                for i, u in enumerate(_spread_units(n_whole, 1, free(GPU)))
-            )
+            whole = _whole_devices(n_whole, model, memory, alloc, free, first_index=0)
         migs = _mig_devices(
             labels, strategy, mig_resources, free, model, mig_ok, first_index=len(whole)
         )
@@ -276,10 +273,32 @@ def _devices(
             )
             for i, u in enumerate(units)
         )
-    units = _spread_units(count, 1, free(GPU))
+    return _whole_devices(count, model, memory, alloc, free, first_index=0)
+
+
+def _whole_devices(
+    count: int,
+    model: str,
+    memory: int,
+    alloc: Mapping[str, Decimal],
+    free: Callable[[str], int],
+    first_index: int,
+) -> tuple[InventoryDevice, ...]:
+    """Whole GPUs: free ones first, then those foreign pods hold, then those the device
+    plugin took out (allocatable below capacity). Only counts are known here; which device
+    is shown foreign is settled against the portal's own bookings when stored
+    (services.nodes.sync_inventory)."""
+    usable = _spread_units(count, 1, free(GPU))
+    allocatable = _spread_units(count, 1, int(alloc.get(GPU, Decimal(0))))
     return tuple(
-        InventoryDevice(index=i, model=model, memory_mib=memory, healthy=u > 0)
-        for i, u in enumerate(units)
+        InventoryDevice(
+            index=first_index + i,
+            model=model,
+            memory_mib=memory,
+            healthy=u > 0,
+            foreign=u == 0 and a > 0,
+        )
+        for i, (u, a) in enumerate(zip(usable, allocatable, strict=True))
     )
 
 

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from portal.backends.base import Outcome, WorkloadStatus
+from portal.backends.base import SUSPENDED_BY_OTHERS, Outcome, WorkloadStatus
 from portal.k8s.jobs import job_read, pods_for_workload
 from portal.k8s.names import (
     READY_CONTAINER,
@@ -85,6 +85,8 @@ def classify(
     4. a container killed for memory -> OOM;
     5. Job `Failed` -> FAILED with the Job's reason (`DeadlineExceeded`,
        `BackoffLimitExceeded`, `PodFailurePolicy`) and the exit code;
+       a suspended Job with no live pod -> PENDING, `SuspendedByOthers` (the portal
+       never suspends its Jobs: Kueue or another controller does);
     6. a container waiting on its image (or its config) past the timeout ->
        IMAGE_PULL (FAILED for config errors); `InvalidImageName` at once;
     7. a pod stuck Terminating past its grace period -> NODE_LOST;
@@ -115,6 +117,8 @@ def classify(
             failed.message or "",
             exit_code=_last_exit_code(pods),
         )
+    if not [p for p in pods if p.status.phase not in TERMINAL_PHASES] and _suspended(job):
+        return _status(name, namespace, Outcome.PENDING, SUSPENDED_BY_OTHERS, _suspended_by(job))
     if not pods:
         return _status(name, namespace, Outcome.PENDING, "NoPod", "waiting for the Job's pod")
     pod = pods[-1]
@@ -145,6 +149,27 @@ def classify(
         return _status(name, namespace, Outcome.SUCCEEDED, "Completed", exit_code=0)
     return _status(
         name, namespace, Outcome.PENDING, pod.status.reason or pod.status.phase or "Pending"
+    )
+
+
+def _suspended(job: Any | None) -> bool:
+    """The portal creates its Jobs unsuspended and never suspends one."""
+    return job is not None and bool(getattr(job.spec, "suspend", False))
+
+
+def _suspended_by(job: Any) -> str:
+    labels = job.metadata.labels or {}
+    annotations = job.metadata.annotations or {}
+    kueue = any(k.startswith("kueue.x-k8s.io/") for k in (*labels, *annotations))
+    cond = condition(job, "Suspended")
+    who = (
+        "Kueue"
+        if kueue or (cond is not None and "kueue" in (cond.message or "").lower())
+        else "another controller (Kueue?)"
+    )
+    return (
+        f"the Job was suspended by {who}, not by Quartermaster: it will not start until "
+        'that controller resumes it (docs/kubernetes.md, "Running beside Kueue")'
     )
 
 

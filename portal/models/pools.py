@@ -345,6 +345,7 @@ class DeviceCondition(models.TextChoices):
     """Why a device can or cannot take work now, worst first. The one usable-device rule."""
 
     QUARANTINED = "quarantined"  # a critical Xid; only an admin clears it
+    FOREIGN = "foreign"  # the cluster gave it to a pod Quartermaster did not create
     UNHEALTHY = "unhealthy"  # the device plugin or the node agent says so
     STALE = "stale"  # the node agent stopped reporting
     NOT_READY = "not_ready"  # the node is not Ready
@@ -377,6 +378,7 @@ def usable_q(now: datetime, prefix: str = "") -> Q:
     return Q(
         **{
             f"{p}healthy": True,
+            f"{p}foreign": False,
             f"{p}agent_healthy": True,
             f"{p}quarantined": False,
             f"{p}node__ready": True,
@@ -402,6 +404,9 @@ class Device(models.Model):
     mig_instances = models.JSONField(default=list, blank=True)
     #: as the cluster reports it (device plugin / allocatable)
     healthy = models.BooleanField(default=True)
+    #: held by a pod Quartermaster did not create (another scheduler, Kueue, a bare pod):
+    #: `healthy` is False with it (not usable, never booked), but it is not a fault
+    foreign = models.BooleanField(default=False)
     #: as the node agent last read it through NVML
     agent_healthy = models.BooleanField(default=True)
     #: set on a critical Xid; only an admin clears it
@@ -429,6 +434,8 @@ class Device(models.Model):
         """The usable-device rule for this row (with its node); agrees with `usable_q`."""
         if self.quarantined:
             return DeviceCondition.QUARANTINED
+        if self.foreign and self.agent_healthy:
+            return DeviceCondition.FOREIGN
         if not (self.healthy and self.agent_healthy):
             return DeviceCondition.UNHEALTHY
         node = self.node

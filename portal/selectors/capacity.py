@@ -47,7 +47,7 @@ class Cell:
     """One slot of one device as the map draws it."""
 
     label: str
-    status: str  # free, allocated, fragmented, quarantined, unhealthy, stale, cordoned
+    status: str  # free, allocated, fragmented, quarantined, foreign, unhealthy, stale, cordoned
     team: str = ""
     request_id: int | None = None
     width: int = 1  # in eighths for MIG, shares for time-slicing
@@ -65,7 +65,7 @@ class DeviceView:
     memory_used_mib: int
     memory_mib: int
     cells: list[Cell] = field(default_factory=list)
-    #: DeviceCondition value: usable, quarantined, unhealthy, stale, not_ready, cordoned
+    #: DeviceCondition value: usable, quarantined, foreign, unhealthy, stale, not_ready, cordoned
     condition: str = "usable"
     quarantined: bool = False
     pk: int = 0
@@ -102,8 +102,11 @@ def pool_summaries(now: datetime | None = None) -> list[dict[str, Any]]:
             # n_-prefixed: an annotation named like a field would shadow it in the filters.
             n_quarantined=Count("id", filter=Q(quarantined=True)),
             n_unhealthy=Count(
-                "id", filter=Q(quarantined=False) & (Q(healthy=False) | Q(agent_healthy=False))
+                "id",
+                filter=Q(quarantined=False)
+                & ((Q(healthy=False) & Q(foreign=False)) | Q(agent_healthy=False)),
             ),
+            n_foreign=Count("id", filter=Q(quarantined=False, foreign=True, agent_healthy=True)),
             n_stale=Count("id", filter=Q(node__last_heartbeat__lt=heartbeat_stale_before(now))),
             n_usable=Count("id", filter=usable_q(now)),
         )
@@ -141,6 +144,7 @@ def pool_summaries(now: datetime | None = None) -> list[dict[str, Any]]:
                 "devices": d.get("n", 0),
                 "quarantined": d.get("n_quarantined", 0),
                 "unhealthy": d.get("n_unhealthy", 0),
+                "foreign": d.get("n_foreign", 0),
                 "stale": d.get("n_stale", 0),
                 "usable": d.get("n_usable", 0),
                 "total_milli": total,
@@ -230,6 +234,7 @@ def _device_view(d: Device, allocs: list[dict[str, Any]], now: datetime) -> Devi
     # The usable-device rule decides: a device that may not take work has no free cell.
     unusable = {
         DeviceCondition.QUARANTINED: "quarantined",
+        DeviceCondition.FOREIGN: "foreign",
         DeviceCondition.UNHEALTHY: "unhealthy",
         DeviceCondition.STALE: "stale",
         DeviceCondition.NOT_READY: "cordoned",

@@ -125,7 +125,7 @@ def audit(now: Any = None) -> dict[str, Any]:
                 "interconnect": p.interconnect,
                 "nodes": len(nodes),
                 "gpus": devices.count(),
-                "unhealthy": devices.filter(healthy=False).count()
+                "unhealthy": devices.filter(healthy=False, foreign=False).count()
                 + devices.filter(quarantined=True).count(),
                 "cordoned_nodes": sum(1 for n in nodes if n.cordoned),
             }

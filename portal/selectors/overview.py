@@ -80,7 +80,10 @@ def nodes_needing_attention(now: datetime) -> list[Attention]:
             unhealthy=Count(
                 "devices",
                 filter=Q(devices__quarantined=False)
-                & (Q(devices__healthy=False) | Q(devices__agent_healthy=False)),
+                & (
+                    Q(devices__healthy=False, devices__foreign=False)
+                    | Q(devices__agent_healthy=False)
+                ),
             ),
         )
         .filter(

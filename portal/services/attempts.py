@@ -15,6 +15,7 @@ from django.utils import timezone
 from portal.backends import get_backend
 from portal.backends.base import (
     STORED_LOG_LINES,
+    SUSPENDED_BY_OTHERS,
     GrantSpec,
     LaunchRefused,
     LaunchSpec,
@@ -495,6 +496,27 @@ _REASONS = {
 }
 
 
+#: GpuRequest.status_code and decision code of an attempt whose Job another controller suspended
+SUSPENDED_CODE = "suspended_by_others"
+
+
+def _held_back(attempt: Attempt, req: GpuRequest, message: str) -> None:
+    """Say so, once, on the request and in the decision log instead of waiting silently;
+    its devices stay booked for it until it runs or someone stops it."""
+    req.status_code, req.status_message = SUSPENDED_CODE, message[:500]
+    req.save(update_fields=["status_code", "status_message", "updated_at"])
+    Decision.objects.create(
+        request=req,
+        attempt=attempt,
+        team=req.team,
+        pool_id=attempt.pool_id,
+        node=",".join(attempt.nodes),
+        kind=Decision.Kind.WAIT,
+        code=SUSPENDED_CODE,
+        message=message[:500],
+    )
+
+
 def attempt_observe(
     *, attempt_id: int, status: WorkloadStatus, now: datetime | None = None, log_tail: str = ""
 ) -> str:
@@ -552,6 +574,12 @@ def attempt_observe(
                 req.save()
                 notify.notify_later(req.pk, NotificationPreference.Event.START)
             return str(attempt.state)
+        if (
+            outcome == Outcome.PENDING
+            and status.reason == SUSPENDED_BY_OTHERS
+            and req.status_code != SUSPENDED_CODE
+        ):
+            _held_back(attempt, req, status.message)
         if outcome not in _ENDINGS:
             return str(attempt.state)
         return _end_attempt(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -11,6 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from portal.backends import get_backend
+from portal.backends.base import InventoryDevice
 from portal.lib import lifecycle
 from portal.models import Allocation, Attempt, Decision, Device, Node, Pool
 from portal.services.attempts import attempt_stop, backend_call
@@ -109,7 +112,7 @@ def inventory_sync(*, nodes: list[Any] | None = None) -> int:
             )
             if inv.cordoned and not node.cordoned:
                 Node.objects.filter(pk=node.pk).update(cordoned=True)
-            for d in inv.devices:
+            for d in _foreign_off_held(node, inv.devices):
                 Device.objects.update_or_create(
                     node=node,
                     index=d.index,
@@ -125,10 +128,42 @@ def inventory_sync(*, nodes: list[Any] | None = None) -> int:
                             for m in d.mig_instances
                         ],
                         "healthy": d.healthy,
+                        "foreign": d.foreign,
                     },
                 )
             seen += 1
     return seen
+
+
+def _foreign_off_held(node: Node, devices: Sequence[InventoryDevice]) -> list[InventoryDevice]:
+    """Put the inventory's foreign marks on devices the portal does not hold.
+
+    The cluster says only how many whole GPUs pods Quartermaster did not create hold (its own
+    pods are not counted), not which. A mark on a device the portal books would leave another
+    device free in the books while it is taken: booked twice. So the marks go on the highest
+    unheld devices that the device plugin offers.
+    """
+    foreign = sum(d.foreign for d in devices)
+    if not foreign:
+        return list(devices)
+    held = set(
+        Allocation.objects.filter(device__node=node, active=True).values_list(
+            "device__index", flat=True
+        )
+    )
+    offered = [
+        d.index for d in devices if d.partitioning == "exclusive" and (d.healthy or d.foreign)
+    ]
+    order = [i for i in reversed(offered) if i not in held] + [
+        i for i in reversed(offered) if i in held
+    ]
+    marked = set(order[:foreign])
+    return [
+        replace(d, healthy=d.index not in marked, foreign=d.index in marked)
+        if d.index in offered
+        else d
+        for d in devices
+    ]
 
 
 CRITICAL_XID_QUARANTINE = "critical Xid"

@@ -52,6 +52,7 @@ CASES: dict[str, dict[str, Any]] = {
                     "requests.memory": "2Ti",
                     "count/jobs.batch": "500",
                 },
+                "readers": {"groups": ["team-a-researchers"], "users": ["alice@example.com"]},
             },
             {"name": "team-b", "namespace": "research-b", "quota": {"requests.nvidia.com/gpu": 4}},
             {"name": "team-c", "createNamespace": False},

@@ -50,6 +50,7 @@ CHART_VALUES: dict[str, Any] = {
                 "requests.cpu": "256",
                 "count/jobs.batch": "50",
             },
+            "readers": {"groups": ["team-a-researchers"], "users": ["alice@example.com"]},
         },
         {"name": "team-b", "quota": {"requests.nvidia.com/gpu": "1"}},
     ],

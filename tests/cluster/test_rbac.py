@@ -67,3 +67,39 @@ def test_it_cannot_run_pods_exec_or_change_nodes(qm_api: client.ApiClient) -> No
     ]
     allowed: list[Any] = [d for d in denied if can_i(qm_api, d[0], d[1], d[2], group=d[3])]
     assert allowed == []
+
+
+def _may(cluster: Cluster, verb: str, resource: str, ns: str, sub: str = "", **who: Any) -> bool:
+    """A SubjectAccessReview: whether a person (user and groups) may do this."""
+    review = client.AuthorizationV1Api(cluster.api()).create_subject_access_review(
+        client.V1SubjectAccessReview(
+            spec=client.V1SubjectAccessReviewSpec(
+                resource_attributes=client.V1ResourceAttributes(
+                    verb=verb, resource=resource, subresource=sub or None, namespace=ns
+                ),
+                **who,
+            )
+        )
+    )
+    return bool(review.status.allowed)
+
+
+def test_a_teams_readers_read_its_pods_and_logs_and_nothing_else(
+    cluster: Cluster, chart: list[dict[str, Any]]
+) -> None:
+    """teams[].readers (chart): the team's people use kubectl with their own credentials."""
+    for who in (
+        {"user": "alice@example.com"},
+        {"user": "bob@example.com", "groups": ["team-a-researchers"]},
+    ):
+        for verb in ("get", "list", "watch"):
+            assert _may(cluster, verb, "pods", "team-a", **who), (verb, who)
+            assert _may(cluster, verb, "events", "team-a", **who), (verb, who)
+        assert _may(cluster, "get", "pods", "team-a", "log", **who)
+        assert not _may(cluster, "get", "pods", "team-b", "log", **who)
+        assert not _may(cluster, "list", "pods", "team-b", **who)
+        assert not _may(cluster, "create", "pods", "team-a", **who)
+        assert not _may(cluster, "delete", "pods", "team-a", **who)
+        assert not _may(cluster, "create", "pods", "team-a", "exec", **who)
+        assert not _may(cluster, "get", "secrets", "team-a", **who)
+    assert not _may(cluster, "list", "pods", "team-a", user="mallory@example.com")

@@ -47,8 +47,22 @@ def test_it_subtracts_pods_it_did_not_create() -> None:
     cluster.add_pod(foreign_pod("done", "gpu-a", {"nvidia.com/gpu": "4"}, phase="Succeeded"))
     node = inv(cluster)["gpu-a"]
     assert sum(d.healthy for d in node.devices) == 5
+    # shown as held by others, not as broken: the three GPUs after the free ones
+    assert [d.index for d in node.devices if d.foreign] == [5, 6, 7]
     assert node.cpu_milli == 62000
     assert node.memory_mib == 512 * 1024 - 8 * 1024
+
+
+def test_a_device_plugin_fault_is_not_foreign_and_foreign_pods_take_the_rest() -> None:
+    cluster = FakeCluster()
+    cluster.add_node(
+        a100_node(allocatable={"nvidia.com/gpu": "7"}, capacity={"nvidia.com/gpu": "8"})
+    )
+    cluster.add_pod(foreign_pod("kueue-job", "gpu-a", {"nvidia.com/gpu": "2"}))
+    devices = inv(cluster)["gpu-a"].devices
+    assert [(d.healthy, d.foreign) for d in devices] == [(True, False)] * 5 + [
+        (False, True)
+    ] * 2 + [(False, False)]
 
 
 def test_it_does_not_subtract_its_own_pods() -> None:

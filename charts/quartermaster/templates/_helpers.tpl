@@ -201,3 +201,19 @@ imagePullSecrets:
 {{- range .Values.teams }}{{ $out = append $out (default .name .namespace) }}{{ end -}}
 {{- $out | uniq | join "," -}}
 {{- end -}}
+
+{{- /* topologySpreadConstraints for a component: each constraint selects the component's own
+pods (selector labels), so replicas spread over nodes/zones. */}}
+{{- define "quartermaster.topologySpread" -}}
+{{- if .constraints }}
+topologySpreadConstraints:
+{{- range .constraints }}
+  - maxSkew: {{ .maxSkew | default 1 }}
+    topologyKey: {{ .topologyKey }}
+    whenUnsatisfiable: {{ .whenUnsatisfiable | default "ScheduleAnyway" }}
+    labelSelector:
+      matchLabels:
+        {{- include "quartermaster.componentSelector" (dict "ctx" $.ctx "component" $.component) | nindent 8 }}
+{{- end }}
+{{- end }}
+{{- end -}}

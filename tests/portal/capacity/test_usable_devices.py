@@ -35,7 +35,8 @@ def test_the_queryset_and_the_row_rule_agree_on_every_combination(settings: Any)
     device = _first_pool_device()
     node = device.node
     stale = now - timedelta(seconds=settings.HEARTBEAT_STALE_SECONDS + 5)
-    for healthy, agent, quarantined, ready, cordoned, beat in product(
+    for healthy, foreign, agent, quarantined, ready, cordoned, beat in product(
+        (True, False),
         (True, False),
         (True, False),
         (True, False),
@@ -44,7 +45,7 @@ def test_the_queryset_and_the_row_rule_agree_on_every_combination(settings: Any)
         (None, now, stale),
     ):
         Device.objects.filter(pk=device.pk).update(
-            healthy=healthy, agent_healthy=agent, quarantined=quarantined
+            healthy=healthy, foreign=foreign, agent_healthy=agent, quarantined=quarantined
         )
         Node.objects.filter(pk=node.pk).update(ready=ready, cordoned=cordoned, last_heartbeat=beat)
         row = Device.objects.select_related("node").get(pk=device.pk)
