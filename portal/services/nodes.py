@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.db import transaction
@@ -89,11 +90,24 @@ def inventory_sync(*, nodes: list[Any] | None = None) -> int:
     inventory = nodes if nodes is not None else get_backend().inventory()
     pools = {p.name: p for p in Pool.objects.all()}
     seen = 0
+    now = timezone.now()
+    # A pool's first nodes are the pool as adopted; a node joining it later is burnt in first.
+    populated = set(Node.objects.values_list("pool_id", flat=True).distinct())
+    before: dict[str, dict[str, Any]] = {
+        n["name"]: dict(n)
+        for n in Node.objects.filter(name__in=[i.name for i in inventory]).values(
+            "name", "pool_id", "ready", "not_ready_since"
+        )
+    }
+    joining: list[tuple[Node, str]] = []
     with transaction.atomic():
         for inv in inventory:
             pool = pools.get(inv.pool)
             if pool is None:
                 continue
+            prev = before.get(inv.name)
+            why = _joins(pool, prev, inv.ready, populated, now)
+            away_since = None if inv.ready else (prev["not_ready_since"] if prev else None) or now
             node, _ = Node.objects.update_or_create(
                 name=inv.name,
                 defaults={
@@ -105,8 +119,11 @@ def inventory_sync(*, nodes: list[Any] | None = None) -> int:
                     "ready": inv.ready,
                     "interconnect": inv.interconnect,
                     "software": lifecycle.node_software(inv.labels),
+                    "not_ready_since": away_since,
                 },
             )
+            if why:
+                joining.append((node, why))
             if inv.cordoned and not node.cordoned:
                 Node.objects.filter(pk=node.pk).update(cordoned=True)
             for d in inv.devices:
@@ -128,7 +145,34 @@ def inventory_sync(*, nodes: list[Any] | None = None) -> int:
                     },
                 )
             seen += 1
+        for node, why in joining:
+            _burn_in_gate(node, why)
     return seen
+
+
+def _joins(
+    pool: Pool, prev: dict[str, Any] | None, ready: bool, populated: set[int], now: datetime
+) -> str:
+    """Why a node must pass a burn-in before it serves in `pool` ("" = it need not)."""
+    if not pool.burn_in_new_nodes:
+        return ""
+    if prev is None:
+        return f"new in pool {pool.name}" if pool.pk in populated else ""
+    if prev["pool_id"] != pool.pk:
+        return f"moved into pool {pool.name}"
+    away = prev["not_ready_since"]
+    gone_s = (now - away).total_seconds() if away is not None else 0.0
+    if ready and not prev["ready"] and gone_s >= settings.BURN_IN_RETURN_AFTER_SECONDS > 0:
+        return f"back in pool {pool.name} after {int(gone_s)} s away"
+    return ""
+
+
+def _burn_in_gate(node: Node, why: str) -> None:
+    from portal.services.validations import validation_start
+
+    if node.validations.filter(state="running").exists():
+        return
+    validation_start(actor=None, node=node, reason=f"burn-in before serving: {why}")
 
 
 CRITICAL_XID_QUARANTINE = "critical Xid"
