@@ -102,6 +102,12 @@ def go(
     try:
         yield backend
     finally:
+        # Cluster-scoped, and named after rollout ids that the next test's database reuses.
+        custom = client.CustomObjectsApi(cluster.api())
+        for name in _drivers(cluster):
+            custom.delete_cluster_custom_object(
+                gpu_operator.GROUP, gpu_operator.DRIVER_VERSION, gpu_operator.DRIVER_PLURAL, name
+            )
         batch = cluster.batch()
         for ns in ("team-a", VALIDATION_NS):
             for job in batch.list_namespaced_job(ns).items:
@@ -147,15 +153,28 @@ class Operator:
 
     STEPS = ("upgrade-required", "cordon-required", "drain-required", "validation-required")
 
-    def __init__(self, cluster: Cluster, fail: set[str]) -> None:
-        self.cluster, self.fail = cluster, fail
+    def __init__(self, cluster: Cluster, fail: set[str], policy: bool = False) -> None:
+        self.cluster, self.fail, self.policy = cluster, fail, policy
         self.progress: dict[str, int] = {}
         #: node -> the NVIDIADriver that selected it, as written
         self.seen: dict[str, dict[str, Any]] = {}
 
+    def _selected(self) -> list[dict[str, Any]]:
+        if not self.policy:
+            return list(_drivers(self.cluster).values())
+        # One ClusterPolicy version for all: its upgradePolicy paces the nodes; here, the
+        # nodes the portal has handed over (their wave drained) move.
+        version = _policy(self.cluster)["spec"]["driver"].get("version")
+        return [
+            {
+                "metadata": {"name": POLICY},
+                "spec": {"version": version, "nodeSelector": {lifecycle.ROLLOUT_TARGET: version}},
+            }
+        ]
+
     def play(self) -> None:
         core = self.cluster.core()
-        for nd in _drivers(self.cluster).values():
+        for nd in self._selected():
             selector = ",".join(f"{k}={v}" for k, v in nd["spec"]["nodeSelector"].items())
             for node in core.list_node(label_selector=selector).items:
                 n = node.metadata.name
@@ -251,21 +270,58 @@ def test_a_driver_rollout_writes_an_nvidiadriver_per_wave_and_halts_on_a_failed_
     assert "drain-required" in states
 
 
-def test_a_driver_rollout_halts_when_the_operator_reports_upgrade_failed(
+POLICY = "cluster-policy"
+
+
+def _policy(cluster: Cluster) -> dict[str, Any]:
+    return client.CustomObjectsApi(cluster.api()).get_cluster_custom_object(
+        gpu_operator.GROUP, gpu_operator.POLICY_VERSION, gpu_operator.POLICY_PLURAL, POLICY
+    )
+
+
+def test_a_driver_rollout_through_the_cluster_policy_halts_on_upgrade_failed(
     go: KubernetesBackend, cluster: Cluster
 ) -> None:
-    training_world("go-canary", {POOL: "go-canary"})
-    pool = Pool.objects.get(name="go-canary")
-    rollout = rollout_start(actor=_admin(), pool=pool, kind="driver", target=TARGET)
-    assert rollout.waves == [["go-canary-0"]]
-    operator = Operator(cluster, fail={"go-canary-0"})
+    custom = client.CustomObjectsApi(cluster.api())
+    required = ("daemonsets", "dcgm", "dcgmExporter", "devicePlugin", "gfd")
+    spec: dict[str, Any] = {k: {} for k in required}
+    spec.update(nodeStatusExporter={}, operator={}, toolkit={}, driver={"version": "550.107.02"})
+    custom.create_cluster_custom_object(
+        gpu_operator.GROUP,
+        gpu_operator.POLICY_VERSION,
+        gpu_operator.POLICY_PLURAL,
+        {
+            "apiVersion": "nvidia.com/v1",
+            "kind": "ClusterPolicy",
+            "metadata": {"name": POLICY},
+            "spec": spec,
+        },
+    )
+    go.driver_api = "clusterpolicy"
+    try:
+        training_world("go-canary", {POOL: "go-canary"})
+        pool = Pool.objects.get(name="go-canary")
+        rollout = rollout_start(actor=_admin(), pool=pool, kind="driver", target=TARGET)
+        assert rollout.waves == [["go-canary-0"]]
+        assert rollout.impact["driver_api"] == "clusterpolicy"
+        operator = Operator(cluster, fail={"go-canary-0"}, policy=True)
+        _halted_on_upgrade_failed(cluster, rollout, operator)
+        assert _policy(cluster)["spec"]["driver"]["version"] == TARGET
+        assert not _drivers(cluster), "no NVIDIADriver where the site runs the ClusterPolicy"
+    finally:
+        custom.delete_cluster_custom_object(
+            gpu_operator.GROUP, gpu_operator.POLICY_VERSION, gpu_operator.POLICY_PLURAL, POLICY
+        )
 
+
+def _halted_on_upgrade_failed(cluster: Cluster, rollout: Rollout, operator: Operator) -> None:
     def play() -> bool:
         operator.play()
         rollout.refresh_from_db()
         return rollout.state != Rollout.State.RUNNING
 
     _step(play, "the rollout to stop")
+    assert operator.progress["go-canary-0"] > len(Operator.STEPS)
     assert rollout.state == Rollout.State.HALTED
     m = RolloutNode.objects.get(rollout=rollout)
     assert m.step == "failed" and "upgrade-failed" in m.reason
