@@ -78,6 +78,7 @@ def workload_class_update(
 POOL_FIELDS = [
     "lifecycle",
     "inference_floor_milli",
+    "burn_in_new_nodes",
     "taints",
     "node_selector",
     "time_slicing_replicas",
