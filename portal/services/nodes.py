@@ -167,12 +167,18 @@ def _joins(
     return ""
 
 
-def _burn_in_gate(node: Node, why: str) -> None:
-    from portal.services.validations import validation_start
+#: the maintenance reason of a node held out of its pool until its burn-in passes; the
+#: rollout beat starts that burn-in (`portal.services.rollouts.burn_ins_start`)
+BURN_IN_GATE = "burn-in before serving: "
 
-    if node.validations.filter(state="running").exists():
-        return
-    validation_start(actor=None, node=node, reason=f"burn-in before serving: {why}")
+
+def _burn_in_gate(node: Node, why: str) -> None:
+    """Hold the node out now, in the portal and on the cluster; its burn-in starts next beat."""
+    Node.objects.filter(pk=node.pk).update(
+        cordoned=True, maintenance_reason=(BURN_IN_GATE + why)[:300]
+    )
+    name = node.name
+    transaction.on_commit(lambda: backend_call("node_patch", name, {}, True))
 
 
 CRITICAL_XID_QUARANTINE = "critical Xid"

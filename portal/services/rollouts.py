@@ -17,7 +17,7 @@ from portal.lib import lifecycle
 from portal.models import Allocation, Attempt, Node, Pool, Rollout, RolloutNode, ValidationRun
 from portal.services.attempts import attempt_stop, lost_work
 from portal.services.audit import audit
-from portal.services.nodes import inventory_sync
+from portal.services.nodes import BURN_IN_GATE, inventory_sync
 from portal.services.pools import pool_update
 from portal.services.validations import (
     ACTOR,
@@ -225,6 +225,7 @@ def rollouts_advance(*, now: datetime | None = None) -> dict[str, int]:
         # Lone validations, and those a halted rollout left running.
         validation_observe(run, now=now)
         counts["validations"] += 1
+    counts["burn_ins"] = burn_ins_start(now=now)
     running = list(Rollout.objects.filter(state=Rollout.State.RUNNING).select_related("pool"))
     if any(
         r.members.filter(wave=r.current_wave, step=RolloutNode.Step.APPLYING).exists()
@@ -239,6 +240,22 @@ def rollouts_advance(*, now: datetime | None = None) -> dict[str, int]:
         _advance(rollout, now)
         counts["rollouts"] += 1
     return counts
+
+
+def burn_ins_start(*, now: datetime | None = None) -> int:
+    """Start the burn-in of each node held out of its pool until it passes one (new, moved
+    in, or back after a long absence: `portal.services.nodes`), where none runs yet."""
+    started = 0
+    held = Node.objects.filter(cordoned=True, maintenance_reason__startswith=BURN_IN_GATE).exclude(
+        validations__state=ValidationRun.State.RUNNING
+    )
+    for node in held:
+        try:
+            validation_start(actor=None, node=node, now=now, return_on_pass=True)
+        except ValidationError:  # one started meanwhile
+            continue
+        started += 1
+    return started
 
 
 def _audit(rollout: Rollout, action: str, **after: Any) -> None:

@@ -103,8 +103,10 @@ def validation_start(
     rollout: Rollout | None = None,
     now: datetime | None = None,
     reason: str = "validating",
+    return_on_pass: bool = False,
 ) -> ValidationRun:
-    """Cordon the node and start its burn-in. 400 (`node`) if one runs already."""
+    """Cordon the node and start its burn-in. 400 (`node`) if one runs already. A pass
+    uncordons a node the run cordoned, or any with `return_on_pass` (held out before)."""
     now = now or timezone.now()
     try:
         limits = lifecycle.thresholds_check(
@@ -125,7 +127,7 @@ def validation_start(
             rollout=rollout,
             name="qm-validate",
             thresholds=limits,
-            cordoned_it=cordoned_it and rollout is None,
+            cordoned_it=(cordoned_it or return_on_pass) and rollout is None,
             created_by=actor if getattr(actor, "is_authenticated", False) else None,
             started_at=now,
         )

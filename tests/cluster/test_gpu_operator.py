@@ -360,7 +360,10 @@ def test_a_new_node_serves_only_after_its_burn_in_passes(
     inventory_sync()
     node = Node.objects.get(name="go-new")
     assert node.cordoned and node.maintenance_reason.startswith("burn-in before serving")
+    rollouts_advance()  # the beat starts its burn-in: a Job pinned to the node
     [run] = ValidationRun.objects.filter(node=node)
+    job = cluster.batch().read_namespaced_job(run.name, VALIDATION_NS)
+    assert job.spec.template.spec.node_selector == {"kubernetes.io/hostname": "go-new"}
     wait_for("go-new cordoned", lambda: core.read_node("go-new").spec.unschedulable, 15)
     third = submit()
     run_tick()
