@@ -154,7 +154,9 @@ def _joins(
     pool: Pool, prev: dict[str, Any] | None, ready: bool, populated: set[int], now: datetime
 ) -> str:
     """Why a node must pass a burn-in before it serves in `pool` ("" = it need not)."""
-    if not pool.burn_in_new_nodes:
+    if not pool.burn_in_new_nodes or pool.autoscaled:
+        # An autoscaled pool's nodes are asked for a waiting request and consumed by it (a
+        # ProvisioningRequest): holding them out would let the ask lapse.
         return ""
     if prev is None:
         return f"new in pool {pool.name}" if pool.pk in populated else ""

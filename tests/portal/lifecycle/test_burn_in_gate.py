@@ -140,3 +140,9 @@ def test_the_dcgm_level_is_a_threshold_of_one_to_four() -> None:
         8,
     )
     assert not ok and why == "DCGM diagnostics level 2: fail: pcie"
+
+
+def test_an_autoscaled_pools_added_nodes_are_not_held_out(world: World) -> None:
+    Pool.objects.filter(name="a100-train").update(autoscaled=True, max_nodes=8)
+    inventory_sync(nodes=_joining("a100-09"))
+    assert not Node.objects.get(name="a100-09").cordoned
