@@ -14,7 +14,16 @@ from django.utils import timezone
 
 from portal.backends import get_backend
 from portal.lib import lifecycle
-from portal.models import Allocation, Attempt, Node, Pool, Rollout, RolloutNode, ValidationRun
+from portal.models import (
+    Allocation,
+    Attempt,
+    Decision,
+    Node,
+    Pool,
+    Rollout,
+    RolloutNode,
+    ValidationRun,
+)
 from portal.services.attempts import attempt_stop, lost_work
 from portal.services.audit import audit
 from portal.services.nodes import BURN_IN_GATE, inventory_sync
@@ -314,6 +323,7 @@ def _step(rollout: Rollout, m: RolloutNode, now: datetime) -> None:
             cordon_node(node, f"rollout {rollout.pk}: {rollout.kind} {rollout.target}")
             _move(m, RolloutNode.Step.DRAINING, now)
             _audit(rollout, "rollout.cordon", node=node.name, wave=m.wave)
+            _decide(rollout, m, "rollout-cordon", "cordoned for the GPU Operator's driver upgrade")
         elif m.step == RolloutNode.Step.DRAINING:
             _drain(rollout, m, now)
         elif m.step == RolloutNode.Step.APPLYING:
@@ -353,6 +363,22 @@ def drain_verdict(attempt: Attempt, since: datetime, now: datetime) -> str:
     return f"waiting for {attempt.workload_name}'s next checkpoint"
 
 
+def _decide(rollout: Rollout, m: RolloutNode, code: str, message: str) -> None:
+    """The portal's cordon and drain for a driver upgrade the GPU Operator carries out, in
+    the decision log beside the requeues of the work it stopped (the Operator's own
+    cordon and drain then find nothing to do)."""
+    if rollout.kind != Rollout.Kind.DRIVER or _driver_api(rollout) not in lifecycle.OPERATOR_APIS:
+        return
+    Decision.objects.create(
+        node=m.node.name,
+        pool_id=m.node.pool_id,
+        kind=Decision.Kind.END,
+        code=code,
+        message=f"{m.node.name}: {message} to {rollout.target} (rollout {rollout.pk})"[:500],
+        facts={"rollout": rollout.pk, "wave": m.wave, "stopped": m.stopped_attempts},
+    )
+
+
 def _driver_api(rollout: Rollout) -> str:
     return str(rollout.impact.get("driver_api") or "labels")
 
@@ -370,6 +396,7 @@ def _drain(rollout: Rollout, m: RolloutNode, now: datetime) -> None:
         m.previous = {k: m.node.labels.get(k) for k in change.labels}
         _move(m, RolloutNode.Step.APPLYING, now)
         _write_change(rollout, m)
+        _decide(rollout, m, "rollout-drained", "drained; the GPU Operator upgrades the driver")
         _audit(
             rollout,
             "rollout.apply",

@@ -26,7 +26,7 @@ import portal.backends
 from portal.backends.kubernetes import KubernetesBackend
 from portal.k8s import gpu_operator
 from portal.lib import lifecycle
-from portal.models import Attempt, Node, Pool, Quota, Rollout, RolloutNode, ValidationRun
+from portal.models import Attempt, Decision, Node, Pool, Quota, Rollout, RolloutNode, ValidationRun
 from portal.services.nodes import inventory_sync
 from portal.services.requests import gpu_request_submit
 from portal.services.rollouts import rollout_start, rollouts_advance
@@ -268,6 +268,10 @@ def test_a_driver_rollout_writes_an_nvidiadriver_per_wave_and_halts_on_a_failed_
         )
     )
     assert "drain-required" in states
+    # The portal's own cordon and drain of each node it handed over, in the decision log.
+    codes = set(Decision.objects.filter(node="go-0").values_list("code", flat=True))
+    assert {"rollout-cordon", "rollout-drained"} <= codes
+    assert not Decision.objects.filter(node="go-1").exists()
 
 
 POLICY = "cluster-policy"
