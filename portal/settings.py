@@ -477,7 +477,32 @@ K8S_GANG_API = env("K8S_GANG_API", "auto")
 if K8S_GANG_API not in ("auto", "jobs", "jobset"):
     raise ImproperlyConfigured(f"K8S_GANG_API must be auto, jobs or jobset, not {K8S_GANG_API!r}")
 # Node validation (docs/lifecycle.md): the burn-in image, and the namespace its Jobs run in.
-VALIDATION_IMAGE = env("VALIDATION_IMAGE", "nvcr.io/nvidia/pytorch:24.05-py3")
+#: nccl-tests' all_reduce_perf (the main container); `dcgmi diag` runs first from the DCGM image
+VALIDATION_IMAGE = env(
+    "VALIDATION_IMAGE", "ghcr.io/coreweave/nccl-tests:12.8.1-devel-ubuntu22.04-nccl2.26.2-1-0708d2e"
+)
+VALIDATION_DCGM_IMAGE = env(
+    "VALIDATION_DCGM_IMAGE", "nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04"
+)
+#: burn-in thresholds (a rollout may ask for stricter ones): all-reduce bus bandwidth, GB/s,
+#: at least; the `dcgmi diag -r` level (1-4)
+VALIDATION_NCCL_MIN_BUSBW_GBPS = envint("VALIDATION_NCCL_MIN_BUSBW_GBPS", "100")
+VALIDATION_DCGM_DIAG_LEVEL = envint("VALIDATION_DCGM_DIAG_LEVEL", "1")
+if VALIDATION_DCGM_DIAG_LEVEL not in (1, 2, 3, 4):
+    raise ImproperlyConfigured("VALIDATION_DCGM_DIAG_LEVEL must be 1, 2, 3 or 4")
+#: a node back after this long not ready is burnt in again before it serves
+BURN_IN_RETURN_AFTER_SECONDS = envint("BURN_IN_RETURN_AFTER_SECONDS", "3600")
+#: how a driver rollout tells the GPU Operator the version (docs/lifecycle.md): "auto"
+#: (NVIDIADriver where its CRD is served, else node labels), "nvidiadriver", "clusterpolicy",
+#: "labels"; and the driver image an NVIDIADriver names
+GPU_OPERATOR_DRIVER_API = env("GPU_OPERATOR_DRIVER_API", "auto")
+if GPU_OPERATOR_DRIVER_API not in ("auto", "nvidiadriver", "clusterpolicy", "labels"):
+    raise ImproperlyConfigured(
+        "GPU_OPERATOR_DRIVER_API must be auto, nvidiadriver, clusterpolicy or labels, "
+        f"not {GPU_OPERATOR_DRIVER_API!r}"
+    )
+GPU_OPERATOR_DRIVER_IMAGE = env("GPU_OPERATOR_DRIVER_IMAGE", "nvcr.io/nvidia/driver")
+GPU_OPERATOR_DRIVER_REPOSITORY = env("GPU_OPERATOR_DRIVER_REPOSITORY", "")
 VALIDATION_NAMESPACE = env("VALIDATION_NAMESPACE", "quartermaster-validation")
 #: a burn-in with no result by then fails its node
 VALIDATION_TIMEOUT_SECONDS = envint("VALIDATION_TIMEOUT_SECONDS", "1800")

@@ -45,6 +45,7 @@ class PoolOutputSerializer(serializers.Serializer[Any]):
     taints = serializers.ListField(child=serializers.DictField())
     lifecycle = serializers.CharField()
     inference_floor_milli = serializers.IntegerField()
+    burn_in_new_nodes = serializers.BooleanField()
     retired_at = serializers.DateTimeField(allow_null=True)
     config_managed = serializers.BooleanField()
 
@@ -61,6 +62,8 @@ class _PoolFields(StrictSerializer):
     taints = serializers.JSONField(required=False)
     lifecycle = serializers.ChoiceField(choices=Pool.Lifecycle.choices, required=False)
     inference_floor_milli = serializers.IntegerField(min_value=0, required=False)
+    #: nodes joining the pool serve only after passing a burn-in (docs/lifecycle.md)
+    burn_in_new_nodes = serializers.BooleanField(required=False)
 
 
 class PoolCreateSerializer(_PoolFields):

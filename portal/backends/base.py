@@ -311,6 +311,8 @@ class ValidationSpec:
     resources: tuple[tuple[str, int], ...]
     #: physical GPUs on the node: the device-visibility check expects them all
     devices: int = 0
+    #: the `dcgmi diag -r` level to run
+    dcgm_level: int = 1
     #: where the workload reports its results (empty: the results are read from its log)
     report_url: str = ""
     token: str = ""
@@ -386,6 +388,16 @@ class ClusterBackend(Protocol):
 
     def validation_stop(self, spec: ValidationSpec) -> None:
         """Delete the burn-in workload; missing is fine."""
+        ...
+
+    def driver_api_in_use(self) -> str:
+        """How a driver rollout tells the GPU Operator a version: "nvidiadriver",
+        "clusterpolicy" or "labels" (GPU_OPERATOR_DRIVER_API; docs/lifecycle.md)."""
+        ...
+
+    def driver_version_write(self, api: str, name: str, version: str) -> None:
+        """Ask the GPU Operator for `version`: the NVIDIADriver `name` (selecting the nodes
+        labelled with it), or the ClusterPolicy; nothing with "labels"."""
         ...
 
 

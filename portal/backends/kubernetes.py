@@ -31,7 +31,7 @@ from portal.backends.base import (
     gang_status,
     member_name,
 )
-from portal.k8s import provisioning
+from portal.k8s import gpu_operator, provisioning
 from portal.k8s.inventory import (
     gpu_nodes_discovered,
     inventory_from_nodes,
@@ -130,7 +130,22 @@ class KubernetesBackend:
         apps: Any = None,
         validation_image: str = "",
         gang_api: str = "auto",
+        driver_api: str = "auto",
+        driver_repository: str = "",
+        driver_image: str = "nvcr.io/nvidia/driver",
+        dcgm_image: str = "",
     ) -> None:
+        if driver_api not in gpu_operator.DRIVER_APIS:
+            raise ValueError(
+                "GPU_OPERATOR_DRIVER_API must be one of "
+                f"{', '.join(gpu_operator.DRIVER_APIS)}, not {driver_api!r}"
+            )
+        #: GPU_OPERATOR_DRIVER_API, and the NVIDIADriver image it writes (docs/lifecycle.md)
+        self.driver_api = driver_api
+        self.driver_repository = driver_repository
+        self.driver_image = driver_image
+        #: the burn-in's `dcgmi diag` image (VALIDATION_DCGM_IMAGE)
+        self.dcgm_image = dcgm_image
         if gang_api not in GANG_APIS:
             raise ValueError(
                 f"K8S_GANG_API must be one of {', '.join(GANG_APIS)}, not {gang_api!r}"
@@ -224,6 +239,10 @@ class KubernetesBackend:
             validation_image=setting("VALIDATION_IMAGE", ""),
             provisioning_namespace=setting("K8S_PROVISIONING_NAMESPACE", "quartermaster"),
             gang_api=setting("K8S_GANG_API", "auto"),
+            driver_api=setting("GPU_OPERATOR_DRIVER_API", "auto"),
+            driver_repository=setting("GPU_OPERATOR_DRIVER_REPOSITORY", ""),
+            driver_image=setting("GPU_OPERATOR_DRIVER_IMAGE", "nvcr.io/nvidia/driver"),
+            dcgm_image=setting("VALIDATION_DCGM_IMAGE", ""),
         )
 
     def _forget_if_forked(self) -> None:
@@ -489,7 +508,7 @@ class KubernetesBackend:
         self.core.patch_node(name, body)
 
     def validation_launch(self, spec: ValidationSpec, started_at: datetime) -> None:
-        job = validation_job_build(spec, self.validation_image)
+        job = validation_job_build(spec, self.validation_image, self.dcgm_image)
         try:
             self.batch.create_namespaced_job(spec.namespace, job)
         except ApiException as exc:
@@ -503,6 +522,24 @@ class KubernetesBackend:
 
     def validation_stop(self, spec: ValidationSpec) -> None:
         job_delete(self.batch, spec.name, spec.namespace, grace_seconds=0)
+
+    def driver_api_in_use(self) -> str:
+        if self.driver_api != "auto":
+            return self.driver_api
+        # Asked at each rollout's start (rare): a CRD installed later is seen.
+        found = gpu_operator.served(
+            self.custom, gpu_operator.DRIVER_VERSION, gpu_operator.DRIVER_PLURAL
+        )
+        return "nvidiadriver" if found else "labels"
+
+    def driver_version_write(self, api: str, name: str, version: str) -> None:
+        if api == "nvidiadriver":
+            body = gpu_operator.nvidiadriver_build(
+                name, version, repository=self.driver_repository, image=self.driver_image
+            )
+            gpu_operator.nvidiadriver_apply(self.custom, body)
+        elif api == "clusterpolicy":
+            gpu_operator.cluster_policy_driver_version(self.custom, version)
 
     def status(self, name: str, namespace: str, pods: int = 1) -> WorkloadStatus:
         status = self._status_jobs(name, namespace, pods)

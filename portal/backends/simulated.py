@@ -251,6 +251,13 @@ class SimulatedBackend:
     def validation_stop(self, spec: ValidationSpec) -> None:
         return None
 
+    def driver_api_in_use(self) -> str:
+        # No GPU Operator here: the node labels are the whole change.
+        return "labels"
+
+    def driver_version_write(self, api: str, name: str, version: str) -> None:
+        return None
+
     def _checkpointing(self, spec: LaunchSpec) -> tuple[tuple[tuple[str, str], ...], float]:
         """The checkpoint env of a spec's pods and their interval in wall seconds (none: 0)."""
         if spec.checkpoint_interval_s <= 0:

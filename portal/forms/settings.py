@@ -85,6 +85,7 @@ class PoolForm(forms.ModelForm):  # type: ignore[type-arg]
             "time_slicing_replicas": "Time-slicing replicas (per GPU)",
             "interconnect": "Interconnect",
             "architecture": "Architecture",
+            "burn_in_new_nodes": "Burn in nodes before they join",
         }
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

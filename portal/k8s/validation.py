@@ -1,5 +1,6 @@
-"""The per-node burn-in Job (docs/lifecycle.md): device visibility, an NCCL all-reduce test,
-DCGM diagnostics level 1 and a short model warm-up, on every GPU of one cordoned node.
+"""The per-node burn-in Job (docs/lifecycle.md): DCGM diagnostics (`dcgmi diag`, level from
+the thresholds), device visibility and nccl-tests' all-reduce, on every GPU of one cordoned
+node. The defaults are NVIDIA's DCGM image and a published nccl-tests image (VALIDATION_*).
 
 The pod prints one line `QM_VALIDATION {json}` with its figures and, when the portal is
 reachable, POSTs the same JSON to its report URL; the portal judges them against the
@@ -16,46 +17,77 @@ from kubernetes import client
 from portal.backends.base import VALIDATION_RESULT_PREFIX, ValidationSpec, ValidationStatus
 from portal.k8s.names import L_COMPONENT, L_INSTANCE, L_MANAGED_BY, MAIN_CONTAINER, MANAGED_BY
 
-#: what the burn-in runs; the image carries nvidia-smi, nccl-tests, dcgmi and PyTorch
+#: the DCGM image's part (an init container): `dcgmi diag` at the asked level, its verdict
+#: left in the shared /results for the main container
+DCGM_SCRIPT = r"""
+set -u
+nv-hostengine -n >/dev/null 2>&1 &
+sleep 2
+if dcgmi diag -r "${QM_DCGM_LEVEL:-1}" >/tmp/diag 2>&1; then echo pass >/results/diag
+else echo "fail: $(grep -m1 -i fail /tmp/diag | tr -d '"\\')" >/results/diag; fi
+"""
+
+#: the nccl-tests image's part: device visibility, the all-reduce, and the report; with no
+#: DCGM image set the main image runs `dcgmi diag` itself (one image carrying both)
 SCRIPT = r"""
 set -u
 visible=$(nvidia-smi -L | grep -c '^GPU ')
 busbw=$(all_reduce_perf -b 64M -e 1G -f 2 -g "$visible" | awk '/Avg bus bandwidth/ {print $NF}')
-if dcgmi diag -r 1 >/tmp/diag 2>&1; then diag=pass; else diag="fail: $(grep -m1 -i fail /tmp/diag)"; fi
-start=$(date +%s)
-python -c 'import torch; m=torch.nn.Linear(4096,4096).cuda(); [m(torch.randn(64,4096,device="cuda")).sum().backward() for _ in range(200)]; torch.cuda.synchronize()'
-warm=$(( $(date +%s) - start ))
-result=$(printf '{"devices_visible": %s, "nccl_busbw_gbps": %s, "dcgm_diag": "%s", "warmup_s": %s}' \
-  "$visible" "${busbw:-0}" "$diag" "$warm")
+if [ -s /results/diag ]; then diag=$(cat /results/diag)
+elif dcgmi diag -r "${QM_DCGM_LEVEL:-1}" >/tmp/diag 2>&1; then diag=pass
+else diag="fail: $(grep -m1 -i fail /tmp/diag | tr -d '"\\')"; fi
+result=$(printf '{"devices_visible": %s, "nccl_busbw_gbps": %s, "dcgm_diag": "%s"}' \
+  "$visible" "${busbw:-0}" "$diag")
 echo "QM_VALIDATION $result"
-if [ -n "${QM_REPORT_URL:-}" ]; then
+if [ -n "${QM_REPORT_URL:-}" ] && command -v curl >/dev/null; then
   curl -fsS -X POST -H "Authorization: Bearer $QM_REPORT_TOKEN" \
     -H 'Content-Type: application/json' -d "$result" "$QM_REPORT_URL" || true
 fi
 """
 
 
-def validation_job_build(spec: ValidationSpec, image: str) -> client.V1Job:
-    """One pod on `spec.node` (by hostname, tolerating the cordon and any taint), all its GPUs."""
+def validation_job_build(spec: ValidationSpec, image: str, dcgm_image: str = "") -> client.V1Job:
+    """One pod on `spec.node` (by hostname, tolerating the cordon and any taint), all its GPUs:
+    `dcgmi diag` first from `dcgm_image` (NVIDIA's DCGM image), then nccl-tests from `image`."""
     counts = {k: str(v) for k, v in spec.resources}
     labels = {L_MANAGED_BY: MANAGED_BY, L_INSTANCE: spec.name, L_COMPONENT: "validation"}
     env = [
         client.V1EnvVar(name="QM_REPORT_URL", value=spec.report_url),
         client.V1EnvVar(name="QM_REPORT_TOKEN", value=spec.token),
+        client.V1EnvVar(name="QM_DCGM_LEVEL", value=str(spec.dcgm_level)),
     ]
+    results = client.V1VolumeMount(name="results", mount_path="/results")
+    resources = client.V1ResourceRequirements(requests=counts, limits=counts)
+    init = (
+        [
+            client.V1Container(
+                name="dcgm-diag",
+                image=dcgm_image,
+                command=["/bin/bash", "-c", DCGM_SCRIPT],
+                env=env[2:],
+                resources=resources,
+                volume_mounts=[results],
+            )
+        ]
+        if dcgm_image
+        else None
+    )
     pod = client.V1PodSpec(
         restart_policy="Never",
         automount_service_account_token=False,
         node_selector={"kubernetes.io/hostname": spec.node},
         # The node is cordoned for its validation; its GPU taints are the pool's.
         tolerations=[client.V1Toleration(operator="Exists")],
+        volumes=[client.V1Volume(name="results", empty_dir=client.V1EmptyDirVolumeSource())],
+        init_containers=init,
         containers=[
             client.V1Container(
                 name=MAIN_CONTAINER,
                 image=image,
                 command=["/bin/bash", "-c", SCRIPT],
                 env=env,
-                resources=client.V1ResourceRequirements(requests=counts, limits=counts),
+                resources=resources,
+                volume_mounts=[results],
             )
         ],
     )

@@ -36,6 +36,24 @@ MIG_CONFIG_STATE = "nvidia.com/mig.config.state"
 DEVICE_PLUGIN_CONFIG = "nvidia.com/device-plugin.config"
 #: the GPU Operator's upgrade controller state label; `upgrade-required` asks it to upgrade
 DRIVER_UPGRADE_STATE = "nvidia.com/gpu-driver-upgrade-state"
+#: its values, in the order the upgrade controller moves a node through them
+UPGRADE_STATES = (
+    "upgrade-required",
+    "cordon-required",
+    "wait-for-jobs-required",
+    "pod-deletion-required",
+    "drain-required",
+    "pod-restart-required",
+    "validation-required",
+    "uncordon-required",
+    "upgrade-done",
+    "upgrade-failed",
+)
+UPGRADE_DONE, UPGRADE_FAILED = "upgrade-done", "upgrade-failed"
+#: the label a driver rollout puts on a wave's nodes; that wave's NVIDIADriver selects by it
+DRIVER_WAVE = "quartermaster.io/driver-wave"
+#: the GPU Operator APIs a driver rollout may write (GPU_OPERATOR_DRIVER_API, resolved)
+OPERATOR_APIS = ("nvidiadriver", "clusterpolicy")
 #: the version a rollout asked a node for (annotation-like; kept as a label so selectors see it)
 ROLLOUT_TARGET = "quartermaster.io/rollout-target"
 
@@ -108,7 +126,26 @@ class Change:
     converged_value: str
 
 
-def change_for(kind: str, target: str) -> Change:
+def driver_wave_name(rollout: int, wave: int) -> str:
+    """The NVIDIADriver of one wave of a driver rollout, and `DRIVER_WAVE` on its nodes."""
+    return f"qm-rollout-{rollout}-wave-{wave}"
+
+
+def driver_upgrade(labels: Mapping[str, str], target: str) -> tuple[str, str]:
+    """Where the GPU Operator's upgrade of a node to `target` stands: ("done" | "failed" |
+    "waiting", why). Done needs both `upgrade-done` and GFD's driver version at the target:
+    a node still `upgrade-done` from its last upgrade has not begun this one."""
+    state = labels.get(DRIVER_UPGRADE_STATE, "")
+    version = labels.get(DRIVER_FULL) or _joined(labels, DRIVER_PARTS)
+    if state == UPGRADE_FAILED:
+        return "failed", f"the GPU Operator reports {DRIVER_UPGRADE_STATE}={UPGRADE_FAILED}"
+    if state == UPGRADE_DONE and version == target:
+        return "done", ""
+    shown = state or "(no upgrade state yet)"
+    return "waiting", f"GPU Operator: {shown}; driver {version or 'not labelled'}, want {target}"
+
+
+def change_for(kind: str, target: str, api: str = "labels", wave: str = "") -> Change:
     """The node labels a rollout of `kind` to `target` writes (docs/lifecycle.md).
 
     - driver: the GPU Operator's upgrade controller is asked to upgrade the node
@@ -118,7 +155,16 @@ def change_for(kind: str, target: str) -> Change:
       `nvidia.com/mig.config.state=success`;
     - device-plugin: `nvidia.com/device-plugin.config=<config name>`; done once set;
     - gpu-operator: the operator version label the operands' node selector matches.
+
+    A driver rollout through the GPU Operator's API (`api` nvidiadriver or clusterpolicy)
+    writes the version there, not the upgrade-state label (the Operator owns it); on the node
+    only the wave label its NVIDIADriver selects and the target. See `driver_upgrade`.
     """
+    if kind == "driver" and api in OPERATOR_APIS:
+        labels: dict[str, str | None] = {ROLLOUT_TARGET: _label_value(target)}
+        if api == "nvidiadriver":
+            labels[DRIVER_WAVE] = wave
+        return Change(labels, DRIVER_UPGRADE_STATE, UPGRADE_DONE)
     if kind == "driver":
         return Change(
             {DRIVER_UPGRADE_STATE: "upgrade-required", ROLLOUT_TARGET: _label_value(target)},
@@ -172,8 +218,10 @@ CHECKS = ("device_visibility", "nccl_allreduce", "dcgm_diag", "warmup")
 DEFAULT_THRESHOLDS: dict[str, float] = {
     #: NCCL all-reduce bus bandwidth, GB/s, at least
     "nccl_busbw_gbps": 100.0,
-    #: model warm-up, seconds, at most
+    #: model warm-up, seconds, at most (checked only where the burn-in reports one)
     "warmup_max_s": 120.0,
+    #: `dcgmi diag -r` level the burn-in runs (1 quick, 2 medium, 3 long, 4 extended)
+    "dcgm_diag_level": 1.0,
 }
 
 
@@ -200,7 +248,11 @@ def _verdict(
         return False, f"NCCL all-reduce: {busbw:g} GB/s bus bandwidth, below {floor:g}"
     diag = str(results.get("dcgm_diag", "fail"))
     if diag != "pass":
-        return False, f"DCGM diagnostics level 1: {diag}"
+        level = int(thresholds.get("dcgm_diag_level", 1))
+        return False, f"DCGM diagnostics level {level}: {diag}"
+    if "warmup_s" not in results:
+        # The default images (dcgm, nccl-tests) carry no framework to warm up.
+        return True, ""
     warm = float(results.get("warmup_s", math.inf))
     ceiling = float(thresholds.get("warmup_max_s", DEFAULT_THRESHOLDS["warmup_max_s"]))
     if warm > ceiling:
@@ -208,17 +260,21 @@ def _verdict(
     return True, ""
 
 
-def thresholds_check(raw: Any) -> dict[str, float]:
-    """Validate user-given thresholds: known keys, non-negative numbers. ValueError says which."""
+def thresholds_check(raw: Any, defaults: Mapping[str, float] | None = None) -> dict[str, float]:
+    """Validate user-given thresholds: known keys, non-negative numbers (a DCGM level 1 to 4),
+    over `defaults` (the site's). ValueError says which."""
+    base = dict(defaults or DEFAULT_THRESHOLDS)
     if raw in (None, ""):
-        return dict(DEFAULT_THRESHOLDS)
+        return base
     if not isinstance(raw, Mapping):
         raise ValueError('Give thresholds as an object, e.g. {"nccl_busbw_gbps": 150}.')
-    out = dict(DEFAULT_THRESHOLDS)
+    out = base
     for k, v in raw.items():
         if k not in DEFAULT_THRESHOLDS:
             raise ValueError(f"Unknown threshold {k!r}; known: {', '.join(DEFAULT_THRESHOLDS)}.")
         if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
             raise ValueError(f"Threshold {k} must be a number of at least 0.")
+        if k == "dcgm_diag_level" and v not in (1, 2, 3, 4):
+            raise ValueError("Threshold dcgm_diag_level must be 1, 2, 3 or 4.")
         out[k] = float(v)
     return out

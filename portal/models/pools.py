@@ -231,6 +231,9 @@ class Pool(models.Model):
     retired_at = models.DateTimeField(null=True, blank=True)
     #: written by `manage.py config apply`: a change in the pages is drift the next apply reverts
     config_managed = models.BooleanField(default=False)
+    #: a node joining the pool (new, moved in, or back after BURN_IN_RETURN_AFTER_SECONDS
+    #: not ready) stays cordoned until its burn-in passes (docs/lifecycle.md)
+    burn_in_new_nodes = models.BooleanField(default=True)
 
     class Meta:
         ordering = ["name"]
@@ -333,6 +336,9 @@ class Node(models.Model):
     software = models.JSONField(default=dict, blank=True)
     #: why it is cordoned, where the portal cordoned it (a failed validation, a rollout)
     maintenance_reason = models.CharField(max_length=300, blank=True)
+    #: since when the cluster has reported it not ready (None: ready); a long absence means
+    #: a burn-in before it serves again
+    not_ready_since = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["pool__name", "name"]

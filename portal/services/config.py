@@ -49,6 +49,7 @@ POOL_KEYS = [
     "taints",
     "lifecycle",
     "inference_floor_milli",
+    "burn_in_new_nodes",
 ]
 AUTOSCALE_KEYS = [
     "min_nodes",
@@ -170,6 +171,7 @@ def _pool_wanted(entry: dict[str, Any]) -> dict[str, Any]:
         "taints": [],
         "lifecycle": "production",
         "inference_floor_milli": 0,
+        "burn_in_new_nodes": True,
     }
     out = {
         "name": entry["name"],

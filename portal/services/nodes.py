@@ -7,6 +7,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.db import transaction
@@ -92,11 +93,24 @@ def inventory_sync(*, nodes: list[Any] | None = None) -> int:
     inventory = nodes if nodes is not None else get_backend().inventory()
     pools = {p.name: p for p in Pool.objects.all()}
     seen = 0
+    now = timezone.now()
+    # A pool's first nodes are the pool as adopted; a node joining it later is burnt in first.
+    populated = set(Node.objects.values_list("pool_id", flat=True).distinct())
+    before: dict[str, dict[str, Any]] = {
+        n["name"]: dict(n)
+        for n in Node.objects.filter(name__in=[i.name for i in inventory]).values(
+            "name", "pool_id", "ready", "not_ready_since"
+        )
+    }
+    joining: list[tuple[Node, str]] = []
     with transaction.atomic():
         for inv in inventory:
             pool = pools.get(inv.pool)
             if pool is None:
                 continue
+            prev = before.get(inv.name)
+            why = _joins(pool, prev, inv.ready, populated, now)
+            away_since = None if inv.ready else (prev["not_ready_since"] if prev else None) or now
             node, _ = Node.objects.update_or_create(
                 name=inv.name,
                 defaults={
@@ -108,8 +122,11 @@ def inventory_sync(*, nodes: list[Any] | None = None) -> int:
                     "ready": inv.ready,
                     "interconnect": inv.interconnect,
                     "software": lifecycle.node_software(inv.labels),
+                    "not_ready_since": away_since,
                 },
             )
+            if why:
+                joining.append((node, why))
             if inv.cordoned and not node.cordoned:
                 Node.objects.filter(pk=node.pk).update(cordoned=True)
             for d in _foreign_off_held(node, inv.devices):
@@ -132,6 +149,8 @@ def inventory_sync(*, nodes: list[Any] | None = None) -> int:
                     },
                 )
             seen += 1
+        for node, why in joining:
+            _burn_in_gate(node, why)
     return seen
 
 
@@ -164,6 +183,39 @@ def _foreign_off_held(node: Node, devices: Sequence[InventoryDevice]) -> list[In
         else d
         for d in devices
     ]
+
+
+def _joins(
+    pool: Pool, prev: dict[str, Any] | None, ready: bool, populated: set[int], now: datetime
+) -> str:
+    """Why a node must pass a burn-in before it serves in `pool` ("" = it need not)."""
+    if not pool.burn_in_new_nodes or pool.autoscaled:
+        # An autoscaled pool's nodes are asked for a waiting request and consumed by it (a
+        # ProvisioningRequest): holding them out would let the ask lapse.
+        return ""
+    if prev is None:
+        return f"new in pool {pool.name}" if pool.pk in populated else ""
+    if prev["pool_id"] != pool.pk:
+        return f"moved into pool {pool.name}"
+    away = prev["not_ready_since"]
+    gone_s = (now - away).total_seconds() if away is not None else 0.0
+    if ready and not prev["ready"] and gone_s >= settings.BURN_IN_RETURN_AFTER_SECONDS > 0:
+        return f"back in pool {pool.name} after {int(gone_s)} s away"
+    return ""
+
+
+#: the maintenance reason of a node held out of its pool until its burn-in passes; the
+#: rollout beat starts that burn-in (`portal.services.rollouts.burn_ins_start`)
+BURN_IN_GATE = "burn-in before serving: "
+
+
+def _burn_in_gate(node: Node, why: str) -> None:
+    """Hold the node out now, in the portal and on the cluster; its burn-in starts next beat."""
+    Node.objects.filter(pk=node.pk).update(
+        cordoned=True, maintenance_reason=(BURN_IN_GATE + why)[:300]
+    )
+    name = node.name
+    transaction.on_commit(lambda: backend_call("node_patch", name, {}, True))
 
 
 CRITICAL_XID_QUARANTINE = "critical Xid"

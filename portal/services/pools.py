@@ -77,6 +77,7 @@ def _links_set(actor: Actor, wc: WorkloadClass, relation: str, rows: Any) -> Non
 POOL_FIELDS = [
     "lifecycle",
     "inference_floor_milli",
+    "burn_in_new_nodes",
     "taints",
     "node_selector",
     "time_slicing_replicas",

@@ -12,16 +12,27 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from portal.backends import get_backend
 from portal.lib import lifecycle
-from portal.models import Allocation, Attempt, Node, Pool, Rollout, RolloutNode, ValidationRun
+from portal.models import (
+    Allocation,
+    Attempt,
+    Decision,
+    Node,
+    Pool,
+    Rollout,
+    RolloutNode,
+    ValidationRun,
+)
 from portal.services.attempts import attempt_stop, lost_work
 from portal.services.audit import audit
-from portal.services.nodes import inventory_sync
+from portal.services.nodes import BURN_IN_GATE, inventory_sync
 from portal.services.pools import pool_update
 from portal.services.validations import (
     ACTOR,
     backend_node_patch,
     cordon_node,
+    site_thresholds,
     uncordon_node,
     validation_observe,
     validation_start,
@@ -37,13 +48,31 @@ def _node_milli(node: Node) -> int:
     return 1000 * node.devices.count()
 
 
+def canary_pool_nodes(pool: Pool, kind: str) -> list[Node]:
+    """The nodes of the pools marked canary (other than `pool`): wave 0 of every rollout but
+    a MIG re-layout (that one is the pool's own geometry)."""
+    if kind == "mig-layout" or pool.lifecycle == Pool.Lifecycle.CANARY:
+        return []
+    return list(
+        Node.objects.filter(pool__lifecycle=Pool.Lifecycle.CANARY, pool__retired_at__isnull=True)
+        .exclude(pool=pool)
+        .prefetch_related("devices")
+        .order_by("name")
+    )
+
+
 def rollout_plan(
-    pool: Pool, *, canary_nodes: int, wave_percent: int
+    pool: Pool, *, canary_nodes: int, wave_percent: int, kind: str = "driver"
 ) -> tuple[list[list[str]], list[dict[str, Any]]]:
     """The waves and their capacity impact: GPU milli out of service per wave, and the share
-    of the pool's GPUs that is (waves run one at a time, so this is also the peak)."""
+    of the pool's GPUs that is (waves run one at a time, so this is also the peak). The canary
+    pool's nodes, where a pool is marked canary, come first as a wave of their own."""
     nodes = {n.name: n for n in pool.nodes.prefetch_related("devices")}
     waves = lifecycle.plan_waves(list(nodes), canary=canary_nodes, wave_percent=wave_percent)
+    canary_pool = canary_pool_nodes(pool, kind) if waves else []
+    if canary_pool:
+        waves = [[n.name for n in canary_pool], *waves]
+        nodes.update({n.name: n for n in canary_pool})
     total = sum(_node_milli(n) for n in nodes.values()) or 1
     impact = []
     for i, wave in enumerate(waves):
@@ -59,7 +88,8 @@ def rollout_plan(
         impact.append(
             {
                 "wave": i,
-                "canary": i == 0 and canary_nodes > 0,
+                "canary": i == 0 and (canary_nodes > 0 or bool(canary_pool)),
+                "canary_pool": i == 0 and bool(canary_pool),
                 "nodes": wave,
                 "gpu_milli_out": out,
                 "pool_share_pct": round(100 * out / total, 1),
@@ -116,14 +146,35 @@ def rollout_start(
     }
     errors = _check(kind, target, pool, fields)
     try:
-        limits = lifecycle.thresholds_check(thresholds)
+        limits = lifecycle.thresholds_check(thresholds, site_thresholds())
     except ValueError as exc:
         errors["thresholds"] = str(exc)
     if errors:
         raise ValidationError(errors)
-    waves, impact = rollout_plan(pool, canary_nodes=canary_nodes, wave_percent=wave_percent)
+    waves, impact = rollout_plan(
+        pool, canary_nodes=canary_nodes, wave_percent=wave_percent, kind=kind
+    )
     if not waves:
         raise ValidationError({"pool": f"Pool {pool.name} has no nodes."})
+    names = [n for wave in waves for n in wave]
+    taken = (
+        RolloutNode.objects.filter(node__name__in=names, rollout__state=Rollout.State.RUNNING)
+        .values_list("node__name", flat=True)
+        .first()
+    )
+    if taken:
+        raise ValidationError({"pool": f"Node {taken} is in a running rollout already."})
+    extra: dict[str, Any] = {}
+    if kind == "driver":
+        try:
+            extra["driver_api"] = get_backend().driver_api_in_use()
+        except Exception as exc:  # noqa: BLE001 - the start is refused, with why
+            log.exception("asking which GPU Operator driver API to use failed")
+            raise ValidationError(
+                {
+                    "kind": f"Could not ask the cluster which driver API the GPU Operator serves: {exc}"
+                }
+            ) from exc
     change = lifecycle.change_for(kind, target)
     values = [n.labels.get(change.converged_label, "") for n in pool.nodes.all() if n.labels] or [
         ""
@@ -139,14 +190,14 @@ def rollout_start(
                 target=target,
                 thresholds=limits,
                 waves=waves,
-                impact={"waves": impact},
+                impact={"waves": impact, **extra},
                 rollback_criteria=lifecycle.rollback_criteria(
                     kind, max_failed_nodes, target, previous
                 ),
                 created_by=actor,
                 **fields,
             )
-            nodes = {n.name: n for n in pool.nodes.all()}
+            nodes = {n.name: n for n in Node.objects.filter(name__in=names)}
             RolloutNode.objects.bulk_create(
                 RolloutNode(rollout=rollout, node=nodes[name], wave=i)
                 for i, wave in enumerate(waves)
@@ -161,6 +212,7 @@ def rollout_start(
                     "kind": kind,
                     "target": target,
                     "waves": waves,
+                    **extra,
                     **fields,
                     "thresholds": limits,
                 },
@@ -182,6 +234,7 @@ def rollouts_advance(*, now: datetime | None = None) -> dict[str, int]:
         # Lone validations, and those a halted rollout left running.
         validation_observe(run, now=now)
         counts["validations"] += 1
+    counts["burn_ins"] = burn_ins_start(now=now)
     running = list(Rollout.objects.filter(state=Rollout.State.RUNNING).select_related("pool"))
     if any(
         r.members.filter(wave=r.current_wave, step=RolloutNode.Step.APPLYING).exists()
@@ -196,6 +249,22 @@ def rollouts_advance(*, now: datetime | None = None) -> dict[str, int]:
         _advance(rollout, now)
         counts["rollouts"] += 1
     return counts
+
+
+def burn_ins_start(*, now: datetime | None = None) -> int:
+    """Start the burn-in of each node held out of its pool until it passes one (new, moved
+    in, or back after a long absence: `portal.services.nodes`), where none runs yet."""
+    started = 0
+    held = Node.objects.filter(cordoned=True, maintenance_reason__startswith=BURN_IN_GATE).exclude(
+        validations__state=ValidationRun.State.RUNNING
+    )
+    for node in held:
+        try:
+            validation_start(actor=None, node=node, now=now, return_on_pass=True)
+        except ValidationError:  # one started meanwhile
+            continue
+        started += 1
+    return started
 
 
 def _audit(rollout: Rollout, action: str, **after: Any) -> None:
@@ -254,6 +323,7 @@ def _step(rollout: Rollout, m: RolloutNode, now: datetime) -> None:
             cordon_node(node, f"rollout {rollout.pk}: {rollout.kind} {rollout.target}")
             _move(m, RolloutNode.Step.DRAINING, now)
             _audit(rollout, "rollout.cordon", node=node.name, wave=m.wave)
+            _decide(rollout, m, "rollout-cordon", "cordoned for the GPU Operator's driver upgrade")
         elif m.step == RolloutNode.Step.DRAINING:
             _drain(rollout, m, now)
         elif m.step == RolloutNode.Step.APPLYING:
@@ -293,14 +363,40 @@ def drain_verdict(attempt: Attempt, since: datetime, now: datetime) -> str:
     return f"waiting for {attempt.workload_name}'s next checkpoint"
 
 
+def _decide(rollout: Rollout, m: RolloutNode, code: str, message: str) -> None:
+    """The portal's cordon and drain for a driver upgrade the GPU Operator carries out, in
+    the decision log beside the requeues of the work it stopped (the Operator's own
+    cordon and drain then find nothing to do)."""
+    if rollout.kind != Rollout.Kind.DRIVER or _driver_api(rollout) not in lifecycle.OPERATOR_APIS:
+        return
+    Decision.objects.create(
+        node=m.node.name,
+        pool_id=m.node.pool_id,
+        kind=Decision.Kind.END,
+        code=code,
+        message=f"{m.node.name}: {message} to {rollout.target} (rollout {rollout.pk})"[:500],
+        facts={"rollout": rollout.pk, "wave": m.wave, "stopped": m.stopped_attempts},
+    )
+
+
+def _driver_api(rollout: Rollout) -> str:
+    return str(rollout.impact.get("driver_api") or "labels")
+
+
+def _change(rollout: Rollout, m: RolloutNode) -> lifecycle.Change:
+    wave = lifecycle.driver_wave_name(rollout.pk, m.wave)
+    return lifecycle.change_for(rollout.kind, rollout.target, _driver_api(rollout), wave)
+
+
 def _drain(rollout: Rollout, m: RolloutNode, now: datetime) -> None:
     attempts = _active_attempts(m.node)
     since = m.step_at or now
     if not attempts:
-        change = lifecycle.change_for(rollout.kind, rollout.target)
+        change = _change(rollout, m)
         m.previous = {k: m.node.labels.get(k) for k in change.labels}
         _move(m, RolloutNode.Step.APPLYING, now)
         _write_change(rollout, m)
+        _decide(rollout, m, "rollout-drained", "drained; the GPU Operator upgrades the driver")
         _audit(
             rollout,
             "rollout.apply",
@@ -343,15 +439,59 @@ def _drain(rollout: Rollout, m: RolloutNode, now: datetime) -> None:
 
 
 def _write_change(rollout: Rollout, m: RolloutNode) -> None:
-    change = lifecycle.change_for(rollout.kind, rollout.target)
+    change = _change(rollout, m)
     name, labels = m.node.name, dict(change.labels)
+    api = _driver_api(rollout)
+    if rollout.kind == Rollout.Kind.DRIVER and api in lifecycle.OPERATOR_APIS:
+        wave, target = lifecycle.driver_wave_name(rollout.pk, m.wave), rollout.target
+        # The resource first: a node labelled for a wave nothing selects yet waits harmlessly.
+        transaction.on_commit(lambda: _operator_write(api, wave, target))
     transaction.on_commit(lambda: backend_node_patch(name, labels, None))
 
 
+def _operator_write(api: str, name: str, version: str) -> None:
+    try:
+        get_backend().driver_version_write(api, name, version)
+    except Exception:  # noqa: BLE001
+        # Written again at the next step while the node waits for it.
+        log.exception("writing driver %s through %s failed", version, api)
+
+
+def _operator_converged(rollout: Rollout, m: RolloutNode, node: Node, now: datetime) -> bool:
+    """Follow the GPU Operator's per-node upgrade state; True once the node may be burnt in.
+    A node it reports `upgrade-failed` fails here, with that reason."""
+    where, why = lifecycle.driver_upgrade(node.labels, rollout.target)
+    if where == "done":
+        return True
+    if where == "failed":
+        _move(m, RolloutNode.Step.FAILED, now, why)
+        node.maintenance_reason = f"rollout {rollout.pk}: {why}"[:300]
+        node.save(update_fields=["maintenance_reason", "updated_at"])
+        _audit(rollout, "rollout.node_failed", node=node.name, reason=why)
+        return False
+    if m.reason != why[:300]:
+        _audit(
+            rollout,
+            "rollout.upgrade_state",
+            node=node.name,
+            state=node.labels.get(lifecycle.DRIVER_UPGRADE_STATE, ""),
+        )
+    return False
+
+
 def _apply(rollout: Rollout, m: RolloutNode, now: datetime) -> None:
-    change = lifecycle.change_for(rollout.kind, rollout.target)
+    change = _change(rollout, m)
     node = Node.objects.get(pk=m.node_id)
-    if node.labels.get(change.converged_label) == change.converged_value:
+    operator = (
+        rollout.kind == Rollout.Kind.DRIVER and _driver_api(rollout) in lifecycle.OPERATOR_APIS
+    )
+    if operator:
+        converged = _operator_converged(rollout, m, node, now)
+        if m.step == RolloutNode.Step.FAILED:
+            return
+    else:
+        converged = node.labels.get(change.converged_label) == change.converged_value
+    if converged:
         run = validation_start(actor=None, node=node, rollout=rollout, now=now)
         m.validation = run
         m.save(update_fields=["validation"])
@@ -370,7 +510,10 @@ def _apply(rollout: Rollout, m: RolloutNode, now: datetime) -> None:
         node.save(update_fields=["maintenance_reason", "updated_at"])
         _audit(rollout, "rollout.node_failed", node=node.name, reason=reason)
         return
-    m.reason = f"waiting for {change.converged_label}={change.converged_value}"
+    if operator:
+        m.reason = lifecycle.driver_upgrade(node.labels, rollout.target)[1][:300]
+    else:
+        m.reason = f"waiting for {change.converged_label}={change.converged_value}"
     m.save(update_fields=["reason"])
     # Written again while waiting: a patch lost to a backend error is retried.
     _write_change(rollout, m)

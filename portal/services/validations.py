@@ -26,6 +26,15 @@ log = logging.getLogger(__name__)
 ACTOR = "rollout"
 
 
+def site_thresholds() -> dict[str, float]:
+    """The burn-in thresholds of the site's settings (VALIDATION_*; docs/lifecycle.md)."""
+    return {
+        **lifecycle.DEFAULT_THRESHOLDS,
+        "nccl_busbw_gbps": float(settings.VALIDATION_NCCL_MIN_BUSBW_GBPS),
+        "dcgm_diag_level": float(settings.VALIDATION_DCGM_DIAG_LEVEL),
+    }
+
+
 def _mig_resource(profile: str) -> str:
     return "nvidia.com/mig-" + profile.replace("+", ".")
 
@@ -48,6 +57,7 @@ def validation_spec(run: ValidationRun) -> ValidationSpec:
         node=run.node.name,
         resources=tuple(sorted(counts.items())),
         devices=len(devices),
+        dcgm_level=int(run.thresholds.get("dcgm_diag_level", 1)),
         # The pod reports its figures like a checkpoint, with a token of its own.
         report_url=f"{base}/api/v1/validations/{run.pk}/result" if base else "",
         token=attempt_token(ready_token_key(), settings.VALIDATION_NAMESPACE, run.name, run.pk)
@@ -92,12 +102,16 @@ def validation_start(
     thresholds: Any = None,
     rollout: Rollout | None = None,
     now: datetime | None = None,
+    reason: str = "validating",
+    return_on_pass: bool = False,
 ) -> ValidationRun:
-    """Cordon the node and start its burn-in. 400 (`node`) if one runs already."""
+    """Cordon the node and start its burn-in. 400 (`node`) if one runs already. A pass
+    uncordons a node the run cordoned, or any with `return_on_pass` (held out before)."""
     now = now or timezone.now()
     try:
         limits = lifecycle.thresholds_check(
-            thresholds if thresholds is not None else (rollout.thresholds if rollout else None)
+            thresholds if thresholds is not None else (rollout.thresholds if rollout else None),
+            site_thresholds(),
         )
     except ValueError as exc:
         raise ValidationError({"thresholds": str(exc)}) from exc
@@ -107,13 +121,13 @@ def validation_start(
             raise ValidationError({"node": f"{node.name} is being validated already."})
         cordoned_it = not node.cordoned
         if cordoned_it or not node.maintenance_reason:
-            cordon_node(node, "validating")
+            cordon_node(node, reason)
         run = ValidationRun.objects.create(
             node=node,
             rollout=rollout,
             name="qm-validate",
             thresholds=limits,
-            cordoned_it=cordoned_it and rollout is None,
+            cordoned_it=(cordoned_it or return_on_pass) and rollout is None,
             created_by=actor if getattr(actor, "is_authenticated", False) else None,
             started_at=now,
         )

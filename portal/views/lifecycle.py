@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from django import forms
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
 from django.http import HttpResponse
@@ -39,7 +40,8 @@ class RolloutForm(forms.Form):
     apply_timeout_s = forms.IntegerField(min_value=1, max_value=86400, initial=900)
     nccl_busbw_gbps = forms.FloatField(
         min_value=0,
-        initial=lifecycle.DEFAULT_THRESHOLDS["nccl_busbw_gbps"],
+        # The site's floor (VALIDATION_NCCL_MIN_BUSBW_GBPS), read when the form is shown.
+        initial=lambda: float(settings.VALIDATION_NCCL_MIN_BUSBW_GBPS),
         label="NCCL bus bandwidth at least (GB/s)",
     )
     warmup_max_s = forms.FloatField(
@@ -89,7 +91,10 @@ def rollout_create(request: AuthedRequest, pool_id: int) -> HttpResponse:
         data = dict(form.cleaned_data)
         thresholds = {k: data.pop(k) for k in ("nccl_busbw_gbps", "warmup_max_s")}
         _, plan = rollout_plan(
-            pool, canary_nodes=data["canary_nodes"], wave_percent=data["wave_percent"]
+            pool,
+            canary_nodes=data["canary_nodes"],
+            wave_percent=data["wave_percent"],
+            kind=data["kind"],
         )
         if "preview" not in request.POST:
             try:

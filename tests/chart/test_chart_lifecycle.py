@@ -18,7 +18,16 @@ def test_nodes_are_patched_only_when_rollouts_are_enabled() -> None:
     values = copy.deepcopy(CASES["everything"])
     values.setdefault("rbac", {})["manageNodes"] = True
     patch = [r for r in _node_rules(values) if "patch" in r["verbs"]]
-    assert patch == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]}]
+    assert patch == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]},
+        # Driver rollouts write the GPU Operator's NVIDIADriver per wave, or its ClusterPolicy.
+        {
+            "apiGroups": ["nvidia.com"],
+            "resources": ["nvidiadrivers"],
+            "verbs": ["get", "create", "patch"],
+        },
+        {"apiGroups": ["nvidia.com"], "resources": ["clusterpolicies"], "verbs": ["list", "patch"]},
+    ]
 
 
 def test_burn_ins_get_a_namespace_and_a_role_of_their_own_when_enabled() -> None:
@@ -43,4 +52,7 @@ def test_burn_ins_get_a_namespace_and_a_role_of_their_own_when_enabled() -> None
     }
     config = one(docs, "ConfigMap", f"{FULL}-config")["data"]
     assert config["VALIDATION_NAMESPACE"] == "qm-burn-in"
-    assert config["VALIDATION_IMAGE"].startswith("nvcr.io/nvidia/pytorch")
+    # Images that ship what the burn-in runs: nccl-tests, and NVIDIA's DCGM for `dcgmi diag`.
+    assert "nccl-tests" in config["VALIDATION_IMAGE"]
+    assert config["VALIDATION_DCGM_IMAGE"].startswith("nvcr.io/nvidia/cloud-native/dcgm:")
+    assert config["GPU_OPERATOR_DRIVER_API"] == "auto"

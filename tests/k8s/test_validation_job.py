@@ -37,10 +37,35 @@ def test_the_job_takes_every_gpu_of_its_node_and_tolerates_its_cordon() -> None:
         "requests": {"nvidia.com/gpu": "8"},
     }
     script = c["command"][-1]
-    for step in ("nvidia-smi -L", "all_reduce_perf", "dcgmi diag -r 1", "torch", "QM_VALIDATION"):
+    for step in (
+        "nvidia-smi -L",
+        "all_reduce_perf",
+        'dcgmi diag -r "${QM_DCGM_LEVEL',
+        "QM_VALIDATION",
+    ):
         assert step in script
     env = {e["name"]: e["value"] for e in c["env"]}
-    assert env == {"QM_REPORT_URL": SPEC.report_url, "QM_REPORT_TOKEN": "t0k"}
+    assert env == {"QM_REPORT_URL": SPEC.report_url, "QM_REPORT_TOKEN": "t0k", "QM_DCGM_LEVEL": "1"}
+    # One image carrying both: no init container.
+    assert not pod.get("initContainers")
+
+
+def test_dcgm_diag_runs_first_from_the_dcgm_image_at_the_asked_level() -> None:
+    from dataclasses import replace
+
+    dcgm = "nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04"
+    job = job_to_dict(validation_job_build(replace(SPEC, dcgm_level=3), "nccl-tests:1", dcgm))
+    pod = job["spec"]["template"]["spec"]
+    [init] = pod["initContainers"]
+    [main] = pod["containers"]
+    assert init["image"] == dcgm and main["image"] == "nccl-tests:1"
+    assert "dcgmi diag" in init["command"][-1] and "nv-hostengine" in init["command"][-1]
+    assert {e["name"]: e["value"] for e in init["env"]} == {"QM_DCGM_LEVEL": "3"}
+    # The GPUs are the node's for both; the verdict passes through the shared volume.
+    assert init["resources"] == main["resources"]
+    mounts = {m["mountPath"] for c in (init, main) for m in c["volumeMounts"]}
+    assert mounts == {"/results"}
+    assert pod["volumes"] == [{"name": "results", "emptyDir": {}}]
 
 
 def _job(*conditions: tuple[str, str]) -> Any:
