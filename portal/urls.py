@@ -33,6 +33,7 @@ from portal.api.teams import (
 )
 from portal.api.tokens import TokenDetailApi, TokenListCreateApi
 from portal.metrics import collector as metrics
+from portal.views import autoscaling as views_autoscaling
 from portal.views import lifecycle as views_lifecycle
 from portal.views import whatif as views_whatif
 from portal.views.audit import audit_csv, audit_log, decision_log
@@ -183,6 +184,8 @@ portal_patterns = [
         views_lifecycle.pool_mig_relayout,
         name="mig-relayout",
     ),
+    path("ops/rollouts/", views_lifecycle.rollout_index, name="rollouts"),
+    path("ops/autoscaling/", views_autoscaling.autoscaling, name="autoscaling"),
     path("ops/rollouts/<int:rollout_id>/", views_lifecycle.rollout_detail, name="rollout-detail"),
     path("ops/rollouts/<int:rollout_id>/halt/", views_lifecycle.rollout_halt, name="rollout-halt"),
 ]
