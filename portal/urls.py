@@ -35,6 +35,7 @@ from portal.api.tokens import TokenDetailApi, TokenListCreateApi
 from portal.metrics import collector as metrics
 from portal.views import autoscaling as views_autoscaling
 from portal.views import lifecycle as views_lifecycle
+from portal.views import reports as views_reports
 from portal.views import whatif as views_whatif
 from portal.views.audit import audit_csv, audit_log, decision_log
 from portal.views.capacity import capacity, device_clear_quarantine, node_action, nodes_bulk_action
@@ -186,6 +187,7 @@ portal_patterns = [
     ),
     path("ops/rollouts/", views_lifecycle.rollout_index, name="rollouts"),
     path("ops/autoscaling/", views_autoscaling.autoscaling, name="autoscaling"),
+    path("ops/reports/estimates/", views_reports.estimates, name="report-estimates"),
     path("ops/rollouts/<int:rollout_id>/", views_lifecycle.rollout_detail, name="rollout-detail"),
     path("ops/rollouts/<int:rollout_id>/halt/", views_lifecycle.rollout_halt, name="rollout-halt"),
 ]
