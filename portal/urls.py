@@ -188,6 +188,7 @@ portal_patterns = [
     path("ops/rollouts/", views_lifecycle.rollout_index, name="rollouts"),
     path("ops/autoscaling/", views_autoscaling.autoscaling, name="autoscaling"),
     path("ops/reports/estimates/", views_reports.estimates, name="report-estimates"),
+    path("ops/reports/idle-quota/", views_reports.idle_quota, name="report-idle-quota"),
     path("ops/rollouts/<int:rollout_id>/", views_lifecycle.rollout_detail, name="rollout-detail"),
     path("ops/rollouts/<int:rollout_id>/halt/", views_lifecycle.rollout_halt, name="rollout-halt"),
 ]

@@ -7,10 +7,11 @@ import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db.models import DurationField, ExpressionWrapper, F, Max, Sum
+from django.db.models import DurationField, ExpressionWrapper, F, Max, Q, Sum, Value
+from django.db.models.functions import Coalesce, Greatest, Least
 from django.utils import timezone
 
-from portal.models import Attempt, GpuRequest
+from portal.models import Attempt, GpuRequest, Quota, UsageRecord
 
 #: the windows a report may look back over, in days
 WINDOWS = (7, 30, 90)
@@ -88,6 +89,103 @@ def estimates_vs_reality(days: int = 30, now: datetime | None = None) -> list[Es
                 ratio_p90=_quantile(ratios, 0.9),
                 overran=sum(1 for r in ratios if r > 1) / n,
                 under_a_third=sum(1 for r in ratios if r < 1 / 3) / n,
+            )
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class IdleRow:
+    quota: Quota
+    #: GPU-hours guaranteed and used, over the last 7 and the last 30 days
+    guaranteed_7d: float
+    used_7d: float
+    guaranteed_30d: float
+    used_30d: float
+    #: whole GPUs: the 95th percentile of the daily mean GPUs used over 30 days, rounded up
+    suggested_gpus: int
+
+    @property
+    def idle_7d(self) -> float:
+        return max(0.0, self.guaranteed_7d - self.used_7d)
+
+    @property
+    def idle_30d(self) -> float:
+        return max(0.0, self.guaranteed_30d - self.used_30d)
+
+    @property
+    def idle_share_30d(self) -> float:
+        return self.idle_30d / self.guaranteed_30d if self.guaranteed_30d else 0.0
+
+    @property
+    def whatif(self) -> str:
+        """The what-if line that tries the suggested guarantee."""
+        return f"quota.{self.quota.team.name}.{self.quota.pool.name}={self.suggested_gpus}"
+
+
+def _used_between(start: datetime, end: datetime) -> Sum:
+    """GPU milli × time the usage ledger's attempts held in [start, end) (a duration)."""
+    held = ExpressionWrapper(
+        Least(Coalesce(F("ended_at"), Value(end)), Value(end))
+        - Greatest(F("started_at"), Value(start)),
+        output_field=DurationField(),
+    )
+    clipped = Greatest(held, Value(timedelta(0)), output_field=DurationField())
+    return Sum(
+        ExpressionWrapper(F("gpus_milli") * clipped, output_field=DurationField()),
+        filter=Q(started_at__lt=end) & (Q(ended_at__isnull=True) | Q(ended_at__gt=start)),
+    )
+
+
+def _gpu_hours(milli_time: timedelta | None) -> float:
+    return (milli_time or timedelta(0)).total_seconds() / 1000 / 3600
+
+
+def idle_quota(now: datetime | None = None) -> list[IdleRow]:
+    """Per team and pool with a guarantee, the guaranteed GPU-hours of the last 7 and 30 days
+    against those used (the usage ledger, clipped to the window), and a suggested guarantee.
+
+    Two queries: the quotas, and one grouped read of the ledger summing each window and each
+    of the last 30 days (for the percentile) in SQL. The guarantee is today's: quotas keep
+    no history.
+    """
+    now = now or timezone.now()
+    day0 = now - timedelta(days=30)
+    sums: dict[str, Sum] = {
+        "w7": _used_between(now - timedelta(days=7), now),
+        "w30": _used_between(day0, now),
+    }
+    for d in range(30):
+        sums[f"d{d}"] = _used_between(day0 + timedelta(days=d), day0 + timedelta(days=d + 1))
+    quotas = list(
+        Quota.objects.filter(nominal_milli__gt=0, team__retired_at__isnull=True)
+        .select_related("team", "pool")
+        .order_by("team__name", "pool__name")
+    )
+    ledger = {
+        (r.pop("team_id"), r.pop("pool_id")): r
+        for r in UsageRecord.objects.filter(
+            team_id__in={q.team_id for q in quotas}, started_at__lt=now
+        )
+        .filter(Q(ended_at__isnull=True) | Q(ended_at__gt=day0))
+        .values("team_id", "pool_id")
+        .annotate(**sums)
+        .order_by()
+    }
+    out = []
+    for q in quotas:
+        used = ledger.get((q.team_id, q.pool_id), {})
+        # a day's mean GPUs in use: its GPU-hours over 24 h
+        daily = sorted(_gpu_hours(used.get(f"d{d}")) / 24 for d in range(30))
+        gpus = q.nominal_milli / 1000
+        out.append(
+            IdleRow(
+                quota=q,
+                guaranteed_7d=gpus * 7 * 24,
+                used_7d=_gpu_hours(used.get("w7")),
+                guaranteed_30d=gpus * 30 * 24,
+                used_30d=_gpu_hours(used.get("w30")),
+                suggested_gpus=math.ceil(round(_quantile(daily, 0.95), 6)),
             )
         )
     return out

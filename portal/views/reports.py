@@ -38,3 +38,10 @@ def estimates(request: AuthedRequest) -> HttpResponse:
             "windows": reports.WINDOWS,
         },
     )
+
+
+@login_required
+@require_GET
+def idle_quota(request: AuthedRequest) -> HttpResponse:
+    access.require_admin_read(request.user)
+    return render(request, "portal/report_idle_quota.html", {"rows": reports.idle_quota()})

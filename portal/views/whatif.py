@@ -22,7 +22,8 @@ def whatif_list(request: AuthedRequest) -> HttpResponse:
     """Recent what-ifs, and the form that drafts one (KEY=VALUE lines, N days)."""
     access.require_admin_read(request.user)
     errors: dict[str, list[str]] = {}
-    days, text = "7", ""
+    # a report's suggestion (?settings=quota.vision.a100-train=3) opens the form pre-filled
+    days, text = "7", request.GET.get("settings", "")[:2000]
     if request.method == "POST":
         access.require_admin(request.user)
         days, text = request.POST.get("days", "7"), request.POST.get("settings", "")
