@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db.models import DurationField, ExpressionWrapper, F, Max, Q, Sum, Value
 from django.db.models.functions import Coalesce, Greatest, Least
@@ -123,69 +124,76 @@ class IdleRow:
         return f"quota.{self.quota.team.name}.{self.quota.pool.name}={self.suggested_gpus}"
 
 
-def _used_between(start: datetime, end: datetime) -> Sum:
-    """GPU milli × time the usage ledger's attempts held in [start, end) (a duration)."""
+def _held_between(start: datetime, end: datetime) -> Sum:
+    """Time the usage ledger's attempts held their GPUs in [start, end) (a duration)."""
     held = ExpressionWrapper(
         Least(Coalesce(F("ended_at"), Value(end)), Value(end))
         - Greatest(F("started_at"), Value(start)),
         output_field=DurationField(),
     )
-    clipped = Greatest(held, Value(timedelta(0)), output_field=DurationField())
     return Sum(
-        ExpressionWrapper(F("gpus_milli") * clipped, output_field=DurationField()),
+        held,
         filter=Q(started_at__lt=end) & (Q(ended_at__isnull=True) | Q(ended_at__gt=start)),
+        output_field=DurationField(),
     )
 
 
-def _gpu_hours(milli_time: timedelta | None) -> float:
-    return (milli_time or timedelta(0)).total_seconds() / 1000 / 3600
+def _gpu_hours(held: dict[int, dict[str, Any]], key: str) -> float:
+    """GPU-hours from {gpus_milli: time held} (durations are summed per size in SQL: SQLite
+    cannot multiply a duration)."""
+    return (
+        sum(milli * (t.get(key) or timedelta(0)).total_seconds() for milli, t in held.items())
+        / 1000
+        / 3600
+    )
 
 
 def idle_quota(now: datetime | None = None) -> list[IdleRow]:
     """Per team and pool with a guarantee, the guaranteed GPU-hours of the last 7 and 30 days
     against those used (the usage ledger, clipped to the window), and a suggested guarantee.
 
-    Two queries: the quotas, and one grouped read of the ledger summing each window and each
-    of the last 30 days (for the percentile) in SQL. The guarantee is today's: quotas keep
-    no history.
+    Two queries: the quotas, and one grouped read of the ledger summing, per attempt size,
+    the time held in each window and each of the last 30 days (for the percentile) in SQL.
+    The guarantee is today's: quotas keep no history.
     """
     now = now or timezone.now()
     day0 = now - timedelta(days=30)
     sums: dict[str, Sum] = {
-        "w7": _used_between(now - timedelta(days=7), now),
-        "w30": _used_between(day0, now),
+        "w7": _held_between(now - timedelta(days=7), now),
+        "w30": _held_between(day0, now),
     }
     for d in range(30):
-        sums[f"d{d}"] = _used_between(day0 + timedelta(days=d), day0 + timedelta(days=d + 1))
+        sums[f"d{d}"] = _held_between(day0 + timedelta(days=d), day0 + timedelta(days=d + 1))
     quotas = list(
         Quota.objects.filter(nominal_milli__gt=0, team__retired_at__isnull=True)
         .select_related("team", "pool")
         .order_by("team__name", "pool__name")
     )
-    ledger = {
-        (r.pop("team_id"), r.pop("pool_id")): r
-        for r in UsageRecord.objects.filter(
-            team_id__in={q.team_id for q in quotas}, started_at__lt=now
-        )
+    ledger: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}
+    for r in (
+        UsageRecord.objects.filter(team_id__in={q.team_id for q in quotas}, started_at__lt=now)
         .filter(Q(ended_at__isnull=True) | Q(ended_at__gt=day0))
-        .values("team_id", "pool_id")
+        .values("team_id", "pool_id", "gpus_milli")
         .annotate(**sums)
         .order_by()
-    }
+    ):
+        key = (r.pop("team_id"), r.pop("pool_id"))
+        ledger.setdefault(key, {})[r.pop("gpus_milli")] = r
     out = []
     for q in quotas:
         used = ledger.get((q.team_id, q.pool_id), {})
         # a day's mean GPUs in use: its GPU-hours over 24 h
-        daily = sorted(_gpu_hours(used.get(f"d{d}")) / 24 for d in range(30))
+        daily = sorted(_gpu_hours(used, f"d{d}") / 24 for d in range(30))
         gpus = q.nominal_milli / 1000
         out.append(
             IdleRow(
                 quota=q,
                 guaranteed_7d=gpus * 7 * 24,
-                used_7d=_gpu_hours(used.get("w7")),
+                used_7d=_gpu_hours(used, "w7"),
                 guaranteed_30d=gpus * 30 * 24,
-                used_30d=_gpu_hours(used.get("w30")),
-                suggested_gpus=math.ceil(round(_quantile(daily, 0.95), 6)),
+                used_30d=_gpu_hours(used, "w30"),
+                # (rounded to a hundredth first: a few seconds of overlap are not another GPU)
+                suggested_gpus=math.ceil(round(_quantile(daily, 0.95), 2)),
             )
         )
     return out
