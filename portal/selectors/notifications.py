@@ -35,7 +35,8 @@ class Happening:
 def happenings(user: Any, page: str | int | None = None) -> Page[Happening]:
     """One page of the starts and ends of the attempts of `user`'s requests, newest first, in
     three queries whatever the page: the count, the page of one UNION, its requests."""
-    mine = Attempt.objects.filter(request__submitted_by=user)
+    # unordered parts: SQLite refuses an ORDER BY (Attempt's default) inside a UNION
+    mine = Attempt.objects.filter(request__submitted_by=user).order_by()
     text: CharField[str, str] = CharField()
     started = (
         mine.filter(started_at__isnull=False)
