@@ -61,6 +61,7 @@ from portal.views.settings import (
     pool_new,
     pool_retire_view,
     profile_activate,
+    profile_compare,
     profile_create,
     profile_edit,
     settings_page,
@@ -141,6 +142,7 @@ portal_patterns = [
     path("ops/pools/<int:pool_id>/", pool_edit, name="pool-edit"),
     path("ops/pools/<int:pool_id>/retire/", pool_retire_view, name="pool-retire"),
     path("ops/profiles/new/", profile_create, name="profile-create"),
+    path("ops/profiles/compare/", profile_compare, name="profile-compare"),
     path("ops/profiles/<int:profile_id>/", profile_edit, name="profile-edit"),
     path(
         "ops/profiles/<int:profile_id>/activate/",

@@ -13,6 +13,7 @@ import pytest
 from django.utils import timezone
 
 from portal.models import Attempt, NodeProvision, Pool, Rollout
+from portal.services.profiles import policy_profile_create
 from tests.base import World, submit
 from tests.browser import test_admin_browser as admin
 from tests.browser import test_portal_browser as base
@@ -75,6 +76,15 @@ def test_the_new_pages_load_from_the_menu_and_axe_finds_nothing(page, world: Wor
     check("admin-report-idle-quota")
     page.locator("[data-testid=idle-quota] a:has-text('try it in a what-if')").first.click()
     assert "quota." in page.locator("#id_settings").input_value()
+    # two profiles side by side, from the settings page
+    policy_profile_create(actor=world.dave, name="patient", knobs={"preempt_after_s": 1200})
+    page.click("nav >> text=Settings")
+    page.click("[data-testid=profile-compare-link]")
+    page.select_option("#id_a", label="patient v1")
+    page.select_option("#id_b", index=1)
+    page.click("#profile-compare button[type=submit]")
+    page.wait_for_selector("[data-testid=profile-diff] td:has-text('Preempt only after waiting')")
+    check("admin-profile-compare")
 
     page.context.clear_cookies()
     login(page, "bob")
