@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
 from django.http import HttpResponse
@@ -10,6 +12,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from portal import access
 from portal.models import WhatIfRun
+from portal.selectors import whatif as whatif_selectors
 from portal.tick import whatif_runs
 from portal.views.base import AuthedRequest
 
@@ -59,8 +62,16 @@ def whatif_detail(request: AuthedRequest, run_id: int) -> HttpResponse:
     template = "portal/whatif_detail.html"
     if request.htmx:
         template += "#whatif-result"
-    teams = sorted((run.result or {}).get("teams", {}).items())
-    return render(request, template, {"run": run, "teams": teams, "error": ""})
+    return render(request, template, _detail_context(run))
+
+
+def _detail_context(run: WhatIfRun, error: str = "") -> dict[str, Any]:
+    return {
+        "run": run,
+        **whatif_selectors.comparison(run.result),
+        "changes": whatif_selectors.change_words(run.changes),
+        "error": error,
+    }
 
 
 @login_required
@@ -71,8 +82,7 @@ def whatif_apply(request: AuthedRequest, run_id: int) -> HttpResponse:
     try:
         whatif_runs.whatif_apply(actor=request.user, run=run)
     except ValidationError as exc:
-        teams = sorted((run.result or {}).get("teams", {}).items())
         error = "; ".join(m for ms in exc.message_dict.values() for m in ms)
-        context = {"run": run, "teams": teams, "error": error}
+        context = _detail_context(run, error)
         return render(request, "portal/whatif_detail.html", context, status=400)
     return redirect("portal:whatif-detail", run.pk)
