@@ -11,6 +11,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
 from portal import access
+from portal.forms.whatif import WhatIfChangeForm
 from portal.models import WhatIfRun
 from portal.selectors import whatif as whatif_selectors
 from portal.tick import whatif_runs
@@ -22,33 +23,40 @@ EXAMPLE = "quota.vision.a100-train=24\npolicy.preempt_after_s=120"
 @login_required
 @require_http_methods(["GET", "POST"])
 def whatif_list(request: AuthedRequest) -> HttpResponse:
-    """Recent what-ifs, and the form that drafts one (KEY=VALUE lines, N days)."""
+    """Recent what-ifs, and the form that drafts one: a guarantee, a knob or KEY=VALUE lines."""
     access.require_admin_read(request.user)
     errors: dict[str, list[str]] = {}
-    # a report's suggestion (?settings=quota.vision.a100-train=3) opens the form pre-filled
-    days, text = "7", request.GET.get("settings", "")[:2000]
+    days = "7"
     if request.method == "POST":
         access.require_admin(request.user)
-        days, text = request.POST.get("days", "7"), request.POST.get("settings", "")
+        days = request.POST.get("days", "7")
+        form = WhatIfChangeForm(request.POST)
         try:
+            if not form.is_valid():
+                raise ValidationError(form.errors)
             if not days.isdigit():
                 raise ValidationError({"days": "A whole number of days."})
-            changes = whatif_runs.parse_settings(text)
             run = whatif_runs.whatif_draft(
                 actor=request.user,
                 days=int(days),
-                settings=changes,
+                settings=whatif_runs.parse_settings(form.lines()),
             )
         except ValidationError as exc:
             errors = exc.message_dict
+            for field, messages in errors.items():
+                if field in form.fields and field not in form.errors:
+                    form.add_error(field, messages)
         else:
             return redirect("portal:whatif-detail", run.pk)
+    else:
+        # a report's suggestion opens the form pre-filled (?team=&pool=&quota=, ?settings=)
+        form = WhatIfChangeForm(initial={k: v for k, v in request.GET.items() if k != "days"})
     context = {
         "runs": WhatIfRun.objects.select_related("created_by")[:20],
         "errors": errors,
         "other_errors": errors.get("__all__", []),
         "days": days,
-        "text": text,
+        "form": form,
         "example": EXAMPLE,
     }
     return render(request, "portal/whatif.html", context, status=400 if errors else 200)

@@ -75,7 +75,9 @@ def test_the_new_pages_load_from_the_menu_and_axe_finds_nothing(page, world: Wor
     page.wait_for_selector("[data-testid=idle-quota] td:has-text('vision')")
     check("admin-report-idle-quota")
     page.locator("[data-testid=idle-quota] a:has-text('try it in a what-if')").first.click()
-    assert "quota." in page.locator("#id_settings").input_value()
+    assert page.locator("#id_quota").input_value() == "0"
+    assert page.locator("#id_team option:checked").inner_text() in ("nlp", "speech", "vision")
+    check("admin-whatif-form")
     # two profiles side by side, from the settings page
     policy_profile_create(actor=world.dave, name="patient", knobs={"preempt_after_s": 1200})
     page.click("nav >> text=Settings")

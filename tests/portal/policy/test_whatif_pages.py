@@ -156,3 +156,34 @@ def test_it_says_when_a_change_makes_no_difference(world: World, client: Client)
     page = client.get(f"/ops/whatif/{run.pk}/").content.decode()
     assert 'data-testid="no-difference"' in page and "No difference" in page
     assert "preempt_after_s of the active profile: 300 → 60" in page
+
+
+def test_the_change_is_picked_in_a_form_a_guarantee_and_a_knob(
+    world: World, client: Client, django_capture_on_commit_callbacks: Any
+) -> None:
+    from portal.models import Pool
+
+    pool = Pool.objects.get(name="a100-train")
+    client.force_login(world.dave)
+    page = client.get("/ops/whatif/").content.decode()
+    assert "Preempt only after waiting (preempt_after_s, now 300)" in page
+    with django_capture_on_commit_callbacks(execute=True):
+        r = client.post(
+            "/ops/whatif/",
+            {"days": "3", "team": world.vision.pk, "pool": pool.pk, "quota": "24",
+             "knob": "preempt_after_s", "knob_value": "60"},
+        )  # fmt: skip
+    run = WhatIfRun.objects.get()
+    assert r.status_code == 302
+    assert run.changes == {"quota.vision.a100-train": "24", "policy.preempt_after_s": "60"}
+
+
+def test_a_half_picked_change_names_the_missing_field(world: World, client: Client) -> None:
+    client.force_login(world.dave)
+    r = client.post("/ops/whatif/", {"days": "3", "team": world.vision.pk, "knob": "packer"})
+    page = r.content.decode()
+    assert r.status_code == 400 and not WhatIfRun.objects.exists()
+    assert "Pick the team, the pool and the new guarantee." in page
+    assert "Give the knob&#x27;s new value." in page
+    r = client.post("/ops/whatif/", {"days": "3"})
+    assert r.status_code == 400 and "Propose at least one change." in r.content.decode()

@@ -85,10 +85,13 @@ def test_the_page_links_the_suggestion_to_a_prefilled_what_if(
         page = c.get("/ops/reports/idle-quota/").content.decode()
     table = page[page.index('data-testid="idle-quota"') :]
     assert "vision" in table and "a100-train" in table
-    link = "/ops/whatif/?settings=quota.vision.a100-train%3D1"
+    pool = Pool.objects.get(name="a100-train")
+    link = f"/ops/whatif/?team={world.vision.pk}&amp;pool={pool.pk}&amp;quota=1"
     assert link in table
-    form = c.get(link).content.decode()
-    assert ">quota.vision.a100-train=1</textarea>" in form
+    form = c.get(link.replace("&amp;", "&")).content.decode()
+    assert f'<option value="{world.vision.pk}" selected>vision</option>' in form
+    assert f'<option value="{pool.pk}" selected>a100-train</option>' in form
+    assert 'name="quota" value="1"' in form
     bob = Client()
     bob.force_login(world.bob)
     assert bob.get("/ops/reports/idle-quota/").status_code == 403
