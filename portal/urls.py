@@ -33,7 +33,9 @@ from portal.api.teams import (
 )
 from portal.api.tokens import TokenDetailApi, TokenListCreateApi
 from portal.metrics import collector as metrics
+from portal.views import autoscaling as views_autoscaling
 from portal.views import lifecycle as views_lifecycle
+from portal.views import reports as views_reports
 from portal.views import whatif as views_whatif
 from portal.views.audit import audit_csv, audit_log, decision_log
 from portal.views.capacity import capacity, device_clear_quarantine, node_action, nodes_bulk_action
@@ -59,6 +61,7 @@ from portal.views.settings import (
     pool_new,
     pool_retire_view,
     profile_activate,
+    profile_compare,
     profile_create,
     profile_edit,
     settings_page,
@@ -139,6 +142,7 @@ portal_patterns = [
     path("ops/pools/<int:pool_id>/", pool_edit, name="pool-edit"),
     path("ops/pools/<int:pool_id>/retire/", pool_retire_view, name="pool-retire"),
     path("ops/profiles/new/", profile_create, name="profile-create"),
+    path("ops/profiles/compare/", profile_compare, name="profile-compare"),
     path("ops/profiles/<int:profile_id>/", profile_edit, name="profile-edit"),
     path(
         "ops/profiles/<int:profile_id>/activate/",
@@ -183,6 +187,10 @@ portal_patterns = [
         views_lifecycle.pool_mig_relayout,
         name="mig-relayout",
     ),
+    path("ops/rollouts/", views_lifecycle.rollout_index, name="rollouts"),
+    path("ops/autoscaling/", views_autoscaling.autoscaling, name="autoscaling"),
+    path("ops/reports/estimates/", views_reports.estimates, name="report-estimates"),
+    path("ops/reports/idle-quota/", views_reports.idle_quota, name="report-idle-quota"),
     path("ops/rollouts/<int:rollout_id>/", views_lifecycle.rollout_detail, name="rollout-detail"),
     path("ops/rollouts/<int:rollout_id>/halt/", views_lifecycle.rollout_halt, name="rollout-halt"),
 ]

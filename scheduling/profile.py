@@ -50,52 +50,70 @@ class Knob:
     maximum: float | None = None
     choices: tuple[str, ...] = ()
     help: str = ""
+    #: the knob in words, for people (the name stays what profile files and the API say)
+    label: str = ""
 
 
 #: the bounds and one line of help per knob; a knob added to `Policy` without an entry
 #: here gets "0 or more" (numbers) and no help
 _RULES: dict[str, dict[str, Any]] = {
     "packer": {
+        "label": "Device packing",
         "choices": ("default", *packer.POLICIES),
         "help": "Device packer (scheduling.packer); default is fgd-bestfit.",
     },
     "usage_half_life_s": {
+        "label": "Fair-share usage half-life",
         "minimum": 1,
         "help": "Half-life of the usage that orders teams for fair share, seconds.",
     },
+    "shape_half_life_s": {
+        "label": "Request-shape history half-life",
+        "help": "Half-life of the history of request shapes the packer plans for, seconds.",
+    },
     "max_preemptions_per_tick": {
+        "label": "Preemptions per tick at most",
         "help": "At most this many attempts preempted per tick.",
     },
     "escalate_after": {
+        "label": "Escalate after (share of the class's queue time)",
         "maximum": 1.0,
         "help": "Escalate a request after this fraction of its class's maximum queue time.",
     },
     "max_reservations": {
+        "label": "Reservations per tick at most",
         "help": "At most this many blocked requests hold nodes back per tick.",
     },
     "reserve_after_s": {
+        "label": "Reserve nodes after waiting",
         "help": "A small blocked request gets a reservation after waiting this long, seconds.",
     },
     "reserve_min_devices": {
+        "label": "Reserve at once from this many devices",
         "minimum": 1,
         "help": "A blocked request of at least this many devices gets a reservation at once.",
     },
     "preempt_after_s": {
+        "label": "Preempt only after waiting",
         "help": "An entitled request preempts only after waiting this long, seconds (0 = at once).",
     },
     "max_victim_loss_gpu_s": {
+        "label": "Most work a victim may lose",
         "help": "No victim loses more GPU-seconds than this since its last checkpoint (0 = no limit).",
     },
     "victim_loss_per_gpu_s": {
+        "label": "Most work a victim may lose per GPU asked",
         "help": "No victim loses more GPU-seconds than this per GPU of the request that "
         "preempts it, nor more than the victim loss cap (0 = the cap alone).",
     },
     "starvation_after": {
+        "label": "Starving after (share of the class's queue time)",
         "maximum": 100.0,
         "help": "A request within quota that waited this fraction of its class's maximum queue "
         "time may preempt any team's same or lower band (0 = never).",
     },
     "starving_loss_ratio": {
+        "label": "Work a starving request may cost (times its wait)",
         "maximum": 100.0,
         "help": "Past its starvation bound, a request's victims may lose together up to this "
         "multiple of the GPU-time it waited, above the victim loss cap (0 = the cap only).",
@@ -112,6 +130,7 @@ def _knobs() -> dict[str, Knob]:
         if kind in (int, float):
             rules.setdefault("minimum", 0)
             rules.setdefault("maximum", _BIG)
+        rules.setdefault("label", f.name.replace("_", " ").capitalize())
         out[f.name] = Knob(f.name, kind, f.default, **rules)
     return out
 

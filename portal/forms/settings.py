@@ -14,7 +14,7 @@ from portal.forms.fields import (
     to_gpus,
     to_milli,
 )
-from portal.models import GpuRequest, Pool, Team, WorkloadClass
+from portal.models import GpuRequest, PolicyProfile, Pool, Team, WorkloadClass
 from portal.services.pools import CLASS_FIELDS, POOL_FIELDS, POOL_FIXED_FIELDS
 from scheduling import profile as scheduling_profile
 
@@ -102,18 +102,20 @@ class PoolForm(forms.ModelForm):  # type: ignore[type-arg]
         return to_milli(self.cleaned_data["inference_floor_milli"]) or 0
 
 
-def _knob_label(name: str) -> str:
-    """The knob's own name (as in the profile file), with its unit where the name has one."""
-    if name.endswith("_gpu_s"):
-        return f"{name} (GPU-seconds)"
-    if name.endswith("_s"):
-        return f"{name} (seconds)"
-    return name
+def _knob_label(knob: scheduling_profile.Knob) -> str:
+    """The knob in words, with its unit where its name has one."""
+    if knob.name.endswith("_gpu_s"):
+        return f"{knob.label} (GPU-seconds)"
+    if knob.name.endswith("_s"):
+        return f"{knob.label} (seconds)"
+    return knob.label
 
 
 def _knob_form_field(knob: scheduling_profile.Knob) -> forms.Field:
     """A form field with the core's own bounds for one knob (`scheduling.profile`)."""
-    kw: dict[str, Any] = {"label": _knob_label(knob.name), "help_text": knob.help}
+    # the knob's own name (as in profile files, the API and what-if keys) as the hint
+    hint = f"{knob.name}: {knob.help}" if knob.help else knob.name
+    kw: dict[str, Any] = {"label": _knob_label(knob), "help_text": hint}
     if knob.choices:
         return forms.ChoiceField(choices=[(c, c) for c in knob.choices], **kw)
     if knob.type is str:
@@ -172,3 +174,16 @@ class RetireForm(forms.Form):
         field = self.fields["move_to"]
         assert isinstance(field, forms.ModelChoiceField)
         field.queryset = choices
+
+
+class ProfileDiffForm(forms.Form):
+    """Two scheduling profiles to compare."""
+
+    a = forms.ModelChoiceField(queryset=PolicyProfile.objects.order_by("name"), label="Profile")
+    b = forms.ModelChoiceField(queryset=PolicyProfile.objects.order_by("name"), label="against")
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if data.get("a") is not None and data.get("a") == data.get("b"):
+            self.add_error("b", "Pick another profile than the first.")
+        return data

@@ -9,6 +9,7 @@ from django import forms
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
+from django.core.paginator import Paginator
 from django.http import HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -123,6 +124,15 @@ def node_validate(request: AuthedRequest, node_id: int) -> HttpResponse:
     except ValidationError as exc:
         return refusal_response(exc)
     return redirect(reverse("portal:pool-detail", args=[node.pool_id]))
+
+
+@login_required
+@require_GET
+def rollout_index(request: AuthedRequest) -> HttpResponse:
+    """Every rollout of every pool, newest first (before, reachable only from a pool's page)."""
+    access.require_admin_read(request.user)
+    page = Paginator(lifecycle_selectors.rollout_list(), 50).get_page(request.GET.get("page"))
+    return render(request, "portal/rollouts.html", {"page": page})
 
 
 @login_required

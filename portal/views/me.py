@@ -18,6 +18,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from portal import access
 from portal.forms.requests import NotificationPreferenceForm
 from portal.models import NotificationPreference
+from portal.selectors.notifications import happenings
 from portal.services.me import notification_preference_set, request_template_delete
 from portal.views.base import AuthedRequest
 
@@ -112,6 +113,11 @@ def notification_settings(request: AuthedRequest) -> HttpResponse:
     form = NotificationPreferenceForm(
         request.POST or None, instance=pref or NotificationPreference(user=request.user)
     )
+    has_email = bool(getattr(request.user, "email", ""))
+    if not has_email:
+        # Nothing can be mailed without an address: the box is neither ticked nor tickable.
+        form.fields["email"].disabled = True
+        form.initial["email"] = False
     if request.method == "POST" and form.is_valid():
         try:
             notification_preference_set(
@@ -125,10 +131,17 @@ def notification_settings(request: AuthedRequest) -> HttpResponse:
             messages.success(request, "Notification settings saved.")
             return redirect("portal:notifications")
     status = 400 if form.errors else 200
+    template = "portal/notifications.html"
+    if request.htmx and request.method == "GET":
+        template += "#happenings"
     return render(
         request,
-        "portal/notifications.html",
-        {"form": form, "has_email": bool(getattr(request.user, "email", ""))},
+        template,
+        {
+            "form": form,
+            "has_email": has_email,
+            "page": happenings(request.user, request.GET.get("page")),
+        },
         status=status,
     )
 

@@ -18,12 +18,14 @@ from portal.forms.settings import (
     PolicyProfileForm,
     PoolCreateForm,
     PoolForm,
+    ProfileDiffForm,
     RetireForm,
     WorkloadClassCreateForm,
     WorkloadClassForm,
 )
 from portal.models import PolicyProfile, Pool, Quota, Team, WorkloadClass
 from portal.selectors.gangs import gang_launch
+from portal.selectors.profiles import profile_diff
 from portal.services.pools import (
     RetireImpact,
     pool_create,
@@ -53,6 +55,19 @@ def settings_page(request: AuthedRequest) -> HttpResponse:
     if request.htmx:
         template += "#profiles"
     return render(request, template, _settings_context())
+
+
+@login_required
+@require_GET
+def profile_compare(request: AuthedRequest) -> HttpResponse:
+    """Two profiles side by side: only the knobs that differ."""
+    access.require_admin_read(request.user)
+    form = ProfileDiffForm(request.GET if "a" in request.GET else None)
+    rows = None
+    if form.is_bound and form.is_valid():
+        rows = profile_diff(form.cleaned_data["a"], form.cleaned_data["b"])
+    context = {"form": form, "rows": rows}
+    return render(request, "portal/profile_diff.html", context, status=400 if form.errors else 200)
 
 
 def _settings_context(override: dict[tuple[str, int], Any] | None = None) -> dict[str, Any]:

@@ -30,6 +30,11 @@ PAGES = [
     "/ops/audit/",
     "/ops/settings/",
     "/ops/whatif/",
+    "/ops/autoscaling/",
+    "/ops/rollouts/",
+    "/ops/reports/estimates/",
+    "/ops/reports/idle-quota/",
+    "/ops/profiles/compare/",
     "/api/docs/",
     "/admin/",
 ]
