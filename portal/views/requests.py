@@ -38,7 +38,7 @@ from portal.services.requests import gpu_request_cancel, gpu_request_submit
 from portal.tick.estimates import request_estimates
 from portal.tick.preview import gpu_request_preview
 from portal.views.audit import confirm_page
-from portal.views.base import PAGE_SIZE, AuthedRequest, add_errors, next_url
+from portal.views.base import PAGE_SIZE, AuthedRequest, add_errors, htmx_redirect, next_url
 
 
 @login_required
@@ -88,7 +88,9 @@ def request_submit(request: AuthedRequest) -> HttpResponse:
             request, "portal/submit.html#profile-field", {"form": form, "profiles_only": True}
         )
         # The new profiles are in: the form asks for a fresh preview (not before, see submit.html).
-        response["HX-Trigger-After-Swap"] = "qm-profiles"
+        # (after the settle: htmx puts the swapped field's own attributes back then, which
+        # would wipe the marks a preview puts on it)
+        response["HX-Trigger-After-Settle"] = "qm-profiles"
         return response
     initial = _submit_initial(request) if request.method == "GET" else None
     form = SubmitForm(request.POST or None, teams=teams, initial=initial)
@@ -136,7 +138,7 @@ def request_submit(request: AuthedRequest) -> HttpResponse:
                     + (f" ({req.name})" if req.name else "")
                     + ": it is in the queue; this page follows it.",
                 )
-                return redirect("portal:request-detail", request_id=req.pk)
+                return htmx_redirect(request, reverse("portal:request-detail", args=[req.pk]))
     status = 400 if form.errors else 200
     context = {
         "form": form,

@@ -69,9 +69,13 @@ def test_a_failure_says_exit_code_reason_and_last_log_line(world: World) -> None
     assert req.state == GpuRequest.State.FAILED
     assert attempt.exit_code == 3
     # One sentence: what happened, the log's error line (not "exited with code 3" thrice).
-    assert req.status_message == attempt.end_reason == (
-        "the workload failed: RuntimeError: CUDA error: an illegal memory access was "
-        "encountered (exit code 3)"
+    assert (
+        req.status_message
+        == attempt.end_reason
+        == (
+            "the workload failed: RuntimeError: CUDA error: an illegal memory access was "
+            "encountered (exit code 3)"
+        )
     )
     assert "RuntimeError: CUDA error" in attempt.log_tail
     assert attempt.log_tail.splitlines()[-1] == "exited with code 3"
@@ -152,12 +156,18 @@ def test_a_pending_request_has_no_log_yet_but_is_followed(world: World) -> None:
             "RuntimeError: CUDA error: an illegal memory access was encountered",
         ),
         ("step 9 loss 0.1\nKilled\n", "Killed"),
-        ("rank 3: NCCL WARN Call to connect returned Connection refused\nstep 1\n",
-         "rank 3: NCCL WARN Call to connect returned Connection refused"),
-        ("reading shards\nError: cannot open /data/shard-7\nexited with code 2\n",
-         "Error: cannot open /data/shard-7"),
-        ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n",
-         "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"),
+        (
+            "rank 3: NCCL WARN Call to connect returned Connection refused\nstep 1\n",
+            "rank 3: NCCL WARN Call to connect returned Connection refused",
+        ),
+        (
+            "reading shards\nError: cannot open /data/shard-7\nexited with code 2\n",
+            "Error: cannot open /data/shard-7",
+        ),
+        (
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n",
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+        ),
         ("container main terminated: OOMKilled\n", "container main terminated: OOMKilled"),
         ("step 1\nstep 2\nexited with code 1\n", None),
     ],
