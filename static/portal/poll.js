@@ -48,8 +48,9 @@
   }
   document.addEventListener("htmx:responseError", failed);
   document.addEventListener("htmx:sendError", failed);
-  document.addEventListener("htmx:afterRequest", function (event) {
-    if (!polls(event.detail.elt) || !event.detail.successful) return;
+  // before the swap: the polled element is still in the page (an outerHTML swap replaces it)
+  document.addEventListener("htmx:beforeSwap", function (event) {
+    if (!polls(event.detail.elt) || event.detail.xhr.status >= 400) return;
     const b = document.getElementById("qm-stale");
     if (b) b.remove();
   });

@@ -95,12 +95,6 @@ def test_the_profile_survives_a_pool_change_and_a_lost_one_is_highlighted(
     pg.select_option("#id_pool", label="h100-mig")
     pg.wait_for_function("document.querySelector('#preview').dataset.outcome === 'invalid'")
     pg.wait_for_timeout(500)
-    print(
-        "DEBUG",
-        pg.evaluate("document.getElementById('profile-field').className"),
-        pg.inner_html("#preview"),
-        CONSOLE,
-    )
     pg.wait_for_selector("#profile-field.invalid #id_profile_error")
     assert pg.get_attribute("#id_profile", "aria-invalid") == "true"
     assert "id_profile_error" in (pg.get_attribute("#id_profile", "aria-describedby") or "")
@@ -143,6 +137,7 @@ def test_a_refused_submit_comes_back_in_place_with_the_field_focused(
     assert GpuRequest.objects.count() == 0
     # Fixed, it goes through to the request's page with its flash message.
     pg.fill("#id_env", "EPOCHS=3")
+    pg.dispatch_event("#id_env", "change")
     pg.wait_for_function("document.querySelector('#preview').dataset.outcome === 'fits'")
     pg.click("#submit-button")
     pg.wait_for_url("**/requests/*/")
