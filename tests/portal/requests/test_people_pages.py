@@ -13,7 +13,7 @@ from portal.models import GpuRequest, RequestTemplate
 from portal.templatetags.qm import duration, gpu_count, gpus
 from portal.tick import apply
 from portal.tick import run as tick
-from tests.base import World, make_world, submit
+from tests.base import World, api_secret, make_world, submit
 from tests.portal.requests.test_views import form_data
 
 pytestmark = pytest.mark.django_db
@@ -273,3 +273,25 @@ def test_numbers_read_naturally() -> None:
         "2 h 5 min",
         "1 d 3 h",
     ]
+
+
+def test_a_slice_is_written_one_way_on_pages_and_in_the_api(world: World) -> None:
+    req = submit(
+        world.bob,
+        world.vision,
+        pool_name="l4-shared",
+        profile_kind="shared",
+        milli=250,
+        gpu_memory_mib=5120,
+        name="sliced",
+    )
+    words = "shared: 0.25 GPU, 5 GB memory"
+    assert req.profile_label == words
+    c = login(world.bob)
+    for url in ("/", f"/requests/{req.pk}/", "/queue/"):
+        body = c.get(url).content.decode()
+        assert words in body, url
+        assert "250m" not in body and "5120 MiB" not in body, url
+    token = Client(HTTP_AUTHORIZATION=f"Bearer {api_secret(world.bob)}")
+    api = token.get(f"/api/v1/requests/{req.pk}/").json()
+    assert api["profile"] == words
