@@ -274,6 +274,8 @@ def test_screenshots_of_the_main_pages_at_1440_and_390(browser, live_server, wor
                     text = pg.inner_text("main")
                     assert "RuntimeError: CUDA error: an illegal memory access" in text
                     assert "exited with code" not in text.split("Attempts")[0]
+                    if width == 1440:
+                        assert not _broken_words(pg, "td.pool, td.nowrap, td.nodes")
                 if width == 390:
                     wide = pg.evaluate(
                         "() => document.documentElement.scrollWidth - window.innerWidth"

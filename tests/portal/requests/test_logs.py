@@ -86,7 +86,7 @@ def test_a_failure_says_exit_code_reason_and_last_log_line(world: World) -> None
     body = r.content.decode()
     assert r.status_code == 200
     assert "RuntimeError: CUDA error" in body and 'data-testid="failure"' in body
-    assert "exit code 3" in body
+    assert "exit code 3" in body and "(exit code 3) · exit code 3" not in body  # said once
     assert 'hx-trigger="every 3s"' not in body  # over: nothing to follow
 
 
