@@ -20,6 +20,18 @@ def to_gpus(milli: int | None) -> Decimal | None:
     return None if milli is None else Decimal(milli) / 1000
 
 
+class MarksRequired:
+    """Says `aria-required` on each required field's widget (the label's asterisk is for eyes)."""
+
+    fields: dict[str, forms.Field]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for f in self.fields.values():
+            if f.required:
+                f.widget.attrs["aria-required"] = "true"
+
+
 class GpuField(forms.DecimalField):
     """GPUs for people (0.5, 4), milli-GPU for the services."""
 

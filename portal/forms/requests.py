@@ -9,7 +9,7 @@ from typing import Any
 from django import forms
 from django.core.exceptions import ValidationError
 
-from portal.forms.fields import ProfileChoiceField
+from portal.forms.fields import MarksRequired, ProfileChoiceField
 from portal.lib import shapes, validation
 from portal.models import (
     DeviceProfile,
@@ -23,7 +23,7 @@ from portal.selectors.capacity import offered_profiles
 from portal.services.requests import validate_env
 
 
-class SubmitForm(forms.Form):
+class SubmitForm(MarksRequired, forms.Form):
     team = forms.ModelChoiceField(queryset=Team.objects.none())
     name = forms.CharField(max_length=100, required=False)
     workload_class = forms.ModelChoiceField(queryset=WorkloadClass.objects.all())

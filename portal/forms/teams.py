@@ -6,10 +6,10 @@ from typing import Any
 
 from django import forms
 
-from portal.forms.fields import GpuField, to_gpus, to_milli
+from portal.forms.fields import GpuField, MarksRequired, to_gpus, to_milli
 
 
-class QuotaForm(forms.Form):
+class QuotaForm(MarksRequired, forms.Form):
     """A team's quota in one pool, in GPUs. Leads edit nominal and limits; admins also grant."""
 
     nominal = GpuField(label="Guaranteed GPUs")

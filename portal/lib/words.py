@@ -61,3 +61,15 @@ def memory(mib: int | None) -> str:
     if int(mib) < 1024:
         return f"{int(mib)} MiB"
     return f"{_trim(Decimal(int(mib)) / 1024)} GiB"
+
+
+def device_slice(kind: str, mig_profile: str = "", milli: int = 1000, memory_mib: int = 0) -> str:
+    """A device profile in one way for every page and the API: "whole GPU",
+    "MIG 3g.40gb: 3/7 of a GPU, 40 GB", "shared: 0.25 GPU, 5 GB memory" (never "250m, 5120 MiB")."""
+    if kind == "mig":
+        compute, _, mem = mig_profile.partition(".")
+        return f"MIG {mig_profile}: {compute.rstrip('g')}/7 of a GPU, {mem.upper().replace('GB', ' GB')}"
+    if kind == "shared":
+        cap = f", {memory_mib / 1024:g} GB memory" if memory_mib else ""
+        return f"shared: {milli / 1000:g} GPU{cap}"
+    return "whole GPU"

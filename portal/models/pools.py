@@ -11,7 +11,7 @@ from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import Q
 
-from portal.lib import validation
+from portal.lib import validation, words
 
 if TYPE_CHECKING:
     from portal.models.teams import Team
@@ -46,14 +46,8 @@ class DeviceProfile(models.Model):
 
     @property
     def label(self) -> str:
-        """For people: "whole GPU", "MIG 3g.40gb: 3/7 of a GPU, 40 GB", "shared: 0.5 GPU, 10 GB"."""
-        if self.kind == self.Kind.MIG:
-            compute, _, memory = self.mig_profile.partition(".")
-            return f"MIG {self.mig_profile}: {compute.rstrip('g')}/7 of a GPU, {memory.upper().replace('GB', ' GB')}"
-        if self.kind == self.Kind.SHARED:
-            cap = f", {self.gpu_memory_mib / 1024:g} GB memory" if self.gpu_memory_mib else ""
-            return f"shared: {self.milli / 1000:g} GPU{cap}"
-        return "whole GPU"
+        """For people: "whole GPU", "MIG 3g.40gb: 3/7 of a GPU, 40 GB", "shared: 0.5 GPU, 10 GB memory"."""
+        return words.device_slice(self.kind, self.mig_profile, self.milli, self.gpu_memory_mib or 0)
 
     def clean(self) -> None:
         if self.kind == self.Kind.MIG and not self.mig_profile:

@@ -7,6 +7,7 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
 
+from portal.lib import words
 from portal.lib.shapes import request_shape
 from portal.models.pools import Device, DeviceProfile, Pool, WorkloadClass
 from portal.models.teams import Team
@@ -123,12 +124,10 @@ class GpuRequest(models.Model):
 
     @property
     def profile_label(self) -> str:
-        if self.profile_kind == DeviceProfile.Kind.MIG:
-            return f"MIG {self.mig_profile}"
-        if self.profile_kind == DeviceProfile.Kind.SHARED:
-            cap = f", {self.gpu_memory_mib} MiB" if self.gpu_memory_mib else ""
-            return f"shared {self.milli}m{cap}"
-        return "whole GPU"
+        """The profile as the form offered it (one way of writing a slice everywhere)."""
+        return words.device_slice(
+            self.profile_kind, self.mig_profile, self.milli, self.gpu_memory_mib or 0
+        )
 
 
 class Attempt(models.Model):

@@ -12,6 +12,7 @@ from typing import Any
 from django.db.models import Count, Q, QuerySet, Sum
 from django.utils import timezone
 
+from portal.lib import words
 from portal.models import (
     DEVICE_FAULTS,
     Allocation,
@@ -225,7 +226,7 @@ def _device_view(d: Device, allocs: list[dict[str, Any]], now: datetime) -> Devi
     elif d.partitioning == Pool.Partitioning.TIME_SLICING:
         for k in range(max(1, d.replicas)):
             a = by_slot.get(f"s{k}")
-            label = f"{a['milli']}m" if a else f"s{k}"
+            label = f"{words.gpus(a['milli'])} GPU" if a else f"s{k}"
             view.cells.append(taken(a, label) if a else Cell(label, "free"))
     else:
         a = by_slot.get("gpu")

@@ -25,6 +25,7 @@ from portal.backends.base import (
     WorkloadStatus,
 )
 from portal.lib import words
+from portal.lib.failures import error_line
 from portal.models import (
     Allocation,
     Attempt,
@@ -588,18 +589,23 @@ def attempt_observe(
 
 
 def ending_words(outcome: Outcome, status: WorkloadStatus, log_tail: str = "") -> str:
-    """Why an attempt ended, in words: what happened, the exit code, the cluster's reason,
-    and for a failure the last line the workload printed."""
+    """Why an attempt ended, in one sentence: what happened, and for a failure the line of the
+    log that names the error (a traceback's last line, a CUDA error), with the exit code; the
+    cluster's reason where the log names none."""
+    found = error_line(log_tail) if outcome in _LOG_SAYS_WHY else None
+    if found:
+        code = f" (exit code {status.exit_code})" if status.exit_code not in (None, 0) else ""
+        return f"{_REASONS[outcome]}: {found}{code}"
     detail = status.message
     if status.reason and status.reason not in detail and outcome != Outcome.SUCCEEDED:
         detail = f"{status.reason}: {detail}" if detail else status.reason
     if status.exit_code not in (None, 0) and f"code {status.exit_code}" not in detail:
         detail = f"exit code {status.exit_code}" + (f", {detail}" if detail else "")
-    words = _REASONS[outcome] + (f" ({detail})" if detail else "")
-    last = [line for line in log_tail.strip().splitlines() if line.strip()][-1:]
-    if last and outcome in (Outcome.FAILED, Outcome.OOM, Outcome.DEVICE_ERROR):
-        words += f"; last log line: {last[0].strip()[:150]}"
-    return words
+    return _REASONS[outcome] + (f" ({detail})" if detail else "")
+
+
+#: endings whose log may name the error
+_LOG_SAYS_WHY = (Outcome.FAILED, Outcome.OOM, Outcome.DEVICE_ERROR)
 
 
 def _notify_ending(req: GpuRequest, outcome: Outcome, requeued: bool) -> None:

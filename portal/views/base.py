@@ -6,8 +6,9 @@ from typing import Any
 
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.utils.http import url_has_allowed_host_and_scheme
+from django_htmx.http import HttpResponseClientRedirect
 from django_htmx.middleware import HtmxDetails
 
 
@@ -39,3 +40,11 @@ def next_url(request: HttpRequest, default: str) -> str:
     if target and url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}):
         return target
     return default
+
+
+def htmx_redirect(request: HttpRequest, url: str) -> HttpResponse:
+    """Where a form goes once saved: a redirect, or for a form htmx posted (its errors come
+    back in place) a whole-page visit, so the new page and its flash message are shown."""
+    if getattr(request, "htmx", False):
+        return HttpResponseClientRedirect(url)
+    return HttpResponseRedirect(url)

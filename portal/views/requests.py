@@ -8,7 +8,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
-from django.http import HttpResponse
+from django.http import HttpResponse, HttpResponseBadRequest
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -26,14 +26,19 @@ from portal.forms.requests import (
 from portal.models import GpuRequest
 from portal.selectors.config import first_run_pending, pools_live
 from portal.selectors.queue import queue_list, queue_promise, queue_summary, request_wait_split
-from portal.selectors.requests import LOG_DOWNLOAD_LINES, request_attempt_facts, request_list
+from portal.selectors.requests import (
+    LOG_DOWNLOAD_LINES,
+    NoSuchPod,
+    request_attempt_facts,
+    request_list,
+)
 from portal.selectors.requests import request_logs as request_logs_
 from portal.services.me import request_template_save
 from portal.services.requests import gpu_request_cancel, gpu_request_submit
 from portal.tick.estimates import request_estimates
 from portal.tick.preview import gpu_request_preview
 from portal.views.audit import confirm_page
-from portal.views.base import PAGE_SIZE, AuthedRequest, add_errors, next_url
+from portal.views.base import PAGE_SIZE, AuthedRequest, add_errors, htmx_redirect, next_url
 
 
 @login_required
@@ -83,7 +88,9 @@ def request_submit(request: AuthedRequest) -> HttpResponse:
             request, "portal/submit.html#profile-field", {"form": form, "profiles_only": True}
         )
         # The new profiles are in: the form asks for a fresh preview (not before, see submit.html).
-        response["HX-Trigger-After-Swap"] = "qm-profiles"
+        # (after the settle: htmx puts the swapped field's own attributes back then, which
+        # would wipe the marks a preview puts on it)
+        response["HX-Trigger-After-Settle"] = "qm-profiles"
         return response
     initial = _submit_initial(request) if request.method == "GET" else None
     form = SubmitForm(request.POST or None, teams=teams, initial=initial)
@@ -131,7 +138,7 @@ def request_submit(request: AuthedRequest) -> HttpResponse:
                     + (f" ({req.name})" if req.name else "")
                     + ": it is in the queue; this page follows it.",
                 )
-                return redirect("portal:request-detail", request_id=req.pk)
+                return htmx_redirect(request, reverse("portal:request-detail", args=[req.pk]))
     status = 400 if form.errors else 200
     context = {
         "form": form,
@@ -291,28 +298,40 @@ def request_logs(request: AuthedRequest, request_id: int) -> HttpResponse:
     of the team's work.
     """
     req = access.get_gpu_request_for_user(request.user, request_id)
-    view = request_logs_(req)
+    raw = request.GET.get("pod", "0")
+    try:
+        # a gang's pods each have their own log: ?pod=<rank>
+        pod = int(raw) if raw.isdigit() else -1
+        view = request_logs_(req, pod=pod)
+    except NoSuchPod as exc:
+        return HttpResponseBadRequest(f"pod: {exc}", content_type="text/plain; charset=utf-8")
     template = "portal/request_logs.html"
     if request.htmx:
         template += "#log-panel"
     # Followed until the request is over: a pending one's log appears once it starts.
     follow = req.state not in GpuRequest.TERMINAL_STATES
-    return render(request, template, {"req": req, "logs": view, "follow": follow})
+    context = {"req": req, "logs": view, "follow": follow, "pod": pod, "ranks": range(view.pods)}
+    return render(request, template, context)
 
 
 @login_required
 @require_GET
 def request_logs_download(request: AuthedRequest, request_id: int) -> HttpResponse:
     req = access.get_gpu_request_for_user(request.user, request_id)
-    view = request_logs_(req, tail_lines=LOG_DOWNLOAD_LINES, events=False)
-    if view.attempt is None:
+    raw = request.GET.get("pod", "0")
+    try:
+        pod = int(raw) if raw.isdigit() else -1
+        view = request_logs_(req, tail_lines=LOG_DOWNLOAD_LINES, events=False, pod=pod)
+    except NoSuchPod as exc:
+        return HttpResponseBadRequest(f"pod: {exc}", content_type="text/plain; charset=utf-8")
+    if view.attempt is None or (view.attempt.started_at is None and not view.text.strip()):
         # Said in words rather than an empty file that looks like a silent workload.
         return HttpResponse(
             f"Request #{req.pk} has not run yet, so it has no log.\n",
             status=404,
             content_type="text/plain; charset=utf-8",
         )
-    name = view.attempt.workload_name
+    name = view.attempt.workload_name + (f"-pod{pod}" if view.pods > 1 else "")
     response = HttpResponse(view.text, content_type="text/plain; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{name}.log"'
     return response

@@ -34,7 +34,7 @@ from portal.services.teams import (
     team_retire_sentence,
 )
 from portal.services.teams import team_create as create_team
-from portal.views.base import AuthedRequest, add_errors, next_url
+from portal.views.base import AuthedRequest, add_errors, htmx_redirect, next_url
 
 
 @login_required
@@ -187,7 +187,9 @@ def quota_edit(request: AuthedRequest, team_id: int, pool_id: int) -> HttpRespon
                 f"Quota of {team.name} in {pool.name} saved: {d['nominal']:g} GPUs guaranteed, "
                 f"may borrow {limit}.",
             )
-            return redirect(next_url(request, reverse("portal:team-detail", args=[team.pk])))
+            return htmx_redirect(
+                request, next_url(request, reverse("portal:team-detail", args=[team.pk]))
+            )
     context = _team_context(request, team)
     for u in context["usage"]:
         if u.pool.pk == pool.pk:

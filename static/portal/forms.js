@@ -31,19 +31,69 @@
   });
   // htmx: only a request a submit started (a preview on change is not a submit), and only
   // the buttons this script disabled are enabled again (others have their own reasons).
+  // A submit button that posts its form with htmx (hx-post on the button) counts as well.
+  function submitting(elt, cause) {
+    if (!elt || !cause) return null;
+    if (elt.tagName === "FORM" && cause.type === "submit") return elt;
+    if (elt.tagName === "BUTTON" && cause.type === "click" && elt.form) return elt.form;
+    return null;
+  }
   document.addEventListener("htmx:beforeRequest", function (event) {
-    const elt = event.detail.elt;
     const cause = event.detail.requestConfig && event.detail.requestConfig.triggeringEvent;
-    if (!elt || elt.tagName !== "FORM" || !cause || cause.type !== "submit") return;
-    buttons(elt).forEach(function (b) {
+    const form = submitting(event.detail.elt, cause);
+    if (!form) return;
+    buttons(form).forEach(function (b) {
       if (!b.disabled) { b.disabled = true; b.dataset.qmBusy = "1"; }
     });
   });
   document.addEventListener("htmx:afterRequest", function (event) {
     const elt = event.detail.elt;
-    if (!elt || elt.tagName !== "FORM") return;
-    buttons(elt).forEach(function (b) {
+    const form = elt && (elt.tagName === "FORM" ? elt : elt.form);
+    if (!form) return;
+    buttons(form).forEach(function (b) {
       if (b.dataset.qmBusy) { b.disabled = false; delete b.dataset.qmBusy; }
+    });
+  });
+  // Errors next to the field, where the reader is: a form marked data-errors-in-place is
+  // posted by htmx and its 400 answer (the form with its errors) swapped in where it stands,
+  // instead of a page load that starts again at the top.
+  document.addEventListener("htmx:beforeSwap", function (event) {
+    const elt = event.detail.elt;
+    const form = elt && (elt.tagName === "FORM" ? elt : elt.form);
+    if (event.detail.xhr.status === 400 && form && form.hasAttribute("data-errors-in-place")) {
+      event.detail.shouldSwap = true;
+      event.detail.isError = false;
+    }
+  });
+  // The first field to fix gets the focus: on a page shown with errors, and when a form
+  // comes back with them.
+  function focusInvalid(root) {
+    const first = root.querySelector("form [aria-invalid=true], form[aria-invalid=true]") ||
+      (root.tagName === "FORM" ? root.querySelector("[aria-invalid=true]") : null);
+    if (first) first.focus({ preventScroll: false });
+  }
+  document.addEventListener("DOMContentLoaded", function () {
+    const main = document.getElementById("content");
+    if (main) focusInvalid(main);
+  });
+  document.addEventListener("htmx:afterSettle", function (event) {
+    const target = event.detail.elt;
+    if (target && target.tagName === "FORM" && target.hasAttribute("data-errors-in-place")) {
+      focusInvalid(target);
+    }
+  });
+  // Menus (details.menu): one open at a time, closed by a click elsewhere or Escape.
+  document.addEventListener("click", function (event) {
+    document.querySelectorAll("details.menu[open]").forEach(function (d) {
+      if (!d.contains(event.target)) d.removeAttribute("open");
+    });
+  });
+  document.addEventListener("keydown", function (event) {
+    if (event.key !== "Escape") return;
+    document.querySelectorAll("details.menu[open]").forEach(function (d) {
+      d.removeAttribute("open");
+      const s = d.querySelector("summary");
+      if (s) s.focus();
     });
   });
 })();

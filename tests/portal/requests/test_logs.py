@@ -12,6 +12,7 @@ from django.test import Client
 from django.urls import reverse
 
 from portal.backends import get_backend
+from portal.lib.failures import error_line
 from portal.models import GpuRequest, SimulatedWorkload
 from portal.tick.reconcile import reconcile
 from portal.tick.run import run_tick
@@ -67,11 +68,15 @@ def test_a_failure_says_exit_code_reason_and_last_log_line(world: World) -> None
     attempt = req.attempts.get()
     assert req.state == GpuRequest.State.FAILED
     assert attempt.exit_code == 3
-    # What happened, the code, the cluster's reason and the last line the workload printed.
-    assert "the workload failed" in req.status_message
-    assert "exited with code 3" in req.status_message
-    assert "Error" in req.status_message
-    assert attempt.end_reason.endswith("; last log line: exited with code 3")
+    # One sentence: what happened, the log's error line (not "exited with code 3" thrice).
+    assert (
+        req.status_message
+        == attempt.end_reason
+        == (
+            "the workload failed: RuntimeError: CUDA error: an illegal memory access was "
+            "encountered (exit code 3)"
+        )
+    )
     assert "RuntimeError: CUDA error" in attempt.log_tail
     assert attempt.log_tail.splitlines()[-1] == "exited with code 3"
     assert len(attempt.log_tail.splitlines()) <= 40
@@ -81,7 +86,7 @@ def test_a_failure_says_exit_code_reason_and_last_log_line(world: World) -> None
     body = r.content.decode()
     assert r.status_code == 200
     assert "RuntimeError: CUDA error" in body and 'data-testid="failure"' in body
-    assert "exit code 3" in body
+    assert "exit code 3" in body and "(exit code 3) · exit code 3" not in body  # said once
     assert 'hx-trigger="every 3s"' not in body  # over: nothing to follow
 
 
@@ -139,3 +144,56 @@ def test_a_pending_request_has_no_log_yet_but_is_followed(world: World) -> None:
     r = _client(world.bob).get(reverse("portal:request-logs", args=[waiting.pk]))
     body = r.content.decode()
     assert "Nothing has run yet" in body and 'hx-trigger="every 3s"' in body
+
+
+@pytest.mark.parametrize(
+    ("log", "line"),
+    [
+        (
+            'Traceback (most recent call last):\n  File "t.py", line 3, in <module>\n'
+            "RuntimeError: CUDA error: an illegal memory access was encountered\n"
+            "exited with code 1\n",
+            "RuntimeError: CUDA error: an illegal memory access was encountered",
+        ),
+        ("step 9 loss 0.1\nKilled\n", "Killed"),
+        (
+            "rank 3: NCCL WARN Call to connect returned Connection refused\nstep 1\n",
+            "rank 3: NCCL WARN Call to connect returned Connection refused",
+        ),
+        (
+            "reading shards\nError: cannot open /data/shard-7\nexited with code 2\n",
+            "Error: cannot open /data/shard-7",
+        ),
+        (
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n",
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+        ),
+        ("container main terminated: OOMKilled\n", "container main terminated: OOMKilled"),
+        ("step 1\nstep 2\nexited with code 1\n", None),
+    ],
+)
+def test_the_error_line_is_the_last_one_that_names_an_error(log: str, line: str | None) -> None:
+    assert error_line(log) == line
+
+
+def test_a_gangs_log_is_read_pod_by_pod_on_the_page(world: World) -> None:
+    req = submit(world.bob, world.vision, count=1, pods=2, estimated_runtime_s=36_000)
+    run_tick()
+    assert len(req.attempts.get().nodes) == 2
+    c = _client(world.bob)
+    url = reverse("portal:request-logs", args=[req.pk])
+    body = c.get(url).content.decode()
+    assert 'aria-label="Pods of the gang"' in body
+    assert body.count('aria-current="page"') == 1 and "?pod=1" in body
+    second = c.get(url + "?pod=1", HTTP_HX_REQUEST="true").content.decode()
+    assert f'hx-get="{url}?pod=1"' in second  # the panel follows the chosen pod
+    assert c.get(url + "?pod=7").status_code == 400
+    assert c.get(url + "?pod=x").status_code == 400
+
+
+def test_the_log_of_a_request_that_never_ran_says_so(world: World) -> None:
+    req = submit(world.bob, world.vision, count=1)  # not ticked: it never ran
+    r = _client(world.bob).get(reverse("portal:request-logs-download", args=[req.pk]))
+    assert r.status_code == 404
+    assert "has not run yet, so it has no log" in r.content.decode()
+    assert "Content-Disposition" not in r

@@ -13,7 +13,7 @@ from portal.models import GpuRequest, RequestTemplate
 from portal.templatetags.qm import duration, gpu_count, gpus
 from portal.tick import apply
 from portal.tick import run as tick
-from tests.base import World, make_world, submit
+from tests.base import World, api_secret, make_world, submit
 from tests.portal.requests.test_views import form_data
 
 pytestmark = pytest.mark.django_db
@@ -128,9 +128,10 @@ def test_my_jobs_has_submitted_started_and_runtime(world: World) -> None:
     attempt.save()
     GpuRequest.objects.filter(pk=req.pk).update(state="running")
     text = login(world.bob).get(reverse("portal:home")).content.decode()
-    for header in ("<th>Submitted</th>", "<th>Started</th>", "<th>Runtime</th>"):
-        assert header in text
-    assert '<td data-testid="runtime">12 min</td>' in text
+    # secondary columns: shown from 600 px up (site.css hides .secondary on a phone)
+    for header in ("Submitted", "Started", "Runtime"):
+        assert f'<th class="secondary">{header}</th>' in text
+    assert '<td data-testid="runtime" class="secondary">12 min</td>' in text
     assert "Resubmit" in text
 
 
@@ -273,3 +274,25 @@ def test_numbers_read_naturally() -> None:
         "2 h 5 min",
         "1 d 3 h",
     ]
+
+
+def test_a_slice_is_written_one_way_on_pages_and_in_the_api(world: World) -> None:
+    req = submit(
+        world.bob,
+        world.vision,
+        pool_name="l4-shared",
+        profile_kind="shared",
+        milli=250,
+        gpu_memory_mib=5120,
+        name="sliced",
+    )
+    words = "shared: 0.25 GPU, 5 GB memory"
+    assert req.profile_label == words
+    c = login(world.bob)
+    for url in ("/", f"/requests/{req.pk}/", "/queue/"):
+        body = c.get(url).content.decode()
+        assert words in body, url
+        assert "250m" not in body and "5120 MiB" not in body, url
+    token = Client(HTTP_AUTHORIZATION=f"Bearer {api_secret(world.bob)}")
+    api = token.get(f"/api/v1/requests/{req.pk}/").json()
+    assert api["profile"] == words

@@ -116,10 +116,53 @@ def test_it_offers_only_profiles_the_pool_has(world: World) -> None:
         and b">whole GPU<" not in r.content
     )
     # The profiles came: the form asks for a fresh preview once they are swapped in.
-    assert r["HX-Trigger-After-Swap"] == "qm-profiles"
+    assert r["HX-Trigger-After-Settle"] == "qm-profiles"
     # A profile the pool does not offer is refused.
     r = c.post(reverse("portal:request-submit"), form_data(world, pool=mig.pk))
     assert r.status_code == 400 and "profile" in r.context["form"].errors
+
+
+def test_a_pool_change_keeps_the_profile_the_new_pool_offers(world: World) -> None:
+    c = login(world.bob)
+    a100 = Pool.objects.get(name="a100-train")
+    mig = Pool.objects.get(name="h100-mig")
+    whole = DeviceProfile.objects.get(name="whole")
+    url = reverse("portal:request-submit")
+    kept = c.get(url, {"pool": a100.pk, "profile": whole.pk}, HTTP_HX_REQUEST="true")
+    assert f'<option value="{whole.pk}" selected>'.encode() in kept.content
+    assert b"aria-invalid" not in kept.content
+    # Not offered there: nothing is chosen, and the field is marked for the preview to explain.
+    lost = c.get(url, {"pool": mig.pk, "profile": whole.pk}, HTTP_HX_REQUEST="true")
+    assert b" selected>" not in lost.content.replace(b'value="" selected', b"")
+    assert b'aria-invalid="true"' in lost.content and b'aria-required="true"' in lost.content
+
+
+def test_required_fields_are_marked_and_errors_sit_beside_their_field(world: World) -> None:
+    c = login(world.bob)
+    body = c.get(reverse("portal:request-submit")).content.decode()
+    assert (
+        '<label for="id_image">Image <span class="req" aria-hidden="true">*</span></label>' in body
+    )
+    assert '<label for="id_name">Name</label>' in body
+    r = c.post(reverse("portal:request-submit"), {**form_data(world), "image": ""})
+    body = r.content.decode()
+    assert r.status_code == 400
+    assert 'aria-invalid="true"' in body and 'id="id_image_error"' in body
+    assert 'aria-describedby="id_image_error"' in body
+
+
+def test_an_htmx_submit_goes_to_the_request_page_with_a_whole_page_visit(world: World) -> None:
+    c = login(world.bob)
+    r = c.post(reverse("portal:request-submit"), form_data(world), HTTP_HX_REQUEST="true")
+    req = GpuRequest.objects.get()
+    assert r.status_code == 200 and r["HX-Redirect"] == f"/requests/{req.pk}/"
+    # Refused: the page with the form and its errors, 400 (forms.js swaps the form in place).
+    r = c.post(
+        reverse("portal:request-submit"),
+        {**form_data(world), "env": "QM_X=1"},
+        HTTP_HX_REQUEST="true",
+    )
+    assert r.status_code == 400 and b'id="id_env_error"' in r.content
 
 
 def test_it_previews_fits_now_without_writing(world: World) -> None:
