@@ -63,12 +63,14 @@ def test_the_new_pages_load_from_the_menu_and_axe_finds_nothing(page, world: Wor
     login(page, "dave")
     page.click("[data-testid=overview-autoscaling]")
     page.wait_for_selector("[data-testid=autoscaling-provisions] td:has-text('qm-ask-1')")
-    assert page.locator("nav a.on").inner_text() == "Autoscaling"
+    assert page.locator("[data-testid=admin-menu] a.on").inner_text() == "Autoscaling"
     check("admin-autoscaling")
-    page.click("nav >> text=Rollouts")
+    page.click("[data-testid=admin-menu] > summary")
+    page.click("[data-testid=admin-menu] a:has-text('Rollouts')")
     page.wait_for_selector("[data-testid=rollouts] td:has-text('550.90')")
     check("admin-rollouts")
-    page.click("nav >> text=Reports")
+    page.click("[data-testid=admin-menu] > summary")
+    page.click("[data-testid=admin-menu] a:has-text('Reports')")
     page.wait_for_selector("[data-testid=estimates] td:has-text('vision')")
     check("admin-report-estimates")
     page.click("[data-testid=report-nav] >> text=idle quota")
@@ -80,7 +82,8 @@ def test_the_new_pages_load_from_the_menu_and_axe_finds_nothing(page, world: Wor
     check("admin-whatif-form")
     # two profiles side by side, from the settings page
     policy_profile_create(actor=world.dave, name="patient", knobs={"preempt_after_s": 1200})
-    page.click("nav >> text=Settings")
+    page.click("[data-testid=admin-menu] > summary")
+    page.click("[data-testid=admin-menu] a:has-text('Settings')")
     page.click("[data-testid=profile-compare-link]")
     page.select_option("#id_a", label="patient v1")
     page.select_option("#id_b", index=1)
