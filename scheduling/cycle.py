@@ -89,6 +89,8 @@ from scheduling.types import (
 )
 
 ShapeKey = tuple[object, ...]
+#: decisions an alike request may be given as they are (`_Tick.decide`)
+_ALIKE_KINDS = (DecisionKind.WAIT, DecisionKind.REJECT)
 
 
 @contextlib.contextmanager
@@ -191,6 +193,10 @@ class _Tick:
                 group.setdefault((run.team, run.workload_class), []).append(run)
         self.stopping = [r for r in snapshot.running if r.stopping]
         self.failures = _Failures()
+        #: alike requests (`_alike`): the decision the last one got, and the state it saw
+        self.alike: dict[tuple[object, ...], tuple[tuple[int, int, int, int], Decision]] = {}
+        #: bumped by anything a request's decision may change for later ones (`_state`)
+        self.changes = 0
         self.no_victims = _Failures()
         self.no_room_after_stops = _Failures()
         self.candidates: dict[tuple[str, ...], list[preemption.Candidate]] = {}
@@ -207,19 +213,24 @@ class _Tick:
         rare = [
             (w.pool, s) for w in snapshot.workloads or () for s, weight in w.weights if weight > 0
         ]
-        for r in snapshot.pending:
-            rare.extend((p, r.shape) for p in ((r.pool,) if r.pool else self.production))
+        # (each pool and shape once, in the order first seen: the same as request by request)
+        for pool_name, shape in dict.fromkeys((r.pool, r.shape) for r in snapshot.pending):
+            rare.extend((p, shape) for p in ((pool_name,) if pool_name else self.production))
         # thousands of pending requests come in a few hundred shapes: hash them once
         shapes = tuple(dict.fromkeys(rare))
         self.scarce = scarce.scarce_nodes(snapshot.nodes, shapes) | scarce.kept_nodes(
             snapshot.nodes, shapes
         )
         self.elsewhere: dict[tuple[Shape, tuple[str, ...]], bool] = {}
+        self.scarce_only: dict[tuple[Shape, tuple[str, ...]], bool] = {}
         #: step 3e: who may hold nodes, the nodes held, what may backfill them
         self.res = Reservations(self)
         # read at every placement (`_accept`): the same objects as `self.res`'s
         self.reserved = self.res.reserved
         self.reserved_borrowing = self.res.reserved_borrowing
+        #: whose decision is never copied to an alike request (`_alike`): room claimed or
+        #: held is theirs alone
+        self.own_room = self.claimants | self.res.may_reserve
         #: per pool, how many pending requests are past their starvation bound
         self.starving_in: dict[str, int] = {}
         for r in snapshot.pending:
@@ -249,7 +260,65 @@ class _Tick:
         return out
 
     def decide(self, req: PendingRequest, position: int) -> list[Decision]:
-        """Return the decisions for one request: its own, after any PREEMPTs it causes."""
+        """Return the decisions for one request: its own, after any PREEMPTs it causes.
+
+        Requests that are alike (`_alike`) get the same decision while nothing has changed
+        in between (`_state`): thousands of them in a deep queue cost one decision."""
+        key = self._alike(req)
+        if key is None:
+            return self._decide(req, position)
+        state = self._state()
+        seen = self.alike.get(key)
+        if seen is not None and seen[0] == state:
+            d = seen[1]
+            return [
+                Decision(
+                    d.kind,
+                    req.id,
+                    d.code,
+                    d.message,
+                    position=position if d.kind is DecisionKind.WAIT else 0,
+                    escalated=self.queue.escalated.get(req.id, False),
+                    facts=d.facts,
+                )
+            ]
+        out = self._decide(req, position)
+        after = self._state()
+        if after != state or len(out) != 1 or out[0].kind is DecisionKind.ADMIT:
+            self.changes += 1
+        elif out[0].kind in _ALIKE_KINDS:
+            self.alike[key] = (after, out[0])
+        return out
+
+    def _alike(self, req: PendingRequest) -> tuple[object, ...] | None:
+        """What the pass reads of a request, but for its id and queue position; None for
+        one whose decision is its own (a preemptor, a reservation holder, a request in
+        backoff, or one past its starvation bound that may preempt: its age sets what it
+        may lose)."""
+        if req.preempting or req.id in self.own_room or req.not_before_ms > self.now:
+            return None
+        cls = self.classes.get(req.workload_class)
+        if cls is None:
+            return (req.workload_class,)
+        starving = self.starving(req, cls)
+        if starving and not self._overloaded((req.pool,) if req.pool else self.production):
+            return None
+        return (
+            starving,
+            req.team,
+            req.workload_class,
+            req.shape,
+            req.pool,
+            req.expected_runtime_ms,
+            self.now - req.created_at_ms < self.policy.preempt_after_s * 1000,
+            self._kept_off(req),
+        )
+
+    def _state(self) -> tuple[int, int, int, int]:
+        """What changes when a decision takes room or quota, claims or holds nodes."""
+        return (self.changes, len(self.res.admitted), len(self.reserved), len(self.claimed))
+
+    def _decide(self, req: PendingRequest, position: int) -> list[Decision]:
         cls = self.classes.get(req.workload_class)
         if cls is None:
             msg = f"rejected: workload class {req.workload_class!r} does not exist"
@@ -363,9 +432,15 @@ class _Tick:
 
     def only_scarce(self, shape: Shape, pools: tuple[str, ...]) -> bool:
         """Whether the shape fits some node of the pools, and only scarce ones."""
-        if not self.scarce or self.fits_elsewhere(shape, pools):
+        if not self.scarce:
             return False
-        return any(scarce.hosts(self.snap.nodes, p, shape) for p in pools)
+        key = (shape, pools)
+        found = self.scarce_only.get(key)
+        if found is None:
+            found = self.scarce_only[key] = not self.fits_elsewhere(shape, pools) and any(
+                scarce.hosts(self.snap.nodes, p, shape) for p in pools
+            )
+        return found
 
     def _accept_for(
         self, req: PendingRequest, pools: tuple[str, ...], entitled: bool
@@ -407,6 +482,7 @@ class _Tick:
         position: int,
     ) -> Decision:
         self.state.take(placement)
+        self.changes += 1
         end = None if req.expected_runtime_ms is None else self.now + req.expected_runtime_ms
         self.res.admit(placement, end)
         pool = self.node_pool[placement.pods[0].node]
@@ -720,6 +796,7 @@ class _Tick:
                 )
             )
         self.preemptions += len(found.victims)
+        self.changes += 1
         self.candidates.clear()
         # Claim the room now: nothing later in this tick may use the free part of those
         # nodes, and the preemptor's quota counts from now on.

@@ -135,6 +135,7 @@ class FairQueue:
             elapsed = now_ms - u.as_of_ms if u.as_of_ms else 0
             decayed = decay_usage(u.decayed_milli_s, elapsed, half_life_s)
             self.history[u.team] = history_share_ppm(decayed, capacity.gpu_milli, half_life_s)
+        self._shares: dict[str, int] = {}
         self.escalated: dict[str, bool] = {}
         by_team: dict[str, list[tuple[tuple[int, int, int, int, int, str], PendingRequest]]] = {}
         for req in pending:
@@ -154,12 +155,18 @@ class FairQueue:
 
     def share(self, team: str) -> int:
         """Return the team's weighted dominant share (ppm; lower goes first)."""
-        now = dominant_share_ppm(self.held.get(team, Resources()), self.capacity)
-        return (now + self.history.get(team, 0)) * 1000 // self.weights.get(team, 1)
+        # It moves only when the team is charged: asked once per pop, it is kept till then.
+        found = self._shares.get(team)
+        if found is None:
+            now = dominant_share_ppm(self.held.get(team, Resources()), self.capacity)
+            found = (now + self.history.get(team, 0)) * 1000 // self.weights.get(team, 1)
+            self._shares[team] = found
+        return found
 
     def charge(self, team: str, shape: Shape) -> None:
         """Count an admission in the team's share (a victim keeps its share until it stops)."""
         self.held[team] = self.held.get(team, Resources()).plus(shape)
+        self._shares.pop(team, None)
         if team != self._last:
             self._stale = True
 
