@@ -54,7 +54,7 @@ before its own WAIT.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from scheduling import preemption, reservation, scarce, workload
@@ -91,6 +91,28 @@ from scheduling.types import (
 ShapeKey = tuple[object, ...]
 #: decisions an alike request may be given as they are (`_Tick.decide`)
 _ALIKE_KINDS = (DecisionKind.WAIT, DecisionKind.REJECT)
+#: outcomes that say no quota figure: only whether quota allows and borrows matters
+_ROOM_CODES = frozenset(
+    (Code.NO_CAPACITY, Code.AWAITING_STOP, Code.AWAITING_NODES, Code.NEVER_FITS)
+)
+
+
+@dataclass(slots=True)
+class _Seen:
+    """The decision an alike request got (`_Tick.decide`): the state it saw and its
+    quota answers (`_quota_sig`; None: none asked, it cannot change during the tick)."""
+
+    state: tuple[int, int, int, int]
+    quota: tuple[object, ...] | None
+    full: bool
+    decision: Decision
+
+
+def _quota_sig(verdicts: Iterable[Verdict], full: bool) -> tuple[object, ...]:
+    """The quota answers as a decision reads them: with their figures when it says them."""
+    if full:
+        return tuple((v.ok, v.borrowing, v.code, tuple(sorted(v.facts.items()))) for v in verdicts)
+    return tuple((v.ok, v.borrowing, v.code) for v in verdicts)
 
 
 @contextlib.contextmanager
@@ -194,9 +216,11 @@ class _Tick:
         self.stopping = [r for r in snapshot.running if r.stopping]
         self.failures = _Failures()
         #: alike requests (`_alike`): the decision the last one got, and the state it saw
-        self.alike: dict[tuple[object, ...], tuple[tuple[int, int, int, int], Decision]] = {}
-        #: bumped by anything a request's decision may change for later ones (`_state`)
+        self.alike: dict[tuple[object, ...], _Seen] = {}
+        #: bumped by each preemption plan (`_state`; admissions are counted apart)
         self.changes = 0
+        #: the quota answers of the last `_decide` (None: it asked none)
+        self.verdicts: dict[str, Verdict] | None = None
         self.no_victims = _Failures()
         self.no_room_after_stops = _Failures()
         self.candidates: dict[tuple[str, ...], list[preemption.Candidate]] = {}
@@ -269,8 +293,8 @@ class _Tick:
             return self._decide(req, position)
         state = self._state()
         seen = self.alike.get(key)
-        if seen is not None and seen[0] == state:
-            d = seen[1]
+        if seen is not None and self._still(req, seen, state):
+            d = seen.decision
             return [
                 Decision(
                     d.kind,
@@ -282,13 +306,31 @@ class _Tick:
                     facts=d.facts,
                 )
             ]
+        self.verdicts = None
         out = self._decide(req, position)
-        after = self._state()
-        if after != state or len(out) != 1 or out[0].kind is DecisionKind.ADMIT:
-            self.changes += 1
-        elif out[0].kind in _ALIKE_KINDS:
-            self.alike[key] = (after, out[0])
+        if len(out) == 1 and out[0].kind in _ALIKE_KINDS and self._state() == state:
+            verdicts = self.verdicts
+            d = out[0]
+            full = d.code not in _ROOM_CODES
+            quota = None if verdicts is None else _quota_sig(verdicts.values(), full)
+            self.alike[key] = _Seen(state, quota, full, d)
         return out
+
+    def _still(self, req: PendingRequest, seen: _Seen, state: tuple[int, int, int, int]) -> bool:
+        """Whether an alike request's decision still holds: nothing changed since, or only
+        admissions did and quota answers the request as it did then. Capacity only shrinks
+        during a tick and what found no room or no victims is remembered (`_Failures`), so
+        then the same pools fail the same way; a quota wait says the quota figures, so those
+        must match too."""
+        if seen.quota is None or seen.state == state:
+            return True
+        if seen.state[0] != state[0] or seen.state[2:] != state[2:]:
+            return False
+        pools = (req.pool,) if req.pool else self.production
+        milli = req.shape.gpus_milli
+        check = self.book.check
+        now = _quota_sig((check(req.team, p, milli, req.workload_class) for p in pools), seen.full)
+        return now == seen.quota
 
     def _alike(self, req: PendingRequest) -> tuple[object, ...] | None:
         """What the pass reads of a request, but for its id and queue position; None for
@@ -315,7 +357,8 @@ class _Tick:
         )
 
     def _state(self) -> tuple[int, int, int, int]:
-        """What changes when a decision takes room or quota, claims or holds nodes."""
+        """What changes when a decision takes room or quota, claims or holds nodes:
+        preemptions, admissions, reservations, claims."""
         return (self.changes, len(self.res.admitted), len(self.reserved), len(self.claimed))
 
     def _decide(self, req: PendingRequest, position: int) -> list[Decision]:
@@ -334,6 +377,7 @@ class _Tick:
         verdicts = {
             p: self.book.check(req.team, p, req.shape.gpus_milli, req.workload_class) for p in pools
         }
+        self.verdicts = verdicts
         allowed = [p for p in pools if verdicts[p].ok]
         if not allowed:
             if self._never_fits(req.shape, pools):
@@ -482,7 +526,6 @@ class _Tick:
         position: int,
     ) -> Decision:
         self.state.take(placement)
-        self.changes += 1
         end = None if req.expected_runtime_ms is None else self.now + req.expected_runtime_ms
         self.res.admit(placement, end)
         pool = self.node_pool[placement.pods[0].node]
