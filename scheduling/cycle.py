@@ -97,6 +97,18 @@ _ROOM_CODES = frozenset(
 )
 
 
+class _Lazy(dict[str, bool]):
+    """A dict that computes a missing entry once."""
+
+    def __init__(self, compute: Callable[[str], bool]) -> None:
+        super().__init__()
+        self.compute = compute
+
+    def __missing__(self, key: str) -> bool:
+        found = self[key] = self.compute(key)
+        return found
+
+
 @dataclass(slots=True)
 class _Seen:
     """The decision an alike request got (`_Tick.decide`): the state it saw and its
@@ -221,6 +233,16 @@ class _Tick:
         self.changes = 0
         #: the quota answers of the last `_decide` (None: it asked none)
         self.verdicts: dict[str, Verdict] | None = None
+        #: per class, the waits (ms) of `starving` and `_kept_off`, None where never
+        self.ages: dict[str, tuple[float | None, float | None]] = {}
+        after = policy.starvation_after
+        for c in snapshot.classes:
+            self.ages[c.name] = (
+                after * c.max_queue_s * 1000 if after > 0 and c.max_queue_s > 0 else None,
+                None
+                if c.preemption is PreemptionPolicy.ALWAYS
+                else (after if after > 0 else 1.0) * c.max_queue_s * 1000,
+            )
         self.no_victims = _Failures()
         self.no_room_after_stops = _Failures()
         self.candidates: dict[tuple[str, ...], list[preemption.Candidate]] = {}
@@ -257,11 +279,18 @@ class _Tick:
         self.own_room = self.claimants | self.res.may_reserve
         #: per pool, how many pending requests are past their starvation bound
         self.starving_in: dict[str, int] = {}
+        named: dict[str, int] = {}  # starving requests per named pool ("": any production one)
         for r in snapshot.pending:
-            c = self.classes.get(r.workload_class)
-            if c is not None and self.starving(r, c):
-                for p in (r.pool,) if r.pool else self.production:
-                    self.starving_in[p] = self.starving_in.get(p, 0) + 1
+            ages = self.ages.get(r.workload_class)
+            if ages is not None and ages[0] is not None and now_ms - r.created_at_ms >= ages[0]:
+                named[r.pool] = named.get(r.pool, 0) + 1
+        for name, n in named.items():
+            for p in (name,) if name else self.production:
+                self.starving_in[p] = self.starving_in.get(p, 0) + n
+        #: `_overloaded` for the pools a request naming a pool ("" for none) may use
+        self.overloaded_in: dict[str, bool] = _Lazy(
+            lambda name: self._overloaded((name,) if name else self.production)
+        )
 
     # -- the pass -------------------------------------------------------------------
 
@@ -339,11 +368,13 @@ class _Tick:
         may lose)."""
         if req.preempting or req.id in self.own_room or req.not_before_ms > self.now:
             return None
-        cls = self.classes.get(req.workload_class)
-        if cls is None:
+        ages = self.ages.get(req.workload_class)
+        if ages is None:
             return (req.workload_class,)
-        starving = self.starving(req, cls)
-        if starving and not self._overloaded((req.pool,) if req.pool else self.production):
+        waited = self.now - req.created_at_ms
+        starve_ms, keep_off_ms = ages
+        starving = starve_ms is not None and waited >= starve_ms
+        if starving and not self.overloaded_in[req.pool]:
             return None
         return (
             starving,
@@ -352,8 +383,8 @@ class _Tick:
             req.shape,
             req.pool,
             req.expected_runtime_ms,
-            self.now - req.created_at_ms < self.policy.preempt_after_s * 1000,
-            self._kept_off(req),
+            waited < self.policy.preempt_after_s * 1000,
+            keep_off_ms is not None and waited < keep_off_ms,
         )
 
     def _state(self) -> tuple[int, int, int, int]:
