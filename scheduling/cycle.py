@@ -49,6 +49,16 @@
 
 Decisions come back in queue order; the PREEMPT decisions of a preemptor come just
 before its own WAIT.
+
+**Alike requests** (same team, class, shape, named pool and runtime estimate, on the
+same side of the preemption, keep-off and starvation bounds; not a preemptor, a
+reservation holder, a request in backoff, nor a starving one that may preempt) cost one
+decision: a later one gets the WAIT or REJECT the last one got — its own id, position
+and escalation — as long as no preemption, reservation or claim has happened since, and
+either no admission either or quota answers it as it did then (with the same figures
+when the decision quotes them). Capacity only shrinks during a tick and what found no
+room or no victims is remembered (`_Failures`), so the same steps would fail the same
+way; `tests/scheduling/test_tick_golden.py` holds the pass to its decisions before this.
 """
 
 from __future__ import annotations
@@ -233,6 +243,7 @@ class _Tick:
         self.changes = 0
         #: the quota answers of the last `_decide` (None: it asked none)
         self.verdicts: dict[str, Verdict] | None = None
+        self.preempt_ms = policy.preempt_after_s * 1000
         #: per class, the waits (ms) of `starving` and `_kept_off`, None where never
         self.ages: dict[str, tuple[float | None, float | None]] = {}
         after = policy.starvation_after
@@ -383,7 +394,7 @@ class _Tick:
             req.shape,
             req.pool,
             req.expected_runtime_ms,
-            waited < self.policy.preempt_after_s * 1000,
+            waited < self.preempt_ms,
             keep_off_ms is not None and waited < keep_off_ms,
         )
 
