@@ -105,6 +105,9 @@ _ALIKE_KINDS = (DecisionKind.WAIT, DecisionKind.REJECT)
 _ROOM_CODES = frozenset(
     (Code.NO_CAPACITY, Code.AWAITING_STOP, Code.AWAITING_NODES, Code.NEVER_FITS)
 )
+#: an outcome that found room (once the stopping attempts are gone): an admission since
+#: may have taken it, so it holds only while nothing at all has changed
+_FOUND_ROOM = frozenset((Code.AWAITING_STOP,))
 
 
 class _Lazy(dict[str, bool]):
@@ -128,6 +131,8 @@ class _Seen:
     quota: tuple[object, ...] | None
     full: bool
     decision: Decision
+    #: whether it may still hold after admissions (it found no room: capacity only shrinks)
+    failed: bool
 
 
 def _quota_sig(verdicts: Iterable[Verdict], full: bool) -> tuple[object, ...]:
@@ -353,7 +358,7 @@ class _Tick:
             d = out[0]
             full = d.code not in _ROOM_CODES
             quota = None if verdicts is None else _quota_sig(verdicts.values(), full)
-            self.alike[key] = _Seen(state, quota, full, d)
+            self.alike[key] = _Seen(state, quota, full, d, d.code not in _FOUND_ROOM)
         return out
 
     def _still(self, req: PendingRequest, seen: _Seen, state: tuple[int, int, int, int]) -> bool:
@@ -364,7 +369,7 @@ class _Tick:
         must match too."""
         if seen.quota is None or seen.state == state:
             return True
-        if seen.state[0] != state[0] or seen.state[2:] != state[2:]:
+        if not seen.failed or seen.state[0] != state[0] or seen.state[2:] != state[2:]:
             return False
         pools = (req.pool,) if req.pool else self.production
         milli = req.shape.gpus_milli

@@ -172,3 +172,25 @@ if __name__ == "__main__":
             json.dump(current(), f, sort_keys=True)
         sys.exit(0)
     unittest.main()
+
+
+class AlikeRequestsTest(unittest.TestCase):
+    """Alike requests share a decision only while it would be the same (`_Tick.decide`)."""
+
+    def test_room_after_the_stops_is_looked_for_again_after_an_admission(self) -> None:
+        # One node of 2 GPUs: device 0 held by a stopping attempt, device 1 free. A and B
+        # are alike (team a, 2 GPUs); C (team b, 1 GPU) comes between them and takes
+        # device 1, so once the stop is done there is room for A, but no longer for B.
+        from tests.scheduling.builders import node, req, rules, run, snapshot
+
+        snap = snapshot(
+            [node(gpus=2)],
+            pending=[
+                req("A", "a", gpus=2, created_s=60, priority=2),
+                req("C", "b", gpus=1, created_s=60, priority=1),
+                req("B", "a", gpus=2, created_s=50, priority=0),
+            ],
+            running=[run("old", "c", devices=(0,), stopping=True)],
+        )
+        got = {d.request_id: d.code for d in schedule(snap, policy=rules(max_reservations=0))}
+        self.assertEqual(got, {"A": "awaiting-stop", "C": "fits", "B": "no-capacity"})
