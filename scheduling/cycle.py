@@ -110,18 +110,6 @@ _ROOM_CODES = frozenset(
 _FOUND_ROOM = frozenset((Code.AWAITING_STOP,))
 
 
-class _Lazy(dict[str, bool]):
-    """A dict that computes a missing entry once."""
-
-    def __init__(self, compute: Callable[[str], bool]) -> None:
-        super().__init__()
-        self.compute = compute
-
-    def __missing__(self, key: str) -> bool:
-        found = self[key] = self.compute(key)
-        return found
-
-
 @dataclass(slots=True)
 class _Seen:
     """The decision an alike request got (`_Tick.decide`): the state it saw and its
@@ -304,9 +292,9 @@ class _Tick:
             for p in (name,) if name else self.production:
                 self.starving_in[p] = self.starving_in.get(p, 0) + n
         #: `_overloaded` for the pools a request naming a pool ("" for none) may use
-        self.overloaded_in: dict[str, bool] = _Lazy(
-            lambda name: self._overloaded((name,) if name else self.production)
-        )
+        # (filled as asked: a closure over the tick here would keep it alive until the
+        # cyclic collector runs, with its whole cluster state)
+        self.overloaded_in: dict[str, bool] = {}
 
     # -- the pass -------------------------------------------------------------------
 
@@ -390,8 +378,13 @@ class _Tick:
         waited = self.now - req.created_at_ms
         starve_ms, keep_off_ms = ages
         starving = starve_ms is not None and waited >= starve_ms
-        if starving and not self.overloaded_in[req.pool]:
-            return None
+        if starving:
+            over = self.overloaded_in.get(req.pool)
+            if over is None:
+                pools = (req.pool,) if req.pool else self.production
+                over = self.overloaded_in[req.pool] = self._overloaded(pools)
+            if not over:
+                return None
         return (
             starving,
             req.team,

@@ -194,3 +194,24 @@ class AlikeRequestsTest(unittest.TestCase):
         )
         got = {d.request_id: d.code for d in schedule(snap, policy=rules(max_reservations=0))}
         self.assertEqual(got, {"A": "awaiting-stop", "C": "fits", "B": "no-capacity"})
+
+    def test_a_tick_is_freed_without_the_cyclic_collector(self) -> None:
+        # A replay runs tens of thousands of ticks: one kept alive by a reference cycle
+        # until the collector runs holds its whole cluster state, and costs CPU.
+        import gc
+        import weakref
+
+        from scheduling.cycle import _Tick
+
+        snap = build(300, 4, 2, 40 * GPUS_PER_NODE, 0.6, 2)
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            tick = _Tick(snap, snap.now_ms, Policy())
+            tick.run()
+            ref = weakref.ref(tick)
+            del tick
+            self.assertIsNone(ref())
+        finally:
+            if enabled:
+                gc.enable()
