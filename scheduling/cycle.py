@@ -49,12 +49,22 @@
 
 Decisions come back in queue order; the PREEMPT decisions of a preemptor come just
 before its own WAIT.
+
+**Alike requests** (same team, class, shape, named pool and runtime estimate, on the
+same side of the preemption, keep-off and starvation bounds; not a preemptor, a
+reservation holder, a request in backoff, nor a starving one that may preempt) cost one
+decision: a later one gets the WAIT or REJECT the last one got — its own id, position
+and escalation — as long as no preemption, reservation or claim has happened since, and
+either no admission either or quota answers it as it did then (with the same figures
+when the decision quotes them). Capacity only shrinks during a tick and what found no
+room or no victims is remembered (`_Failures`), so the same steps would fail the same
+way; `tests/scheduling/test_tick_golden.py` holds the pass to its decisions before this.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from scheduling import preemption, reservation, scarce, workload
@@ -89,6 +99,35 @@ from scheduling.types import (
 )
 
 ShapeKey = tuple[object, ...]
+#: decisions an alike request may be given as they are (`_Tick.decide`)
+_ALIKE_KINDS = (DecisionKind.WAIT, DecisionKind.REJECT)
+#: outcomes that say no quota figure: only whether quota allows and borrows matters
+_ROOM_CODES = frozenset(
+    (Code.NO_CAPACITY, Code.AWAITING_STOP, Code.AWAITING_NODES, Code.NEVER_FITS)
+)
+#: an outcome that found room (once the stopping attempts are gone): an admission since
+#: may have taken it, so it holds only while nothing at all has changed
+_FOUND_ROOM = frozenset((Code.AWAITING_STOP,))
+
+
+@dataclass(slots=True)
+class _Seen:
+    """The decision an alike request got (`_Tick.decide`): the state it saw and its
+    quota answers (`_quota_sig`; None: none asked, it cannot change during the tick)."""
+
+    state: tuple[int, int, int, int]
+    quota: tuple[object, ...] | None
+    full: bool
+    decision: Decision
+    #: whether it may still hold after admissions (it found no room: capacity only shrinks)
+    failed: bool
+
+
+def _quota_sig(verdicts: Iterable[Verdict], full: bool) -> tuple[object, ...]:
+    """The quota answers as a decision reads them: with their figures when it says them."""
+    if full:
+        return tuple((v.ok, v.borrowing, v.code, tuple(sorted(v.facts.items()))) for v in verdicts)
+    return tuple((v.ok, v.borrowing, v.code) for v in verdicts)
 
 
 @contextlib.contextmanager
@@ -191,6 +230,23 @@ class _Tick:
                 group.setdefault((run.team, run.workload_class), []).append(run)
         self.stopping = [r for r in snapshot.running if r.stopping]
         self.failures = _Failures()
+        #: alike requests (`_alike`): the decision the last one got, and the state it saw
+        self.alike: dict[tuple[object, ...], _Seen] = {}
+        #: bumped by each preemption plan (`_state`; admissions are counted apart)
+        self.changes = 0
+        #: the quota answers of the last `_decide` (None: it asked none)
+        self.verdicts: dict[str, Verdict] | None = None
+        self.preempt_ms = policy.preempt_after_s * 1000
+        #: per class, the waits (ms) of `starving` and `_kept_off`, None where never
+        self.ages: dict[str, tuple[float | None, float | None]] = {}
+        after = policy.starvation_after
+        for c in snapshot.classes:
+            self.ages[c.name] = (
+                after * c.max_queue_s * 1000 if after > 0 and c.max_queue_s > 0 else None,
+                None
+                if c.preemption is PreemptionPolicy.ALWAYS
+                else (after if after > 0 else 1.0) * c.max_queue_s * 1000,
+            )
         self.no_victims = _Failures()
         self.no_room_after_stops = _Failures()
         self.candidates: dict[tuple[str, ...], list[preemption.Candidate]] = {}
@@ -207,26 +263,38 @@ class _Tick:
         rare = [
             (w.pool, s) for w in snapshot.workloads or () for s, weight in w.weights if weight > 0
         ]
-        for r in snapshot.pending:
-            rare.extend((p, r.shape) for p in ((r.pool,) if r.pool else self.production))
+        # (each pool and shape once, in the order first seen: the same as request by request)
+        for pool_name, shape in dict.fromkeys((r.pool, r.shape) for r in snapshot.pending):
+            rare.extend((p, shape) for p in ((pool_name,) if pool_name else self.production))
         # thousands of pending requests come in a few hundred shapes: hash them once
         shapes = tuple(dict.fromkeys(rare))
         self.scarce = scarce.scarce_nodes(snapshot.nodes, shapes) | scarce.kept_nodes(
             snapshot.nodes, shapes
         )
         self.elsewhere: dict[tuple[Shape, tuple[str, ...]], bool] = {}
+        self.scarce_only: dict[tuple[Shape, tuple[str, ...]], bool] = {}
         #: step 3e: who may hold nodes, the nodes held, what may backfill them
         self.res = Reservations(self)
         # read at every placement (`_accept`): the same objects as `self.res`'s
         self.reserved = self.res.reserved
         self.reserved_borrowing = self.res.reserved_borrowing
+        #: whose decision is never copied to an alike request (`_alike`): room claimed or
+        #: held is theirs alone
+        self.own_room = self.claimants | self.res.may_reserve
         #: per pool, how many pending requests are past their starvation bound
         self.starving_in: dict[str, int] = {}
+        named: dict[str, int] = {}  # starving requests per named pool ("": any production one)
         for r in snapshot.pending:
-            c = self.classes.get(r.workload_class)
-            if c is not None and self.starving(r, c):
-                for p in (r.pool,) if r.pool else self.production:
-                    self.starving_in[p] = self.starving_in.get(p, 0) + 1
+            ages = self.ages.get(r.workload_class)
+            if ages is not None and ages[0] is not None and now_ms - r.created_at_ms >= ages[0]:
+                named[r.pool] = named.get(r.pool, 0) + 1
+        for name, n in named.items():
+            for p in (name,) if name else self.production:
+                self.starving_in[p] = self.starving_in.get(p, 0) + n
+        #: `_overloaded` for the pools a request naming a pool ("" for none) may use
+        # (filled as asked: a closure over the tick here would keep it alive until the
+        # cyclic collector runs, with its whole cluster state)
+        self.overloaded_in: dict[str, bool] = {}
 
     # -- the pass -------------------------------------------------------------------
 
@@ -249,7 +317,91 @@ class _Tick:
         return out
 
     def decide(self, req: PendingRequest, position: int) -> list[Decision]:
-        """Return the decisions for one request: its own, after any PREEMPTs it causes."""
+        """Return the decisions for one request: its own, after any PREEMPTs it causes.
+
+        Requests that are alike (`_alike`) get the same decision while nothing has changed
+        in between (`_state`): thousands of them in a deep queue cost one decision."""
+        key = self._alike(req)
+        if key is None:
+            return self._decide(req, position)
+        state = self._state()
+        seen = self.alike.get(key)
+        if seen is not None and self._still(req, seen, state):
+            d = seen.decision
+            return [
+                Decision(
+                    d.kind,
+                    req.id,
+                    d.code,
+                    d.message,
+                    position=position if d.kind is DecisionKind.WAIT else 0,
+                    escalated=self.queue.escalated.get(req.id, False),
+                    facts=d.facts,
+                )
+            ]
+        self.verdicts = None
+        out = self._decide(req, position)
+        if len(out) == 1 and out[0].kind in _ALIKE_KINDS and self._state() == state:
+            verdicts = self.verdicts
+            d = out[0]
+            full = d.code not in _ROOM_CODES
+            quota = None if verdicts is None else _quota_sig(verdicts.values(), full)
+            self.alike[key] = _Seen(state, quota, full, d, d.code not in _FOUND_ROOM)
+        return out
+
+    def _still(self, req: PendingRequest, seen: _Seen, state: tuple[int, int, int, int]) -> bool:
+        """Whether an alike request's decision still holds: nothing changed since, or only
+        admissions did and quota answers the request as it did then. Capacity only shrinks
+        during a tick and what found no room or no victims is remembered (`_Failures`), so
+        then the same pools fail the same way; a quota wait says the quota figures, so those
+        must match too."""
+        if seen.quota is None or seen.state == state:
+            return True
+        if not seen.failed or seen.state[0] != state[0] or seen.state[2:] != state[2:]:
+            return False
+        pools = (req.pool,) if req.pool else self.production
+        milli = req.shape.gpus_milli
+        check = self.book.check
+        now = _quota_sig((check(req.team, p, milli, req.workload_class) for p in pools), seen.full)
+        return now == seen.quota
+
+    def _alike(self, req: PendingRequest) -> tuple[object, ...] | None:
+        """What the pass reads of a request, but for its id and queue position; None for
+        one whose decision is its own (a preemptor, a reservation holder, a request in
+        backoff, or one past its starvation bound that may preempt: its age sets what it
+        may lose)."""
+        if req.preempting or req.id in self.own_room or req.not_before_ms > self.now:
+            return None
+        ages = self.ages.get(req.workload_class)
+        if ages is None:
+            return (req.workload_class,)
+        waited = self.now - req.created_at_ms
+        starve_ms, keep_off_ms = ages
+        starving = starve_ms is not None and waited >= starve_ms
+        if starving:
+            over = self.overloaded_in.get(req.pool)
+            if over is None:
+                pools = (req.pool,) if req.pool else self.production
+                over = self.overloaded_in[req.pool] = self._overloaded(pools)
+            if not over:
+                return None
+        return (
+            starving,
+            req.team,
+            req.workload_class,
+            req.shape,
+            req.pool,
+            req.expected_runtime_ms,
+            waited < self.preempt_ms,
+            keep_off_ms is not None and waited < keep_off_ms,
+        )
+
+    def _state(self) -> tuple[int, int, int, int]:
+        """What changes when a decision takes room or quota, claims or holds nodes:
+        preemptions, admissions, reservations, claims."""
+        return (self.changes, len(self.res.admitted), len(self.reserved), len(self.claimed))
+
+    def _decide(self, req: PendingRequest, position: int) -> list[Decision]:
         cls = self.classes.get(req.workload_class)
         if cls is None:
             msg = f"rejected: workload class {req.workload_class!r} does not exist"
@@ -265,6 +417,7 @@ class _Tick:
         verdicts = {
             p: self.book.check(req.team, p, req.shape.gpus_milli, req.workload_class) for p in pools
         }
+        self.verdicts = verdicts
         allowed = [p for p in pools if verdicts[p].ok]
         if not allowed:
             if self._never_fits(req.shape, pools):
@@ -363,9 +516,15 @@ class _Tick:
 
     def only_scarce(self, shape: Shape, pools: tuple[str, ...]) -> bool:
         """Whether the shape fits some node of the pools, and only scarce ones."""
-        if not self.scarce or self.fits_elsewhere(shape, pools):
+        if not self.scarce:
             return False
-        return any(scarce.hosts(self.snap.nodes, p, shape) for p in pools)
+        key = (shape, pools)
+        found = self.scarce_only.get(key)
+        if found is None:
+            found = self.scarce_only[key] = not self.fits_elsewhere(shape, pools) and any(
+                scarce.hosts(self.snap.nodes, p, shape) for p in pools
+            )
+        return found
 
     def _accept_for(
         self, req: PendingRequest, pools: tuple[str, ...], entitled: bool
@@ -720,6 +879,7 @@ class _Tick:
                 )
             )
         self.preemptions += len(found.victims)
+        self.changes += 1
         self.candidates.clear()
         # Claim the room now: nothing later in this tick may use the free part of those
         # nodes, and the preemptor's quota counts from now on.

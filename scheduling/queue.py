@@ -135,14 +135,35 @@ class FairQueue:
             elapsed = now_ms - u.as_of_ms if u.as_of_ms else 0
             decayed = decay_usage(u.decayed_milli_s, elapsed, half_life_s)
             self.history[u.team] = history_share_ppm(decayed, capacity.gpu_milli, half_life_s)
+        self._shares: dict[str, int] = {}
         self.escalated: dict[str, bool] = {}
         by_team: dict[str, list[tuple[tuple[int, int, int, int, int, str], PendingRequest]]] = {}
+        # `escalated` and `request_key`, inline: this loop runs once per pending request.
+        per_class = {
+            name: (
+                cls.band,
+                after * cls.max_queue_s * 1000 if cls.max_queue_s > 0 else None,
+            )
+            for name, cls in classes.items()
+            for after in (escalate_after,)
+        }
+        flags = self.escalated
         for req in pending:
-            cls = classes.get(req.workload_class)
-            esc = escalated(req, cls, now_ms, escalate_after)
-            self.escalated[req.id] = esc
-            band = cls.band if cls is not None else UNKNOWN_BAND
-            by_team.setdefault(req.team, []).append((request_key(req, band, esc), req))
+            band, bound = per_class.get(req.workload_class, (UNKNOWN_BAND, None))
+            esc = bound is not None and now_ms - req.created_at_ms >= bound
+            flags[req.id] = esc
+            key = (
+                -int(req.preempting),
+                -band,
+                -int(esc),
+                -req.priority,
+                req.created_at_ms,
+                req.id,
+            )
+            items = by_team.get(req.team)
+            if items is None:
+                items = by_team[req.team] = []
+            items.append((key, req))
         self._lists = {team: sorted(items) for team, items in by_team.items()}
         self._next = dict.fromkeys(self._lists, 0)
         self._heap: list[tuple[tuple[int, int, int, int, int, int, str], str]] = []
@@ -154,12 +175,18 @@ class FairQueue:
 
     def share(self, team: str) -> int:
         """Return the team's weighted dominant share (ppm; lower goes first)."""
-        now = dominant_share_ppm(self.held.get(team, Resources()), self.capacity)
-        return (now + self.history.get(team, 0)) * 1000 // self.weights.get(team, 1)
+        # It moves only when the team is charged: asked once per pop, it is kept till then.
+        found = self._shares.get(team)
+        if found is None:
+            now = dominant_share_ppm(self.held.get(team, Resources()), self.capacity)
+            found = (now + self.history.get(team, 0)) * 1000 // self.weights.get(team, 1)
+            self._shares[team] = found
+        return found
 
     def charge(self, team: str, shape: Shape) -> None:
         """Count an admission in the team's share (a victim keeps its share until it stops)."""
         self.held[team] = self.held.get(team, Resources()).plus(shape)
+        self._shares.pop(team, None)
         if team != self._last:
             self._stale = True
 

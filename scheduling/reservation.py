@@ -23,6 +23,7 @@ the rest of the tick (its clock, snapshot, packer state, quota book, queue and c
 from __future__ import annotations
 
 import contextlib
+import heapq
 from collections.abc import Iterator, Sequence
 from typing import Protocol
 
@@ -225,26 +226,32 @@ class Reservations:
         can host (`scheduling.scarce`) comes before the others: it holds only those.
         """
         policy = t.policy
-        qualifying: list[tuple[int, int, str, PendingRequest, tuple[str, ...]]] = []
-        for req in t.snap.pending:
+        qualifying: list[tuple[int, int, str, int]] = []
+        pending = t.snap.pending
+        escalated = t.queue.escalated
+        waited_ms = policy.reserve_after_s * 1000
+        for i, req in enumerate(pending):
             if req.workload_class not in t.classes or req.not_before_ms > t.now:
                 continue
             large = req.shape.count * req.shape.pods >= policy.reserve_min_devices
-            waited = t.now - req.created_at_ms >= policy.reserve_after_s * 1000
-            if not (large or waited or t.queue.escalated.get(req.id, False)):
+            waited = t.now - req.created_at_ms >= waited_ms
+            if not (large or waited or escalated.get(req.id, False)):
                 continue
             pools = (req.pool,) if req.pool else t.production
             # A shape only scarce nodes can host goes first: it holds only those nodes,
             # and nothing else is kept off them while it waits.
             first = 0 if self.firm(t, req, pools) else 1
-            qualifying.append((first, req.created_at_ms, req.id, req, pools))
-        qualifying.sort(key=lambda q: q[:3])
+            qualifying.append((first, req.created_at_ms, req.id, i))
         # Quota is asked in that order, only until the holders are found: thousands
-        # qualify at a deep queue, and a few may hold.
+        # qualify at a deep queue, and a few may hold (a heap: no need to sort them all).
+        heapq.heapify(qualifying)
         holders: set[str] = set()
-        for *_, rid, req, pools in qualifying:
+        while qualifying:
             if len(holders) >= policy.max_reservations:
                 break
+            *_, rid, i = heapq.heappop(qualifying)
+            req = pending[i]
+            pools = (req.pool,) if req.pool else t.production
             codes = {
                 t.book.check(req.team, p, req.shape.gpus_milli, req.workload_class).code
                 for p in pools

@@ -7,10 +7,11 @@ Builds one synthetic snapshot — by default 10,000 pending requests from 30 tea
 5 pools of 8-GPU nodes (8,000 GPUs), 60 % of them already allocated to running
 attempts — and times a single tick with the profile's `Policy` (default: the shipped
 profile, `scheduling/profiles/default.toml`, as the portal runs it). Prints
-`{"pending", "gpus", "seconds", "cpu_seconds", "peak_rss_mb", "profile"}`; `seconds` is
-the wall time of `schedule()` alone, `peak_rss_mb` the process's peak resident memory;
-`cpu_seconds`, the CPU time of the tick, is the number to read on a machine shared with
-other work (building the snapshot included).
+`{"pending", "gpus", "seconds", "cpu_seconds", "peak_rss_mb", "decisions", "admitted",
+"profile"}`; `seconds` is the wall time of `schedule()` alone, `peak_rss_mb` the
+process's peak resident memory (building the snapshot included); `cpu_seconds`, the CPU
+time of `schedule()`, is the number to read on a machine shared with other work.
+`--pending 100000 --gpus 50000` is issue 33's scale (`docs/performance.md`).
 
 The mix: half whole-GPU requests (1, 2, 4 or 8 GPUs), a third shared slices, the rest
 2-pod gangs; classes inference / interactive / training; a quarter name a pool, the
@@ -184,6 +185,8 @@ def main(argv: Sequence[str]) -> int:
         "seconds": round(seconds, 3),
         "cpu_seconds": round(cpu_seconds, 3),
         "peak_rss_mb": round(rss_kb / scale / 1024, 1),
+        "decisions": len(decisions),
+        "admitted": sum(d.kind == "admit" for d in decisions),
         "profile": f"{profile.name} v{profile.version}",
     }
     print(json.dumps(result) if args.json else " ".join(f"{k}={v}" for k, v in result.items()))

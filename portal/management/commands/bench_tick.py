@@ -12,7 +12,8 @@ it and fills it with bulk inserts:
 - the shipped workload classes and device profiles, and the pools of the shipped
   simulated cluster (exclusive A100, MIG H100, time-sliced L4);
 - ``--teams`` teams (each with five members and an equal nominal quota of each pool,
-  borrowing unlimited), ``--nodes`` nodes sharing ``--gpus`` devices;
+  borrowing unlimited), ``--nodes`` nodes (default: one per 8 GPUs) sharing ``--gpus``
+  devices;
 - ``--allocated`` of the devices held by running attempts (allocations and usage);
 - ``--pending`` pending requests: whole GPUs (1-8), shared slices, MIG instances and
   two-pod gangs, a quarter naming a pool.
@@ -21,6 +22,8 @@ The child then runs ONE tick through `portal.tick.run.run_tick` (what beat runs)
 portal's settings and the simulated backend, and prints one JSON object:
 
 - ``seconds``: the whole `run_tick` wall time, from the lock to the commit;
+  ``cpu_seconds``, its CPU time in this process (the figure to read on a shared
+  machine; PostgreSQL's own work is not in it), ``cpu_by_step`` per step;
   ``snapshot_s``, ``schedule_s``, ``apply_s``: its steps (the rest is the lock, the
   record and the commit);
 - ``launch_s``, ``launch_queries``: the launch task's work for the tick's admissions,
@@ -73,7 +76,12 @@ class Command(BaseCommand):
         )
         parser.add_argument("--pending", type=int, default=10_000)
         parser.add_argument("--teams", type=int, default=30)
-        parser.add_argument("--nodes", type=int, default=1_000)
+        parser.add_argument(
+            "--nodes",
+            type=int,
+            default=0,
+            help="default: one node per 8 GPUs (--gpus / 8, rounded up)",
+        )
         parser.add_argument("--gpus", type=int, default=8_000)
         parser.add_argument("--allocated", type=float, default=0.6)
         parser.add_argument("--seed", type=int, default=1)
@@ -134,6 +142,8 @@ class Command(BaseCommand):
 
 
 def _check(opts: dict[str, Any]) -> None:
+    if not opts["nodes"] and opts["gpus"] > 0:
+        opts["nodes"] = -(-opts["gpus"] // 8)
     for key in ("pending", "teams", "nodes", "gpus"):
         if opts[key] < 1:
             raise CommandError(f"--{key} must be at least 1")
@@ -210,7 +220,17 @@ def run(opts: dict[str, Any]) -> dict[str, Any]:
     following = time_tick(save_snapshot=f"{saved}.next" if saved else "")
     result["next_tick"] = {
         k: following[k]
-        for k in ("seconds", "snapshot_s", "schedule_s", "apply_s", "queries", "admitted")
+        for k in (
+            "seconds",
+            "cpu_seconds",
+            "cpu_by_step",
+            "snapshot_s",
+            "schedule_s",
+            "apply_s",
+            "queries",
+            "decisions",
+            "admitted",
+        )
     }
     return result
 
@@ -223,7 +243,12 @@ def _phases(save_snapshot: str = "") -> Iterator[dict[str, Any]]:
     import portal.tick.apply
     import portal.tick.run
 
-    stats: dict[str, Any] = {"phase": "lock", "seconds": defaultdict(float), "queries": 0}
+    stats: dict[str, Any] = {
+        "phase": "lock",
+        "seconds": defaultdict(float),
+        "cpu": defaultdict(float),
+        "queries": 0,
+    }
     by_phase: dict[str, int] = defaultdict(int)
     stats["by_phase"] = by_phase
 
@@ -242,11 +267,12 @@ def _phases(save_snapshot: str = "") -> Iterator[dict[str, Any]]:
     def timed(phase: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def wrapper(*a: Any, **kw: Any) -> Any:
             stats["phase"] = phase
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
             try:
                 return fn(*a, **kw)
             finally:
                 stats["seconds"][phase] += time.perf_counter() - started
+                stats["cpu"][phase] += time.process_time() - cpu_started
                 stats["phase"] = "record"
 
         return wrapper
@@ -309,9 +335,10 @@ def time_tick(*, profile: bool = False, save_snapshot: str = "") -> dict[str, An
     with _phases(save_snapshot) as stats:
         if profiler:
             profiler.enable()
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         result = run_tick()
         seconds = time.perf_counter() - started
+        cpu_seconds = time.process_time() - cpu_started
         if profiler:
             profiler.disable()
         tick_queries, stats["phase"] = stats["queries"], "launch"
@@ -333,6 +360,8 @@ def time_tick(*, profile: bool = False, save_snapshot: str = "") -> dict[str, An
         "pending": pending,
         "gpus": gpus,
         "seconds": round(seconds, 3),
+        "cpu_seconds": round(cpu_seconds, 3),
+        "cpu_by_step": {k: round(v, 3) for k, v in stats["cpu"].items()},
         "snapshot_s": round(sec["snapshot"], 3),
         "schedule_s": round(sec["schedule"], 3),
         "apply_s": round(sec["apply"], 3),

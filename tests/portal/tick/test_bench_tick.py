@@ -8,7 +8,7 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
-from portal.models import Allocation, Attempt, Decision, GpuRequest, SimulatedWorkload
+from portal.models import Allocation, Attempt, Decision, GpuRequest, Node, SimulatedWorkload
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -16,6 +16,9 @@ KEYS = {
     "pending",
     "gpus",
     "seconds",
+    "cpu_seconds",
+    "cpu_by_step",
+    "decisions",
     "snapshot_s",
     "schedule_s",
     "apply_s",
@@ -27,13 +30,17 @@ KEYS = {
 def test_a_small_run_prints_one_json_object_with_the_tick_split_into_its_steps() -> None:
     out = StringIO()
     # --child runs in this process on the database it is given: here the test database.
+    # Without --nodes, one node per 8 GPUs (as `--gpus 50000` alone must work).
     call_command(
-        "bench_tick", "--child", "--json", "--pending", "50", "--nodes", "10", "--gpus", "80",
+        "bench_tick", "--child", "--json", "--pending", "50", "--gpus", "80",
         "--teams", "3", stdout=out,
     )  # fmt: skip
     result = json.loads(out.getvalue())
     assert set(result) >= KEYS
     assert result["pending"] == 50 and result["gpus"] == 80
+    assert Node.objects.count() == 10
+    assert result["cpu_seconds"] > 0 and result["decisions"] >= 50
+    assert set(result["cpu_by_step"]) >= {"snapshot", "schedule", "apply"}
     assert result["queries"] > 0 and result["peak_rss_mb"] > 0
     for key in ("seconds", "snapshot_s", "schedule_s", "apply_s"):
         assert result[key] > 0, key
