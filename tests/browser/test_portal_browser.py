@@ -195,7 +195,8 @@ def test_an_admin_filters_decisions_and_sees_the_capacity_map(page, world: World
     )
     shot(page, "admin-decisions-filtered")
 
-    page.click("header.top >> text=Capacity")
+    page.click("[data-testid=admin-menu] > summary")
+    page.click("[data-testid=admin-menu] a:has-text('Capacity')")
     page.wait_for_selector("#capacity-map .cell.allocated")
     assert page.locator(".node[data-node=a100-01] .cell.allocated").count() == 8
     assert (
