@@ -42,6 +42,14 @@ def test_burn_ins_get_a_namespace_and_a_role_of_their_own_when_enabled() -> None
     values["validation"] = {"enabled": True, "namespace": "qm-burn-in"}
     docs = render(values)
     [ns] = [n for n in kinds(docs, "Namespace") if n["metadata"]["name"] == "qm-burn-in"]
+    labels = ns["metadata"]["labels"]
+    # dcgmi diag levels 2-4 need SYS_ADMIN, beyond "baseline": enforced privileged, anything
+    # beyond baseline audited and warned of.
+    assert labels["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert labels["pod-security.kubernetes.io/audit"] == "baseline"
+    assert labels["pod-security.kubernetes.io/warn"] == "baseline"
+    values["validation"]["podSecurity"] = "baseline"
+    [ns] = [n for n in kinds(render(values), "Namespace") if n["metadata"]["name"] == "qm-burn-in"]
     assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "baseline"
     role = one(docs, "Role", f"{FULL}-validation")
     assert role["metadata"]["namespace"] == "qm-burn-in"
