@@ -539,7 +539,10 @@ class KubernetesBackend:
             )
             gpu_operator.nvidiadriver_apply(self.custom, body)
         elif api == "clusterpolicy":
-            gpu_operator.cluster_policy_driver_version(self.custom, version)
+            gpu_operator.cluster_policy_version(self.custom, "driver", version)
+
+    def device_plugin_version_write(self, version: str) -> None:
+        gpu_operator.cluster_policy_version(self.custom, "devicePlugin", version)
 
     def status(self, name: str, namespace: str, pods: int = 1) -> WorkloadStatus:
         status = self._status_jobs(name, namespace, pods)

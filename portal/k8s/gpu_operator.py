@@ -9,6 +9,9 @@ and reports per node in `nvidia.com/gpu-driver-upgrade-state`. Two ways, as the 
   portal puts on that wave's nodes, so that each wave moves on its own;
 - `ClusterPolicy.spec.driver.version` (nvidia.com/v1): one version for the whole cluster; the
   Operator's `upgradePolicy` paces the nodes, the portal follows their state labels.
+
+A device-plugin rollout sets `ClusterPolicy.spec.devicePlugin.version` under either (the
+NVIDIADriver has no plugin field).
 """
 
 from __future__ import annotations
@@ -68,16 +71,16 @@ def nvidiadriver_apply(custom: Any, body: dict[str, Any]) -> None:
         )
 
 
-def cluster_policy_driver_version(custom: Any, version: str) -> str:
-    """Set `spec.driver.version` on the cluster's ClusterPolicy (there is one); its name.
-    LookupError when there is none."""
+def cluster_policy_version(custom: Any, component: str, version: str) -> str:
+    """Set `spec.<component>.version` (`driver`, `devicePlugin`) on the cluster's ClusterPolicy
+    (there is one); its name. LookupError when there is none."""
     found = custom.list_cluster_custom_object(GROUP, POLICY_VERSION, POLICY_PLURAL)
     items = found.get("items") or []
     if not items:
         raise LookupError("no ClusterPolicy in the cluster")
     name = str(items[0]["metadata"]["name"])
     custom.patch_cluster_custom_object(
-        GROUP, POLICY_VERSION, POLICY_PLURAL, name, {"spec": {"driver": {"version": version}}}
+        GROUP, POLICY_VERSION, POLICY_PLURAL, name, {"spec": {component: {"version": version}}}
     )
     return name
 

@@ -286,21 +286,7 @@ def _policy(cluster: Cluster) -> dict[str, Any]:
 def test_a_driver_rollout_through_the_cluster_policy_halts_on_upgrade_failed(
     go: KubernetesBackend, cluster: Cluster
 ) -> None:
-    custom = client.CustomObjectsApi(cluster.api())
-    required = ("daemonsets", "dcgm", "dcgmExporter", "devicePlugin", "gfd")
-    spec: dict[str, Any] = {k: {} for k in required}
-    spec.update(nodeStatusExporter={}, operator={}, toolkit={}, driver={"version": "550.107.02"})
-    custom.create_cluster_custom_object(
-        gpu_operator.GROUP,
-        gpu_operator.POLICY_VERSION,
-        gpu_operator.POLICY_PLURAL,
-        {
-            "apiVersion": "nvidia.com/v1",
-            "kind": "ClusterPolicy",
-            "metadata": {"name": POLICY},
-            "spec": spec,
-        },
-    )
+    custom = _policy_create(cluster)
     go.driver_api = "clusterpolicy"
     try:
         training_world("go-canary", {POOL: "go-canary"})
@@ -312,6 +298,85 @@ def test_a_driver_rollout_through_the_cluster_policy_halts_on_upgrade_failed(
         _halted_on_upgrade_failed(cluster, rollout, operator)
         assert _policy(cluster)["spec"]["driver"]["version"] == TARGET
         assert not _drivers(cluster), "no NVIDIADriver where the site runs the ClusterPolicy"
+    finally:
+        custom.delete_cluster_custom_object(
+            gpu_operator.GROUP, gpu_operator.POLICY_VERSION, gpu_operator.POLICY_PLURAL, POLICY
+        )
+
+
+def _policy_create(cluster: Cluster) -> Any:
+    custom = client.CustomObjectsApi(cluster.api())
+    required = ("daemonsets", "dcgm", "dcgmExporter", "devicePlugin", "gfd")
+    spec: dict[str, Any] = {k: {} for k in required}
+    spec.update(nodeStatusExporter={}, operator={}, toolkit={}, driver={"version": "550.107.02"})
+    spec["devicePlugin"] = {"version": PLUGIN_BEFORE}
+    custom.create_cluster_custom_object(
+        gpu_operator.GROUP,
+        gpu_operator.POLICY_VERSION,
+        gpu_operator.POLICY_PLURAL,
+        {
+            "apiVersion": "nvidia.com/v1",
+            "kind": "ClusterPolicy",
+            "metadata": {"name": POLICY},
+            "spec": spec,
+        },
+    )
+    return custom
+
+
+PLUGIN_BEFORE, PLUGIN_TARGET = "v0.16.2", "v0.17.1"
+
+
+def test_a_device_plugin_rollout_sets_the_cluster_policy_even_where_drivers_are_nvidiadrivers(
+    go: KubernetesBackend, cluster: Cluster
+) -> None:
+    custom = _policy_create(cluster)
+    go.driver_api = "nvidiadriver"
+    core = cluster.core()
+    try:
+        training_world("go-canary", {POOL: "go-canary"})
+        pool = Pool.objects.get(name="go-canary")
+        rollout = rollout_start(
+            actor=_admin(), pool=pool, kind="device-plugin", target=PLUGIN_TARGET
+        )
+        assert rollout.impact["driver_api"] == "nvidiadriver"
+        reported: set[int] = set()
+
+        def play() -> bool:
+            # The Operator's device-plugin DaemonSet: once the ClusterPolicy names the new
+            # version, the plugin on each node restarts on it and the node is labelled so.
+            version = _policy(cluster)["spec"]["devicePlugin"].get("version")
+            if version == PLUGIN_TARGET:
+                for node in core.list_node(label_selector=f"{POOL}=go-canary").items:
+                    labels = node.metadata.labels or {}
+                    if labels.get(lifecycle.DEVICE_PLUGIN_VERSION) != version:
+                        merge_patch_node(
+                            core,
+                            node.metadata.name,
+                            {"metadata": {"labels": {lifecycle.DEVICE_PLUGIN_VERSION: version}}},
+                        )
+            for m in RolloutNode.objects.filter(rollout=rollout, step="validating"):
+                run = m.validation
+                if run and run.pk not in reported:
+                    validation_report(run=run, results=GOOD)
+                    reported.add(run.pk)
+            rollout.refresh_from_db()
+            return rollout.state != Rollout.State.RUNNING
+
+        _step(play, "the rollout to end", timeout_s=20)
+        assert rollout.state == Rollout.State.SUCCEEDED, rollout.halt_reason
+        policy = _policy(cluster)["spec"]
+        # The plugin's version lives on the ClusterPolicy only; the driver's is left alone.
+        assert policy["devicePlugin"]["version"] == PLUGIN_TARGET
+        assert policy["driver"]["version"] == "550.107.02"
+        assert not _drivers(cluster)
+        node = core.read_node("go-canary-0")
+        assert not node.spec.unschedulable
+        assert node.metadata.labels[lifecycle.ROLLOUT_TARGET] == PLUGIN_TARGET
+        # Not the labels-only way: no device-plugin config label written.
+        assert lifecycle.DEVICE_PLUGIN_CONFIG not in node.metadata.labels
+        m = RolloutNode.objects.get(rollout=rollout)
+        assert m.step == "returned" and m.validation is not None
     finally:
         custom.delete_cluster_custom_object(
             gpu_operator.GROUP, gpu_operator.POLICY_VERSION, gpu_operator.POLICY_PLURAL, POLICY
