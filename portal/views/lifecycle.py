@@ -50,6 +50,19 @@ class RolloutForm(forms.Form):
         initial=lifecycle.DEFAULT_THRESHOLDS["warmup_max_s"],
         label="model warm-up at most (s)",
     )
+    dcgm_diag_level = forms.IntegerField(
+        min_value=1,
+        max_value=4,
+        # Left out: the site's level (VALIDATION_DCGM_DIAG_LEVEL).
+        required=False,
+        initial=lambda: int(settings.VALIDATION_DCGM_DIAG_LEVEL),
+        label="DCGM diagnostics level (1-4)",
+        help_text="levels 2 and up run dcgmi diag with SYS_ADMIN and take longer",
+        error_messages={
+            k: "DCGM diagnostics level: a whole number from 1 to 4."
+            for k in ("invalid", "min_value", "max_value")
+        },
+    )
 
 
 def _pool_for_read(user: Any, pool_id: int) -> Pool:
@@ -91,6 +104,9 @@ def rollout_create(request: AuthedRequest, pool_id: int) -> HttpResponse:
     if form.is_valid():
         data = dict(form.cleaned_data)
         thresholds = {k: data.pop(k) for k in ("nccl_busbw_gbps", "warmup_max_s")}
+        level = data.pop("dcgm_diag_level")
+        if level is not None:
+            thresholds["dcgm_diag_level"] = level
         _, plan = rollout_plan(
             pool,
             canary_nodes=data["canary_nodes"],
