@@ -30,7 +30,8 @@ from portal.views.base import AuthedRequest, add_errors, refusal_response
 class RolloutForm(forms.Form):
     kind = forms.ChoiceField(choices=Rollout.Kind.choices)
     target = forms.CharField(
-        max_length=63, help_text="driver version, operator version, or config name"
+        max_length=63,
+        help_text="driver, operator or device plugin version, or a config name",
     )
     canary_nodes = forms.IntegerField(min_value=0, max_value=1000, initial=1)
     wave_percent = forms.IntegerField(min_value=1, max_value=100, initial=25)
