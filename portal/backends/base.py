@@ -405,6 +405,11 @@ class ClusterBackend(Protocol):
         Operator API: NVIDIADriver has no plugin field). LookupError when there is none."""
         ...
 
+    def device_plugin_version(self, node: str) -> str:
+        """The version the GPU Operator's device plugin runs on `node` (its Ready pod's image
+        tag); "" when none is known or it is restarting."""
+        ...
+
 
 #: member outcomes that end a gang: the portal stops the other pods (all or nothing)
 GANG_ENDINGS = (

@@ -29,6 +29,9 @@ POLICY_VERSION = "v1"
 POLICY_PLURAL = "clusterpolicies"
 #: the label a driver rollout puts on a wave's nodes; its NVIDIADriver selects by it
 WAVE_LABEL = lifecycle.DRIVER_WAVE
+#: the `app` label of the Operator's device-plugin DaemonSet's pods, and the plugin's image
+PLUGIN_APP = "nvidia-device-plugin-daemonset"
+PLUGIN_IMAGE = "nvcr.io/nvidia/k8s-device-plugin"
 #: GPU_OPERATOR_DRIVER_API values; "auto" is NVIDIADriver where its CRD is served, else labels
 DRIVER_APIS = ("auto", "nvidiadriver", "clusterpolicy", "labels")
 
@@ -83,6 +86,30 @@ def cluster_policy_version(custom: Any, component: str, version: str) -> str:
         GROUP, POLICY_VERSION, POLICY_PLURAL, name, {"spec": {component: {"version": version}}}
     )
     return name
+
+
+def _tag(image: str) -> str:
+    name = image.split("@", 1)[0]
+    return name.rsplit(":", 1)[1] if ":" in name.rsplit("/", 1)[-1] else ""
+
+
+def device_plugin_version(core: Any, namespace: str, node: str) -> str:
+    """The version the device plugin on `node` runs: the image tag of its Operator-managed
+    pod once that pod is Ready and not being deleted; "" while none is (mid-restart)."""
+    pods = core.list_namespaced_pod(
+        namespace, label_selector=f"app={PLUGIN_APP}", field_selector=f"spec.nodeName={node}"
+    ).items
+    for pod in pods:
+        if pod.metadata.deletion_timestamp is not None:
+            continue
+        ready = any(
+            c.type == "Ready" and c.status == "True"
+            for c in (pod.status.conditions if pod.status else None) or ()
+        )
+        if ready and pod.spec.containers:
+            # A UBI build's tag carries a suffix ("v0.17.1-ubi9"): the version is before it.
+            return _tag(pod.spec.containers[0].image or "")
+    return ""
 
 
 def served(custom: Any, version: str, plural: str) -> bool:

@@ -468,6 +468,17 @@ def _plugin_write(version: str) -> None:
         log.exception("writing device plugin %s to the ClusterPolicy failed", version)
 
 
+def _plugin_runs(node: str, version: str) -> bool:
+    """Whether the GPU Operator's device plugin on `node` runs `version` (its pod, Ready)."""
+    try:
+        running = get_backend().device_plugin_version(node)
+    except Exception:  # noqa: BLE001
+        # Asked again at the next step.
+        log.exception("reading the device plugin on %s failed", node)
+        return False
+    return running == version or running.startswith(f"{version}-")
+
+
 def _operator_converged(rollout: Rollout, m: RolloutNode, node: Node, now: datetime) -> bool:
     """Follow the GPU Operator's per-node upgrade state; True once the node may be burnt in.
     A node it reports `upgrade-failed` fails here, with that reason."""
@@ -502,6 +513,8 @@ def _apply(rollout: Rollout, m: RolloutNode, now: datetime) -> None:
             return
     else:
         converged = node.labels.get(change.converged_label) == change.converged_value
+        if not converged and change.converged_label == lifecycle.DEVICE_PLUGIN_VERSION:
+            converged = _plugin_runs(node.name, change.converged_value)
     if converged:
         run = validation_start(actor=None, node=node, rollout=rollout, now=now)
         m.validation = run

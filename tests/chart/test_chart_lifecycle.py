@@ -64,3 +64,25 @@ def test_burn_ins_get_a_namespace_and_a_role_of_their_own_when_enabled() -> None
     assert "nccl-tests" in config["VALIDATION_IMAGE"]
     assert config["VALIDATION_DCGM_IMAGE"].startswith("nvcr.io/nvidia/cloud-native/dcgm:")
     assert config["GPU_OPERATOR_DRIVER_API"] == "auto"
+
+
+def test_device_plugin_rollouts_read_the_operators_pods_in_its_namespace_only() -> None:
+    from tests.chart.chart import kinds
+
+    assert not [
+        r for r in kinds(render(CASES["everything"]), "Role") if "operand" in r["metadata"]["name"]
+    ]
+    values = copy.deepcopy(CASES["everything"])
+    values.setdefault("rbac", {})["manageNodes"] = True
+    values.setdefault("config", {})["gpuOperatorNamespace"] = "nvidia-gpu-operator"
+    docs = render(values)
+    role = one(docs, "Role", f"{FULL}-gpu-operator-operand-reader")
+    assert role["metadata"]["namespace"] == "nvidia-gpu-operator"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
+    binding = one(docs, "RoleBinding", f"{FULL}-gpu-operator-operand-reader")
+    assert binding["metadata"]["namespace"] == "nvidia-gpu-operator"
+    assert binding["roleRef"]["name"] == f"{FULL}-gpu-operator-operand-reader"
+    config = one(docs, "ConfigMap", f"{FULL}-config")["data"]
+    assert config["GPU_OPERATOR_NAMESPACE"] == "nvidia-gpu-operator"
+    default = one(render(CASES["everything"]), "ConfigMap", f"{FULL}-config")["data"]
+    assert default["GPU_OPERATOR_NAMESPACE"] == "gpu-operator"
