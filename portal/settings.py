@@ -503,6 +503,8 @@ if GPU_OPERATOR_DRIVER_API not in ("auto", "nvidiadriver", "clusterpolicy", "lab
     )
 GPU_OPERATOR_DRIVER_IMAGE = env("GPU_OPERATOR_DRIVER_IMAGE", "nvcr.io/nvidia/driver")
 GPU_OPERATOR_DRIVER_REPOSITORY = env("GPU_OPERATOR_DRIVER_REPOSITORY", "")
+# Where the GPU Operator runs its operands: a device-plugin rollout follows the plugin's pods there.
+GPU_OPERATOR_NAMESPACE = env("GPU_OPERATOR_NAMESPACE", "gpu-operator")
 VALIDATION_NAMESPACE = env("VALIDATION_NAMESPACE", "quartermaster-validation")
 #: a burn-in with no result by then fails its node
 VALIDATION_TIMEOUT_SECONDS = envint("VALIDATION_TIMEOUT_SECONDS", "1800")

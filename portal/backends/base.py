@@ -400,6 +400,16 @@ class ClusterBackend(Protocol):
         labelled with it), or the ClusterPolicy; nothing with "labels"."""
         ...
 
+    def device_plugin_version_write(self, version: str) -> None:
+        """Set the device plugin's version on the GPU Operator's ClusterPolicy (under either
+        Operator API: NVIDIADriver has no plugin field). LookupError when there is none."""
+        ...
+
+    def device_plugin_version(self, node: str) -> str:
+        """The version the GPU Operator's device plugin runs on `node` (its Ready pod's image
+        tag); "" when none is known or it is restarting."""
+        ...
+
 
 #: member outcomes that end a gang: the portal stops the other pods (all or nothing)
 GANG_ENDINGS = (

@@ -134,6 +134,7 @@ class KubernetesBackend:
         driver_repository: str = "",
         driver_image: str = "nvcr.io/nvidia/driver",
         dcgm_image: str = "",
+        gpu_operator_namespace: str = "gpu-operator",
     ) -> None:
         if driver_api not in gpu_operator.DRIVER_APIS:
             raise ValueError(
@@ -146,6 +147,8 @@ class KubernetesBackend:
         self.driver_image = driver_image
         #: the burn-in's `dcgmi diag` image (VALIDATION_DCGM_IMAGE)
         self.dcgm_image = dcgm_image
+        #: where the GPU Operator runs its operands (GPU_OPERATOR_NAMESPACE)
+        self.gpu_operator_namespace = gpu_operator_namespace
         if gang_api not in GANG_APIS:
             raise ValueError(
                 f"K8S_GANG_API must be one of {', '.join(GANG_APIS)}, not {gang_api!r}"
@@ -242,6 +245,7 @@ class KubernetesBackend:
             driver_api=setting("GPU_OPERATOR_DRIVER_API", "auto"),
             driver_repository=setting("GPU_OPERATOR_DRIVER_REPOSITORY", ""),
             driver_image=setting("GPU_OPERATOR_DRIVER_IMAGE", "nvcr.io/nvidia/driver"),
+            gpu_operator_namespace=setting("GPU_OPERATOR_NAMESPACE", "gpu-operator"),
             dcgm_image=setting("VALIDATION_DCGM_IMAGE", ""),
         )
 
@@ -539,7 +543,13 @@ class KubernetesBackend:
             )
             gpu_operator.nvidiadriver_apply(self.custom, body)
         elif api == "clusterpolicy":
-            gpu_operator.cluster_policy_driver_version(self.custom, version)
+            gpu_operator.cluster_policy_version(self.custom, "driver", version)
+
+    def device_plugin_version_write(self, version: str) -> None:
+        gpu_operator.cluster_policy_version(self.custom, "devicePlugin", version)
+
+    def device_plugin_version(self, node: str) -> str:
+        return gpu_operator.device_plugin_version(self.core, self.gpu_operator_namespace, node)
 
     def status(self, name: str, namespace: str, pods: int = 1) -> WorkloadStatus:
         status = self._status_jobs(name, namespace, pods)

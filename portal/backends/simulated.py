@@ -258,6 +258,12 @@ class SimulatedBackend:
     def driver_version_write(self, api: str, name: str, version: str) -> None:
         return None
 
+    def device_plugin_version_write(self, version: str) -> None:
+        return None
+
+    def device_plugin_version(self, node: str) -> str:
+        return ""
+
     def _checkpointing(self, spec: LaunchSpec) -> tuple[tuple[tuple[str, str], ...], float]:
         """The checkpoint env of a spec's pods and their interval in wall seconds (none: 0)."""
         if spec.checkpoint_interval_s <= 0:

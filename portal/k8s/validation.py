@@ -46,9 +46,23 @@ fi
 """
 
 
+#: `dcgmi diag` levels from which NVIDIA runs the DCGM container with CAP_SYS_ADMIN (the
+#: memory, PCIe and stress plugins); level 1 runs without it, within Pod Security "baseline"
+SYS_ADMIN_FROM_LEVEL = 2
+
+
+def _diag_security(level: int) -> client.V1SecurityContext | None:
+    """The capability the diagnostics at `level` need, and nothing more (never privileged)."""
+    if level < SYS_ADMIN_FROM_LEVEL:
+        return None
+    return client.V1SecurityContext(capabilities=client.V1Capabilities(add=["SYS_ADMIN"]))
+
+
 def validation_job_build(spec: ValidationSpec, image: str, dcgm_image: str = "") -> client.V1Job:
     """One pod on `spec.node` (by hostname, tolerating the cordon and any taint), all its GPUs:
-    `dcgmi diag` first from `dcgm_image` (NVIDIA's DCGM image), then nccl-tests from `image`."""
+    `dcgmi diag` first from `dcgm_image` (NVIDIA's DCGM image), then nccl-tests from `image`.
+    Whichever container runs `dcgmi diag` gets SYS_ADMIN from level 2 (`SYS_ADMIN_FROM_LEVEL`)."""
+    diag_security = _diag_security(spec.dcgm_level)
     counts = {k: str(v) for k, v in spec.resources}
     labels = {L_MANAGED_BY: MANAGED_BY, L_INSTANCE: spec.name, L_COMPONENT: "validation"}
     env = [
@@ -66,6 +80,7 @@ def validation_job_build(spec: ValidationSpec, image: str, dcgm_image: str = "")
                 command=["/bin/bash", "-c", DCGM_SCRIPT],
                 env=env[2:],
                 resources=resources,
+                security_context=diag_security,
                 volume_mounts=[results],
             )
         ]
@@ -87,6 +102,8 @@ def validation_job_build(spec: ValidationSpec, image: str, dcgm_image: str = "")
                 command=["/bin/bash", "-c", SCRIPT],
                 env=env,
                 resources=resources,
+                # With no DCGM image the main container runs `dcgmi diag` itself.
+                security_context=None if dcgm_image else diag_security,
                 volume_mounts=[results],
             )
         ],

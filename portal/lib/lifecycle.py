@@ -54,6 +54,9 @@ UPGRADE_DONE, UPGRADE_FAILED = "upgrade-done", "upgrade-failed"
 DRIVER_WAVE = "quartermaster.io/driver-wave"
 #: the GPU Operator APIs a driver rollout may write (GPU_OPERATOR_DRIVER_API, resolved)
 OPERATOR_APIS = ("nvidiadriver", "clusterpolicy")
+#: rollout kinds written through the GPU Operator's API where the site runs one (a device
+#: plugin's version is always the ClusterPolicy's: NVIDIADriver has no plugin field)
+OPERATOR_KINDS = ("driver", "device-plugin")
 #: the version a rollout asked a node for (annotation-like; kept as a label so selectors see it)
 ROLLOUT_TARGET = "quartermaster.io/rollout-target"
 
@@ -153,7 +156,9 @@ def change_for(kind: str, target: str, api: str = "labels", wave: str = "") -> C
       new `nvidia.com/cuda.driver-version.full`;
     - mig-layout: mig-manager's `nvidia.com/mig.config=<mig-parted config>`; done when
       `nvidia.com/mig.config.state=success`;
-    - device-plugin: `nvidia.com/device-plugin.config=<config name>`; done once set;
+    - device-plugin: `nvidia.com/device-plugin.config=<config name>`; done once set; through
+      the GPU Operator's API (either), the target is the plugin version set on the
+      ClusterPolicy, done when the node's `DEVICE_PLUGIN_VERSION` label reads it;
     - gpu-operator: the operator version label the operands' node selector matches.
 
     A driver rollout through the GPU Operator's API (`api` nvidiadriver or clusterpolicy)
@@ -173,6 +178,12 @@ def change_for(kind: str, target: str, api: str = "labels", wave: str = "") -> C
         )
     if kind == "mig-layout":
         return Change({MIG_CONFIG: target}, MIG_CONFIG_STATE, "success")
+    if kind == "device-plugin" and api in OPERATOR_APIS:
+        # The version is the ClusterPolicy's (`spec.devicePlugin.version`); the node says it
+        # runs it through the plugin version label.
+        return Change(
+            {ROLLOUT_TARGET: _label_value(target)}, DEVICE_PLUGIN_VERSION, _label_value(target)
+        )
     if kind == "device-plugin":
         return Change({DEVICE_PLUGIN_CONFIG: target}, DEVICE_PLUGIN_CONFIG, target)
     if kind == "gpu-operator":

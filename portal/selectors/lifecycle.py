@@ -65,9 +65,21 @@ def rollout_list(pool: Pool | None = None) -> QuerySet[Rollout]:
     return qs.filter(pool=pool) if pool is not None else qs
 
 
+#: how a rollout told the cluster its change, as the rollout page says it
+_API_LABELS = {
+    "nvidiadriver": "GPU Operator NVIDIADriver, one per wave",
+    "clusterpolicy": "GPU Operator ClusterPolicy",
+    "labels": "node labels",
+}
+
+
 def rollout_progress(rollout: Rollout) -> dict[str, Any]:
     """Waves with each node's step and reason, counts per step, and the rollout's audit trail."""
     members = list(RolloutNode.objects.filter(rollout=rollout).select_related("node", "validation"))
+    api = str(rollout.impact.get("driver_api") or "labels")
+    # Only a driver rollout through NVIDIADriver has a resource per wave (the device
+    # plugin's version is the ClusterPolicy's under either Operator API).
+    per_wave = rollout.kind == Rollout.Kind.DRIVER and api == "nvidiadriver"
     waves: list[dict[str, Any]] = []
     impact = {w["wave"]: w for w in rollout.impact.get("waves", [])}
     for i in range(len(rollout.waves)):
@@ -80,6 +92,7 @@ def rollout_progress(rollout: Rollout) -> dict[str, Any]:
                 "impact": impact.get(i, {}),
                 "current": rollout.state == Rollout.State.RUNNING and i == rollout.current_wave,
                 "done": all(m.step in RolloutNode.DONE for m in ms),
+                "nvidiadriver": lifecycle.driver_wave_name(rollout.pk, i) if per_wave else "",
             }
         )
     counts: dict[str, int] = defaultdict(int)
@@ -88,8 +101,13 @@ def rollout_progress(rollout: Rollout) -> dict[str, Any]:
     audit = AuditEvent.objects.filter(object_type="rollout", object_id=str(rollout.pk)).order_by(
         "created_at", "id"
     )
+    written = "labels"
+    if rollout.kind in lifecycle.OPERATOR_KINDS and api in lifecycle.OPERATOR_APIS:
+        written = api if rollout.kind == Rollout.Kind.DRIVER else "clusterpolicy"
     return {
         "waves": waves,
+        "driver_api": written,
+        "driver_api_label": _API_LABELS[written],
         "counts": dict(counts),
         "done": sum(counts[s] for s in RolloutNode.DONE),
         "total": len(members),

@@ -165,7 +165,7 @@ def rollout_start(
     if taken:
         raise ValidationError({"pool": f"Node {taken} is in a running rollout already."})
     extra: dict[str, Any] = {}
-    if kind == "driver":
+    if kind in lifecycle.OPERATOR_KINDS:
         try:
             extra["driver_api"] = get_backend().driver_api_in_use()
         except Exception as exc:  # noqa: BLE001 - the start is refused, with why
@@ -175,7 +175,7 @@ def rollout_start(
                     "kind": f"Could not ask the cluster which driver API the GPU Operator serves: {exc}"
                 }
             ) from exc
-    change = lifecycle.change_for(kind, target)
+    change = lifecycle.change_for(kind, target, extra.get("driver_api", "labels"))
     values = [n.labels.get(change.converged_label, "") for n in pool.nodes.all() if n.labels] or [
         ""
     ]
@@ -446,6 +446,9 @@ def _write_change(rollout: Rollout, m: RolloutNode) -> None:
         wave, target = lifecycle.driver_wave_name(rollout.pk, m.wave), rollout.target
         # The resource first: a node labelled for a wave nothing selects yet waits harmlessly.
         transaction.on_commit(lambda: _operator_write(api, wave, target))
+    elif rollout.kind == Rollout.Kind.DEVICE_PLUGIN and api in lifecycle.OPERATOR_APIS:
+        plugin = rollout.target
+        transaction.on_commit(lambda: _plugin_write(plugin))
     transaction.on_commit(lambda: backend_node_patch(name, labels, None))
 
 
@@ -455,6 +458,25 @@ def _operator_write(api: str, name: str, version: str) -> None:
     except Exception:  # noqa: BLE001
         # Written again at the next step while the node waits for it.
         log.exception("writing driver %s through %s failed", version, api)
+
+
+def _plugin_write(version: str) -> None:
+    try:
+        get_backend().device_plugin_version_write(version)
+    except Exception:  # noqa: BLE001
+        # Written again at the next step while the node waits for it.
+        log.exception("writing device plugin %s to the ClusterPolicy failed", version)
+
+
+def _plugin_runs(node: str, version: str) -> bool:
+    """Whether the GPU Operator's device plugin on `node` runs `version` (its pod, Ready)."""
+    try:
+        running = get_backend().device_plugin_version(node)
+    except Exception:  # noqa: BLE001
+        # Asked again at the next step.
+        log.exception("reading the device plugin on %s failed", node)
+        return False
+    return running == version or running.startswith(f"{version}-")
 
 
 def _operator_converged(rollout: Rollout, m: RolloutNode, node: Node, now: datetime) -> bool:
@@ -491,6 +513,8 @@ def _apply(rollout: Rollout, m: RolloutNode, now: datetime) -> None:
             return
     else:
         converged = node.labels.get(change.converged_label) == change.converged_value
+        if not converged and change.converged_label == lifecycle.DEVICE_PLUGIN_VERSION:
+            converged = _plugin_runs(node.name, change.converged_value)
     if converged:
         run = validation_start(actor=None, node=node, rollout=rollout, now=now)
         m.validation = run

@@ -30,7 +30,8 @@ from portal.views.base import AuthedRequest, add_errors, refusal_response
 class RolloutForm(forms.Form):
     kind = forms.ChoiceField(choices=Rollout.Kind.choices)
     target = forms.CharField(
-        max_length=63, help_text="driver version, operator version, or config name"
+        max_length=63,
+        help_text="driver, operator or device plugin version, or a config name",
     )
     canary_nodes = forms.IntegerField(min_value=0, max_value=1000, initial=1)
     wave_percent = forms.IntegerField(min_value=1, max_value=100, initial=25)
@@ -49,6 +50,19 @@ class RolloutForm(forms.Form):
         min_value=0,
         initial=lifecycle.DEFAULT_THRESHOLDS["warmup_max_s"],
         label="model warm-up at most (s)",
+    )
+    dcgm_diag_level = forms.IntegerField(
+        min_value=1,
+        max_value=4,
+        # Left out: the site's level (VALIDATION_DCGM_DIAG_LEVEL).
+        required=False,
+        initial=lambda: int(settings.VALIDATION_DCGM_DIAG_LEVEL),
+        label="DCGM diagnostics level (1-4)",
+        help_text="levels 2 and up run dcgmi diag with SYS_ADMIN and take longer",
+        error_messages={
+            k: "DCGM diagnostics level: a whole number from 1 to 4."
+            for k in ("invalid", "min_value", "max_value")
+        },
     )
 
 
@@ -91,6 +105,9 @@ def rollout_create(request: AuthedRequest, pool_id: int) -> HttpResponse:
     if form.is_valid():
         data = dict(form.cleaned_data)
         thresholds = {k: data.pop(k) for k in ("nccl_busbw_gbps", "warmup_max_s")}
+        level = data.pop("dcgm_diag_level")
+        if level is not None:
+            thresholds["dcgm_diag_level"] = level
         _, plan = rollout_plan(
             pool,
             canary_nodes=data["canary_nodes"],

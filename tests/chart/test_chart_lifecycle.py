@@ -42,6 +42,14 @@ def test_burn_ins_get_a_namespace_and_a_role_of_their_own_when_enabled() -> None
     values["validation"] = {"enabled": True, "namespace": "qm-burn-in"}
     docs = render(values)
     [ns] = [n for n in kinds(docs, "Namespace") if n["metadata"]["name"] == "qm-burn-in"]
+    labels = ns["metadata"]["labels"]
+    # dcgmi diag levels 2-4 need SYS_ADMIN, beyond "baseline": enforced privileged, anything
+    # beyond baseline audited and warned of.
+    assert labels["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert labels["pod-security.kubernetes.io/audit"] == "baseline"
+    assert labels["pod-security.kubernetes.io/warn"] == "baseline"
+    values["validation"]["podSecurity"] = "baseline"
+    [ns] = [n for n in kinds(render(values), "Namespace") if n["metadata"]["name"] == "qm-burn-in"]
     assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "baseline"
     role = one(docs, "Role", f"{FULL}-validation")
     assert role["metadata"]["namespace"] == "qm-burn-in"
@@ -56,3 +64,25 @@ def test_burn_ins_get_a_namespace_and_a_role_of_their_own_when_enabled() -> None
     assert "nccl-tests" in config["VALIDATION_IMAGE"]
     assert config["VALIDATION_DCGM_IMAGE"].startswith("nvcr.io/nvidia/cloud-native/dcgm:")
     assert config["GPU_OPERATOR_DRIVER_API"] == "auto"
+
+
+def test_device_plugin_rollouts_read_the_operators_pods_in_its_namespace_only() -> None:
+    from tests.chart.chart import kinds
+
+    assert not [
+        r for r in kinds(render(CASES["everything"]), "Role") if "operand" in r["metadata"]["name"]
+    ]
+    values = copy.deepcopy(CASES["everything"])
+    values.setdefault("rbac", {})["manageNodes"] = True
+    values.setdefault("config", {})["gpuOperatorNamespace"] = "nvidia-gpu-operator"
+    docs = render(values)
+    role = one(docs, "Role", f"{FULL}-gpu-operator-operand-reader")
+    assert role["metadata"]["namespace"] == "nvidia-gpu-operator"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
+    binding = one(docs, "RoleBinding", f"{FULL}-gpu-operator-operand-reader")
+    assert binding["metadata"]["namespace"] == "nvidia-gpu-operator"
+    assert binding["roleRef"]["name"] == f"{FULL}-gpu-operator-operand-reader"
+    config = one(docs, "ConfigMap", f"{FULL}-config")["data"]
+    assert config["GPU_OPERATOR_NAMESPACE"] == "nvidia-gpu-operator"
+    default = one(render(CASES["everything"]), "ConfigMap", f"{FULL}-config")["data"]
+    assert default["GPU_OPERATOR_NAMESPACE"] == "gpu-operator"

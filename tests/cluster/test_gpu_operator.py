@@ -286,21 +286,7 @@ def _policy(cluster: Cluster) -> dict[str, Any]:
 def test_a_driver_rollout_through_the_cluster_policy_halts_on_upgrade_failed(
     go: KubernetesBackend, cluster: Cluster
 ) -> None:
-    custom = client.CustomObjectsApi(cluster.api())
-    required = ("daemonsets", "dcgm", "dcgmExporter", "devicePlugin", "gfd")
-    spec: dict[str, Any] = {k: {} for k in required}
-    spec.update(nodeStatusExporter={}, operator={}, toolkit={}, driver={"version": "550.107.02"})
-    custom.create_cluster_custom_object(
-        gpu_operator.GROUP,
-        gpu_operator.POLICY_VERSION,
-        gpu_operator.POLICY_PLURAL,
-        {
-            "apiVersion": "nvidia.com/v1",
-            "kind": "ClusterPolicy",
-            "metadata": {"name": POLICY},
-            "spec": spec,
-        },
-    )
+    custom = _policy_create(cluster)
     go.driver_api = "clusterpolicy"
     try:
         training_world("go-canary", {POOL: "go-canary"})
@@ -316,6 +302,109 @@ def test_a_driver_rollout_through_the_cluster_policy_halts_on_upgrade_failed(
         custom.delete_cluster_custom_object(
             gpu_operator.GROUP, gpu_operator.POLICY_VERSION, gpu_operator.POLICY_PLURAL, POLICY
         )
+
+
+def _policy_create(cluster: Cluster) -> Any:
+    custom = client.CustomObjectsApi(cluster.api())
+    required = ("daemonsets", "dcgm", "dcgmExporter", "devicePlugin", "gfd")
+    spec: dict[str, Any] = {k: {} for k in required}
+    spec.update(nodeStatusExporter={}, operator={}, toolkit={}, driver={"version": "550.107.02"})
+    spec["devicePlugin"] = {"version": PLUGIN_BEFORE}
+    custom.create_cluster_custom_object(
+        gpu_operator.GROUP,
+        gpu_operator.POLICY_VERSION,
+        gpu_operator.POLICY_PLURAL,
+        {
+            "apiVersion": "nvidia.com/v1",
+            "kind": "ClusterPolicy",
+            "metadata": {"name": POLICY},
+            "spec": spec,
+        },
+    )
+    return custom
+
+
+PLUGIN_BEFORE, PLUGIN_TARGET = "v0.16.2", "v0.17.1"
+
+
+OPERATOR_NS = "gpu-operator"
+
+
+def _plugin_pod(node: str, version: str) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": f"nvidia-device-plugin-daemonset-{node}-{version.replace('.', '-')}",
+            "labels": {"app": gpu_operator.PLUGIN_APP},
+        },
+        "spec": {
+            "nodeName": node,
+            "tolerations": [{"operator": "Exists"}],
+            "containers": [
+                {"name": "nvidia-device-plugin", "image": f"{gpu_operator.PLUGIN_IMAGE}:{version}"}
+            ],
+        },
+    }
+
+
+def test_a_device_plugin_rollout_sets_the_cluster_policy_and_follows_the_plugin_pods(
+    go: KubernetesBackend, cluster: Cluster
+) -> None:
+    custom = _policy_create(cluster)
+    go.driver_api = "nvidiadriver"
+    core = cluster.core()
+    try:
+        core.create_namespace({"metadata": {"name": OPERATOR_NS}})
+    except ApiException:  # made by an earlier run of the session
+        pass
+    # The Operator's device-plugin DaemonSet, as the portal sees it: a pod per node.
+    core.create_namespaced_pod(OPERATOR_NS, _plugin_pod("go-canary-0", PLUGIN_BEFORE))
+    try:
+        training_world("go-canary", {POOL: "go-canary"})
+        pool = Pool.objects.get(name="go-canary")
+        rollout = rollout_start(
+            actor=_admin(), pool=pool, kind="device-plugin", target=PLUGIN_TARGET
+        )
+        assert rollout.impact["driver_api"] == "nvidiadriver"
+        reported: set[int] = set()
+        replaced: list[str] = []
+
+        def play() -> bool:
+            # Once the ClusterPolicy names the new version the DaemonSet replaces the pod.
+            version = _policy(cluster)["spec"]["devicePlugin"].get("version")
+            if version == PLUGIN_TARGET and not replaced:
+                old = _plugin_pod("go-canary-0", PLUGIN_BEFORE)["metadata"]["name"]
+                core.delete_namespaced_pod(old, OPERATOR_NS, grace_period_seconds=0)
+                core.create_namespaced_pod(OPERATOR_NS, _plugin_pod("go-canary-0", version))
+                replaced.append(version)
+            for m in RolloutNode.objects.filter(rollout=rollout, step="validating"):
+                run = m.validation
+                if run and run.pk not in reported:
+                    validation_report(run=run, results=GOOD)
+                    reported.add(run.pk)
+            rollout.refresh_from_db()
+            return rollout.state != Rollout.State.RUNNING
+
+        _step(play, "the rollout to end", timeout_s=20)
+        assert rollout.state == Rollout.State.SUCCEEDED, rollout.halt_reason
+        policy = _policy(cluster)["spec"]
+        # The plugin's version lives on the ClusterPolicy only; the driver's is left alone.
+        assert policy["devicePlugin"]["version"] == PLUGIN_TARGET
+        assert policy["driver"]["version"] == "550.107.02"
+        assert not _drivers(cluster)
+        node = core.read_node("go-canary-0")
+        assert not node.spec.unschedulable
+        assert node.metadata.labels[lifecycle.ROLLOUT_TARGET] == PLUGIN_TARGET
+        # Not the labels-only way: no device-plugin config label written, none read.
+        assert lifecycle.DEVICE_PLUGIN_CONFIG not in node.metadata.labels
+        assert lifecycle.DEVICE_PLUGIN_VERSION not in node.metadata.labels
+        m = RolloutNode.objects.get(rollout=rollout)
+        assert m.step == "returned" and m.validation is not None
+    finally:
+        custom.delete_cluster_custom_object(
+            gpu_operator.GROUP, gpu_operator.POLICY_VERSION, gpu_operator.POLICY_PLURAL, POLICY
+        )
+        for pod in core.list_namespaced_pod(OPERATOR_NS).items:
+            core.delete_namespaced_pod(pod.metadata.name, OPERATOR_NS, grace_period_seconds=0)
 
 
 def _halted_on_upgrade_failed(cluster: Cluster, rollout: Rollout, operator: Operator) -> None:

@@ -123,3 +123,24 @@ def test_node_changes_are_merge_patches_of_labels_and_unschedulable() -> None:
         ),
         ("a100-03", {"metadata": {"labels": {}}, "spec": {"unschedulable": False}}),
     ]
+
+
+def _caps(container: dict[str, Any]) -> list[str]:
+    return ((container.get("securityContext") or {}).get("capabilities") or {}).get("add") or []
+
+
+def test_dcgm_diag_levels_2_and_up_get_sys_admin_on_the_container_that_runs_them() -> None:
+    from dataclasses import replace
+
+    dcgm = "nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04"
+    for level in (1, 2, 3, 4):
+        split = job_to_dict(validation_job_build(replace(SPEC, dcgm_level=level), "n:1", dcgm))
+        pod = split["spec"]["template"]["spec"]
+        [init], [main] = pod["initContainers"], pod["containers"]
+        # Level 1 stays within Pod Security "baseline"; nccl-tests never needs the capability.
+        assert _caps(init) == (["SYS_ADMIN"] if level >= 2 else []), level
+        assert _caps(main) == []
+        assert not (init.get("securityContext") or {}).get("privileged")
+        one = job_to_dict(validation_job_build(replace(SPEC, dcgm_level=level), "n:1"))
+        [main] = one["spec"]["template"]["spec"]["containers"]
+        assert _caps(main) == (["SYS_ADMIN"] if level >= 2 else []), level

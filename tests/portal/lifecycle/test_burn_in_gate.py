@@ -123,6 +123,19 @@ def test_the_operators_upgrade_state_is_read_with_the_driver_version(
     assert lifecycle.driver_upgrade(labels, "570.124.06")[0] == where
 
 
+def test_a_device_plugin_through_the_operator_waits_for_the_nodes_plugin_version() -> None:
+    for api in lifecycle.OPERATOR_APIS:
+        change = lifecycle.change_for("device-plugin", "v0.17.1", api, "ignored")
+        # No config label and no NVIDIADriver wave label: the version is the ClusterPolicy's.
+        assert change.labels == {lifecycle.ROLLOUT_TARGET: "v0.17.1"}
+        assert (change.converged_label, change.converged_value) == (
+            lifecycle.DEVICE_PLUGIN_VERSION,
+            "v0.17.1",
+        )
+    by_labels = lifecycle.change_for("device-plugin", "mps-4", "labels")
+    assert by_labels.labels == {lifecycle.DEVICE_PLUGIN_CONFIG: "mps-4"}
+
+
 def test_the_dcgm_level_is_a_threshold_of_one_to_four() -> None:
     assert lifecycle.thresholds_check({"dcgm_diag_level": 3})["dcgm_diag_level"] == 3.0
     with pytest.raises(ValueError, match="1, 2, 3 or 4"):

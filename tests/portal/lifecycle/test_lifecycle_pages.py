@@ -168,6 +168,78 @@ def test_a_bad_rollout_is_refused_naming_the_field(world: World, data: dict, fie
     assert not Rollout.objects.exists()
 
 
+FORM = {
+    "kind": "driver",
+    "target": "550.127.05",
+    "canary_nodes": 1,
+    "wave_percent": 50,
+    "max_failed_nodes": 0,
+    "drain_timeout_s": 3600,
+    "apply_timeout_s": 900,
+    "nccl_busbw_gbps": 100,
+    "warmup_max_s": 120,
+}
+
+
+@pytest.mark.parametrize("level", ["0", "5", "2.5", "two"])
+def test_the_rollout_form_refuses_a_dcgm_level_outside_1_to_4_naming_the_field(
+    world: World, level: str
+) -> None:
+    pool = Pool.objects.get(name="a100-train")
+    r = client_for(world.dave).post(
+        f"/ops/pools/{pool.pk}/rollouts/", {**FORM, "dcgm_diag_level": level}
+    )
+    assert r.status_code == 400
+    assert r.context["form"].errors["dcgm_diag_level"] == [
+        "DCGM diagnostics level: a whole number from 1 to 4."
+    ]
+    assert "DCGM diagnostics level: a whole number from 1 to 4." in r.content.decode()
+    assert not Rollout.objects.exists()
+
+
+def test_the_rollout_form_sets_the_dcgm_level_and_the_page_shows_the_driver_api(
+    world: World, settings: Any
+) -> None:
+    settings.VALIDATION_DCGM_DIAG_LEVEL = 1
+    pool = Pool.objects.get(name="a100-train")
+    dave = client_for(world.dave)
+    page = dave.get(f"/ops/pools/{pool.pk}/lifecycle/").content.decode()
+    assert 'name="dcgm_diag_level"' in page
+    r = dave.post(f"/ops/pools/{pool.pk}/rollouts/", {**FORM, "dcgm_diag_level": "3"})
+    assert r.status_code == 302, r.content
+    rollout = Rollout.objects.get()
+    assert rollout.thresholds["dcgm_diag_level"] == 3
+    html = dave.get(f"/ops/rollouts/{rollout.pk}/").content.decode()
+    # The simulated backend has no GPU Operator: the node labels are the change.
+    assert 'data-driver-api="labels"' in html and "node labels" in html
+    assert "DCGM diagnostics level 3" in html
+    assert "qm-rollout-" not in html
+    # Left out, the form keeps the site's level.
+    Rollout.objects.update(state=Rollout.State.HALTED)
+    r = dave.post(f"/ops/pools/{pool.pk}/rollouts/", FORM)
+    assert r.status_code == 302, r.content
+    assert Rollout.objects.latest("pk").thresholds["dcgm_diag_level"] == 1
+
+    # Through the GPU Operator's NVIDIADriver: one resource per wave, named on its wave.
+    rollout.impact = {**rollout.impact, "driver_api": "nvidiadriver"}
+    rollout.save(update_fields=["impact"])
+    html = dave.get(f"/ops/rollouts/{rollout.pk}/").content.decode()
+    assert 'data-driver-api="nvidiadriver"' in html
+    for i in range(len(rollout.waves)):
+        name = lifecycle.driver_wave_name(rollout.pk, i)
+        assert f'data-nvidiadriver="{name}"' in html
+    rollout.impact = {**rollout.impact, "driver_api": "clusterpolicy"}
+    rollout.save(update_fields=["impact"])
+    html = dave.get(f"/ops/rollouts/{rollout.pk}/").content.decode()
+    assert 'data-driver-api="clusterpolicy"' in html and "ClusterPolicy" in html
+    assert "data-nvidiadriver" not in html
+    # A device plugin's version is the ClusterPolicy's even where drivers are NVIDIADrivers.
+    rollout.kind, rollout.impact["driver_api"] = "device-plugin", "nvidiadriver"
+    rollout.save(update_fields=["kind", "impact"])
+    html = dave.get(f"/ops/rollouts/{rollout.pk}/").content.decode()
+    assert 'data-driver-api="clusterpolicy"' in html and "data-nvidiadriver" not in html
+
+
 def test_a_burn_in_reports_its_results_with_its_own_token(world: World) -> None:
     node = Node.objects.get(name="a100-01")
     run = validation_start(actor=world.dave, node=node)
