@@ -396,6 +396,15 @@ def _pending(
             *shapes.SHAPE_FIELDS,
         )
     )
+    # Once per pending request (100,000 of them): lookups hoisted, helpers inlined.
+    team_names = {pk: name for pk, (name, _, _) in teams.items()}
+    pool_of: dict[int | None, str] = {None: "", **pool_names}
+    request = st.PendingRequest
+    queued_row = QueuedRow
+    wait_state = waits.WaitState
+    shape_get = shape_of.get
+    append = pending.append
+    waited_end = _WAITED_END
     for (
         pk,
         team_id,
@@ -418,28 +427,30 @@ def _pending(
         *rest,
     ) in rows:
         rid = str(pk)
-        waited, fields = rest[:_WAITED], rest[_WAITED:]
-        shape = shape_of.get(tuple(fields), tolerations[pool_id])
-        pending.append(
-            st.PendingRequest(
+        shape = shape_get(tuple(rest[waited_end:]), tolerations[pool_id])
+        # EASY backfill: the submitter's estimate, never past the hard limit
+        # (`_expected_runtime_s`, inlined)
+        if estimated_runtime_s and max_runtime_s:
+            runtime_s: int | None = min(estimated_runtime_s, max_runtime_s)
+        else:
+            runtime_s = estimated_runtime_s or max_runtime_s or None
+        append(
+            request(
                 id=rid,
-                team=teams[team_id][0],
+                team=team_names[team_id],
                 workload_class=class_names[class_id],
                 shape=shape,
-                created_at_ms=_ms(created_at),
-                pool=pool_names[pool_id] if pool_id else "",
+                created_at_ms=int(created_at.timestamp() * 1000),
+                pool=pool_of[pool_id],
                 priority=priority,
                 attempts=requeue_count,
                 # the room its victims free is kept for it (scheduling.queue.request_key)
                 preempting=status_code in ("preempting", "awaiting-stop"),
-                # EASY backfill: the submitter's estimate, never past the hard limit
-                expected_runtime_ms=_ms_or_none(
-                    _expected_runtime_s(estimated_runtime_s, max_runtime_s)
-                ),
+                expected_runtime_ms=None if runtime_s is None else runtime_s * 1000,
                 user=str(user_id),
             )
         )
-        queued[rid] = QueuedRow(
+        queued[rid] = queued_row(
             pk,
             team_id,
             class_id,
@@ -452,12 +463,12 @@ def _pending(
             shape.gpus_milli,
             position_note,
             created_at,
-            waits.WaitState(wait_reason, wait_since, tuple(waited)),
+            wait_state(wait_reason, wait_since, tuple(rest[:waited_end])),
         )
     return tuple(pending), queued
 
 
-_WAITED = len(waits.FIELDS)
+_WAITED_END = len(waits.FIELDS)
 
 
 def _workloads(half_life_s: int) -> tuple[st.PoolWorkload, ...]:
