@@ -521,6 +521,10 @@ def _running(
             *(f"request__{f}" for f in shapes.SHAPE_FIELDS),
         )
     )
+    # Once per running attempt: lookups hoisted, helpers inlined.
+    team_names = {pk: name for pk, (name, _, _) in teams.items()}
+    no_grants: dict[tuple[str, int, int], st.DeviceGrant] = {}
+    stopping_state = Attempt.State.STOPPING
     for (
         pk,
         state,
@@ -539,7 +543,7 @@ def _running(
         *fields,
     ) in rows:
         per_node: dict[str, list[st.DeviceGrant]] = defaultdict(list)
-        for (node, _, _), g in sorted(held_grants.get(pk, {}).items()):
+        for (node, _, _), g in sorted(held_grants.get(pk, no_grants).items()):
             per_node[node].append(g)
         cpu_milli, memory_mib = fields[6], fields[7]
         placement = st.Placement(
@@ -548,22 +552,28 @@ def _running(
                 for n, gs in sorted(per_node.items())
             )
         )
-        # Expected end for reservations (EASY backfilling), as for pending requests.
-        runtime_s = _expected_runtime_s(estimated_runtime_s, max_runtime_s)
-        begun = _ms(started_at or admitted_at)
+        # Expected end for reservations (EASY backfilling), as for pending requests
+        # (`_expected_runtime_s`, inlined).
+        if estimated_runtime_s and max_runtime_s:
+            runtime_s: int | None = min(estimated_runtime_s, max_runtime_s)
+        else:
+            runtime_s = estimated_runtime_s or max_runtime_s or None
+        begun = int((started_at or admitted_at).timestamp() * 1000)
         running.append(
             st.Running(
                 request_id=str(request_id),
                 attempt_id=str(pk),
-                team=teams[team_id][0],
+                team=team_names[team_id],
                 workload_class=class_names[class_id],
                 pool=pool_names[pool_id],
                 shape=shape_of.get(tuple(fields)),
                 placement=placement,
                 started_at_ms=begun,
-                last_checkpoint_ms=_ms(last_checkpoint_at) if last_checkpoint_at else None,
+                last_checkpoint_ms=int(last_checkpoint_at.timestamp() * 1000)
+                if last_checkpoint_at
+                else None,
                 priority=priority,
-                stopping=state == Attempt.State.STOPPING,
+                stopping=state == stopping_state,
                 admitted_by_preemption=admitted_by_preemption,
                 expected_end_ms=begun + runtime_s * 1000 if runtime_s is not None else None,
                 user=str(user_id),
