@@ -369,7 +369,7 @@ def _pending(
     }
     tolerations[None] = shapes.tolerations(pools.values())
     shape_of = _Shapes()
-    pending = []
+    pending: list[st.PendingRequest] = []
     queued: dict[str, QueuedRow] = {}
     rows = (
         GpuRequest.objects.filter(state=GpuRequest.State.PENDING)
@@ -398,7 +398,8 @@ def _pending(
     )
     # Once per pending request (100,000 of them): lookups hoisted, helpers inlined.
     team_names = {pk: name for pk, (name, _, _) in teams.items()}
-    pool_of: dict[int | None, str] = {None: "", **pool_names}
+    pool_of: dict[int | None, str] = {None: ""}
+    pool_of.update(pool_names)
     request = st.PendingRequest
     queued_row = QueuedRow
     wait_state = waits.WaitState
