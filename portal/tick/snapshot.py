@@ -398,8 +398,8 @@ def _pending(
     )
     # Once per pending request (100,000 of them): lookups hoisted, helpers inlined.
     team_names = {pk: name for pk, (name, _, _) in teams.items()}
-    pool_of: dict[int | None, str] = {None: ""}
-    pool_of.update(pool_names)
+    pool_of: dict[int | None, str] = {pk: name for pk, name in pool_names.items()}
+    pool_of[None] = ""
     request = st.PendingRequest
     queued_row = QueuedRow
     wait_state = waits.WaitState
