@@ -543,16 +543,22 @@ def _running(
         max_runtime_s,
         *fields,
     ) in rows:
-        per_node: dict[str, list[st.DeviceGrant]] = defaultdict(list)
-        for (node, _, _), g in sorted(held_grants.get(pk, no_grants).items()):
-            per_node[node].append(g)
         cpu_milli, memory_mib = fields[6], fields[7]
-        placement = st.Placement(
-            tuple(
-                st.PodPlacement(n, tuple(gs), cpu_milli, memory_mib)
-                for n, gs in sorted(per_node.items())
+        grants = held_grants.get(pk, no_grants)
+        if len(grants) == 1:
+            # Most attempts hold one device (or slice): one pod, nothing to sort.
+            (((node, _, _), grant),) = grants.items()
+            placement = st.Placement((st.PodPlacement(node, (grant,), cpu_milli, memory_mib),))
+        else:
+            per_node: dict[str, list[st.DeviceGrant]] = defaultdict(list)
+            for (node, _, _), g in sorted(grants.items()):
+                per_node[node].append(g)
+            placement = st.Placement(
+                tuple(
+                    st.PodPlacement(n, tuple(gs), cpu_milli, memory_mib)
+                    for n, gs in sorted(per_node.items())
+                )
             )
-        )
         # Expected end for reservations (EASY backfilling), as for pending requests
         # (`_expected_runtime_s`, inlined).
         if estimated_runtime_s and max_runtime_s:
