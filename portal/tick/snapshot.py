@@ -369,7 +369,7 @@ def _pending(
     }
     tolerations[None] = shapes.tolerations(pools.values())
     shape_of = _Shapes()
-    pending = []
+    pending: list[st.PendingRequest] = []
     queued: dict[str, QueuedRow] = {}
     rows = (
         GpuRequest.objects.filter(state=GpuRequest.State.PENDING)
@@ -396,6 +396,16 @@ def _pending(
             *shapes.SHAPE_FIELDS,
         )
     )
+    # Once per pending request (100,000 of them): lookups hoisted, helpers inlined.
+    team_names = {pk: name for pk, (name, _, _) in teams.items()}
+    pool_of: dict[int | None, str] = {pk: name for pk, name in pool_names.items()}
+    pool_of[None] = ""
+    request = st.PendingRequest
+    queued_row = QueuedRow
+    wait_state = waits.WaitState
+    shape_get = shape_of.get
+    append = pending.append
+    waited_end = _WAITED_END
     for (
         pk,
         team_id,
@@ -418,28 +428,30 @@ def _pending(
         *rest,
     ) in rows:
         rid = str(pk)
-        waited, fields = rest[:_WAITED], rest[_WAITED:]
-        shape = shape_of.get(tuple(fields), tolerations[pool_id])
-        pending.append(
-            st.PendingRequest(
+        shape = shape_get(tuple(rest[waited_end:]), tolerations[pool_id])
+        # EASY backfill: the submitter's estimate, never past the hard limit
+        # (`_expected_runtime_s`, inlined)
+        if estimated_runtime_s and max_runtime_s:
+            runtime_s: int | None = min(estimated_runtime_s, max_runtime_s)
+        else:
+            runtime_s = estimated_runtime_s or max_runtime_s or None
+        append(
+            request(
                 id=rid,
-                team=teams[team_id][0],
+                team=team_names[team_id],
                 workload_class=class_names[class_id],
                 shape=shape,
-                created_at_ms=_ms(created_at),
-                pool=pool_names[pool_id] if pool_id else "",
+                created_at_ms=int(created_at.timestamp() * 1000),
+                pool=pool_of[pool_id],
                 priority=priority,
                 attempts=requeue_count,
                 # the room its victims free is kept for it (scheduling.queue.request_key)
                 preempting=status_code in ("preempting", "awaiting-stop"),
-                # EASY backfill: the submitter's estimate, never past the hard limit
-                expected_runtime_ms=_ms_or_none(
-                    _expected_runtime_s(estimated_runtime_s, max_runtime_s)
-                ),
+                expected_runtime_ms=None if runtime_s is None else runtime_s * 1000,
                 user=str(user_id),
             )
         )
-        queued[rid] = QueuedRow(
+        queued[rid] = queued_row(
             pk,
             team_id,
             class_id,
@@ -452,12 +464,12 @@ def _pending(
             shape.gpus_milli,
             position_note,
             created_at,
-            waits.WaitState(wait_reason, wait_since, tuple(waited)),
+            wait_state(wait_reason, wait_since, tuple(rest[:waited_end])),
         )
     return tuple(pending), queued
 
 
-_WAITED = len(waits.FIELDS)
+_WAITED_END = len(waits.FIELDS)
 
 
 def _workloads(half_life_s: int) -> tuple[st.PoolWorkload, ...]:
@@ -510,6 +522,10 @@ def _running(
             *(f"request__{f}" for f in shapes.SHAPE_FIELDS),
         )
     )
+    # Once per running attempt: lookups hoisted, helpers inlined.
+    team_names = {pk: name for pk, (name, _, _) in teams.items()}
+    no_grants: dict[tuple[str, int, int], st.DeviceGrant] = {}
+    stopping_state = Attempt.State.STOPPING
     for (
         pk,
         state,
@@ -527,32 +543,44 @@ def _running(
         max_runtime_s,
         *fields,
     ) in rows:
-        per_node: dict[str, list[st.DeviceGrant]] = defaultdict(list)
-        for (node, _, _), g in sorted(held_grants.get(pk, {}).items()):
-            per_node[node].append(g)
         cpu_milli, memory_mib = fields[6], fields[7]
-        placement = st.Placement(
-            tuple(
-                st.PodPlacement(n, tuple(gs), cpu_milli, memory_mib)
-                for n, gs in sorted(per_node.items())
+        grants = held_grants.get(pk, no_grants)
+        if len(grants) == 1:
+            # Most attempts hold one device (or slice): one pod, nothing to sort.
+            (((node, _, _), grant),) = grants.items()
+            placement = st.Placement((st.PodPlacement(node, (grant,), cpu_milli, memory_mib),))
+        else:
+            per_node: dict[str, list[st.DeviceGrant]] = defaultdict(list)
+            for (node, _, _), g in sorted(grants.items()):
+                per_node[node].append(g)
+            placement = st.Placement(
+                tuple(
+                    st.PodPlacement(n, tuple(gs), cpu_milli, memory_mib)
+                    for n, gs in sorted(per_node.items())
+                )
             )
-        )
-        # Expected end for reservations (EASY backfilling), as for pending requests.
-        runtime_s = _expected_runtime_s(estimated_runtime_s, max_runtime_s)
-        begun = _ms(started_at or admitted_at)
+        # Expected end for reservations (EASY backfilling), as for pending requests
+        # (`_expected_runtime_s`, inlined).
+        if estimated_runtime_s and max_runtime_s:
+            runtime_s: int | None = min(estimated_runtime_s, max_runtime_s)
+        else:
+            runtime_s = estimated_runtime_s or max_runtime_s or None
+        begun = int((started_at or admitted_at).timestamp() * 1000)
         running.append(
             st.Running(
                 request_id=str(request_id),
                 attempt_id=str(pk),
-                team=teams[team_id][0],
+                team=team_names[team_id],
                 workload_class=class_names[class_id],
                 pool=pool_names[pool_id],
                 shape=shape_of.get(tuple(fields)),
                 placement=placement,
                 started_at_ms=begun,
-                last_checkpoint_ms=_ms(last_checkpoint_at) if last_checkpoint_at else None,
+                last_checkpoint_ms=int(last_checkpoint_at.timestamp() * 1000)
+                if last_checkpoint_at
+                else None,
                 priority=priority,
-                stopping=state == Attempt.State.STOPPING,
+                stopping=state == stopping_state,
                 admitted_by_preemption=admitted_by_preemption,
                 expected_end_ms=begun + runtime_s * 1000 if runtime_s is not None else None,
                 user=str(user_id),

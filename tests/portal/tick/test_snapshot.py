@@ -38,3 +38,32 @@ def test_it_reads_fixed_mig_layouts_and_foreign_processes_from_the_device_rows()
     # A process the portal did not place takes the device out; an empty list does not.
     assert _device(snapshot, node, 2).healthy is False
     assert _device(snapshot, node, 3).healthy is True
+
+
+# (estimated_runtime_s, max_runtime_s; 0: none) -> the runtime the core expects, in seconds
+RUNTIMES = [((3600, 0), 3600), ((3600, 600), 600), ((0, 900), 900), ((0, 0), None)]
+
+
+def test_the_expected_runtime_is_the_estimate_capped_by_the_hard_limit() -> None:
+    """Pending and running alike (the snapshot's loops compute it inline)."""
+    from portal.models import Attempt, GpuRequest
+    from portal.tick.run import run_tick
+    from tests.base import submit
+
+    w = make_world()
+    reqs = [submit(w.alice, w.vision) for _ in RUNTIMES]
+    for req, ((estimate, limit), _) in zip(reqs, RUNTIMES, strict=True):
+        GpuRequest.objects.filter(pk=req.pk).update(
+            estimated_runtime_s=estimate, max_runtime_s=limit
+        )
+    snapshot, _ = build_snapshot(timezone.now())
+    pending = {p.id: p for p in snapshot.pending}
+    for req, (_, want) in zip(reqs, RUNTIMES, strict=True):
+        assert pending[str(req.pk)].expected_runtime_ms == (want and want * 1000)
+    run_tick()
+    assert Attempt.objects.filter(request__in=reqs).count() == len(reqs)
+    snapshot, _ = build_snapshot(timezone.now())
+    running = {r.request_id: r for r in snapshot.running}
+    for req, (_, want) in zip(reqs, RUNTIMES, strict=True):
+        r = running[str(req.pk)]
+        assert r.expected_end_ms == (want and r.started_at_ms + want * 1000)
