@@ -127,6 +127,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from scheduling.cycle import remembering
 from scheduling.fit import can_ever_host
 from scheduling.profile import DEFAULT_PROFILE, ProfileError
 from scheduling.profile import load as load_profile
@@ -771,7 +772,10 @@ def run_quartermaster(
         rng=random.Random(seed + 1),
     )
     sim.history = ShapeHistory(half_life_s=sim.policy.shape_half_life_s)
-    return drive(sim, jobs, tick_ms)
+    # the ticks meet the same free capacities again and again: remember the packer's and
+    # the reservations' evaluations across them (the same decisions, less CPU)
+    with remembering():
+        return drive(sim, jobs, tick_ms)
 
 
 # -- measurement ---------------------------------------------------------------------------
