@@ -730,6 +730,13 @@ class ClusterState:
         if memo is None:
             return self._evaluate_fresh(g, shape, sid)
         cls = g.cls
+        # most groups cannot hold the shape at all: say so before hashing the memo's key
+        if (
+            g.cpu < shape.cpu_milli
+            or g.mem < shape.memory_mib
+            or self._eligible(cls, shape, sid) is None
+        ):
+            return None
         target = cls.target
         if not target.ident:
             target.ident = _target_ident(tuple((s, w) for s, w, _ in target.items))
