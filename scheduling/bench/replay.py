@@ -419,6 +419,13 @@ class _Light:
         if count == 0:
             return ()
         free = ln.free
+        if milli == WHOLE_GPU_MILLI and not shape.gpu_models:
+            # whole devices: the first `count` idle ones (counted in C first: most nodes of a
+            # loaded cluster are answered here)
+            if free.count(WHOLE_GPU_MILLI) < count:
+                return None
+            ok = [p for p, f in enumerate(free) if f == WHOLE_GPU_MILLI]
+            return tuple((p, milli) for p in ok[:count])
         if shape.gpu_models:
             models, devs = shape.gpu_models, ln.node.devices
             ok = [p for p, f in enumerate(free) if f >= milli and devs[p].model in models]
