@@ -262,6 +262,12 @@ _TARGET_NUMBERS = itertools.count(1)
 #: states, shape) -> the group's `Result`; bounded, and cleared when full
 _EVALUATED: dict[tuple[object, ...], object] | None = None
 _EVALUATED_MAX = 200_000
+#: inside `remembering()`: (node class, shape) -> `fit.eligible_devices`
+_ELIGIBLE: dict[tuple[int, Shape], tuple[bool, ...] | None] | None = None
+#: inside `remembering()`: (node class, device states) -> per target shape, the idle GPU
+#: the shape cannot use there when the node's CPU and memory hold it (`_frag_compute`);
+#: it does not depend on the target's weights, which change with every arrival
+_UNIT_FRAG: dict[tuple[int, tuple[DevState, ...]], dict[Shape, int]] | None = None
 
 
 @contextlib.contextmanager
@@ -269,13 +275,15 @@ def remembering() -> Iterator[None]:
     """Remember group evaluations across ClusterStates while inside (a replay's ticks each
     build a new one and meet the same free capacities again and again); outside, each
     ClusterState remembers only its own, and nothing is kept between ticks."""
-    global _EVALUATED
-    outer = _EVALUATED
-    _EVALUATED = {} if outer is None else outer
+    global _EVALUATED, _ELIGIBLE, _UNIT_FRAG
+    outer = (_EVALUATED, _ELIGIBLE, _UNIT_FRAG)
+    _EVALUATED = {} if outer[0] is None else outer[0]
+    _ELIGIBLE = {} if outer[1] is None else outer[1]
+    _UNIT_FRAG = {} if outer[2] is None else outer[2]
     try:
         yield
     finally:
-        _EVALUATED = outer
+        _EVALUATED, _ELIGIBLE, _UNIT_FRAG = outer
 
 
 def _target_ident(items: tuple[tuple[Shape, int], ...]) -> int:
@@ -393,6 +401,7 @@ class ClusterState:
         self._groups: dict[tuple[object, ...], _Group] = {}
         self._shape_ids: dict[Shape, int] = {}
         self._frag_memo: dict[tuple[object, ...], int] = {}
+        self._unit_frag = {} if _UNIT_FRAG is None else _UNIT_FRAG
         self._default = _Targets()
         self._pool_targets: dict[str, _Targets] = {}
         self._cpu_thresholds: list[int] = []
@@ -695,7 +704,21 @@ class ClusterState:
             return cls.eligible[sid]
         # `scheduling.fit` is the one fit rule; the class's schedulability stands in for
         # the node's (the prototype carries the same ready and cordoned flags).
-        out = fit.eligible_devices(cls.proto, shape, cls.families) if cls.schedulable else None
+        memo = _ELIGIBLE
+        if memo is None:
+            out = fit.eligible_devices(cls.proto, shape, cls.families) if cls.schedulable else None
+        else:
+            key = (cls.token, shape)
+            if key in memo:
+                out = memo[key]
+            else:
+                if len(memo) >= _EVALUATED_MAX:
+                    memo.clear()
+                out = memo[key] = (
+                    fit.eligible_devices(cls.proto, shape, cls.families)
+                    if cls.schedulable
+                    else None
+                )
         cls.eligible[sid] = out
         return out
 
@@ -707,6 +730,13 @@ class ClusterState:
         if memo is None:
             return self._evaluate_fresh(g, shape, sid)
         cls = g.cls
+        # most groups cannot hold the shape at all: say so before hashing the memo's key
+        if (
+            g.cpu < shape.cpu_milli
+            or g.mem < shape.memory_mib
+            or self._eligible(cls, shape, sid) is None
+        ):
+            return None
         target = cls.target
         if not target.ident:
             target.ident = _target_ident(tuple((s, w) for s, w, _ in target.items))
@@ -898,20 +928,44 @@ class ClusterState:
         if total == 0:
             return 0
         frag = 0
+        memo = self._unit_frag
+        key = (cls.token, devs)
+        units = memo.get(key)
+        if units is None:
+            if len(memo) >= _EVALUATED_MAX:
+                memo.clear()
+            units = memo[key] = {}
         for m, w, mid in cls.target.items:
-            ok = self._eligible(cls, m, mid)
-            if m.count <= 0 or ok is None or cpu < m.cpu_milli or mem < m.memory_mib:
+            if cpu < m.cpu_milli or mem < m.memory_mib:
                 frag += w * total
                 continue
-            usable = 0
-            lost = 0
-            for i, d in enumerate(devs):
-                if ok[i] and _unit_fits(cls, i, d, m):
-                    usable += 1
-                else:
-                    lost += idles[i]
-            frag += w * (lost if usable >= m.count else total)
+            f = units.get(m)
+            if f is None:
+                f = units[m] = self._unit_frag_compute(cls, m, mid, devs, idles, total)
+            frag += w * f
         return frag
+
+    def _unit_frag_compute(
+        self,
+        cls: _Class,
+        m: Shape,
+        mid: int,
+        devs: tuple[DevState, ...],
+        idles: list[int],
+        total: int,
+    ) -> int:
+        """The idle GPU of `devs` that target shape `m` cannot use (CPU and memory aside)."""
+        ok = self._eligible(cls, m, mid)
+        if m.count <= 0 or ok is None:
+            return total
+        usable = 0
+        lost = 0
+        for i, d in enumerate(devs):
+            if ok[i] and _unit_fits(cls, i, d, m):
+                usable += 1
+            else:
+                lost += idles[i]
+        return lost if usable >= m.count else total
 
 
 def _idle(cls: _Class, devs: tuple[DevState, ...]) -> int:

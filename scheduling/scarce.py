@@ -49,6 +49,8 @@ class _Memo:
     #: per pool, the node names by hardware, and one node of each hardware to ask
     kinds: dict[str, dict[tuple[object, ...], tuple[Node, list[str]]]] = field(default_factory=dict)
     hosts: dict[tuple[str, Shape], frozenset[str]] = field(default_factory=dict)
+    #: (pool, shape) -> `_whole_node`: asked for every pending shape every tick
+    whole: dict[tuple[str, Shape], bool] = field(default_factory=dict)
 
 
 #: the last nodes seen: a caller that passes the same node objects tick after tick (the
@@ -120,12 +122,19 @@ def _whole_node(nodes: Sequence[Node], pool: str, shape: Shape) -> bool:
     host it (and some node could)."""
     if shape.kind is not ProfileKind.WHOLE or shape.count <= 0:
         return False
-    kinds = [
-        first
-        for first, _ in _memo(nodes).kinds.get(pool, {}).values()
-        if fit.can_ever_host(first, shape)
-    ]
-    return bool(kinds) and all(shape.count >= len(first.devices) for first in kinds)
+    memo = _memo(nodes)
+    key = (pool, shape)
+    whole = memo.whole.get(key)
+    if whole is None:
+        kinds = [
+            first
+            for first, _ in memo.kinds.get(pool, {}).values()
+            if fit.can_ever_host(first, shape)
+        ]
+        whole = memo.whole[key] = bool(kinds) and all(
+            shape.count >= len(first.devices) for first in kinds
+        )
+    return whole
 
 
 def kept_nodes(

@@ -175,6 +175,9 @@ class Simulation:
     #: record a rejected job and go on (a what-if) instead of failing the replay
     rejects_ok: bool = False
     node_pool: dict[str, str] = field(default_factory=dict)
+    #: running attempts of jobs that checkpoint, and their interval (ms): `_checkpoints`
+    #: visits only these, not every running attempt each tick
+    checkpointing: dict[str, int] = field(default_factory=dict)
 
     def push(self, t: int, kind: int, ident: str) -> None:
         heapq.heappush(self.events, (t, self.seq, kind, ident))
@@ -182,6 +185,7 @@ class Simulation:
 
     def end(self, attempt: str, now: int, preempted: bool) -> None:
         run = self.running.pop(attempt)
+        self.checkpointing.pop(attempt, None)
         milli = run.shape.gpus_milli
         job = self.jobs[run.request_id]
         kept = record_stop(self.out, job, milli, run.started_at_ms, now, preempted)
@@ -196,10 +200,8 @@ class Simulation:
 
     def _checkpoints(self, now: int) -> None:
         """Tell the core each attempt's last checkpoint, as the portal's snapshot does."""
-        for attempt, run in self.running.items():
-            interval = self.jobs[run.request_id].checkpoint_ms
-            if interval is None:
-                continue
+        for attempt, interval in self.checkpointing.items():
+            run = self.running[attempt]
             last = last_checkpoint_ms(run.started_at_ms, interval, now)
             if last != run.last_checkpoint_ms:
                 self.running[attempt] = replace(run, last_checkpoint_ms=last)
@@ -274,6 +276,8 @@ class Simulation:
             admitted_by_preemption=req.preempting,
             expected_end_ms=None if job.estimate_ms is None else now + job.estimate_ms,
         )
+        if job.checkpoint_ms is not None:
+            self.checkpointing[attempt] = job.checkpoint_ms
         self.out.first_start_ms.setdefault(request_id, now)
         self.out.waiting.append((job.team, self.waiting_since.pop(request_id), now))
         # a retry resumes from the checkpoints of earlier attempts

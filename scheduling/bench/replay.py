@@ -127,6 +127,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from scheduling.cycle import remembering
 from scheduling.fit import can_ever_host
 from scheduling.profile import DEFAULT_PROFILE, ProfileError
 from scheduling.profile import load as load_profile
@@ -418,6 +419,13 @@ class _Light:
         if count == 0:
             return ()
         free = ln.free
+        if milli == WHOLE_GPU_MILLI and not shape.gpu_models:
+            # whole devices: the first `count` idle ones (counted in C first: most nodes of a
+            # loaded cluster are answered here)
+            if free.count(WHOLE_GPU_MILLI) < count:
+                return None
+            ok = [p for p, f in enumerate(free) if f == WHOLE_GPU_MILLI]
+            return tuple((p, milli) for p in ok[:count])
         if shape.gpu_models:
             models, devs = shape.gpu_models, ln.node.devices
             ok = [p for p, f in enumerate(free) if f >= milli and devs[p].model in models]
@@ -771,7 +779,10 @@ def run_quartermaster(
         rng=random.Random(seed + 1),
     )
     sim.history = ShapeHistory(half_life_s=sim.policy.shape_half_life_s)
-    return drive(sim, jobs, tick_ms)
+    # the ticks meet the same free capacities again and again: remember the packer's and
+    # the reservations' evaluations across them (the same decisions, less CPU)
+    with remembering():
+        return drive(sim, jobs, tick_ms)
 
 
 # -- measurement ---------------------------------------------------------------------------
