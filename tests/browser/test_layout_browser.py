@@ -115,13 +115,22 @@ def test_my_jobs_breaks_no_id_or_team_mid_word_at_1440(desktop, world: World) ->
 
 
 def _admin_pages(world: World) -> dict[str, list[str]]:
-    """The admin pages added for issue 34, each with rows to show, and who opens them."""
+    """The admin pages added for issue 34, each with rows to show, and who opens them; Bob
+    has jobs in every state (the screenshots of test_forms_browser.py reuse this)."""
     from portal.models import PolicyProfile, WhatIfRun
+    from portal.services.requests import gpu_request_cancel
     from portal.services.profiles import policy_profile_create
     from tests.browser.test_forms_browser import _failed_request
     from tests.browser.test_reports_browser import _seed
 
     failed = _failed_request(world)
+    # Bob's jobs in every state: one runs, big ones wait, one is cancelled, one failed.
+    submit(world.bob, world.vision, count=2, name="resnet50-imagenet-sweep")
+    for i in range(4):
+        submit(world.bob, world.vision, count=8, name=f"llama-7b-finetune-{i}")
+    dropped = submit(world.bob, world.vision, count=1, name="superseded-run")
+    gpu_request_cancel(user=world.bob, gpu_request=dropped)
+    tick.run_tick()
     _seed(world)
     policy_profile_create(actor=world.dave, name="patient", knobs={"preempt_after_s": 1200})
     a, b = PolicyProfile.objects.order_by("pk").values_list("pk", flat=True)[:2]
@@ -156,7 +165,7 @@ def _names_broken(pg) -> list[dict]:  # noqa: ANN001
             .filter(td => td.offsetParent && td.innerText.trim() && !/\\s/.test(td.innerText.trim()))
             .map(td => { const tops = new Set();
               const walk = document.createTreeWalker(td, NodeFilter.SHOW_TEXT);
-              for (let n = walk.nextNode(); n; n = walk.nextNode()) {
+              for (let n = walk.nextNode(); n; n = walk.nextNode()) { if (!n.textContent.trim()) continue;
                 const r = document.createRange(); r.selectNodeContents(n);
                 for (const x of r.getClientRects()) if (x.width > 0) tops.add(Math.round(x.top)); }
               return {text: td.innerText.trim(), lines: tops.size}; })
