@@ -308,6 +308,10 @@ def test_screenshots_of_the_main_pages_at_1440_and_390(browser, live_server, wor
                         assert "exited with code" not in text.split("Attempts")[0]
                     if width == 1440:
                         assert not (broken := _names_broken(pg)), (url, broken)
+                        wide = pg.evaluate(
+                            "() => document.scrollingElement.scrollWidth - window.innerWidth"
+                        )
+                        assert wide <= 0, (url, wide, _wide_elements(pg))
                     else:
                         wide = pg.evaluate(
                             "() => document.scrollingElement.scrollWidth - window.innerWidth"

@@ -118,8 +118,8 @@ def _admin_pages(world: World) -> dict[str, list[str]]:
     """The admin pages added for issue 34, each with rows to show, and who opens them; Bob
     has jobs in every state (the screenshots of test_forms_browser.py reuse this)."""
     from portal.models import PolicyProfile, WhatIfRun
-    from portal.services.requests import gpu_request_cancel
     from portal.services.profiles import policy_profile_create
+    from portal.services.requests import gpu_request_cancel
     from tests.browser.test_forms_browser import _failed_request
     from tests.browser.test_reports_browser import _seed
 
@@ -159,9 +159,10 @@ def _admin_pages(world: World) -> dict[str, list[str]]:
 
 def _names_broken(pg) -> list[dict]:  # noqa: ANN001
     """Cells of one word (a name, an ID, a pool) whose text takes more than one line: the
-    line boxes of its text nodes (an inline-block badge's own box would count twice)."""
+    line boxes of its text nodes (an inline-block badge's own box would count twice). A
+    td.parts (a GPU model) may wrap at its hyphens."""
     return pg.evaluate(
-        """() => Array.from(document.querySelectorAll('main td'))
+        """() => Array.from(document.querySelectorAll('main td:not(.parts)'))
             .filter(td => td.offsetParent && td.innerText.trim() && !/\\s/.test(td.innerText.trim()))
             .map(td => { const tops = new Set();
               const walk = document.createTreeWalker(td, NodeFilter.SHOW_TEXT);
