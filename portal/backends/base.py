@@ -281,6 +281,8 @@ class WorkloadStatus:
     active_pods: int = 0
     #: the last checkpoint the workload finished, where the backend knows it (simulated)
     last_checkpoint_at: datetime | None = None
+    #: a gang: the rank of the pod whose ending this is (its log says why)
+    pod: int = 0
 
 
 @dataclass(frozen=True)
@@ -444,7 +446,11 @@ def _gang_outcome(name: str, namespace: str, members: list[WorkloadStatus]) -> W
     for rank, st in enumerate(members):
         if st.outcome in GANG_ENDINGS:
             return replace(
-                st, name=name, namespace=namespace, message=f"pod {rank}: {st.message or st.reason}"
+                st,
+                name=name,
+                namespace=namespace,
+                message=f"pod {rank}: {st.message or st.reason}",
+                pod=rank,
             )
     missing = [r for r, st in enumerate(members) if st.outcome == Outcome.MISSING]
     if missing:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -595,7 +596,10 @@ def ending_words(outcome: Outcome, status: WorkloadStatus, log_tail: str = "") -
     found = error_line(log_tail) if outcome in _LOG_SAYS_WHY else None
     if found:
         code = f" (exit code {status.exit_code})" if status.exit_code not in (None, 0) else ""
-        return f"{_REASONS[outcome]}: {found}{code}"
+        # a gang's ending says which pod ("pod 1: exited with code 3"): keep that much
+        pod = _GANG_POD.match(status.message)
+        where = f" in {pod.group(1)}" if pod else ""
+        return f"{_REASONS[outcome]}{where}: {found}{code}"
     detail = status.message
     if status.reason and status.reason not in detail and outcome != Outcome.SUCCEEDED:
         detail = f"{status.reason}: {detail}" if detail else status.reason
@@ -603,6 +607,9 @@ def ending_words(outcome: Outcome, status: WorkloadStatus, log_tail: str = "") -
         detail = f"exit code {status.exit_code}" + (f", {detail}" if detail else "")
     return _REASONS[outcome] + (f" ({detail})" if detail else "")
 
+
+#: the start of a gang's ending message (portal/backends/base.py gang_status)
+_GANG_POD = re.compile(r"^(pod \d+): ")
 
 #: endings whose log may name the error
 _LOG_SAYS_WHY = (Outcome.FAILED, Outcome.OOM, Outcome.DEVICE_ERROR)
@@ -673,8 +680,15 @@ def _end_stopped(attempt: Attempt, req: GpuRequest, *, now: datetime, log_tail: 
             message=attempt.end_reason,
             exit_code=attempt.exit_code,
         )
+        # The log kept when the first pod ended is the one that says why; the pods the
+        # portal stopped since only say they were stopped.
         return _end_attempt(
-            attempt, req, outcome=outcome, status=status, now=now, log_tail=log_tail
+            attempt,
+            req,
+            outcome=outcome,
+            status=status,
+            now=now,
+            log_tail=attempt.log_tail or log_tail,
         )
     cancelled = reason == "cancelled"
     attempt.state = Attempt.State.CANCELLED if cancelled else Attempt.State.PREEMPTED

@@ -131,7 +131,8 @@ def _reconcile(now: datetime | None) -> dict[str, int]:
 
 def _log_tail(backend: Any, attempt: Attempt, status: Any) -> str:
     """The workload's last lines once it has ended (kept on the attempt), read before the
-    observe's transaction; "" while it runs, or if the backend cannot say."""
+    observe's transaction; "" while it runs, or if the backend cannot say. Of a gang, the
+    pod whose ending the status reports: the one that failed says why."""
     if status.outcome.value in ("running", "pending"):
         return ""
     try:
@@ -141,6 +142,7 @@ def _log_tail(backend: Any, attempt: Attempt, status: Any) -> str:
                 attempt.namespace,
                 STORED_LOG_LINES,
                 max(1, len(attempt.nodes)),
+                min(status.pod, max(0, len(attempt.nodes) - 1)),
             )
         )
     except Exception:  # noqa: BLE001 - the log is a courtesy; the ending must still be recorded

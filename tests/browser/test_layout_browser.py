@@ -112,3 +112,97 @@ def test_my_jobs_breaks_no_id_or_team_mid_word_at_1440(desktop, world: World) ->
     broken = [c for c in cells if c["lines"] > 1]
     assert not broken, broken
     shot(desktop, "desktop-my-jobs")
+
+
+def _admin_pages(world: World) -> dict[str, list[str]]:
+    """The admin pages added for issue 34, each with rows to show, and who opens them; Bob
+    has jobs in every state (the screenshots of test_forms_browser.py reuse this)."""
+    from portal.models import PolicyProfile, WhatIfRun
+    from portal.services.profiles import policy_profile_create
+    from portal.services.requests import gpu_request_cancel
+    from tests.browser.test_forms_browser import _failed_request
+    from tests.browser.test_reports_browser import _seed
+
+    failed = _failed_request(world)
+    # Bob's jobs in every state: one runs, big ones wait, one is cancelled, one failed.
+    submit(world.bob, world.vision, count=2, name="resnet50-imagenet-sweep")
+    for i in range(4):
+        submit(world.bob, world.vision, count=8, name=f"llama-7b-finetune-{i}")
+    dropped = submit(world.bob, world.vision, count=1, name="superseded-run")
+    gpu_request_cancel(user=world.bob, gpu_request=dropped)
+    tick.run_tick()
+    _seed(world)
+    policy_profile_create(actor=world.dave, name="patient", knobs={"preempt_after_s": 1200})
+    a, b = PolicyProfile.objects.order_by("pk").values_list("pk", flat=True)[:2]
+    row = {"requests": 10, "wait_p50_s": 600, "wait_p95_s": 7200, "wait_max_s": 7200,
+           "utilization_pct": 70.0, "preemptions": 2, "gpu_hours_lost": 0.0, "never_started": 0}  # fmt: skip
+    better = {**row, "wait_p50_s": 300, "wait_p95_s": 3900}
+    run = WhatIfRun.objects.create(
+        days=3, state="done", changes={"quota.vision.a100-train": "24"},
+        result={"current": row, "proposed": better,
+                "teams": {"vision": {"current": row, "proposed": better}}},
+    )  # fmt: skip
+    return {
+        "dave": [
+            "/ops/autoscaling/",
+            "/ops/rollouts/",
+            "/ops/reports/idle-quota/",
+            "/ops/reports/estimates/",
+            f"/ops/profiles/compare/?a={a}&b={b}",
+            "/ops/whatif/",
+            f"/ops/whatif/{run.pk}/",
+            f"/requests/{failed.pk}/",
+        ],
+        "bob": ["/me/notifications/"],
+    }
+
+
+def _names_broken(pg) -> list[dict]:  # noqa: ANN001
+    """Cells of one word (a name, an ID, a pool) whose text takes more than one line: the
+    line boxes of its text nodes (an inline-block badge's own box would count twice). A
+    td.parts (a GPU model) may wrap at its hyphens."""
+    return pg.evaluate(
+        """() => Array.from(document.querySelectorAll('main td:not(.parts)'))
+            .filter(td => td.offsetParent && td.innerText.trim() && !/\\s/.test(td.innerText.trim()))
+            .map(td => { const tops = new Set();
+              const walk = document.createTreeWalker(td, NodeFilter.SHOW_TEXT);
+              for (let n = walk.nextNode(); n; n = walk.nextNode()) { if (!n.textContent.trim()) continue;
+                const r = document.createRange(); r.selectNodeContents(n);
+                for (const x of r.getClientRects()) if (x.width > 0) tops.add(Math.round(x.top)); }
+              return {text: td.innerText.trim(), lines: tops.size}; })
+            .filter(c => c.lines > 1)"""
+    )
+
+
+def test_the_admin_pages_fit_a_phone_and_break_no_name_at_1440(phone, world: World) -> None:  # noqa: ANN001
+    pages = _admin_pages(world)
+    wide: dict[str, object] = {}
+    broken: dict[str, object] = {}
+    names = 0
+    for user, urls in pages.items():
+        phone.context.clear_cookies()
+        login(phone, user)
+        for url in urls:
+            for width in (390, 1440):
+                phone.set_viewport_size({"width": width, "height": 900})
+                phone.goto(url)
+                phone.wait_for_load_state("networkidle")
+                if width == 390:
+                    px = phone.evaluate(
+                        "() => document.scrollingElement.scrollWidth - window.innerWidth"
+                    )
+                    if px > 0:
+                        wide[url] = (px, _wide_elements(phone))
+                    if url.startswith("/requests/"):
+                        # the attempts and events tables keep their key columns only
+                        hidden = phone.locator("main table .secondary")
+                        assert hidden.count() >= 4
+                        assert not any(c.is_visible() for c in hidden.all())
+                        assert phone.locator("[data-testid=attempts] td").first.is_visible()
+                else:
+                    names += phone.locator("td.pool, td.team, td.class, td.id").count()
+                    if found := _names_broken(phone):
+                        broken[url] = found
+    assert not wide, wide
+    assert not broken, broken
+    assert names > 10  # the pages had rows to measure

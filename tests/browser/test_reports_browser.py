@@ -63,6 +63,7 @@ def test_the_new_pages_load_from_the_menu_and_axe_finds_nothing(page, world: Wor
     login(page, "dave")
     page.click("[data-testid=overview-autoscaling]")
     page.wait_for_selector("[data-testid=autoscaling-provisions] td:has-text('qm-ask-1')")
+    # the menu is closed: its text, not its rendered (hidden) text
     assert page.locator("[data-testid=admin-menu] a.on").text_content() == "Autoscaling"
     check("admin-autoscaling")
     page.click("[data-testid=admin-menu] > summary")

@@ -70,7 +70,7 @@ def test_the_page_reads_it_in_bounded_queries(world: World, django_assert_max_nu
         page = c.get("/ops/reports/estimates/?days=7").content.decode()
     table = page[page.index('data-testid="estimates"') :]
     assert "vision" in table and "<td>6</td>" in table and "0.50" in table and "0 %" in table
-    assert 'href="/ops/reports/estimates/" class="on">Reports' in page
+    assert 'href="/ops/reports/estimates/" class="on" aria-current="page">Reports' in page
 
 
 def test_it_refuses_a_window_it_does_not_offer_and_strangers(world: World) -> None:

@@ -243,3 +243,32 @@ def test_a_refused_gang_member_creates_nothing() -> None:
     with pytest.raises(LaunchRefused):
         b.launch(gang)
     assert not cluster.jobs and not cluster.services
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failed_gang_names_the_error_line_of_the_pod_that_failed() -> None:
+    """Pod 1 fails while pod 0 runs: the summary quotes pod 1's error line, not the SIGTERM
+    line of pod 0, which the portal stopped afterwards."""
+    w = make_world()
+    req = submit(w.bob, w.vision, count=8, pods=2, cpu_milli=16000, memory_mib=65536)
+    run_tick()
+    attempt = req.attempts.get()
+    first, second = (f"{attempt.workload_name}-{r}" for r in range(2))
+    _shift([first, second], 30)
+    SimulatedWorkload.objects.filter(name=second).update(exit_code=3)
+    sim = SimulatedWorkload.objects.get(name=second)
+    SimulatedWorkload.objects.filter(name=second).update(
+        ends_at=sim.starts_at + timedelta(seconds=20)
+    )
+    reconcile()  # pod 1 failed: the portal stops pod 0
+    attempt.refresh_from_db()
+    assert attempt.state == Attempt.State.STOPPING
+    reconcile()  # pod 0 gone: the attempt ends as pod 1 ended
+    req.refresh_from_db()
+    attempt.refresh_from_db()
+    assert req.state == GpuRequest.State.FAILED
+    error = "RuntimeError: CUDA error: an illegal memory access was encountered"
+    assert error in req.status_message, req.status_message
+    assert attempt.end_reason == f"the workload failed in pod 1: {error} (exit code 3)"
+    assert "rank 1 of 2" in attempt.log_tail  # the failed pod's log is the one kept
+    assert "SIGTERM" not in attempt.log_tail

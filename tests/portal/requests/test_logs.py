@@ -104,7 +104,7 @@ def test_the_log_panel_follows_a_running_request_and_shows_events(world: World) 
     assert 'hx-trigger="every 3s"' in body
     assert "epoch 1 step 3 loss" in body
     for reason in ("Scheduled", "Pulled", "Started"):
-        assert f"<td>{reason}</td>" in body
+        assert f'<td class="nowrap">{reason}</td>' in body
 
 
 def test_the_log_downloads_as_a_text_file(world: World) -> None:
