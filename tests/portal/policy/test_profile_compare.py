@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.test import Client
 
@@ -23,7 +25,11 @@ def test_every_knob_has_words_and_the_settings_show_them_with_the_name(world: Wo
     c = Client()
     c.force_login(world.dave)
     page = c.get("/ops/settings/").content.decode()
-    assert "Preempt only after waiting (seconds)</label>" in page
+    # the label in words, then the required mark the form gives every knob
+    assert re.search(
+        r"Preempt only after waiting \(seconds\)( <span class=\"req\"[^>]*>\*</span>)?</label>",
+        page,
+    )
     assert "preempt_after_s: An entitled request preempts only after" in page
     assert 'data-testid="profile-compare-link"' in page
 
