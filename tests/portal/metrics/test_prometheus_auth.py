@@ -6,8 +6,6 @@ certificate."""
 from __future__ import annotations
 
 import base64
-import datetime as dt
-import ipaddress
 import json
 import ssl
 import threading
@@ -17,55 +15,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
 from portal.lib.prometheus import PrometheusError, parse_headers
 from portal.services import prometheus
+from tests.tls import self_signed
 
 ANSWER = json.dumps({"status": "success", "data": {"resultType": "vector", "result": []}})
-
-
-def _self_signed(d: Path) -> tuple[Path, Path]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "prometheus.test")])
-    now = dt.datetime.now(dt.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(hours=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_file, key_file = d / "ca.pem", d / "key.pem"
-    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_file.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return cert_file, key_file
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """An https endpoint answering /api/v1/query; `seen` holds each request's headers and body."""
     d = tmp_path_factory.mktemp("prom-tls")
-    cert, key = _self_signed(d)
+    cert, key = self_signed(d, "127.0.0.1")
     seen: list[dict[str, Any]] = []
 
     class Handler(BaseHTTPRequestHandler):

@@ -13,7 +13,6 @@ NOTIFY_WEBHOOK_ALLOWED_NETWORKS) and 127.0.0.2 ("the internal service", never al
 
 from __future__ import annotations
 
-import datetime
 import json
 import socket
 import ssl
@@ -28,6 +27,7 @@ import pytest
 from portal.models import NotificationPreference
 from portal.services import notify
 from tests.base import World, make_world, submit
+from tests.tls import self_signed
 
 HOST = "hooks.example.test"
 TEAMS_HOST = "prod-42.westeurope.logic.azure.com"
@@ -173,45 +173,12 @@ def test_a_redirect_to_the_same_host_is_followed_within_bounds(
     assert len(chat.received) == notify.MAX_WEBHOOK_REDIRECTS + 1
 
 
-def _certificate(tmp_path: Path, host: str) -> tuple[Path, Path]:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(host)]), critical=False)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return cert_path, key_path
-
-
 def test_https_to_the_pinned_address_sends_the_host_as_sni_and_checks_its_certificate(
     settings: Any, tmp_path: Path, resolver: dict[str, Any]
 ) -> None:
     settings.NOTIFY_WEBHOOK_ALLOW_PRIVATE = False
     settings.NOTIFY_WEBHOOK_ALLOWED_NETWORKS = ["127.0.0.1/32"]
-    cert, key = _certificate(tmp_path, HOST)
+    cert, key = self_signed(tmp_path, HOST)
     tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     tls.load_cert_chain(cert, key)
     server = _Server("127.0.0.1", tls=tls)
