@@ -32,6 +32,7 @@ from portal.k8s.jobset import (
     PLURAL,
     VERSION,
     jobset_build,
+    jobset_installed,
     master_addr,
 )
 from tests.cluster.conftest import JOB_OPTIONS
@@ -54,6 +55,13 @@ def jobset_crd(cluster: Cluster, chart: list[dict[str, Any]]) -> Iterator[None]:
             c.type == "Established" and c.status == "True"
             for c in ext.read_custom_resource_definition(CRD_NAME).status.conditions or ()
         ),
+        30,
+    )
+    # Established is written before discovery serves the new group: the backend asks
+    # discovery, so wait for that too (a slow apiserver answered "jobs" in between).
+    wait_for(
+        f"{PLURAL} served by discovery",
+        lambda: jobset_installed(client.CustomObjectsApi(cluster.api())),
         30,
     )
     yield
