@@ -139,11 +139,31 @@ def remembering() -> Iterator[None]:
         yield
 
 
+def cluster_state(snapshot: Snapshot, policy: Policy) -> ClusterState:
+    """The snapshot's nodes with every running attempt taken, as a tick starts from."""
+    state = ClusterState(
+        snapshot.nodes,
+        policy.packer,
+        pool_shape_weights=workload.pool_targets(snapshot.nodes, snapshot.workloads),
+    )
+    state.take_many(run.placement for run in snapshot.running)
+    return state
+
+
 def schedule(
-    snapshot: Snapshot, now_ms: int | None = None, policy: Policy | None = None
+    snapshot: Snapshot,
+    now_ms: int | None = None,
+    policy: Policy | None = None,
+    state: ClusterState | None = None,
 ) -> list[Decision]:
-    """Return exactly one decision per pending request (plus PREEMPTs), in queue order."""
-    tick = _Tick(snapshot, snapshot.now_ms if now_ms is None else now_ms, policy or Policy())
+    """Return exactly one decision per pending request (plus PREEMPTs), in queue order.
+
+    `state`: the snapshot's nodes with every running attempt taken, kept by a caller that
+    ticks again and again (the replay) instead of rebuilt here each tick. The tick takes
+    its admissions in it and leaves the rest as it found it; the caller gives back what
+    stops."""
+    now = snapshot.now_ms if now_ms is None else now_ms
+    tick = _Tick(snapshot, now, policy or Policy(), state)
     return tick.run()
 
 
@@ -183,7 +203,9 @@ class _Failures:
 
 
 class _Tick:
-    def __init__(self, snapshot: Snapshot, now_ms: int, policy: Policy) -> None:
+    def __init__(
+        self, snapshot: Snapshot, now_ms: int, policy: Policy, state: ClusterState | None = None
+    ) -> None:
         self.snap = snapshot
         self.now = now_ms
         self.policy = policy
@@ -196,12 +218,11 @@ class _Tick:
         self.node_by_name: dict[str, Node] = {n.name: n for n in snapshot.nodes}
         # FGD's target workload per pool comes from the pool's shape history in the
         # snapshot (or the prior of its nodes), never from this tick's requests alone.
-        self.state = ClusterState(
-            snapshot.nodes,
-            policy.packer,
-            pool_shape_weights=workload.pool_targets(snapshot.nodes, snapshot.workloads),
-        )
-        self.state.take_many(run.placement for run in snapshot.running)
+        if state is None:
+            state = cluster_state(snapshot, policy)
+        elif not state.retarget(workload.pool_targets(snapshot.nodes, snapshot.workloads)):
+            raise ValueError("state: built for other pools than the snapshot's")
+        self.state = state
         self.book = QuotaBook(
             snapshot.pools, snapshot.nodes, snapshot.quotas, snapshot.running, self.classes
         )

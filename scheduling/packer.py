@@ -395,6 +395,7 @@ class ClusterState:
             )
         self.policy = policy
         self.tie_break = "random" if policy == "random" else tie_break
+        self._seed = seed
         self._rng = random.Random(seed)
         self._classes: dict[int, _Class] = {}
         self._nodes: dict[str, _NodeFree] = {}
@@ -459,6 +460,31 @@ class ClusterState:
         if self.policy.startswith("fgd"):
             for g in self._groups.values():
                 g.cache.clear()
+
+    def retarget(
+        self, pool_shape_weights: Mapping[str, Mapping[Shape, int] | Iterable[tuple[Shape, int]]]
+    ) -> bool:
+        """Give a state kept across ticks the pools' target workloads of this tick: it then
+        chooses as a new state built with `pool_shape_weights` would. False, changing
+        nothing, when the pools are not the ones it was built with (build a new state)."""
+        if self._learn or pool_shape_weights.keys() != self._pool_targets.keys():
+            return False
+        changed = False
+        for pool, weights in pool_shape_weights.items():
+            t = self._pool_targets[pool]
+            items = list(weights.items()) if isinstance(weights, Mapping) else list(weights)
+            if [(s, int(w)) for s, w in items if w > 0] == [(s, w) for s, w, _ in t.items]:
+                continue  # the same target: what was evaluated under it still holds
+            self._fill_targets(t, items)
+            changed = True
+        if changed:
+            # a shape's own `placement` may score by the target under any policy
+            self._frag_memo.clear()
+            for g in self._groups.values():
+                g.cache.clear()
+        # a new state's random tie-breaks start from its seed
+        self._rng = random.Random(self._seed)
+        return True
 
     @property
     def shape_weights(self) -> list[tuple[Shape, int]]:
