@@ -123,7 +123,7 @@ import math
 import random
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -154,6 +154,8 @@ CHECKPOINTING = ("training",)
 #: the default checkpoint interval of training jobs, seconds
 CHECKPOINT_S = 1800
 BAND = {c.name: c.band for c in REPLAY_CLASSES}
+#: the bands, lowest first
+BANDS = sorted(set(BAND.values()))
 #: each class's queue-time promise, seconds (`slo_attainment`)
 MAX_QUEUE_S = {c.name: c.max_queue_s for c in REPLAY_CLASSES}
 
@@ -303,6 +305,11 @@ class _Att:
     quota: int
 
 
+def _recent_first(att: _Att) -> tuple[int, str]:
+    """Kueue's candidate order within a queue and band: most recently admitted first."""
+    return (-att.start, att.id)
+
+
 @dataclass(slots=True)
 class _LNode:
     node: Node
@@ -363,6 +370,12 @@ class _Light:
         self.progress: dict[str, int] = {}
         #: per shape, the nodes that could hold it empty (`fit.can_ever_host`)
         self._hosts: dict[Shape, tuple[list[int], set[int]]] = {}
+        #: kueue: per (team, band), the running attempts most recently admitted first (ties
+        #: by id): Kueue's candidate order is read from these instead of sorting every
+        #: running attempt at each preemption
+        self.ranked: dict[tuple[str, int], list[_Att]] = {}
+        #: kueue: per (team, band), the quota its running attempts hold
+        self.band_used: dict[tuple[str, int], int] = {}
 
     def hosts(self, shape: Shape) -> tuple[list[int], set[int]]:
         found = self._hosts.get(shape)
@@ -477,6 +490,11 @@ class _Light:
             ln.free[p] -= m
         ln.running.add(att.id)
         self.running[att.id] = att
+        if self.mode.preempt == "kueue":
+            ranked = self.ranked.setdefault((job.team, BAND[job.cls]), [])
+            bisect.insort(ranked, att, key=_recent_first)
+            key = (job.team, BAND[job.cls])
+            self.band_used[key] = self.band_used.get(key, 0) + att.quota
         self.used[job.team] += att.quota
         self.total_used += att.quota
         self.out.first_start_ms.setdefault(job.id, now)
@@ -489,6 +507,10 @@ class _Light:
 
     def stop(self, att_id: str, now: int, preempted: bool) -> int:
         att = self.running.pop(att_id)
+        if self.mode.preempt == "kueue":
+            ranked = self.ranked[(att.job.team, BAND[att.job.cls])]
+            del ranked[bisect.bisect_left(ranked, _recent_first(att), key=_recent_first)]
+            self.band_used[(att.job.team, BAND[att.job.cls])] -= att.quota
         ln = self.nodes[att.node]
         ln.cpu += att.job.shape.cpu_milli
         ln.mem += att.job.shape.memory_mib
@@ -609,14 +631,14 @@ class _Light:
         team = job.team
         band = BAND[job.cls]
         within = self.used[team] + need <= self.nominal[team]
-        cands = [
-            a
-            for a in self.running.values()
-            if (a.job.team == team and BAND[a.job.cls] < band)
-            or (within and a.job.team != team and self.used[a.job.team] > self.nominal[a.job.team])
-        ]
-        # other ClusterQueues first, lower priority first, most recently admitted first
-        cands.sort(key=lambda a: (a.job.team == team, BAND[a.job.cls], -a.start, a.id))
+        # Where stopping every candidate would not free the quota, none is chosen: say so
+        # before walking them (most preemption attempts of an overloaded cohort end so).
+        most = sum(self.band_used.get((team, b), 0) for b in BANDS if b < band)
+        if within:
+            most += sum(u for t, u in self.used.items() if t != team and u > self.nominal[t])
+        if self.total_used - most + need > self.capacity:
+            return False
+        cands = self._kueue_candidates(team, band, within)
         chosen: list[_Att] = []
         freed: dict[str, int] = {}
         used_total = self.total_used
@@ -634,6 +656,8 @@ class _Light:
             ln.mem += sign * a.job.shape.memory_mib
             for p, m in a.grants:
                 ln.free[p] += sign * m
+            if anywhere:
+                return  # `fits_now` does not ask which nodes
             if a.node in able and self._fit_on(a.node, job.shape) is not None:
                 fitting.add(a.node)
             else:
@@ -679,6 +703,21 @@ class _Light:
         self._remove_pending(job)
         self.start(job, found[0], found[1], now)
         return True
+
+    def _kueue_candidates(self, team: str, band: int, within: bool) -> Iterator[_Att]:
+        """Kueue's preemption candidates in its order: other ClusterQueues' workloads first
+        (only if the preemptor stays within its nominal quota, and only of those that
+        borrow), then its own of lower priority; lower priority first, most recently
+        admitted first. Lazily: a preemption mostly stops after a few."""
+        if within:
+            borrowing = [t for t in self.used if t != team and self.used[t] > self.nominal[t]]
+            for b in BANDS:
+                lists = [self.ranked.get((t, b), []) for t in borrowing]
+                yield from heapq.merge(*lists, key=_recent_first)
+        for b in BANDS:
+            if b >= band:
+                break
+            yield from self.ranked.get((team, b), [])
 
     def run(self) -> Outcome:
         jobs = self.jobs
