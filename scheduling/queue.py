@@ -37,15 +37,27 @@ class Resources:
         )
 
 
+#: the last tuple of nodes `cluster_capacity` summed, and the sum: a caller passing the same
+#: tuple tick after tick (the replay) does not sum it again
+_LAST_CAPACITY: tuple[tuple[Node, ...], Resources] | None = None
+
+
 def cluster_capacity(nodes: Iterable[Node]) -> Resources:
     """Return what the ready, uncordoned nodes hold in total (healthy devices only)."""
+    global _LAST_CAPACITY
+    last = _LAST_CAPACITY
+    if last is not None and last[0] is nodes:
+        return last[1]
     gpu = cpu = mem = 0
     for node in nodes:
         if node.ready and not node.cordoned:
             gpu += 1000 * sum(1 for d in node.devices if d.healthy)
             cpu += node.cpu_milli
             mem += node.memory_mib
-    return Resources(gpu, cpu, mem)
+    out = Resources(gpu, cpu, mem)
+    if isinstance(nodes, tuple):  # nodes are frozen: the same tuple sums the same
+        _LAST_CAPACITY = (nodes, out)
+    return out
 
 
 def dominant_share_ppm(held: Resources, capacity: Resources) -> int:

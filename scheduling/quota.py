@@ -90,6 +90,28 @@ class PoolBook:
         return max(0, self.used.get(team, 0) - self.nominal.get(team, 0))
 
 
+#: the last tuple of nodes `pool_capacity` summed, and the sums: a caller passing the same
+#: tuple tick after tick (the replay) does not sum it again
+_LAST_CAPACITY: tuple[tuple[Node, ...], dict[str, int]] | None = None
+
+
+def pool_capacity(nodes: Iterable[Node]) -> dict[str, int]:
+    """GPU milli of the healthy devices of the ready, uncordoned nodes, per pool (do not
+    change the answer: it may be remembered)."""
+    global _LAST_CAPACITY
+    last = _LAST_CAPACITY
+    if last is not None and last[0] is nodes:
+        return last[1]
+    capacity: dict[str, int] = {}
+    for node in nodes:
+        if node.ready and not node.cordoned:
+            healthy = sum(1000 for d in node.devices if d.healthy)
+            capacity[node.pool] = capacity.get(node.pool, 0) + healthy
+    if isinstance(nodes, tuple):  # nodes are frozen: the same tuple sums the same
+        _LAST_CAPACITY = (nodes, capacity)
+    return capacity
+
+
 class QuotaBook:
     """Quota state of every pool; `check` answers, `add` keeps it current."""
 
@@ -104,11 +126,7 @@ class QuotaBook:
         self.classes = classes
         #: `check`'s answers since the book last changed
         self._answers: dict[tuple[str, str, int, str], Verdict] = {}
-        capacity: dict[str, int] = {}
-        for node in nodes:
-            if node.ready and not node.cordoned:
-                healthy = sum(1000 for d in node.devices if d.healthy)
-                capacity[node.pool] = capacity.get(node.pool, 0) + healthy
+        capacity = pool_capacity(nodes)
         by_pool: dict[str, list[Quota]] = {}
         for q in quotas:
             by_pool.setdefault(q.pool, []).append(q)

@@ -176,9 +176,11 @@ class Simulation:
     #: record a rejected job and go on (a what-if) instead of failing the replay
     rejects_ok: bool = False
     node_pool: dict[str, str] = field(default_factory=dict)
-    #: running attempts of jobs that checkpoint, and their interval (ms): `_checkpoints`
-    #: visits only these, not every running attempt each tick
+    #: running attempts of jobs that checkpoint, and their interval (ms)
     checkpointing: dict[str, int] = field(default_factory=dict)
+    #: (when, attempt): the next checkpoint of each checkpointing attempt, soonest first:
+    #: `_checkpoints` visits only the attempts that wrote one since the last tick
+    checkpoint_due: list[tuple[int, str]] = field(default_factory=list)
     #: the nodes' free capacity with every running attempt taken, kept from tick to tick
     #: (each tick takes its admissions, `end` gives back what stops) rather than rebuilt
     #: by every tick from all running attempts: the same decisions, less CPU
@@ -207,11 +209,18 @@ class Simulation:
 
     def _checkpoints(self, now: int) -> None:
         """Tell the core each attempt's last checkpoint, as the portal's snapshot does."""
-        for attempt, interval in self.checkpointing.items():
+        due = self.checkpoint_due
+        while due and due[0][0] <= now:
+            _, attempt = heapq.heappop(due)
+            interval = self.checkpointing.get(attempt)
+            if interval is None:
+                continue  # the attempt has ended
             run = self.running[attempt]
             last = last_checkpoint_ms(run.started_at_ms, interval, now)
             if last != run.last_checkpoint_ms:
                 self.running[attempt] = replace(run, last_checkpoint_ms=last)
+            start = run.started_at_ms
+            heapq.heappush(due, (start + ((now - start) // interval + 1) * interval, attempt))
 
     def tick(self, now: int) -> None:
         self._checkpoints(now)
@@ -287,6 +296,8 @@ class Simulation:
         )
         if job.checkpoint_ms is not None:
             self.checkpointing[attempt] = job.checkpoint_ms
+        if job.checkpoint_ms:  # 0 never writes one (`last_checkpoint_ms`)
+            heapq.heappush(self.checkpoint_due, (now + job.checkpoint_ms, attempt))
         self.out.first_start_ms.setdefault(request_id, now)
         self.out.waiting.append((job.team, self.waiting_since.pop(request_id), now))
         # a retry resumes from the checkpoints of earlier attempts

@@ -86,7 +86,7 @@ class ShapeHistory:
             weight *= self._factor(self.as_of_ms - at_ms)
         self.counts[key] = self.counts.get(key, 0.0) + weight
         if len(self.counts) > MAX_SHAPES:
-            lightest = min(self.counts, key=lambda s: (self.counts[s], repr(s)))
+            lightest = min(self.counts, key=lambda s: (self.counts[s], shape_repr(s)))
             del self.counts[lightest]
 
     def _decay_to(self, at_ms: int) -> None:
@@ -106,7 +106,7 @@ class ShapeHistory:
 
     def to_workload(self, pool: str) -> PoolWorkload:
         """The snapshot's view of this history (weights as of `as_of_ms`; only ratios matter)."""
-        items = sorted(self.counts.items(), key=lambda kv: repr(kv[0]))
+        items = sorted(self.counts.items(), key=lambda kv: shape_repr(kv[0]))
         return PoolWorkload(pool, tuple(items))
 
     # ------------------------------------------------------------------ JSON
@@ -256,7 +256,7 @@ def target_workload(
     total = sum(w for _, w in items if w > 0)
     if total <= 0:
         return []
-    ranked = sorted((kv for kv in items if kv[1] > 0), key=lambda kv: (-kv[1], repr(kv[0])))
+    ranked = sorted((kv for kv in items if kv[1] > 0), key=lambda kv: (-kv[1], shape_repr(kv[0])))
     out: list[tuple[Shape, int]] = []
     covered = 0.0
     for shape, w in ranked:
@@ -279,9 +279,39 @@ def pool_targets(
     given = {w.pool: w.weights for w in workloads or ()}
     out: dict[str, list[tuple[Shape, int]]] = {}
     for pool, members in by_pool.items():
-        target = target_workload(given[pool]) if pool in given else []
+        target = _given_target(pool, given[pool]) if pool in given else []
         out[pool] = target or _prior_target(pool, members)
     return out
+
+
+#: per pool, the last weights a target was made from and the target: a replay asks again
+#: with equal weights at every tick without an arrival
+_GIVEN: dict[str, tuple[tuple[tuple[Shape, float], ...], list[tuple[Shape, int]]]] = {}
+
+
+def _given_target(pool: str, weights: tuple[tuple[Shape, float], ...]) -> list[tuple[Shape, int]]:
+    hit = _GIVEN.get(pool)
+    if hit is not None and hit[0] == weights:
+        return list(hit[1])
+    target = target_workload(weights)
+    if len(_GIVEN) >= 1024:
+        _GIVEN.clear()
+    _GIVEN[pool] = (weights, target)
+    return list(target)
+
+
+#: a shape's repr, the tie-break of the orders above (a few hundred shapes, ordered at every
+#: tick)
+_REPRS: dict[Shape, str] = {}
+
+
+def shape_repr(shape: Shape) -> str:
+    r = _REPRS.get(shape)
+    if r is None:
+        if len(_REPRS) >= 4096:
+            _REPRS.clear()
+        r = _REPRS[shape] = repr(shape)
+    return r
 
 
 #: per pool, the last nodes a prior was built from and its target: a caller that passes the
