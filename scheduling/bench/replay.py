@@ -578,9 +578,8 @@ class _Light:
         every, able = self.hosts(job.shape)
         for k in every if nodes is None else [k for k in nodes if k in able]:
             ln = self.nodes[k]
-            lower = [
-                self.running[a] for a in sorted(ln.running) if BAND[self.running[a].job.cls] < band
-            ]
+            # (in any order: `_minimal` orders them)
+            lower = [a for a in map(self.running.__getitem__, ln.running) if BAND[a.job.cls] < band]
             if not lower:
                 continue
             victims = self._minimal(k, job.shape, lower)
@@ -601,7 +600,7 @@ class _Light:
 
     def _minimal(self, k: int, shape: Shape, cands: list[_Att]) -> list[_Att] | None:
         """Stop every candidate on node k; if the shape fits, put back (highest priority, then
-        longest running first) every victim it fits without (kube-scheduler's reprieve)."""
+        longest running first, then by id) every victim it fits without (kube-scheduler's reprieve)."""
         ln = self.nodes[k]
         saved = (ln.cpu, ln.mem, list(ln.free))
 
@@ -617,7 +616,7 @@ class _Light:
             ln.cpu, ln.mem, ln.free = saved
             return None
         victims = []
-        for a in sorted(cands, key=lambda a: (-BAND[a.job.cls], a.start)):
+        for a in sorted(cands, key=lambda a: (-BAND[a.job.cls], a.start, a.id)):
             apply(a, -1)
             if self._fit_on(k, shape) is None:
                 apply(a, +1)
