@@ -51,6 +51,11 @@ class _Memo:
     hosts: dict[tuple[str, Shape], frozenset[str]] = field(default_factory=dict)
     #: (pool, shape) -> `_whole_node`: asked for every pending shape every tick
     whole: dict[tuple[str, Shape], bool] = field(default_factory=dict)
+    #: nodes per pool
+    size: dict[str, int] = field(default_factory=dict)
+    #: (pool, shape, pct) -> the nodes `scarce_nodes` / `kept_nodes` answer for it
+    scarce: dict[tuple[str, Shape, int], frozenset[str]] = field(default_factory=dict)
+    kept: dict[tuple[str, Shape, int], tuple[str, ...]] = field(default_factory=dict)
 
 
 #: the last nodes seen: a caller that passes the same node objects tick after tick (the
@@ -72,6 +77,7 @@ def _memo(nodes: Sequence[Node]) -> _Memo:
     # A portal tick brings new node objects each time, and a thousand nodes come in a
     # few hardware kinds: each (pool, shape) asks one node of each kind.
     for n in memo.nodes:
+        memo.size[n.pool] = memo.size.get(n.pool, 0) + 1
         kinds = memo.kinds.setdefault(n.pool, {})
         key = _hardware(n)
         if key in kinds:
@@ -102,18 +108,19 @@ def scarce_nodes(
     nodes: Sequence[Node], shapes: Iterable[tuple[str, Shape]], pct: int = SCARCE_PCT
 ) -> frozenset[str]:
     """Return the nodes that are the only hosts of some rare (pool, shape)."""
-    size: dict[str, int] = {}
-    for n in nodes:
-        size[n.pool] = size.get(n.pool, 0) + 1
+    memo = _memo(nodes)
+    size = memo.size
     out: set[str] = set()
-    seen: set[tuple[str, Shape]] = set()
-    for pool, shape in shapes:
-        if (pool, shape) in seen or pool not in size:
+    for pool, shape in dict.fromkeys(shapes):
+        if pool not in size:
             continue
-        seen.add((pool, shape))
-        found = hosts(nodes, pool, shape)
-        if found and len(found) * 100 <= size[pool] * pct:
-            out |= found
+        key = (pool, shape, pct)
+        rare = memo.scarce.get(key)
+        if rare is None:
+            found = hosts(nodes, pool, shape)
+            rare = found if found and len(found) * 100 <= size[pool] * pct else frozenset()
+            memo.scarce[key] = rare
+        out |= rare
     return frozenset(out)
 
 
@@ -143,16 +150,23 @@ def kept_nodes(
     """Return the nodes kept for whole-node shapes that more than `pct` % of their pool's
     nodes can host: per shape, the first `pct` % of the pool's nodes (rounded down) among
     its hosts, by name, so the choice holds from tick to tick."""
-    size: dict[str, int] = {}
-    for n in nodes:
-        size[n.pool] = size.get(n.pool, 0) + 1
+    memo = _memo(nodes)
+    size = memo.size
     out: set[str] = set()
     for pool, shape in dict.fromkeys(shapes):
         # a pool under 100 / `pct` nodes keeps none
         k = size.get(pool, 0) * pct // 100
         if not k or shape.kind is not ProfileKind.WHOLE:
             continue
-        found = hosts(nodes, pool, shape)  # asked already by `scarce_nodes`: remembered
-        if len(found) > k and _whole_node(nodes, pool, shape):
-            out.update(sorted(found)[:k])
+        key = (pool, shape, pct)
+        kept = memo.kept.get(key)
+        if kept is None:
+            found = hosts(nodes, pool, shape)  # asked already by `scarce_nodes`: remembered
+            kept = (
+                tuple(sorted(found)[:k])
+                if len(found) > k and _whole_node(nodes, pool, shape)
+                else ()
+            )
+            memo.kept[key] = kept
+        out.update(kept)
     return frozenset(out)
