@@ -318,6 +318,8 @@ class _LNode:
     #: free milli per device position
     free: list[int]
     running: set[str] = field(default_factory=set)
+    #: bumped by every start and stop on the node (`_Light._victims` remembers by it)
+    version: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -374,6 +376,9 @@ class _Light:
         #: by id): Kueue's candidate order is read from these instead of sorting every
         #: running attempt at each preemption
         self.ranked: dict[tuple[str, int], list[_Att]] = {}
+        #: kube-scheduler: (node, shape, band) -> (the node's version, its victims): a
+        #: node nothing started or stopped on since answers the same
+        self._victim_memo: dict[tuple[int, Shape, int], tuple[int, list[_Att] | None]] = {}
         #: kueue: per (team, band), the quota its running attempts hold
         self.band_used: dict[tuple[str, int], int] = {}
 
@@ -489,6 +494,7 @@ class _Light:
         for p, m in grants:
             ln.free[p] -= m
         ln.running.add(att.id)
+        ln.version += 1
         self.running[att.id] = att
         if self.mode.preempt == "kueue":
             ranked = self.ranked.setdefault((job.team, BAND[job.cls]), [])
@@ -517,6 +523,7 @@ class _Light:
         for p, m in att.grants:
             ln.free[p] += m
         ln.running.discard(att_id)
+        ln.version += 1
         self.used[att.job.team] -= att.quota
         self.total_used -= att.quota
         milli = att.job.shape.gpus_milli
@@ -577,12 +584,7 @@ class _Light:
         best: tuple[tuple[int, int, int], int, list[_Att]] | None = None
         every, able = self.hosts(job.shape)
         for k in every if nodes is None else [k for k in nodes if k in able]:
-            ln = self.nodes[k]
-            # (in any order: `_minimal` orders them)
-            lower = [a for a in map(self.running.__getitem__, ln.running) if BAND[a.job.cls] < band]
-            if not lower:
-                continue
-            victims = self._minimal(k, job.shape, lower)
+            victims = self._victims(k, job.shape, band)
             if victims is None:
                 continue
             score = (max(BAND[v.job.cls] for v in victims), len(victims), k)
@@ -597,6 +599,21 @@ class _Light:
         self._remove_pending(job)
         self.start(job, best[1], grants, now)
         return True
+
+    def _victims(self, k: int, shape: Shape, band: int) -> list[_Att] | None:
+        """The fewest pods of lower priority than `band` on node k whose stop makes room for
+        the shape (`_minimal`), None where none does; remembered while the node is unchanged
+        (a deep queue asks again node after node, pod after pod)."""
+        ln = self.nodes[k]
+        key = (k, shape, band)
+        hit = self._victim_memo.get(key)
+        if hit is not None and hit[0] == ln.version:
+            return hit[1]
+        # (in any order: `_minimal` orders them)
+        lower = [a for a in map(self.running.__getitem__, ln.running) if BAND[a.job.cls] < band]
+        victims = self._minimal(k, shape, lower) if lower else None
+        self._victim_memo[key] = (ln.version, victims)
+        return victims
 
     def _minimal(self, k: int, shape: Shape, cands: list[_Att]) -> list[_Att] | None:
         """Stop every candidate on node k; if the shape fits, put back (highest priority, then
