@@ -84,7 +84,9 @@ replay keeps its request shapes and runtimes and draws the arrivals. Procedure:
      the job at the tick; PREEMPT stops it at once and requeues it with
      `requeue_delay_s(attempt, 60, 3600, jitter)`. Like the portal, a request whose last
      decision was `preempting` is passed with `PendingRequest.preempting` and admitted
-     with `Running.admitted_by_preemption`.
+     with `Running.admitted_by_preemption`. The simulator keeps one `ClusterState`
+     across ticks instead of the portal's one per tick (`schedule(state=...)`): the
+     same decisions, less CPU.
    The baselines place at every event (no tick), which favours them slightly.
 7. **Measurement**: the window runs from the arrival of job N/5 (after warm-up) to the
    last arrival; the replay goes on until every job has started.
