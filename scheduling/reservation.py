@@ -351,9 +351,12 @@ class Reservations:
             return self._last
         last: dict[str, int] = {}
         self._last = last
+        # (these three loops visit every running attempt: no calls inside but the dict's)
         for run in t.snap.running:
+            started = run.started_at_ms
             for pod in run.placement.pods:
-                last[pod.node] = max(last.get(pod.node, 0), run.started_at_ms)
+                if started > last.get(pod.node, 0):
+                    last[pod.node] = started
         for placement in self.admitted:
             for name in placement.nodes:
                 last[name] = self.now
@@ -373,7 +376,7 @@ class Reservations:
     @staticmethod
     def _add_holds(holders: dict[str, list[_Hold]], placement: Placement, end: int | None) -> None:
         for pod in placement.pods:
-            grants = tuple((g.device, max(g.milli, 1)) for g in pod.grants)
+            grants = tuple([(g.device, g.milli if g.milli > 1 else 1) for g in pod.grants])
             holders.setdefault(pod.node, []).append((end, grants, pod.cpu_milli, pod.memory_mib))
 
     def held(self, t: _Tick) -> dict[tuple[str, int], int]:
@@ -391,4 +394,4 @@ class Reservations:
         for pod in placement.pods:
             for g in pod.grants:
                 key = (pod.node, g.device)
-                held[key] = held.get(key, 0) + max(g.milli, 1)
+                held[key] = held.get(key, 0) + (g.milli if g.milli > 1 else 1)
