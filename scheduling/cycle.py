@@ -221,7 +221,7 @@ class _Tick:
         if state is None:
             state = cluster_state(snapshot, policy)
         elif not state.retarget(workload.pool_targets(snapshot.nodes, snapshot.workloads)):
-            raise ValueError("state: built for other pools than the snapshot's")
+            raise ValueError("state: built for other pools, or with random tie-breaks")
         self.state = state
         self.book = QuotaBook(
             snapshot.pools, snapshot.nodes, snapshot.quotas, snapshot.running, self.classes

@@ -395,7 +395,6 @@ class ClusterState:
             )
         self.policy = policy
         self.tie_break = "random" if policy == "random" else tie_break
-        self._seed = seed
         self._rng = random.Random(seed)
         self._classes: dict[int, _Class] = {}
         self._nodes: dict[str, _NodeFree] = {}
@@ -466,8 +465,14 @@ class ClusterState:
     ) -> bool:
         """Give a state kept across ticks the pools' target workloads of this tick: it then
         chooses as a new state built with `pool_shape_weights` would. False, changing
-        nothing, when the pools are not the ones it was built with (build a new state)."""
-        if self._learn or pool_shape_weights.keys() != self._pool_targets.keys():
+        nothing, when the pools are not the ones it was built with, or when ties are broken
+        at random (the draw follows the order groups were made in, which a kept state does
+        not share with a new one): build a new state."""
+        if (
+            self._learn
+            or self.tie_break == "random"
+            or pool_shape_weights.keys() != self._pool_targets.keys()
+        ):
             return False
         changed = False
         for pool, weights in pool_shape_weights.items():
@@ -482,8 +487,6 @@ class ClusterState:
             self._frag_memo.clear()
             for g in self._groups.values():
                 g.cache.clear()
-        # a new state's random tie-breaks start from its seed
-        self._rng = random.Random(self._seed)
         return True
 
     @property

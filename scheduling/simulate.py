@@ -237,7 +237,9 @@ class Simulation:
             workloads=(self.history.to_workload(TRACE_POOL),) if self.history else self.workloads,
         )
         started = time.perf_counter()
-        if self.state is None:
+        # (the random packer's draws follow the order a state made its groups in: a kept
+        # state would draw differently from the new one each tick builds)
+        if self.state is None and self.policy.packer != "random":
             self.state = cluster_state(snap, self.policy)
         decisions = schedule(snap, now, self.policy, self.state)
         self.out.seconds += time.perf_counter() - started

@@ -58,3 +58,11 @@ def test_a_state_built_for_other_pools_is_refused() -> None:
     state = cluster_state(snapshot(nodes=[node("n1", pool="h100")]), rules())
     with pytest.raises(ValueError, match="state"):
         schedule(_snap("r1"), policy=rules(), state=state)
+
+
+def test_a_state_with_random_tie_breaks_is_refused() -> None:
+    # its draws follow the order its groups were made in, not a new state's
+    snap = _snap("r1")
+    state = cluster_state(snap, rules(packer="random"))
+    with pytest.raises(ValueError, match="random"):
+        schedule(snap, policy=rules(packer="random"), state=state)
