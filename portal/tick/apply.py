@@ -330,11 +330,13 @@ WAIT_FIELDS = (
 def _wait(
     d: st.Decision,
     ctx: Context,
-    tick_no: int,
-    log_rows: list[dict[str, Any] | st.Decision],
+    log_row: Callable[..., Row],
+    log_rows: list[Row | st.Decision],
     changed: list[tuple[Any, ...]],
     notes: dict[str, str] | None = None,
 ) -> None:
+    """`log_row`: the decision log's row from (request_id, team_id, kind, code, message,
+    facts), the tick's number and profile already in (`decisions_apply`)."""
     # Runs once per waiting request (70,000 at 100,000 pending): kept to plain operations.
     req = ctx.requests[d.request_id]
     code, new_message = d.code, d.message[:500]
@@ -351,16 +353,7 @@ def _wait(
     ):
         # The decision log records changes of reason, not every tick's repetition.
         log_rows.append(
-            {
-                "tick": tick_no,
-                "request_id": req.pk,
-                "team_id": req.team_id,
-                "kind": Decision.Kind.WAIT,
-                "code": code,
-                "message": new_message,
-                "facts": _facts(d),
-                **_profile(ctx),
-            }
+            log_row(req.pk, req.team_id, Decision.Kind.WAIT, code, new_message, _facts(d))
         )
     position = d.position or None
     # A note explains the last move: kept while the position holds, dropped when the
@@ -535,7 +528,20 @@ def decisions_apply(*, decisions: list[st.Decision], ctx: Context, tick_no: int)
         kind = "cancel" if d.kind == st.DecisionKind.REJECT and d.code == "not-a-member" else d.kind
         by_kind[kind].append(d)
         counts[str(kind)] += 0  # a kind the core decided is counted, even if nothing came of it
-    log = RowMaker(Decision)  # the tick's log rows: one time for all
+    # The tick's log rows: one time, the tick's number and its profile for all.
+    log = RowMaker(Decision, tick=tick_no, **_profile(ctx))
+    log_row = log.positional("request_id", "team_id", "kind", "code", "message", "facts")
+    admit_row = log.positional(
+        "request_id",
+        "attempt_id",
+        "team_id",
+        "pool_id",
+        "node",
+        "kind",
+        "code",
+        "message",
+        "facts",
+    )
     log_rows: list[Row] = [
         log(r) for r in _preempt_all(by_kind[st.DecisionKind.PREEMPT], ctx, tick_no)
     ]
@@ -543,7 +549,7 @@ def decisions_apply(*, decisions: list[st.Decision], ctx: Context, tick_no: int)
         counts["preempt"] = len(log_rows)
     _reject_all(by_kind[st.DecisionKind.REJECT], ctx)
     # The log in the core's order; an admission's row is written once its attempt is.
-    entries: list[dict[str, Any] | st.Decision] = []
+    entries: list[Row | st.Decision] = []
     changed: list[tuple[Any, ...]] = []
     with _claim(by_kind[st.DecisionKind.ADMIT], ctx) as claim:
         # While the server claims the admissions: the waiting requests' new status and
@@ -556,28 +562,24 @@ def decisions_apply(*, decisions: list[st.Decision], ctx: Context, tick_no: int)
             if d.kind == st.DecisionKind.ADMIT:
                 entries.append(d)
             elif d.kind == st.DecisionKind.WAIT:
-                _wait(d, ctx, tick_no, entries, changed, notes)
+                _wait(d, ctx, log_row, entries, changed, notes)
                 counts["wait"] += 1
             elif d.kind == st.DecisionKind.REJECT and d.code != "not-a-member":
                 queued = ctx.requests[d.request_id]
                 entries.append(
-                    {
-                        "tick": tick_no,
-                        "request_id": queued.pk,
-                        "team_id": queued.team_id,
-                        "kind": Decision.Kind.REJECT,
-                        "code": d.code,
-                        "message": d.message[:500],
-                        "facts": _facts(d),
-                        **_profile(ctx),
-                    }
+                    log_row(
+                        queued.pk,
+                        queued.team_id,
+                        Decision.Kind.REJECT,
+                        d.code,
+                        d.message[:500],
+                        _facts(d),
+                    )
                 )
                 counts["reject"] += 1
-        # The log's rows as COPY takes them, made while the server still works.
-        prepared = [e if isinstance(e, st.Decision) else log(e) for e in entries]
         claimed = claim()
     made = _admit_claimed(claimed, ctx, tick_no, changed)
-    for e in prepared:
+    for e in entries:
         if not isinstance(e, st.Decision):
             log_rows.append(e)
         elif e.request_id in made:
@@ -585,20 +587,16 @@ def decisions_apply(*, decisions: list[st.Decision], ctx: Context, tick_no: int)
             queued = ctx.requests[e.request_id]
             counts["admit"] += 1
             log_rows.append(
-                log(
-                    {
-                        "tick": tick_no,
-                        "request_id": queued.pk,
-                        "attempt_id": made[e.request_id],
-                        "team_id": queued.team_id,
-                        "pool_id": ctx.pools[e.pool].pk,
-                        "node": ",".join(e.placement.nodes),
-                        "kind": Decision.Kind.ADMIT,
-                        "code": e.code,
-                        "message": e.message,
-                        "facts": _facts(e),
-                        **_profile(ctx),
-                    }
+                admit_row(
+                    queued.pk,
+                    made[e.request_id],
+                    queued.team_id,
+                    ctx.pools[e.pool].pk,
+                    ",".join(e.placement.nodes),
+                    Decision.Kind.ADMIT,
+                    e.code,
+                    e.message,
+                    _facts(e),
                 )
             )
     insert_rows(Decision, log_rows)
