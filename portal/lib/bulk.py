@@ -121,10 +121,13 @@ class RowMaker:
             out = tuple(out)
         return out  # type: ignore[no-any-return]
 
-    def positional(self, *names: str) -> Callable[..., Row]:
+    def positional(self, *names: str, same_json: bool = False) -> Callable[..., Row]:
         """A maker of rows from the values of `names`, in that order, the rest defaults:
         what calling the maker with ``dict(zip(names, values))`` makes, without the dicts
-        (a tick makes a row per waiting request)."""
+        (a tick makes a row per waiting request).
+
+        `same_json`: a JSON column's value given again (the same object, unchanged since)
+        is serialized once: the maker keeps each until it goes."""
         given = {name: i for i, name in enumerate(names)}
         if len(given) != len(names) or not given.keys() <= set(self.attnames):
             raise ValueError(f"not the model's columns, once each: {names}")
@@ -161,6 +164,17 @@ class RowMaker:
             return plain
         if len(dumped) == 1:
             (at,) = dumped
+            if same_json:
+                texts: dict[int, tuple[Any, str]] = {}
+
+                def with_same_json(*values: Any) -> Row:
+                    value = values[at]
+                    text = texts.get(id(value))
+                    if text is None:
+                        text = texts[id(value)] = (value, json_dumps(value))
+                    return pick(base + values + (text[1],))  # type: ignore[no-any-return]
+
+                return with_same_json
 
             def with_json(*values: Any) -> Row:
                 return pick(base + values + (json_dumps(values[at]),))  # type: ignore[no-any-return]

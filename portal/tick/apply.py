@@ -297,6 +297,58 @@ def _facts(d: st.Decision) -> dict[str, Any]:
     return out
 
 
+class _Log:
+    """The tick's decision log rows, made as COPY takes them.
+
+    One time, the tick's number and its profile for all rows (`RowMaker`). Alike requests
+    share their decision's facts (`scheduling.cycle`: one decision, copied): their facts
+    are filtered and serialized once, and their estimated starts made once.
+    """
+
+    def __init__(self, ctx: Context, tick_no: int) -> None:
+        self.maker = RowMaker(Decision, tick=tick_no, **_profile(ctx))
+        self._row = self.maker.positional(
+            "request_id", "team_id", "kind", "code", "message", "facts", same_json=True
+        )
+        self.admitted = self.maker.positional(
+            "request_id",
+            "attempt_id",
+            "team_id",
+            "pool_id",
+            "node",
+            "kind",
+            "code",
+            "message",
+            "facts",
+            same_json=True,
+        )
+        self.tz = ctx.now.tzinfo
+        # keyed by the facts' id: the decisions (and so their facts) live as long as this
+        self._facts: dict[tuple[int, bool, bool], tuple[object, dict[str, Any]]] = {}
+        self._starts: dict[int, datetime] = {}
+
+    def facts(self, d: st.Decision) -> dict[str, Any]:
+        """`_facts`, once per facts object."""
+        key = (id(d.facts), d.escalated, d.borrowing)
+        made = self._facts.get(key)
+        if made is None:
+            made = self._facts[key] = (d.facts, _facts(d))
+        return made[1]
+
+    def row(self, req: QueuedRow, kind: str, d: st.Decision, message: str) -> Row:
+        """A waiting or rejected request's row."""
+        return self._row(req.pk, req.team_id, kind, d.code, message, self.facts(d))
+
+    def start(self, estimate_ms: int) -> datetime:
+        """The estimated start of `estimate_ms` (epoch milliseconds) as a time."""
+        start = self._starts.get(estimate_ms)
+        if start is None:
+            start = self._starts[estimate_ms] = datetime.fromtimestamp(
+                int(estimate_ms) / 1000, tz=self.tz
+            )
+        return start
+
+
 def _profile(ctx: Context) -> dict[str, Any]:
     """The scheduling profile in force, as each of the tick's decisions records it."""
     return {
@@ -330,31 +382,23 @@ WAIT_FIELDS = (
 def _wait(
     d: st.Decision,
     ctx: Context,
-    log_row: Callable[..., Row],
+    log: _Log,
     log_rows: list[Row | st.Decision],
     changed: list[tuple[Any, ...]],
     notes: dict[str, str] | None = None,
 ) -> None:
-    """`log_row`: the decision log's row from (request_id, team_id, kind, code, message,
-    facts), the tick's number and profile already in (`decisions_apply`)."""
     # Runs once per waiting request (70,000 at 100,000 pending): kept to plain operations.
     req = ctx.requests[d.request_id]
     code, new_message = d.code, d.message[:500]
     facts = d.facts
     estimate = facts.get("estimated_start_ms") if facts else None
-    estimated_start = (
-        datetime.fromtimestamp(int(estimate) / 1000, tz=ctx.now.tzinfo)
-        if isinstance(estimate, int)
-        else None
-    )
+    estimated_start = log.start(estimate) if isinstance(estimate, int) else None
     # reason_key, inlined: the code, then the reason's main clause.
     if req.status_code != code or (
         req.status_message.partition("; ")[0] != new_message.partition("; ")[0]
     ):
         # The decision log records changes of reason, not every tick's repetition.
-        log_rows.append(
-            log_row(req.pk, req.team_id, Decision.Kind.WAIT, code, new_message, _facts(d))
-        )
+        log_rows.append(log.row(req, Decision.Kind.WAIT, d, new_message))
     position = d.position or None
     # A note explains the last move: kept while the position holds, dropped when the
     # request comes back without one (new, requeued) or moves with no note computed.
@@ -528,22 +572,9 @@ def decisions_apply(*, decisions: list[st.Decision], ctx: Context, tick_no: int)
         kind = "cancel" if d.kind == st.DecisionKind.REJECT and d.code == "not-a-member" else d.kind
         by_kind[kind].append(d)
         counts[str(kind)] += 0  # a kind the core decided is counted, even if nothing came of it
-    # The tick's log rows: one time, the tick's number and its profile for all.
-    log = RowMaker(Decision, tick=tick_no, **_profile(ctx))
-    log_row = log.positional("request_id", "team_id", "kind", "code", "message", "facts")
-    admit_row = log.positional(
-        "request_id",
-        "attempt_id",
-        "team_id",
-        "pool_id",
-        "node",
-        "kind",
-        "code",
-        "message",
-        "facts",
-    )
+    log = _Log(ctx, tick_no)
     log_rows: list[Row] = [
-        log(r) for r in _preempt_all(by_kind[st.DecisionKind.PREEMPT], ctx, tick_no)
+        log.maker(r) for r in _preempt_all(by_kind[st.DecisionKind.PREEMPT], ctx, tick_no)
     ]
     if log_rows:
         counts["preempt"] = len(log_rows)
@@ -562,20 +593,11 @@ def decisions_apply(*, decisions: list[st.Decision], ctx: Context, tick_no: int)
             if d.kind == st.DecisionKind.ADMIT:
                 entries.append(d)
             elif d.kind == st.DecisionKind.WAIT:
-                _wait(d, ctx, log_row, entries, changed, notes)
+                _wait(d, ctx, log, entries, changed, notes)
                 counts["wait"] += 1
             elif d.kind == st.DecisionKind.REJECT and d.code != "not-a-member":
                 queued = ctx.requests[d.request_id]
-                entries.append(
-                    log_row(
-                        queued.pk,
-                        queued.team_id,
-                        Decision.Kind.REJECT,
-                        d.code,
-                        d.message[:500],
-                        _facts(d),
-                    )
-                )
+                entries.append(log.row(queued, Decision.Kind.REJECT, d, d.message[:500]))
                 counts["reject"] += 1
         claimed = claim()
     made = _admit_claimed(claimed, ctx, tick_no, changed)
@@ -587,7 +609,7 @@ def decisions_apply(*, decisions: list[st.Decision], ctx: Context, tick_no: int)
             queued = ctx.requests[e.request_id]
             counts["admit"] += 1
             log_rows.append(
-                admit_row(
+                log.admitted(
                     queued.pk,
                     made[e.request_id],
                     queued.team_id,
@@ -596,7 +618,7 @@ def decisions_apply(*, decisions: list[st.Decision], ctx: Context, tick_no: int)
                     Decision.Kind.ADMIT,
                     e.code,
                     e.message,
-                    _facts(e),
+                    log.facts(e),
                 )
             )
     insert_rows(Decision, log_rows)

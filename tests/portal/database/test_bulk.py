@@ -101,6 +101,11 @@ def test_positional_rows_are_the_rows_the_dicts_make() -> None:
         (4, 5, "reject", "too-large", "rejected", {}),
     ]
     assert [row(*v) for v in values] == [make(dict(zip(fields, v, strict=True))) for v in values]
+    # the same facts object given again: serialized once, the same rows
+    shared = {"position": 1}
+    again = make.positional(*fields, same_json=True)
+    alike = [(i, 2, "wait", "c", "m", shared) for i in range(3)] + [(9, 2, "wait", "c", "m", {})]
+    assert [again(*v) for v in alike] == [make(dict(zip(fields, v, strict=True))) for v in alike]
     # a name the model lacks, or named twice: refused when the maker is made
     with pytest.raises(ValueError):
         make.positional("request_id", "nope")
