@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Count, F
+from django.db.models import Count, F, Model
 
 from portal.lib import wake
 from portal.lib.bulk import (
@@ -63,9 +63,24 @@ def _slots(device: DeviceRow, grant: st.DeviceGrant, taken: set[str]) -> list[st
     return ["gpu"]
 
 
+#: an allocation row's values, in the order `_allocations` gives them
+ALLOCATION_FIELDS = (
+    "attempt_id",
+    "device_id",
+    "slot",
+    "milli",
+    "gpu_memory_mib",
+    "mig_profile",
+    "mig_start",
+    "mig_size",
+)
+
+
 def _allocations(
-    attempt_id: int, d: st.Decision, ctx: Context, rows: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
+    attempt_id: int, d: st.Decision, ctx: Context, rows: list[Any], make: Callable[..., Any]
+) -> list[Any]:
+    """Append the allocations of `d`'s placement to `rows`, each made by `make` from the
+    values of ALLOCATION_FIELDS."""
     assert d.placement is not None
     for pod in d.placement.pods:
         for g in pod.grants:
@@ -73,17 +88,20 @@ def _allocations(
             taken = ctx.active_slots[device.pk]
             for slot in _slots(device, g, taken):
                 taken.add(slot)
+                mig = g.mig
                 rows.append(
-                    {
-                        "attempt_id": attempt_id,
-                        "device_id": device.pk,
-                        "slot": slot,
-                        "milli": g.milli if g.mig is None else 0,
-                        "gpu_memory_mib": g.gpu_memory_mib,
-                        "mig_profile": g.mig.profile if g.mig else "",
-                        "mig_start": g.mig.start if g.mig else -1,
-                        "mig_size": g.mig.size if g.mig else 0,
-                    }
+                    make(attempt_id, device.pk, slot, g.milli, g.gpu_memory_mib, "", -1, 0)
+                    if mig is None
+                    else make(
+                        attempt_id,
+                        device.pk,
+                        slot,
+                        0,
+                        g.gpu_memory_mib,
+                        mig.profile,
+                        mig.start,
+                        mig.size,
+                    )
                 )
     return rows
 
@@ -107,15 +125,12 @@ def _attempt(d: st.Decision, req: QueuedRow, ctx: Context, number: int) -> dict[
     }
 
 
-def _usage(attempt_id: int, req: QueuedRow, pool_id: int, ctx: Context) -> dict[str, Any]:
-    return {
-        "attempt_id": attempt_id,
-        "team_id": req.team_id,
-        "workload_class_id": req.workload_class_id,
-        "pool_id": pool_id,
-        "gpus_milli": req.gpus_milli,
-        "started_at": ctx.now,
-    }
+#: a usage record's values, in the order `_usage` gives them
+USAGE_FIELDS = ("attempt_id", "team_id", "workload_class_id", "pool_id", "gpus_milli", "started_at")
+
+
+def _usage(attempt_id: int, req: QueuedRow, pool_id: int, ctx: Context) -> tuple[Any, ...]:
+    return (attempt_id, req.team_id, req.workload_class_id, pool_id, req.gpus_milli, ctx.now)
 
 
 class Claimed(NamedTuple):
@@ -201,12 +216,15 @@ def _admit_claimed(
     def number(d: st.Decision) -> int:
         return claimed.numbers.get(reqs[d.request_id].pk, 0) + 1
 
-    def dependents(ids: list[int]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        allocations: list[dict[str, Any]] = []
+    def dependents(ids: list[int]) -> tuple[list[Row], list[Row]]:
+        # Rows made from values, not dicts: tens of thousands of each.
+        allocation_row = RowMaker(Allocation).positional(*ALLOCATION_FIELDS)
+        usage_row = RowMaker(UsageRecord).positional(*USAGE_FIELDS)
+        allocations: list[Row] = []
         for d, attempt_id in zip(ds, ids, strict=True):
-            _allocations(attempt_id, d, ctx, allocations)
+            _allocations(attempt_id, d, ctx, allocations, allocation_row)
         usage = [
-            _usage(attempt_id, reqs[d.request_id], row["pool_id"], ctx)
+            usage_row(*_usage(attempt_id, reqs[d.request_id], row["pool_id"], ctx))
             for d, attempt_id, row in zip(ds, ids, rows, strict=True)
         ]
         return allocations, usage
@@ -253,9 +271,10 @@ def _admit_one(
         with transaction.atomic():
             attempt = Attempt.objects.create(**_attempt(d, req, ctx, number))
             Allocation.objects.bulk_create(
-                [Allocation(**row) for row in _allocations(attempt.pk, d, ctx, [])]
+                _allocations(attempt.pk, d, ctx, [], _model_row(Allocation, ALLOCATION_FIELDS))
             )
-            UsageRecord.objects.create(**_usage(attempt.pk, req, attempt.pool_id, ctx))
+            usage = _usage(attempt.pk, req, attempt.pool_id, ctx)
+            UsageRecord.objects.create(**dict(zip(USAGE_FIELDS, usage, strict=True)))
     except IntegrityError:
         log.error("tick %s: allocation conflict for request %s; left pending", tick_no, req.pk)
         GpuRequest.objects.filter(pk=req.pk).update(
@@ -265,6 +284,15 @@ def _admit_one(
         )
         return None
     return attempt.pk
+
+
+def _model_row(model: type[Model], fields: tuple[str, ...]) -> Callable[..., Model]:
+    """A maker of `model` instances from the values of `fields`, in that order."""
+
+    def make(*values: Any) -> Model:
+        return model(**dict(zip(fields, values, strict=True)))
+
+    return make
 
 
 def launch_soon(attempt_ids: list[int]) -> None:
