@@ -95,7 +95,7 @@ import math
 import operator
 import random
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from scheduling import fit, mig
@@ -464,18 +464,26 @@ class ClusterState:
     def shape_weights(self) -> list[tuple[Shape, int]]:
         return [(s, w) for s, w, _ in self._default.items]
 
-    def find(self, shape: Shape, accept: Callable[[Node], bool] | None = None) -> Placement | None:
-        """Return a placement for `shape` on nodes that `accept` allows, or None. Commits nothing."""
+    def find(
+        self,
+        shape: Shape,
+        accept: Callable[[Node], bool] | None = None,
+        pools: Collection[str] | None = None,
+    ) -> Placement | None:
+        """Return a placement for `shape` on nodes that `accept` allows, or None. Commits nothing.
+
+        `pools`: only nodes of these pools, where `accept` says so too; it only saves
+        asking `accept` about each node of the other pools (a group's nodes share a pool)."""
         if self._learn:
             self._observe(shape)
         sid = self._shape_id(shape)
         if shape.pods <= 1:
-            pod = self._best_pod(shape, sid, accept, ())
+            pod = self._best_pod(shape, sid, accept, (), pools)
             return None if pod is None else Placement(pods=(pod,))
         placed: list[PodPlacement] = []
         try:
             for _ in range(shape.pods):
-                pod = self._best_pod(shape, sid, accept, {p.node for p in placed})
+                pod = self._best_pod(shape, sid, accept, {p.node for p in placed}, pools)
                 if pod is None:
                     return None
                 placed.append(pod)
@@ -591,13 +599,16 @@ class ClusterState:
         sid: int,
         accept: Callable[[Node], bool] | None,
         exclude: Iterable[str] | set[str],
+        pools: Collection[str] | None = None,
     ) -> PodPlacement | None:
-        if accept is None and not exclude:
+        if accept is None and not exclude and pools is None:
             return self._best_pod_fast(shape, sid)
         excluded = set(exclude)
         scored: list[tuple[Score, _Group, Choice]] = []
         evaluate = self._evaluate
         for g in list(self._groups.values()):
+            if pools is not None and g.cls.proto.pool not in pools:
+                continue
             # `_result`, inline: this loop runs for every group on every search.
             r = g.cache.get(sid, _MISS)
             if r is _MISS:

@@ -233,6 +233,29 @@ def test_accept_filter() -> None:
     assert state.find(whole(), accept=lambda n: False) is None
 
 
+def test_pools_filter_skips_other_pools_without_asking_accept() -> None:
+    # Nodes of two pools, interleaved by name: `pools` answers as `accept` alone does,
+    # and `accept` is never asked about a node of another pool (a tick's named pool).
+    nodes = [
+        Node(f"n{i:02d}", ("p", "q")[i % 2], 32000, 65536, (Device(0, "T4", 16384),))
+        for i in range(20)
+    ]
+    state = ClusterState(nodes)
+    asked: list[str] = []
+
+    def in_q(n: Node) -> bool:
+        asked.append(n.pool)
+        return n.pool == "q" and n.name != "n01"
+
+    for shape in (whole(), Shape(ProfileKind.WHOLE, 1, pods=2)):
+        asked.clear()
+        alone = state.find(shape, accept=lambda n: n.pool == "q" and n.name != "n01")
+        assert alone is not None and alone == state.find(shape, accept=in_q, pools=("q",))
+        assert set(asked) == {"q"}
+    assert state.find(whole(), pools=("p",)).nodes == ("n00",)  # type: ignore[union-attr]
+    assert state.find(whole(), pools=("r",)) is None
+
+
 # ---------------------------------------------------------------------- policies
 
 
