@@ -399,6 +399,11 @@ class ClusterState:
         self._classes: dict[int, _Class] = {}
         self._nodes: dict[str, _NodeFree] = {}
         self._groups: dict[tuple[object, ...], _Group] = {}
+        #: every group in the order made, and per shape id: how far that list was read and
+        #: the groups read (alive or not) that can hold the shape, with their result
+        #: (`_fitting`): a search looks at those few, not at every group
+        self._made: list[_Group] = []
+        self._fits: dict[int, tuple[list[int], dict[_Group, tuple[Score, Choice]]]] = {}
         self._shape_ids: dict[Shape, int] = {}
         self._frag_memo: dict[tuple[object, ...], int] = {}
         self._unit_frag = {} if _UNIT_FRAG is None else _UNIT_FRAG
@@ -459,6 +464,7 @@ class ClusterState:
         if self.policy.startswith("fgd"):
             for g in self._groups.values():
                 g.cache.clear()
+            self._fits.clear()
 
     @property
     def shape_weights(self) -> list[tuple[Shape, int]]:
@@ -573,6 +579,12 @@ class ClusterState:
             group = self._groups[key] = _Group(
                 key, free.cls, free.cpu_milli, free.memory_mib, canon
             )
+            made = self._made
+            made.append(group)
+            if len(made) > 2 * len(self._groups) + 1024:
+                # mostly groups gone since: start the lists again from the live ones
+                self._made = list(self._groups.values())
+                self._fits.clear()
         bisect.insort(group.names, name)
         free.group = group
 
@@ -605,16 +617,17 @@ class ClusterState:
             return self._best_pod_fast(shape, sid)
         excluded = set(exclude)
         scored: list[tuple[Score, _Group, Choice]] = []
-        evaluate = self._evaluate
-        for g in list(self._groups.values()):
-            if pools is not None and g.cls.proto.pool not in pools:
-                continue
-            # `_result`, inline: this loop runs for every group on every search.
-            r = g.cache.get(sid, _MISS)
-            if r is _MISS:
-                r = g.cache[sid] = evaluate(g, shape, sid)
-            if r is not None:
-                scored.append((r[0], g, r[1]))  # type: ignore[index]
+        fits = self._fitting(shape, sid)
+        gone: list[_Group] = []
+        # the groups that can hold the shape, in the order of `_groups` (the order ties
+        # are drawn from); a group is gone once its last node left it
+        for g, r in fits.items():
+            if not g.names:
+                gone.append(g)
+            elif pools is None or g.cls.proto.pool in pools:
+                scored.append((r[0], g, r[1]))
+        for g in gone:
+            del fits[g]
         scored.sort(key=lambda t: t[0])
         i = 0
         while i < len(scored):
@@ -649,6 +662,28 @@ class ClusterState:
                     return self._pod_placement(self._nodes[first[0]], first[1], first[2], shape)
             i = j
         return None
+
+    def _fitting(self, shape: Shape, sid: int) -> dict[_Group, tuple[Score, Choice]]:
+        """The groups that can hold the shape (some may be gone: `_best_pod`), in the order
+        made. A group's free capacity never changes (a node that changes moves to another
+        group), so each is evaluated for a shape once, when first read after it was made."""
+        entry = self._fits.get(sid)
+        if entry is None:
+            entry = self._fits[sid] = ([0], {})
+        read, fits = entry
+        made = self._made
+        if read[0] < len(made):
+            evaluate = self._evaluate
+            for g in made[read[0] :]:
+                if not g.names:
+                    continue
+                r = g.cache.get(sid, _MISS)
+                if r is _MISS:
+                    r = g.cache[sid] = evaluate(g, shape, sid)
+                if r is not None:
+                    fits[g] = r  # type: ignore[assignment]
+            read[0] = len(made)
+        return fits
 
     def _best_pod_fast(self, shape: Shape, sid: int) -> PodPlacement | None:
         best: Score | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections import defaultdict
 
 import pytest
@@ -254,6 +255,27 @@ def test_pools_filter_skips_other_pools_without_asking_accept() -> None:
         assert set(asked) == {"q"}
     assert state.find(whole(), pools=("p",)).nodes == ("n00",)  # type: ignore[union-attr]
     assert state.find(whole(), pools=("r",)) is None
+
+
+def test_a_filtered_search_answers_as_the_full_scan_while_groups_come_and_go() -> None:
+    # A search with `accept` reads only the groups that can hold the shape, kept as groups
+    # are made and emptied (`_fitting`, restarted when mostly gone ones pile up); the
+    # search without it scans every group. Both must answer the same, step by step.
+    rng = random.Random(7)
+    nodes = [node(f"n{i}", 4, partitioning=TS, replicas=4) for i in range(6)]
+    state = ClusterState(nodes, DEFAULT_POLICY, shape_weights=[(shared(250), 1)])
+    shapes = [shared(250), shared(500), whole(1), whole(2), whole(4), shared(250, pods=2)]
+    held: list[Placement] = []
+    for _ in range(3000):
+        shape = rng.choice(shapes)
+        full = state.find(shape)
+        assert state.find(shape, accept=lambda n: True) == full
+        if full is not None and (rng.random() < 0.6 or not held):
+            state.take(full)
+            held.append(full)
+        elif held:
+            state.give(held.pop(rng.randrange(len(held))))
+    assert len(state._made) < 3000  # restarted from the live groups on the way
 
 
 # ---------------------------------------------------------------------- policies
