@@ -324,8 +324,19 @@ class _Tick:
         rare = [
             (w.pool, s) for w in snapshot.workloads or () for s, weight in w.weights if weight > 0
         ]
+        # Each shape gets a number here, once per request: `_alike` then hashes that, not
+        # the shape's dozen fields.
+        numbers: dict[Shape, int] = {}
+        #: request id -> the number of its shape
+        self.shape_no: dict[str, int] = {}
+        asked: dict[tuple[str, int], Shape] = {}
+        for r in snapshot.pending:
+            n = numbers.setdefault(r.shape, len(numbers))
+            self.shape_no[r.id] = n
+            if (r.pool, n) not in asked:
+                asked[(r.pool, n)] = r.shape
         # (each pool and shape once, in the order first seen: the same as request by request)
-        for pool_name, shape in dict.fromkeys((r.pool, r.shape) for r in snapshot.pending):
+        for (pool_name, _), shape in asked.items():
             rare.extend((p, shape) for p in ((pool_name,) if pool_name else self.production))
         # thousands of pending requests come in a few hundred shapes: hash them once
         shapes = tuple(dict.fromkeys(rare))
@@ -445,7 +456,7 @@ class _Tick:
             starving,
             req.team,
             req.workload_class,
-            req.shape,
+            self.shape_no[req.id],
             req.pool,
             req.expected_runtime_ms,
             waited < self.preempt_ms,

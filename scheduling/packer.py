@@ -95,7 +95,7 @@ import math
 import operator
 import random
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from scheduling import fit, mig
@@ -399,11 +399,14 @@ class ClusterState:
         self._classes: dict[int, _Class] = {}
         self._nodes: dict[str, _NodeFree] = {}
         self._groups: dict[tuple[object, ...], _Group] = {}
-        #: every group in the order made, and per shape id: how far that list was read and
-        #: the groups read (alive or not) that can hold the shape, with their result
+        #: every group in the order made, and per shape id and pools searched: how far that
+        #: list was read and the groups read (alive or not) that can hold the shape there,
+        #: with their result
         #: (`_fitting`): a search looks at those few, not at every group
         self._made: list[_Group] = []
-        self._fits: dict[int, tuple[list[int], dict[_Group, tuple[Score, Choice]]]] = {}
+        self._fits: dict[
+            tuple[int, tuple[str, ...] | None], tuple[list[int], dict[_Group, tuple[Score, Choice]]]
+        ] = {}
         self._shape_ids: dict[Shape, int] = {}
         self._frag_memo: dict[tuple[object, ...], int] = {}
         self._unit_frag = {} if _UNIT_FRAG is None else _UNIT_FRAG
@@ -474,7 +477,7 @@ class ClusterState:
         self,
         shape: Shape,
         accept: Callable[[Node], bool] | None = None,
-        pools: Collection[str] | None = None,
+        pools: tuple[str, ...] | None = None,
     ) -> Placement | None:
         """Return a placement for `shape` on nodes that `accept` allows, or None. Commits nothing.
 
@@ -611,21 +614,21 @@ class ClusterState:
         sid: int,
         accept: Callable[[Node], bool] | None,
         exclude: Iterable[str] | set[str],
-        pools: Collection[str] | None = None,
+        pools: tuple[str, ...] | None = None,
     ) -> PodPlacement | None:
         if accept is None and not exclude and pools is None:
             return self._best_pod_fast(shape, sid)
         excluded = set(exclude)
         scored: list[tuple[Score, _Group, Choice]] = []
-        fits = self._fitting(shape, sid)
+        fits = self._fitting(shape, sid, pools)
         gone: list[_Group] = []
         # the groups that can hold the shape, in the order of `_groups` (the order ties
         # are drawn from); a group is gone once its last node left it
         for g, r in fits.items():
-            if not g.names:
-                gone.append(g)
-            elif pools is None or g.cls.proto.pool in pools:
+            if g.names:
                 scored.append((r[0], g, r[1]))
+            else:
+                gone.append(g)
         for g in gone:
             del fits[g]
         scored.sort(key=lambda t: t[0])
@@ -663,19 +666,21 @@ class ClusterState:
             i = j
         return None
 
-    def _fitting(self, shape: Shape, sid: int) -> dict[_Group, tuple[Score, Choice]]:
-        """The groups that can hold the shape (some may be gone: `_best_pod`), in the order
-        made. A group's free capacity never changes (a node that changes moves to another
-        group), so each is evaluated for a shape once, when first read after it was made."""
-        entry = self._fits.get(sid)
+    def _fitting(
+        self, shape: Shape, sid: int, pools: tuple[str, ...] | None
+    ) -> dict[_Group, tuple[Score, Choice]]:
+        """The groups of the pools (None: all) that can hold the shape (some may be gone:
+        `_best_pod`), in the order made. A group's free capacity never changes (a node that
+        changes moves to another group), so each is evaluated for a shape once."""
+        entry = self._fits.get((sid, pools))
         if entry is None:
-            entry = self._fits[sid] = ([0], {})
+            entry = self._fits[(sid, pools)] = ([0], {})
         read, fits = entry
         made = self._made
         if read[0] < len(made):
             evaluate = self._evaluate
             for g in made[read[0] :]:
-                if not g.names:
+                if not g.names or (pools is not None and g.cls.proto.pool not in pools):
                     continue
                 r = g.cache.get(sid, _MISS)
                 if r is _MISS:
