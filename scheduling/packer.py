@@ -175,6 +175,25 @@ def target_workload(
 
 
 _node_key = operator.attrgetter(*(f.name for f in dataclasses.fields(Node) if f.name != "name"))
+_kind_key = operator.attrgetter(
+    *(f.name for f in dataclasses.fields(Node) if f.name not in ("name", "pool"))
+)
+#: each distinct node but for its name and pool, numbered (`_Class.kind`)
+_NODE_KINDS: dict[tuple[object, ...], int] = {}
+_KIND_NUMBERS = itertools.count()
+
+
+def _node_kind(node: Node) -> int:
+    """A number equal for nodes equal but for their name and pool (never reused)."""
+    key = _kind_key(node)
+    kind = _NODE_KINDS.get(key)
+    if kind is None:
+        if len(_NODE_KINDS) >= _NODE_SEEN_MAX:
+            _NODE_KINDS.clear()
+        kind = _NODE_KINDS[key] = next(_KIND_NUMBERS)
+    return kind
+
+
 #: each distinct node but for its name, numbered
 _NODE_TOKENS: dict[tuple[object, ...], int] = {}
 #: id(node) -> (node, its number): a replay hands the same Node objects to every tick, and
@@ -345,6 +364,8 @@ class _Class:
     fresh: tuple[DevState, ...] = ()
     #: `_node_token`: equal for the classes of equal nodes in every ClusterState
     token: int = -1
+    #: `_node_kind`: equal for the classes of nodes equal but for their pool
+    kind: int = -1
 
 
 @dataclass(slots=True, eq=False)
@@ -409,6 +430,9 @@ class ClusterState:
         ] = {}
         self._shape_ids: dict[Shape, int] = {}
         self._frag_memo: dict[tuple[object, ...], int] = {}
+        #: `_evaluate` outside `remembering()`: per node kind (pools of the same hardware
+        #: share it), target workload, free capacity and shape id
+        self._evaluated: dict[tuple[object, ...], Result] = {}
         self._unit_frag = {} if _UNIT_FRAG is None else _UNIT_FRAG
         self._default = _Targets()
         self._pool_targets: dict[str, _Targets] = {}
@@ -464,6 +488,7 @@ class ClusterState:
         self._cpu_thresholds = sorted({s.cpu_milli for x in every for s, _, _ in x.items})
         self._mem_thresholds = sorted({s.memory_mib for x in every for s, _, _ in x.items})
         self._frag_memo.clear()
+        self._evaluated.clear()
         if self.policy.startswith("fgd"):
             for g in self._groups.values():
                 g.cache.clear()
@@ -563,6 +588,7 @@ class ClusterState:
                 fresh=static.fresh,
                 token=key,
                 target=self._pool_targets.get(node.pool, self._default),
+                kind=_node_kind(node),
             )
             self._classes[key] = cls
         return cls
@@ -774,12 +800,11 @@ class ClusterState:
         return out
 
     def _evaluate(self, g: _Group, shape: Shape, sid: int) -> Result:
-        """`_evaluate_fresh`, inside `remembering()` remembered across ClusterStates: it
-        depends only on the node class, its target workload, the policy, the group's free
-        capacity and the shape."""
+        """`_evaluate_fresh`, remembered (inside `remembering()` across ClusterStates): it
+        depends only on the node class (of a pool: its pool only through the target
+        workload), its target workload, the policy, the group's free capacity and the
+        shape."""
         memo = _EVALUATED
-        if memo is None:
-            return self._evaluate_fresh(g, shape, sid)
         cls = g.cls
         # most groups cannot hold the shape at all: say so before hashing the memo's key
         if (
@@ -791,6 +816,14 @@ class ClusterState:
         target = cls.target
         if not target.ident:
             target.ident = _target_ident(tuple((s, w) for s, w, _ in target.items))
+        if memo is None:
+            # Within one state: the same free capacity on the same hardware in another
+            # pool with the same target workload scores the same.
+            mine = (cls.kind, target.ident, g.cpu, g.mem, g.devs, sid)
+            r = self._evaluated.get(mine, _MISS)
+            if r is _MISS:
+                r = self._evaluated[mine] = self._evaluate_fresh(g, shape, sid)
+            return r  # type: ignore[return-value]
         key = (cls.token, target.ident, self.policy, g.cpu, g.mem, g.devs, shape)
         r = memo.get(key, _MISS)
         if r is _MISS:

@@ -278,6 +278,37 @@ def test_a_filtered_search_answers_as_the_full_scan_while_groups_come_and_go() -
     assert len(state._made) < 3000  # restarted from the live groups on the way
 
 
+def test_pools_of_the_same_hardware_share_scores_only_with_the_same_target() -> None:
+    # A state remembers a group's score per node kind (the node but for its name and
+    # pool) and target workload: two pools of the same nodes with other targets must
+    # still answer each as a state of their own nodes alone does.
+    rng = random.Random(3)
+    targets = {"p": [(shared(250), 1)], "q": [(whole(2), 3), (shared(500), 1)]}
+
+    def pool_nodes(pool: str) -> list[Node]:
+        return [
+            Node(
+                f"{pool}{i}",
+                pool,
+                32000,
+                65536,
+                tuple(Device(d, "T4", 16384, TS, 4) for d in range(4)),
+            )
+            for i in range(4)
+        ]
+
+    both = ClusterState(pool_nodes("p") + pool_nodes("q"), pool_shape_weights=targets)
+    alone = {p: ClusterState(pool_nodes(p), pool_shape_weights=targets) for p in targets}
+    shapes = [shared(250), shared(500), whole(1), whole(2)]
+    for _ in range(200):
+        pool, shape = rng.choice(("p", "q")), rng.choice(shapes)
+        found = both.find(shape, accept=lambda n: True, pools=(pool,))
+        assert found == alone[pool].find(shape)
+        if found is not None:
+            both.take(found)
+            alone[pool].take(found)
+
+
 # ---------------------------------------------------------------------- policies
 
 
