@@ -384,9 +384,10 @@ class _Tick:
         # A reservation holder that only scarce nodes can host holds them from the start
         # of the pass: requests ahead of it in the queue can go elsewhere.
         self.res.reserve_firm(self)
-        while (req := self.queue.pop()) is not None:
+        pop, decide, extend = self.queue.pop, self.decide, out.extend
+        while (req := pop()) is not None:
             position += 1
-            out.extend(self.decide(req, position))
+            extend(decide(req, position))
         return out
 
     def decide(self, req: PendingRequest, position: int) -> list[Decision]:

@@ -211,11 +211,21 @@ class FairQueue:
             self._stale = False
         elif last is not None:
             # The team just popped usually comes next again (its run of requests):
-            # `heappushpop` then leaves the heap alone.
-            entry = self._entry(last)
-            if entry is not None:
-                team = heapq.heappushpop(self._heap, entry)[3]
-                return self._take(team)
+            # `heappushpop` then leaves the heap alone. (`_entry` and `_take`, inline: this
+            # runs once per pending request.)
+            i = self._next[last]
+            items = self._lists[last]
+            if i < len(items):
+                head, tail, req = items[i]
+                share = self._shares.get(last)
+                if share is None:
+                    share = self.share(last)
+                entry = (head, share, tail, last)
+                top = heapq.heappushpop(self._heap, entry)
+                if top is entry:
+                    self._next[last] = i + 1
+                    return req
+                return self._take(top[3])
         if not self._heap:
             self._last = None
             return None
