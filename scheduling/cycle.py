@@ -559,7 +559,7 @@ class _Tick:
         placement = None
         if elsewhere:
             placement = self.state.find(
-                shape, self._accept(pools, entitled, req.id, self.scarce), pools
+                shape, self._accept(pools, entitled, req.id, self.scarce), pools, self.scarce
             )
         if placement is None and not keep_off:
             placement = self.state.find(shape, self._accept(pools, entitled, req.id), pools)

@@ -503,21 +503,23 @@ class ClusterState:
         shape: Shape,
         accept: Callable[[Node], bool] | None = None,
         pools: tuple[str, ...] | None = None,
+        avoid: frozenset[str] = frozenset(),
     ) -> Placement | None:
         """Return a placement for `shape` on nodes that `accept` allows, or None. Commits nothing.
 
-        `pools`: only nodes of these pools, where `accept` says so too; it only saves
-        asking `accept` about each node of the other pools (a group's nodes share a pool)."""
+        `pools`: only nodes of these pools, and `avoid`: never these nodes, where `accept`
+        says so too: they only save asking `accept` about each node of the other pools (a
+        group's nodes share a pool) and about the nodes avoided (a set lookup instead)."""
         if self._learn:
             self._observe(shape)
         sid = self._shape_id(shape)
         if shape.pods <= 1:
-            pod = self._best_pod(shape, sid, accept, (), pools)
+            pod = self._best_pod(shape, sid, accept, (), pools, avoid)
             return None if pod is None else Placement(pods=(pod,))
         placed: list[PodPlacement] = []
         try:
             for _ in range(shape.pods):
-                pod = self._best_pod(shape, sid, accept, {p.node for p in placed}, pools)
+                pod = self._best_pod(shape, sid, accept, {p.node for p in placed}, pools, avoid)
                 if pod is None:
                     return None
                 placed.append(pod)
@@ -641,8 +643,9 @@ class ClusterState:
         accept: Callable[[Node], bool] | None,
         exclude: Iterable[str] | set[str],
         pools: tuple[str, ...] | None = None,
+        avoid: frozenset[str] = frozenset(),
     ) -> PodPlacement | None:
-        if accept is None and not exclude and pools is None:
+        if accept is None and not exclude and pools is None and not avoid:
             return self._best_pod_fast(shape, sid)
         excluded = set(exclude)
         scored: list[tuple[Score, _Group, Choice]] = []
@@ -668,7 +671,9 @@ class ClusterState:
                     (name, g, choice)
                     for _, g, choice in scored[i:j]
                     for name in g.names
-                    if name not in excluded and (accept is None or accept(self._nodes[name].node))
+                    if name not in excluded
+                    and name not in avoid
+                    and (accept is None or accept(self._nodes[name].node))
                 ]
                 if options:
                     name, g, choice = options[self._rng.randrange(len(options))]
@@ -682,7 +687,7 @@ class ClusterState:
                     for name in g.names:
                         if first is not None and name >= first[0]:
                             break
-                        if name in excluded:
+                        if name in excluded or name in avoid:
                             continue
                         if accept is None or accept(self._nodes[name].node):
                             first = (name, g, choice)

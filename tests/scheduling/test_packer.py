@@ -255,6 +255,18 @@ def test_pools_filter_skips_other_pools_without_asking_accept() -> None:
         assert set(asked) == {"q"}
     assert state.find(whole(), pools=("p",)).nodes == ("n00",)  # type: ignore[union-attr]
     assert state.find(whole(), pools=("r",)) is None
+    # `avoid`: nodes `accept` refuses too, skipped without asking it
+    spare = frozenset(f"n{i:02d}" for i in range(0, 20, 2) if i < 12)
+    seen: list[str] = []
+
+    def not_spare(n: Node) -> bool:
+        seen.append(n.name)
+        return n.name not in spare
+
+    found = state.find(whole(), accept=not_spare, pools=("p",), avoid=spare)
+    alone = state.find(whole(), accept=lambda n: n.pool == "p" and n.name not in spare)
+    assert found is not None and found == alone
+    assert found.nodes == ("n12",) and not spare & set(seen)
 
 
 def test_a_filtered_search_answers_as_the_full_scan_while_groups_come_and_go() -> None:
