@@ -827,6 +827,8 @@ class ClusterState:
             mine = (cls.kind, target.ident, g.cpu, g.mem, g.devs, sid)
             r = self._evaluated.get(mine, _MISS)
             if r is _MISS:
+                if len(self._evaluated) >= _EVALUATED_MAX:
+                    self._evaluated.clear()  # a state kept across many ticks
                 r = self._evaluated[mine] = self._evaluate_fresh(g, shape, sid)
             return r  # type: ignore[return-value]
         key = (cls.token, target.ident, self.policy, g.cpu, g.mem, g.devs, shape)
