@@ -64,8 +64,14 @@ way; `tests/scheduling/test_tick_golden.py` holds the pass to its decisions befo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
+import gc
+import operator
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeVar, cast
 
 from scheduling import preemption, reservation, scarce, workload
 from scheduling.explain import (
@@ -99,6 +105,9 @@ from scheduling.types import (
 )
 
 ShapeKey = tuple[object, ...]
+#: what `Shape.__eq__` compares, as a tuple hashed and compared in C (a third faster than
+#: the dataclass's own `__hash__` and `__eq__` when numbering every request's shape)
+_shape_fields = operator.attrgetter(*(f.name for f in dataclasses.fields(Shape) if f.compare))
 #: decisions an alike request may be given as they are (`_Tick.decide`)
 _ALIKE_KINDS = (DecisionKind.WAIT, DecisionKind.REJECT)
 #: outcomes that say no quota figure: only whether quota allows and borrows matters
@@ -121,6 +130,29 @@ class _Seen:
     decision: Decision
     #: whether it may still hold after admissions (it found no room: capacity only shrinks)
     failed: bool
+    #: the decision's own `__dict__` (never changed: it is frozen), for `_copy`
+    fields: dict[str, object]
+    #: a WAIT (it says the queue position)
+    waits: bool
+
+
+_new = object.__new__
+_set = object.__setattr__
+
+
+def _copy(seen: _Seen, request_id: str, position: int, escalated: bool) -> Decision:
+    """`seen`'s decision for an alike request: the same but for the request's id, queue
+    position and escalation. Tens of thousands are made per tick: a copy of the fields
+    (the dataclass has no `__post_init__`) takes a fifth of the time of `__init__`'s eleven
+    frozen sets, and a copy of an instance's own dict shares its keys (a dict filled
+    anew would not: 5x the memory)."""
+    fields = seen.fields.copy()
+    fields["request_id"] = request_id
+    fields["position"] = position if seen.waits else 0
+    fields["escalated"] = escalated
+    d: Decision = _new(Decision)
+    _set(d, "__dict__", fields)
+    return d
 
 
 def _quota_sig(verdicts: Iterable[Verdict], full: bool) -> tuple[object, ...]:
@@ -137,6 +169,39 @@ def remembering() -> Iterator[None]:
     inside: a replay's tens of thousands of ticks. The decisions are the same."""
     with reservation.remembering(), packer_remembering():
         yield
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+#: `_collector_paused`: ticks under way, and whether the collector ran before the first
+_paused_lock = threading.Lock()
+_paused = [0, False]
+
+
+def _collector_paused(fn: _F) -> _F:
+    """Run `fn` with the cyclic garbage collector paused, as the portal's tick does
+    (`portal.tick.run`) for every caller of the core (replays, what-if, benchmarks).
+
+    A tick at 100,000 pending allocates millions of small objects, all freed by reference
+    counting (`test_tick_golden.py` checks that a tick leaves no cycle behind); the
+    collector's passes over the snapshot while they come and go were a fifth of its CPU.
+    Counted, so that ticks in two threads leave the collector as the first found it."""
+
+    @functools.wraps(fn)
+    def paused(*args: Any, **kwargs: Any) -> Any:
+        with _paused_lock:
+            if not _paused[0]:
+                _paused[1] = gc.isenabled()
+                gc.disable()
+            _paused[0] += 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            with _paused_lock:
+                _paused[0] -= 1
+                if not _paused[0] and _paused[1]:
+                    gc.enable()
+
+    return cast(_F, paused)
 
 
 def cluster_state(snapshot: Snapshot, policy: Policy) -> ClusterState:
@@ -203,6 +268,7 @@ class _Failures:
 
 
 class _Tick:
+    @_collector_paused
     def __init__(
         self, snapshot: Snapshot, now_ms: int, policy: Policy, state: ClusterState | None = None
     ) -> None:
@@ -284,8 +350,19 @@ class _Tick:
         rare = [
             (w.pool, s) for w in snapshot.workloads or () for s, weight in w.weights if weight > 0
         ]
+        # Each shape gets a number here, once per request: `_alike` then hashes that, not
+        # the shape's dozen fields.
+        numbers: dict[tuple[object, ...], int] = {}
+        #: request id -> the number of its shape
+        self.shape_no: dict[str, int] = {}
+        asked: dict[tuple[str, int], Shape] = {}
+        for r in snapshot.pending:
+            n = numbers.setdefault(_shape_fields(r.shape), len(numbers))
+            self.shape_no[r.id] = n
+            if (r.pool, n) not in asked:
+                asked[(r.pool, n)] = r.shape
         # (each pool and shape once, in the order first seen: the same as request by request)
-        for pool_name, shape in dict.fromkeys((r.pool, r.shape) for r in snapshot.pending):
+        for (pool_name, _), shape in asked.items():
             rare.extend((p, shape) for p in ((pool_name,) if pool_name else self.production))
         # thousands of pending requests come in a few hundred shapes: hash them once
         shapes = tuple(dict.fromkeys(rare))
@@ -319,6 +396,7 @@ class _Tick:
 
     # -- the pass -------------------------------------------------------------------
 
+    @_collector_paused
     def run(self) -> list[Decision]:
         out: list[Decision] = []
         position = 0
@@ -332,9 +410,10 @@ class _Tick:
         # A reservation holder that only scarce nodes can host holds them from the start
         # of the pass: requests ahead of it in the queue can go elsewhere.
         self.res.reserve_firm(self)
-        while (req := self.queue.pop()) is not None:
+        pop, decide, extend = self.queue.pop, self.decide, out.extend
+        while (req := pop()) is not None:
             position += 1
-            out.extend(self.decide(req, position))
+            extend(decide(req, position))
         return out
 
     def decide(self, req: PendingRequest, position: int) -> list[Decision]:
@@ -345,21 +424,12 @@ class _Tick:
         key = self._alike(req)
         if key is None:
             return self._decide(req, position)
-        state = self._state()
+        state = (self.changes, len(self.res.admitted), len(self.reserved), len(self.claimed))
         seen = self.alike.get(key)
-        if seen is not None and self._still(req, seen, state):
-            d = seen.decision
-            return [
-                Decision(
-                    d.kind,
-                    req.id,
-                    d.code,
-                    d.message,
-                    position=position if d.kind is DecisionKind.WAIT else 0,
-                    escalated=self.queue.escalated.get(req.id, False),
-                    facts=d.facts,
-                )
-            ]
+        if seen is not None and (
+            seen.quota is None or seen.state == state or self._still(req, seen, state)
+        ):
+            return [_copy(seen, req.id, position, self.queue.escalated.get(req.id, False))]
         self.verdicts = None
         out = self._decide(req, position)
         if len(out) == 1 and out[0].kind in _ALIKE_KINDS and self._state() == state:
@@ -367,7 +437,10 @@ class _Tick:
             d = out[0]
             full = d.code not in _ROOM_CODES
             quota = None if verdicts is None else _quota_sig(verdicts.values(), full)
-            self.alike[key] = _Seen(state, quota, full, d, d.code not in _FOUND_ROOM)
+            waits = d.kind is DecisionKind.WAIT
+            self.alike[key] = _Seen(
+                state, quota, full, d, d.code not in _FOUND_ROOM, vars(d), waits
+            )
         return out
 
     def _still(self, req: PendingRequest, seen: _Seen, state: tuple[int, int, int, int]) -> bool:
@@ -410,7 +483,7 @@ class _Tick:
             starving,
             req.team,
             req.workload_class,
-            req.shape,
+            self.shape_no[req.id],
             req.pool,
             req.expected_runtime_ms,
             waited < self.preempt_ms,
@@ -506,9 +579,11 @@ class _Tick:
             return None
         placement = None
         if elsewhere:
-            placement = self.state.find(shape, self._accept(pools, entitled, req.id, self.scarce))
+            placement = self.state.find(
+                shape, self._accept(pools, entitled, req.id, self.scarce), pools, self.scarce
+            )
         if placement is None and not keep_off:
-            placement = self.state.find(shape, self._accept(pools, entitled, req.id))
+            placement = self.state.find(shape, self._accept(pools, entitled, req.id), pools)
         if placement is None and cached:
             self.failures.add(shape, key)
         return placement
@@ -685,7 +760,7 @@ class _Tick:
             return False
         for run in self.stopping:
             self.state.give(run.placement)
-        found = self.state.find(req.shape, self._accept(pools, owner=req.id))
+        found = self.state.find(req.shape, self._accept(pools, owner=req.id), pools)
         for run in self.stopping:
             self.state.take(run.placement)
         if found is None and cached:

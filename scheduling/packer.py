@@ -175,6 +175,25 @@ def target_workload(
 
 
 _node_key = operator.attrgetter(*(f.name for f in dataclasses.fields(Node) if f.name != "name"))
+_kind_key = operator.attrgetter(
+    *(f.name for f in dataclasses.fields(Node) if f.name not in ("name", "pool"))
+)
+#: each distinct node but for its name and pool, numbered (`_Class.kind`)
+_NODE_KINDS: dict[tuple[object, ...], int] = {}
+_KIND_NUMBERS = itertools.count()
+
+
+def _node_kind(node: Node) -> int:
+    """A number equal for nodes equal but for their name and pool (never reused)."""
+    key = _kind_key(node)
+    kind = _NODE_KINDS.get(key)
+    if kind is None:
+        if len(_NODE_KINDS) >= _NODE_SEEN_MAX:
+            _NODE_KINDS.clear()
+        kind = _NODE_KINDS[key] = next(_KIND_NUMBERS)
+    return kind
+
+
 #: each distinct node but for its name, numbered
 _NODE_TOKENS: dict[tuple[object, ...], int] = {}
 #: id(node) -> (node, its number): a replay hands the same Node objects to every tick, and
@@ -345,6 +364,8 @@ class _Class:
     fresh: tuple[DevState, ...] = ()
     #: `_node_token`: equal for the classes of equal nodes in every ClusterState
     token: int = -1
+    #: `_node_kind`: equal for the classes of nodes equal but for their pool
+    kind: int = -1
 
 
 @dataclass(slots=True, eq=False)
@@ -399,8 +420,19 @@ class ClusterState:
         self._classes: dict[int, _Class] = {}
         self._nodes: dict[str, _NodeFree] = {}
         self._groups: dict[tuple[object, ...], _Group] = {}
+        #: every group in the order made, and per shape id and pools searched: how far that
+        #: list was read and the groups read (alive or not) that can hold the shape there,
+        #: with their result
+        #: (`_fitting`): a search looks at those few, not at every group
+        self._made: list[_Group] = []
+        self._fits: dict[
+            tuple[int, tuple[str, ...] | None], tuple[list[int], dict[_Group, tuple[Score, Choice]]]
+        ] = {}
         self._shape_ids: dict[Shape, int] = {}
         self._frag_memo: dict[tuple[object, ...], int] = {}
+        #: `_evaluate` outside `remembering()`: per node kind (pools of the same hardware
+        #: share it), target workload, free capacity and shape id
+        self._evaluated: dict[tuple[object, ...], Result] = {}
         self._unit_frag = {} if _UNIT_FRAG is None else _UNIT_FRAG
         self._default = _Targets()
         self._pool_targets: dict[str, _Targets] = {}
@@ -456,9 +488,11 @@ class ClusterState:
         self._cpu_thresholds = sorted({s.cpu_milli for x in every for s, _, _ in x.items})
         self._mem_thresholds = sorted({s.memory_mib for x in every for s, _, _ in x.items})
         self._frag_memo.clear()
+        self._evaluated.clear()
         if self.policy.startswith("fgd"):
             for g in self._groups.values():
                 g.cache.clear()
+            self._fits.clear()
 
     def retarget(
         self, pool_shape_weights: Mapping[str, Mapping[Shape, int] | Iterable[tuple[Shape, int]]]
@@ -487,24 +521,35 @@ class ClusterState:
             self._frag_memo.clear()
             for g in self._groups.values():
                 g.cache.clear()
+            self._fits.clear()  # it holds the groups' results too
         return True
 
     @property
     def shape_weights(self) -> list[tuple[Shape, int]]:
         return [(s, w) for s, w, _ in self._default.items]
 
-    def find(self, shape: Shape, accept: Callable[[Node], bool] | None = None) -> Placement | None:
-        """Return a placement for `shape` on nodes that `accept` allows, or None. Commits nothing."""
+    def find(
+        self,
+        shape: Shape,
+        accept: Callable[[Node], bool] | None = None,
+        pools: tuple[str, ...] | None = None,
+        avoid: frozenset[str] = frozenset(),
+    ) -> Placement | None:
+        """Return a placement for `shape` on nodes that `accept` allows, or None. Commits nothing.
+
+        `pools`: only nodes of these pools, and `avoid`: never these nodes, where `accept`
+        says so too: they only save asking `accept` about each node of the other pools (a
+        group's nodes share a pool) and about the nodes avoided (a set lookup instead)."""
         if self._learn:
             self._observe(shape)
         sid = self._shape_id(shape)
         if shape.pods <= 1:
-            pod = self._best_pod(shape, sid, accept, ())
+            pod = self._best_pod(shape, sid, accept, (), pools, avoid)
             return None if pod is None else Placement(pods=(pod,))
         placed: list[PodPlacement] = []
         try:
             for _ in range(shape.pods):
-                pod = self._best_pod(shape, sid, accept, {p.node for p in placed})
+                pod = self._best_pod(shape, sid, accept, {p.node for p in placed}, pools, avoid)
                 if pod is None:
                     return None
                 placed.append(pod)
@@ -575,6 +620,7 @@ class ClusterState:
                 fresh=static.fresh,
                 token=key,
                 target=self._pool_targets.get(node.pool, self._default),
+                kind=_node_kind(node),
             )
             self._classes[key] = cls
         return cls
@@ -594,6 +640,12 @@ class ClusterState:
             group = self._groups[key] = _Group(
                 key, free.cls, free.cpu_milli, free.memory_mib, canon
             )
+            made = self._made
+            made.append(group)
+            if len(made) > 2 * len(self._groups) + 1024:
+                # mostly groups gone since: start the lists again from the live ones
+                self._made = list(self._groups.values())
+                self._fits.clear()
         bisect.insort(group.names, name)
         free.group = group
 
@@ -620,19 +672,24 @@ class ClusterState:
         sid: int,
         accept: Callable[[Node], bool] | None,
         exclude: Iterable[str] | set[str],
+        pools: tuple[str, ...] | None = None,
+        avoid: frozenset[str] = frozenset(),
     ) -> PodPlacement | None:
-        if accept is None and not exclude:
+        if accept is None and not exclude and pools is None and not avoid:
             return self._best_pod_fast(shape, sid)
         excluded = set(exclude)
         scored: list[tuple[Score, _Group, Choice]] = []
-        evaluate = self._evaluate
-        for g in list(self._groups.values()):
-            # `_result`, inline: this loop runs for every group on every search.
-            r = g.cache.get(sid, _MISS)
-            if r is _MISS:
-                r = g.cache[sid] = evaluate(g, shape, sid)
-            if r is not None:
-                scored.append((r[0], g, r[1]))  # type: ignore[index]
+        fits = self._fitting(shape, sid, pools)
+        gone: list[_Group] = []
+        # the groups that can hold the shape, in the order of `_groups` (the order ties
+        # are drawn from); a group is gone once its last node left it
+        for g, r in fits.items():
+            if g.names:
+                scored.append((r[0], g, r[1]))
+            else:
+                gone.append(g)
+        for g in gone:
+            del fits[g]
         scored.sort(key=lambda t: t[0])
         i = 0
         while i < len(scored):
@@ -644,7 +701,9 @@ class ClusterState:
                     (name, g, choice)
                     for _, g, choice in scored[i:j]
                     for name in g.names
-                    if name not in excluded and (accept is None or accept(self._nodes[name].node))
+                    if name not in excluded
+                    and name not in avoid
+                    and (accept is None or accept(self._nodes[name].node))
                 ]
                 if options:
                     name, g, choice = options[self._rng.randrange(len(options))]
@@ -658,7 +717,7 @@ class ClusterState:
                     for name in g.names:
                         if first is not None and name >= first[0]:
                             break
-                        if name in excluded:
+                        if name in excluded or name in avoid:
                             continue
                         if accept is None or accept(self._nodes[name].node):
                             first = (name, g, choice)
@@ -667,6 +726,30 @@ class ClusterState:
                     return self._pod_placement(self._nodes[first[0]], first[1], first[2], shape)
             i = j
         return None
+
+    def _fitting(
+        self, shape: Shape, sid: int, pools: tuple[str, ...] | None
+    ) -> dict[_Group, tuple[Score, Choice]]:
+        """The groups of the pools (None: all) that can hold the shape (some may be gone:
+        `_best_pod`), in the order made. A group's free capacity never changes (a node that
+        changes moves to another group), so each is evaluated for a shape once."""
+        entry = self._fits.get((sid, pools))
+        if entry is None:
+            entry = self._fits[(sid, pools)] = ([0], {})
+        read, fits = entry
+        made = self._made
+        if read[0] < len(made):
+            evaluate = self._evaluate
+            for g in made[read[0] :]:
+                if not g.names or (pools is not None and g.cls.proto.pool not in pools):
+                    continue
+                r = g.cache.get(sid, _MISS)
+                if r is _MISS:
+                    r = g.cache[sid] = evaluate(g, shape, sid)
+                if r is not None:
+                    fits[g] = r  # type: ignore[assignment]
+            read[0] = len(made)
+        return fits
 
     def _best_pod_fast(self, shape: Shape, sid: int) -> PodPlacement | None:
         best: Score | None = None
@@ -752,12 +835,11 @@ class ClusterState:
         return out
 
     def _evaluate(self, g: _Group, shape: Shape, sid: int) -> Result:
-        """`_evaluate_fresh`, inside `remembering()` remembered across ClusterStates: it
-        depends only on the node class, its target workload, the policy, the group's free
-        capacity and the shape."""
+        """`_evaluate_fresh`, remembered (inside `remembering()` across ClusterStates): it
+        depends only on the node class (of a pool: its pool only through the target
+        workload), its target workload, the policy, the group's free capacity and the
+        shape."""
         memo = _EVALUATED
-        if memo is None:
-            return self._evaluate_fresh(g, shape, sid)
         cls = g.cls
         # most groups cannot hold the shape at all: say so before hashing the memo's key
         if (
@@ -769,6 +851,16 @@ class ClusterState:
         target = cls.target
         if not target.ident:
             target.ident = _target_ident(tuple((s, w) for s, w, _ in target.items))
+        if memo is None:
+            # Within one state: the same free capacity on the same hardware in another
+            # pool with the same target workload scores the same.
+            mine = (cls.kind, target.ident, g.cpu, g.mem, g.devs, sid)
+            r = self._evaluated.get(mine, _MISS)
+            if r is _MISS:
+                if len(self._evaluated) >= _EVALUATED_MAX:
+                    self._evaluated.clear()  # a state kept across many ticks
+                r = self._evaluated[mine] = self._evaluate_fresh(g, shape, sid)
+            return r  # type: ignore[return-value]
         key = (cls.token, target.ident, self.policy, g.cpu, g.mem, g.devs, shape)
         r = memo.get(key, _MISS)
         if r is _MISS:

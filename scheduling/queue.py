@@ -17,6 +17,12 @@ from scheduling.usage_decay import LN2, decay_usage
 #: shares are integers in parts per million of the cluster
 PPM = 1_000_000
 
+#: a request in its team's list: the rank of its `request_key` 0–3 among the tick's,
+#: `request_key` 4 and 5, the request
+_Item = tuple[int, int, str, PendingRequest]
+#: a team in the heap: that rank for its next request, its share, 4–5, the team
+_Entry = tuple[int, int, int, str, str]
+
 #: a class the snapshot does not define sorts last (the request is rejected anyway)
 UNKNOWN_BAND = -(10**9)
 
@@ -149,7 +155,11 @@ class FairQueue:
             self.history[u.team] = history_share_ppm(decayed, capacity.gpu_milli, half_life_s)
         self._shares: dict[str, int] = {}
         self.escalated: dict[str, bool] = {}
-        by_team: dict[str, list[tuple[tuple[int, int, int, int, int, str], PendingRequest]]] = {}
+        # Each request's `request_key` 0–3 becomes its rank among the few distinct ones of
+        # the tick: flat integer keys sort and compare fast, and the team's share goes
+        # between that rank and 4–5 (`_entry`).
+        by_team: dict[str, list[tuple[tuple[int, int, int, int], int, str, PendingRequest]]] = {}
+        heads: dict[tuple[int, int, int, int], int] = {}
         # `escalated` and `request_key`, inline: this loop runs once per pending request.
         per_class = {
             name: (
@@ -164,21 +174,23 @@ class FairQueue:
             band, bound = per_class.get(req.workload_class, (UNKNOWN_BAND, None))
             esc = bound is not None and now_ms - req.created_at_ms >= bound
             flags[req.id] = esc
-            key = (
-                -int(req.preempting),
-                -band,
-                -int(esc),
-                -req.priority,
-                req.created_at_ms,
-                req.id,
-            )
             items = by_team.get(req.team)
             if items is None:
                 items = by_team[req.team] = []
-            items.append((key, req))
-        self._lists = {team: sorted(items) for team, items in by_team.items()}
+            head = (-int(req.preempting), -band, -int(esc), -req.priority)
+            heads[head] = 0
+            items.append((head, req.created_at_ms, req.id, req))
+        for rank, head in enumerate(sorted(heads)):
+            heads[head] = rank
+        # ids are unique, so the request itself is never compared
+        self._lists = {
+            team: sorted([(heads[h], c, i, r) for h, c, i, r in items])
+            for team, items in by_team.items()
+        }
         self._next = dict.fromkeys(self._lists, 0)
-        self._heap: list[tuple[tuple[int, int, int, int, int, int, str], str]] = []
+        #: (rank of `request_key` 0–3, the team's share, `request_key` 4–5, team): the same
+        #: order as the flat key with the share after 3
+        self._heap: list[_Entry] = []
         for team in self._lists:
             self._push(team)
         self._last: str | None = None
@@ -204,28 +216,52 @@ class FairQueue:
 
     def pop(self) -> PendingRequest | None:
         """Return the next request in order, or None when all were handed out."""
-        if self._last is not None:
-            self._push(self._last)
-            self._last = None
+        last = self._last
         if self._stale:
-            teams = [team for _, team in self._heap]
+            if last is not None:
+                self._push(last)
+            teams = [entry[4] for entry in self._heap]
             self._heap = []
             for team in teams:
                 self._push(team)
             self._stale = False
+        elif last is not None:
+            # The team just popped usually comes next again (its run of requests):
+            # `heappushpop` then leaves the heap alone. (`_entry` and `_take`, inline: this
+            # runs once per pending request.)
+            i = self._next[last]
+            items = self._lists[last]
+            if i < len(items):
+                rank, created, rid, req = items[i]
+                share = self._shares.get(last)
+                if share is None:
+                    share = self.share(last)
+                entry = (rank, share, created, rid, last)
+                top = heapq.heappushpop(self._heap, entry)
+                if top is entry:
+                    self._next[last] = i + 1
+                    return req
+                return self._take(top[4])
         if not self._heap:
+            self._last = None
             return None
-        _, team = heapq.heappop(self._heap)
-        items = self._lists[team]
-        req = items[self._next[team]][1]
-        self._next[team] += 1
-        self._last = team
-        return req
+        return self._take(heapq.heappop(self._heap)[4])
 
-    def _push(self, team: str) -> None:
+    def _take(self, team: str) -> PendingRequest:
+        i = self._next[team]
+        self._next[team] = i + 1
+        self._last = team
+        return self._lists[team][i][3]
+
+    def _entry(self, team: str) -> _Entry | None:
         i = self._next[team]
         items = self._lists[team]
         if i >= len(items):
-            return
-        k = items[i][0]
-        heapq.heappush(self._heap, ((k[0], k[1], k[2], k[3], self.share(team), k[4], k[5]), team))
+            return None
+        rank, created, rid, _ = items[i]
+        return (rank, self.share(team), created, rid, team)
+
+    def _push(self, team: str) -> None:
+        entry = self._entry(team)
+        if entry is not None:
+            heapq.heappush(self._heap, entry)

@@ -49,6 +49,8 @@ class _Tick(Protocol):
     queue: FairQueue
     claimed: dict[str, str]
     scarce: frozenset[str]
+    #: request id -> the number of its shape (equal shapes, equal numbers)
+    shape_no: dict[str, int]
 
     def fits_elsewhere(self, shape: Shape, pools: tuple[str, ...]) -> bool: ...
 
@@ -185,11 +187,12 @@ class Reservations:
     def reserve_firm(self, t: _Tick) -> None:
         """A reservation holder that only scarce nodes can host holds them from the start
         of the pass: requests ahead of it in the queue can go elsewhere."""
-        for holder in sorted(t.snap.pending, key=lambda r: (r.created_at_ms, r.id)):
-            if holder.id in self.may_reserve:
-                pools = (holder.pool,) if holder.pool else t.production
-                if self.firm(t, holder, pools):
-                    self.reserve(t, holder, pools, borrowing=False)
+        # (the few holders, oldest first: not a sort of every pending request)
+        mine = [r for r in t.snap.pending if r.id in self.may_reserve]
+        for holder in sorted(mine, key=lambda r: (r.created_at_ms, r.id)):
+            pools = (holder.pool,) if holder.pool else t.production
+            if self.firm(t, holder, pools):
+                self.reserve(t, holder, pools, borrowing=False)
 
     def firm(self, t: _Tick, req: PendingRequest, pools: tuple[str, ...]) -> bool:
         """Whether the request's reservation is firm: it comes first among the holders,
@@ -230,17 +233,26 @@ class Reservations:
         pending = t.snap.pending
         escalated = t.queue.escalated
         waited_ms = policy.reserve_after_s * 1000
+        classes = t.classes
+        shape_no = t.shape_no
+        #: `only_scarce` per (pool, shape number): tens of thousands qualify, in few shapes
+        only: dict[tuple[str, int], bool] = {}
         for i, req in enumerate(pending):
-            if req.workload_class not in t.classes or req.not_before_ms > t.now:
+            cls = classes.get(req.workload_class)
+            if cls is None or req.not_before_ms > t.now:
                 continue
             large = req.shape.count * req.shape.pods >= policy.reserve_min_devices
             waited = t.now - req.created_at_ms >= waited_ms
             if not (large or waited or escalated.get(req.id, False)):
                 continue
-            pools = (req.pool,) if req.pool else t.production
             # A shape only scarce nodes can host goes first: it holds only those nodes,
-            # and nothing else is kept off them while it waits.
-            first = 0 if self.firm(t, req, pools) else 1
+            # and nothing else is kept off them while it waits (`firm`, inline).
+            key = (req.pool, shape_no[req.id])
+            rare = only.get(key)
+            if rare is None:
+                pools = (req.pool,) if req.pool else t.production
+                rare = only[key] = t.only_scarce(req.shape, pools)
+            first = 0 if rare or t.starving(req, cls) else 1
             qualifying.append((first, req.created_at_ms, req.id, i))
         # Quota is asked in that order, only until the holders are found: thousands
         # qualify at a deep queue, and a few may hold (a heap: no need to sort them all).

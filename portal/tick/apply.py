@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Count, F
+from django.db.models import Count, F, Model
 
 from portal.lib import wake
 from portal.lib.bulk import (
@@ -63,9 +63,24 @@ def _slots(device: DeviceRow, grant: st.DeviceGrant, taken: set[str]) -> list[st
     return ["gpu"]
 
 
+#: an allocation row's values, in the order `_allocations` gives them
+ALLOCATION_FIELDS = (
+    "attempt_id",
+    "device_id",
+    "slot",
+    "milli",
+    "gpu_memory_mib",
+    "mig_profile",
+    "mig_start",
+    "mig_size",
+)
+
+
 def _allocations(
-    attempt_id: int, d: st.Decision, ctx: Context, rows: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
+    attempt_id: int, d: st.Decision, ctx: Context, rows: list[Any], make: Callable[..., Any]
+) -> list[Any]:
+    """Append the allocations of `d`'s placement to `rows`, each made by `make` from the
+    values of ALLOCATION_FIELDS."""
     assert d.placement is not None
     for pod in d.placement.pods:
         for g in pod.grants:
@@ -73,17 +88,20 @@ def _allocations(
             taken = ctx.active_slots[device.pk]
             for slot in _slots(device, g, taken):
                 taken.add(slot)
+                mig = g.mig
                 rows.append(
-                    {
-                        "attempt_id": attempt_id,
-                        "device_id": device.pk,
-                        "slot": slot,
-                        "milli": g.milli if g.mig is None else 0,
-                        "gpu_memory_mib": g.gpu_memory_mib,
-                        "mig_profile": g.mig.profile if g.mig else "",
-                        "mig_start": g.mig.start if g.mig else -1,
-                        "mig_size": g.mig.size if g.mig else 0,
-                    }
+                    make(attempt_id, device.pk, slot, g.milli, g.gpu_memory_mib, "", -1, 0)
+                    if mig is None
+                    else make(
+                        attempt_id,
+                        device.pk,
+                        slot,
+                        0,
+                        g.gpu_memory_mib,
+                        mig.profile,
+                        mig.start,
+                        mig.size,
+                    )
                 )
     return rows
 
@@ -107,15 +125,12 @@ def _attempt(d: st.Decision, req: QueuedRow, ctx: Context, number: int) -> dict[
     }
 
 
-def _usage(attempt_id: int, req: QueuedRow, pool_id: int, ctx: Context) -> dict[str, Any]:
-    return {
-        "attempt_id": attempt_id,
-        "team_id": req.team_id,
-        "workload_class_id": req.workload_class_id,
-        "pool_id": pool_id,
-        "gpus_milli": req.gpus_milli,
-        "started_at": ctx.now,
-    }
+#: a usage record's values, in the order `_usage` gives them
+USAGE_FIELDS = ("attempt_id", "team_id", "workload_class_id", "pool_id", "gpus_milli", "started_at")
+
+
+def _usage(attempt_id: int, req: QueuedRow, pool_id: int, ctx: Context) -> tuple[Any, ...]:
+    return (attempt_id, req.team_id, req.workload_class_id, pool_id, req.gpus_milli, ctx.now)
 
 
 class Claimed(NamedTuple):
@@ -201,12 +216,15 @@ def _admit_claimed(
     def number(d: st.Decision) -> int:
         return claimed.numbers.get(reqs[d.request_id].pk, 0) + 1
 
-    def dependents(ids: list[int]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        allocations: list[dict[str, Any]] = []
+    def dependents(ids: list[int]) -> tuple[list[Row], list[Row]]:
+        # Rows made from values, not dicts: tens of thousands of each.
+        allocation_row = RowMaker(Allocation).positional(*ALLOCATION_FIELDS)
+        usage_row = RowMaker(UsageRecord).positional(*USAGE_FIELDS)
+        allocations: list[Row] = []
         for d, attempt_id in zip(ds, ids, strict=True):
-            _allocations(attempt_id, d, ctx, allocations)
+            _allocations(attempt_id, d, ctx, allocations, allocation_row)
         usage = [
-            _usage(attempt_id, reqs[d.request_id], row["pool_id"], ctx)
+            usage_row(*_usage(attempt_id, reqs[d.request_id], row["pool_id"], ctx))
             for d, attempt_id, row in zip(ds, ids, rows, strict=True)
         ]
         return allocations, usage
@@ -253,9 +271,10 @@ def _admit_one(
         with transaction.atomic():
             attempt = Attempt.objects.create(**_attempt(d, req, ctx, number))
             Allocation.objects.bulk_create(
-                [Allocation(**row) for row in _allocations(attempt.pk, d, ctx, [])]
+                _allocations(attempt.pk, d, ctx, [], _model_row(Allocation, ALLOCATION_FIELDS))
             )
-            UsageRecord.objects.create(**_usage(attempt.pk, req, attempt.pool_id, ctx))
+            usage = _usage(attempt.pk, req, attempt.pool_id, ctx)
+            UsageRecord.objects.create(**dict(zip(USAGE_FIELDS, usage, strict=True)))
     except IntegrityError:
         log.error("tick %s: allocation conflict for request %s; left pending", tick_no, req.pk)
         GpuRequest.objects.filter(pk=req.pk).update(
@@ -265,6 +284,15 @@ def _admit_one(
         )
         return None
     return attempt.pk
+
+
+def _model_row(model: type[Model], fields: tuple[str, ...]) -> Callable[..., Model]:
+    """A maker of `model` instances from the values of `fields`, in that order."""
+
+    def make(*values: Any) -> Model:
+        return model(**dict(zip(fields, values, strict=True)))
+
+    return make
 
 
 def launch_soon(attempt_ids: list[int]) -> None:
@@ -295,6 +323,58 @@ def _facts(d: st.Decision) -> dict[str, Any]:
     if d.borrowing:
         out["borrowing"] = True
     return out
+
+
+class _Log:
+    """The tick's decision log rows, made as COPY takes them.
+
+    One time, the tick's number and its profile for all rows (`RowMaker`). Alike requests
+    share their decision's facts (`scheduling.cycle`: one decision, copied): their facts
+    are filtered and serialized once, and their estimated starts made once.
+    """
+
+    def __init__(self, ctx: Context, tick_no: int) -> None:
+        self.maker = RowMaker(Decision, tick=tick_no, **_profile(ctx))
+        self._row = self.maker.positional(
+            "request_id", "team_id", "kind", "code", "message", "facts", same_json=True
+        )
+        self.admitted = self.maker.positional(
+            "request_id",
+            "attempt_id",
+            "team_id",
+            "pool_id",
+            "node",
+            "kind",
+            "code",
+            "message",
+            "facts",
+            same_json=True,
+        )
+        self.tz = ctx.now.tzinfo
+        # keyed by the facts' id: the decisions (and so their facts) live as long as this
+        self._facts: dict[tuple[int, bool, bool], tuple[object, dict[str, Any]]] = {}
+        self._starts: dict[int, datetime] = {}
+
+    def facts(self, d: st.Decision) -> dict[str, Any]:
+        """`_facts`, once per facts object."""
+        key = (id(d.facts), d.escalated, d.borrowing)
+        made = self._facts.get(key)
+        if made is None:
+            made = self._facts[key] = (d.facts, _facts(d))
+        return made[1]
+
+    def row(self, req: QueuedRow, kind: str, d: st.Decision, message: str) -> Row:
+        """A waiting or rejected request's row."""
+        return self._row(req.pk, req.team_id, kind, d.code, message, self.facts(d))
+
+    def start(self, estimate_ms: int) -> datetime:
+        """The estimated start of `estimate_ms` (epoch milliseconds) as a time."""
+        start = self._starts.get(estimate_ms)
+        if start is None:
+            start = self._starts[estimate_ms] = datetime.fromtimestamp(
+                int(estimate_ms) / 1000, tz=self.tz
+            )
+        return start
 
 
 def _profile(ctx: Context) -> dict[str, Any]:
@@ -330,8 +410,8 @@ WAIT_FIELDS = (
 def _wait(
     d: st.Decision,
     ctx: Context,
-    tick_no: int,
-    log_rows: list[dict[str, Any] | st.Decision],
+    log: _Log,
+    log_rows: list[Row | st.Decision],
     changed: list[tuple[Any, ...]],
     notes: dict[str, str] | None = None,
 ) -> None:
@@ -340,28 +420,13 @@ def _wait(
     code, new_message = d.code, d.message[:500]
     facts = d.facts
     estimate = facts.get("estimated_start_ms") if facts else None
-    estimated_start = (
-        datetime.fromtimestamp(int(estimate) / 1000, tz=ctx.now.tzinfo)
-        if isinstance(estimate, int)
-        else None
-    )
+    estimated_start = log.start(estimate) if isinstance(estimate, int) else None
     # reason_key, inlined: the code, then the reason's main clause.
     if req.status_code != code or (
         req.status_message.partition("; ")[0] != new_message.partition("; ")[0]
     ):
         # The decision log records changes of reason, not every tick's repetition.
-        log_rows.append(
-            {
-                "tick": tick_no,
-                "request_id": req.pk,
-                "team_id": req.team_id,
-                "kind": Decision.Kind.WAIT,
-                "code": code,
-                "message": new_message,
-                "facts": _facts(d),
-                **_profile(ctx),
-            }
-        )
+        log_rows.append(log.row(req, Decision.Kind.WAIT, d, new_message))
     position = d.position or None
     # A note explains the last move: kept while the position holds, dropped when the
     # request comes back without one (new, requeued) or moves with no note computed.
@@ -535,15 +600,15 @@ def decisions_apply(*, decisions: list[st.Decision], ctx: Context, tick_no: int)
         kind = "cancel" if d.kind == st.DecisionKind.REJECT and d.code == "not-a-member" else d.kind
         by_kind[kind].append(d)
         counts[str(kind)] += 0  # a kind the core decided is counted, even if nothing came of it
-    log = RowMaker(Decision)  # the tick's log rows: one time for all
+    log = _Log(ctx, tick_no)
     log_rows: list[Row] = [
-        log(r) for r in _preempt_all(by_kind[st.DecisionKind.PREEMPT], ctx, tick_no)
+        log.maker(r) for r in _preempt_all(by_kind[st.DecisionKind.PREEMPT], ctx, tick_no)
     ]
     if log_rows:
         counts["preempt"] = len(log_rows)
     _reject_all(by_kind[st.DecisionKind.REJECT], ctx)
     # The log in the core's order; an admission's row is written once its attempt is.
-    entries: list[dict[str, Any] | st.Decision] = []
+    entries: list[Row | st.Decision] = []
     changed: list[tuple[Any, ...]] = []
     with _claim(by_kind[st.DecisionKind.ADMIT], ctx) as claim:
         # While the server claims the admissions: the waiting requests' new status and
@@ -556,28 +621,15 @@ def decisions_apply(*, decisions: list[st.Decision], ctx: Context, tick_no: int)
             if d.kind == st.DecisionKind.ADMIT:
                 entries.append(d)
             elif d.kind == st.DecisionKind.WAIT:
-                _wait(d, ctx, tick_no, entries, changed, notes)
+                _wait(d, ctx, log, entries, changed, notes)
                 counts["wait"] += 1
             elif d.kind == st.DecisionKind.REJECT and d.code != "not-a-member":
                 queued = ctx.requests[d.request_id]
-                entries.append(
-                    {
-                        "tick": tick_no,
-                        "request_id": queued.pk,
-                        "team_id": queued.team_id,
-                        "kind": Decision.Kind.REJECT,
-                        "code": d.code,
-                        "message": d.message[:500],
-                        "facts": _facts(d),
-                        **_profile(ctx),
-                    }
-                )
+                entries.append(log.row(queued, Decision.Kind.REJECT, d, d.message[:500]))
                 counts["reject"] += 1
-        # The log's rows as COPY takes them, made while the server still works.
-        prepared = [e if isinstance(e, st.Decision) else log(e) for e in entries]
         claimed = claim()
     made = _admit_claimed(claimed, ctx, tick_no, changed)
-    for e in prepared:
+    for e in entries:
         if not isinstance(e, st.Decision):
             log_rows.append(e)
         elif e.request_id in made:
@@ -585,20 +637,16 @@ def decisions_apply(*, decisions: list[st.Decision], ctx: Context, tick_no: int)
             queued = ctx.requests[e.request_id]
             counts["admit"] += 1
             log_rows.append(
-                log(
-                    {
-                        "tick": tick_no,
-                        "request_id": queued.pk,
-                        "attempt_id": made[e.request_id],
-                        "team_id": queued.team_id,
-                        "pool_id": ctx.pools[e.pool].pk,
-                        "node": ",".join(e.placement.nodes),
-                        "kind": Decision.Kind.ADMIT,
-                        "code": e.code,
-                        "message": e.message,
-                        "facts": _facts(e),
-                        **_profile(ctx),
-                    }
+                log.admitted(
+                    queued.pk,
+                    made[e.request_id],
+                    queued.team_id,
+                    ctx.pools[e.pool].pk,
+                    ",".join(e.placement.nodes),
+                    Decision.Kind.ADMIT,
+                    e.code,
+                    e.message,
+                    log.facts(e),
                 )
             )
     insert_rows(Decision, log_rows)

@@ -260,6 +260,9 @@ def _nodes(
     devices_by_node: dict[int, list[st.Device]] = defaultdict(list)
     devices: dict[tuple[str, int], DeviceRow] = {}
     mig_layouts: dict[str, tuple[st.MigInstance, ...]] = {}
+    # Devices are frozen values, and thousands alike (index, model, layout, health): one
+    # object each, as the MIG layouts.
+    alike: dict[tuple[Any, ...], st.Device] = {}
     for (
         pk,
         node_id,
@@ -280,18 +283,22 @@ def _nodes(
                 st.MigInstance(m["profile"], int(m["start"]), int(m["size"]))
                 for m in json.loads(mig_instances)
             )
-        devices_by_node[node_id].append(
-            st.Device(
+        usable = _device_healthy(quarantined, healthy, agent_healthy) and (
+            pk in active_slots or processes == "[]" or not json.loads(processes)
+        )
+        same = (index, model, memory_mib, partitioning, replicas, mig_instances, usable)
+        device = alike.get(same)
+        if device is None:
+            device = alike[same] = st.Device(
                 index=index,
                 model=model,
                 memory_mib=memory_mib,
                 partitioning=st.Partitioning(partitioning),
                 replicas=replicas,
                 mig_instances=migs,
-                healthy=_device_healthy(quarantined, healthy, agent_healthy)
-                and (pk in active_slots or processes == "[]" or not json.loads(processes)),
+                healthy=usable,
             )
-        )
+        devices_by_node[node_id].append(device)
         devices[(node_names.get(node_id, ""), index)] = DeviceRow(pk, partitioning, replicas)
     taints_seen: dict[str, tuple[st.Taint, ...]] = {}
     nodes = []
@@ -335,6 +342,7 @@ class _Shapes:
 
     def __init__(self) -> None:
         self._seen: dict[tuple[Any, ...], st.Shape] = {}
+        self._scoped: dict[tuple[Any, ...], st.Shape] = {}
 
     def get(self, fields: tuple[Any, ...], tolerations: tuple[st.Taint, ...] = ()) -> st.Shape:
         key = (fields, tolerations)
@@ -353,6 +361,17 @@ class _Shapes:
                 tolerations=tolerations,
                 kind=request_kind,
             )
+        return shape
+
+    def in_pool(
+        self, fields: tuple[Any, ...], pool_id: int | None, tolerations: tuple[st.Taint, ...]
+    ) -> st.Shape:
+        """`get`, with the tolerations that `pool_id` (None: all pools) gives: looked up by
+        the pool's id, not by hashing its taints again for every request."""
+        key = (fields, pool_id)
+        shape = self._scoped.get(key)
+        if shape is None:
+            shape = self._scoped[key] = self.get(fields, tolerations)
         return shape
 
 
@@ -403,7 +422,7 @@ def _pending(
     request = st.PendingRequest
     queued_row = QueuedRow
     wait_state = waits.WaitState
-    shape_get = shape_of.get
+    shape_get = shape_of.in_pool
     append = pending.append
     waited_end = _WAITED_END
     for (
@@ -428,7 +447,7 @@ def _pending(
         *rest,
     ) in rows:
         rid = str(pk)
-        shape = shape_get(tuple(rest[waited_end:]), tolerations[pool_id])
+        shape = shape_get(tuple(rest[waited_end:]), pool_id, tolerations[pool_id])
         # EASY backfill: the submitter's estimate, never past the hard limit
         # (`_expected_runtime_s`, inlined)
         if estimated_runtime_s and max_runtime_s:

@@ -568,6 +568,17 @@ def test_notifications_are_configured_from_values() -> None:
     assert "EMAIL_HOST_PASSWORD" not in data
     secret = next(d for d in kinds(docs, "Secret") if "EMAIL_HOST_PASSWORD" in d.get("data", {}))
     assert base64.b64decode(secret["data"]["EMAIL_HOST_PASSWORD"]) == b"hunter2"
+    # ...and the portal reads it: a file in the secrets volume, named by EMAIL_HOST_PASSWORD_FILE.
+    for workload in ("web", "worker"):
+        pod = one(docs, "Deployment", f"{FULL}-{workload}")["spec"]["template"]["spec"]
+        env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+        assert env["EMAIL_HOST_PASSWORD_FILE"] == "/run/secrets/quartermaster/EMAIL_HOST_PASSWORD"
+        items = next(v for v in pod["volumes"] if v["name"] == "secrets")["secret"]["items"]
+        assert {"key": "EMAIL_HOST_PASSWORD", "path": "EMAIL_HOST_PASSWORD"} in items
+    # A user without a password is refused at render time, not as a pod stuck mounting it.
+    del values["secrets"]["emailPassword"]
+    with pytest.raises(helm.HelmRenderError, match="secrets.emailPassword"):
+        render(values)
 
 
 SSO_ENDPOINTS = {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections import defaultdict
 
 import pytest
@@ -231,6 +232,93 @@ def test_accept_filter() -> None:
     p = state.find(whole(), accept=lambda n: n.name == "b")
     assert p is not None and p.nodes == ("b",)
     assert state.find(whole(), accept=lambda n: False) is None
+
+
+def test_pools_filter_skips_other_pools_without_asking_accept() -> None:
+    # Nodes of two pools, interleaved by name: `pools` answers as `accept` alone does,
+    # and `accept` is never asked about a node of another pool (a tick's named pool).
+    nodes = [
+        Node(f"n{i:02d}", ("p", "q")[i % 2], 32000, 65536, (Device(0, "T4", 16384),))
+        for i in range(20)
+    ]
+    state = ClusterState(nodes)
+    asked: list[str] = []
+
+    def in_q(n: Node) -> bool:
+        asked.append(n.pool)
+        return n.pool == "q" and n.name != "n01"
+
+    for shape in (whole(), Shape(ProfileKind.WHOLE, 1, pods=2)):
+        asked.clear()
+        alone = state.find(shape, accept=lambda n: n.pool == "q" and n.name != "n01")
+        assert alone is not None and alone == state.find(shape, accept=in_q, pools=("q",))
+        assert set(asked) == {"q"}
+    assert state.find(whole(), pools=("p",)).nodes == ("n00",)  # type: ignore[union-attr]
+    assert state.find(whole(), pools=("r",)) is None
+    # `avoid`: nodes `accept` refuses too, skipped without asking it
+    spare = frozenset(f"n{i:02d}" for i in range(0, 20, 2) if i < 12)
+    seen: list[str] = []
+
+    def not_spare(n: Node) -> bool:
+        seen.append(n.name)
+        return n.name not in spare
+
+    found = state.find(whole(), accept=not_spare, pools=("p",), avoid=spare)
+    alone = state.find(whole(), accept=lambda n: n.pool == "p" and n.name not in spare)
+    assert found is not None and found == alone
+    assert found.nodes == ("n12",) and not spare & set(seen)
+
+
+def test_a_filtered_search_answers_as_the_full_scan_while_groups_come_and_go() -> None:
+    # A search with `accept` reads only the groups that can hold the shape, kept as groups
+    # are made and emptied (`_fitting`, restarted when mostly gone ones pile up); the
+    # search without it scans every group. Both must answer the same, step by step.
+    rng = random.Random(7)
+    nodes = [node(f"n{i}", 4, partitioning=TS, replicas=4) for i in range(6)]
+    state = ClusterState(nodes, DEFAULT_POLICY, shape_weights=[(shared(250), 1)])
+    shapes = [shared(250), shared(500), whole(1), whole(2), whole(4), shared(250, pods=2)]
+    held: list[Placement] = []
+    for _ in range(3000):
+        shape = rng.choice(shapes)
+        full = state.find(shape)
+        assert state.find(shape, accept=lambda n: True) == full
+        if full is not None and (rng.random() < 0.6 or not held):
+            state.take(full)
+            held.append(full)
+        elif held:
+            state.give(held.pop(rng.randrange(len(held))))
+    assert len(state._made) < 3000  # restarted from the live groups on the way
+
+
+def test_pools_of_the_same_hardware_share_scores_only_with_the_same_target() -> None:
+    # A state remembers a group's score per node kind (the node but for its name and
+    # pool) and target workload: two pools of the same nodes with other targets must
+    # still answer each as a state of their own nodes alone does.
+    rng = random.Random(3)
+    targets = {"p": [(shared(250), 1)], "q": [(whole(2), 3), (shared(500), 1)]}
+
+    def pool_nodes(pool: str) -> list[Node]:
+        return [
+            Node(
+                f"{pool}{i}",
+                pool,
+                32000,
+                65536,
+                tuple(Device(d, "T4", 16384, TS, 4) for d in range(4)),
+            )
+            for i in range(4)
+        ]
+
+    both = ClusterState(pool_nodes("p") + pool_nodes("q"), pool_shape_weights=targets)
+    alone = {p: ClusterState(pool_nodes(p), pool_shape_weights=targets) for p in targets}
+    shapes = [shared(250), shared(500), whole(1), whole(2)]
+    for _ in range(200):
+        pool, shape = rng.choice(("p", "q")), rng.choice(shapes)
+        found = both.find(shape, accept=lambda n: True, pools=(pool,))
+        assert found == alone[pool].find(shape)
+        if found is not None:
+            both.take(found)
+            alone[pool].take(found)
 
 
 # ---------------------------------------------------------------------- policies

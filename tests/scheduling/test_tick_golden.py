@@ -195,6 +195,39 @@ class AlikeRequestsTest(unittest.TestCase):
         got = {d.request_id: d.code for d in schedule(snap, policy=rules(max_reservations=0))}
         self.assertEqual(got, {"A": "awaiting-stop", "C": "fits", "B": "no-capacity"})
 
+    def test_the_collector_is_paused_for_a_tick_and_left_as_found(self) -> None:
+        import gc
+        from unittest import mock
+
+        from scheduling import cycle
+
+        snap = build(200, 4, 2, 20 * GPUS_PER_NODE, 0.6, 3)
+        seen: list[bool] = []
+        real = cycle._Tick.decide
+
+        def decide(tick: cycle._Tick, req: object, position: int) -> list[Decision]:
+            seen.append(gc.isenabled())
+            return real(tick, req, position)  # type: ignore[arg-type]
+
+        enabled = gc.isenabled()
+        try:
+            with mock.patch.object(cycle._Tick, "decide", decide):
+                for before in (True, False):
+                    (gc.enable if before else gc.disable)()
+                    seen.clear()
+                    schedule(snap)
+                    self.assertEqual(set(seen), {False})
+                    self.assertEqual(gc.isenabled(), before)
+            # nested (two ticks at once): the first one out does not resume it
+            gc.enable()
+            inner = cycle._collector_paused(gc.isenabled)
+            self.assertTrue(
+                cycle._collector_paused(lambda: (inner(), gc.isenabled()))() == (False, False)
+            )
+            self.assertTrue(gc.isenabled())
+        finally:
+            (gc.enable if enabled else gc.disable)()
+
     def test_a_tick_is_freed_without_the_cyclic_collector(self) -> None:
         # A replay runs tens of thousands of ticks: one kept alive by a reference cycle
         # until the collector runs holds its whole cluster state, and costs CPU.

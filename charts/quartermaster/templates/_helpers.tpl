@@ -124,6 +124,10 @@ env:
   - name: OIDC_RP_CLIENT_SECRET_FILE
     value: /run/secrets/quartermaster/OIDC_RP_CLIENT_SECRET
   {{- end }}
+  {{- if and .Values.config.notifications.email.host .Values.config.notifications.email.user }}
+  - name: EMAIL_HOST_PASSWORD_FILE
+    value: /run/secrets/quartermaster/EMAIL_HOST_PASSWORD
+  {{- end }}
   {{- if and .Values.config.prometheus.url .Values.config.prometheus.username }}
   - name: PROMETHEUS_PASSWORD_FILE
     value: /run/secrets/quartermaster/PROMETHEUS_PASSWORD
@@ -161,6 +165,9 @@ env:
       - {key: METRICS_TOKEN, path: METRICS_TOKEN}
       {{- if .Values.config.sso.clientId }}
       - {key: OIDC_RP_CLIENT_SECRET, path: OIDC_RP_CLIENT_SECRET}
+      {{- end }}
+      {{- if and .Values.config.notifications.email.host .Values.config.notifications.email.user }}
+      - {key: EMAIL_HOST_PASSWORD, path: EMAIL_HOST_PASSWORD}
       {{- end }}
       {{- if and .Values.config.prometheus.url .Values.config.prometheus.username }}
       - {key: PROMETHEUS_PASSWORD, path: PROMETHEUS_PASSWORD}

@@ -1,10 +1,14 @@
 from __future__ import annotations
 
+import datetime as dt
+import json
+
 import pytest
 from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
 
-from portal.lib.bulk import RowMaker, bulk_set, bulk_set_sent, insert_rows
-from portal.models import Team
+from portal.lib.bulk import RowMaker, bulk_set, bulk_set_sent, insert_rows, json_dumps
+from portal.models import Decision, Team
 
 pytestmark = pytest.mark.django_db
 postgres_only = pytest.mark.skipif(
@@ -86,3 +90,56 @@ def test_rows_made_ahead_go_in_with_plain_ones_and_share_the_maker_s_time() -> N
     if connection.vendor == "postgresql":  # elsewhere bulk_create stamps its own time
         assert teams["a0"].created_at == teams["a1"].created_at  # one maker, one time
     assert (teams["a0"].weight, teams["plain"].weight) == (1, 3)  # defaults merged in
+
+
+def test_positional_rows_are_the_rows_the_dicts_make() -> None:
+    fields = ("request_id", "team_id", "kind", "code", "message", "facts")
+    make = RowMaker(Decision, tick=7, profile_name="shipped")
+    row = make.positional(*fields)
+    values = [
+        (1, 2, "wait", "no-capacity", "waiting: no room", {"position": 3, "why": ["a", 1.5]}),
+        (4, 5, "reject", "too-large", "rejected", {}),
+    ]
+    assert [row(*v) for v in values] == [make(dict(zip(fields, v, strict=True))) for v in values]
+    # the same facts object given again: serialized once, the same rows
+    shared = {"position": 1}
+    again = make.positional(*fields, same_json=True)
+    alike = [(i, 2, "wait", "c", "m", shared) for i in range(3)] + [(9, 2, "wait", "c", "m", {})]
+    assert [again(*v) for v in alike] == [make(dict(zip(fields, v, strict=True))) for v in alike]
+    # a name the model lacks, or named twice: refused when the maker is made
+    with pytest.raises(ValueError):
+        make.positional("request_id", "nope")
+    with pytest.raises(ValueError):
+        make.positional("request_id", "request_id")
+    insert_rows(Decision, [row(*v) for v in values])
+    stored = list(
+        Decision.objects.order_by("request_id").values_list("tick", "profile_name", "facts")
+    )
+    assert stored == [(7, "shipped", values[0][5]), (7, "shipped", {})]
+
+
+def test_json_is_written_as_json_dumps_writes_it() -> None:
+    for value in ({"a": 1, "b": [1, 2.5, None, True], "c": 'é"\n'}, [], {}, "x", 3, None, {1: 2}):
+        assert json_dumps(value) == json.dumps(value)
+
+
+@postgres_only
+def test_repeated_and_distinct_times_are_written_as_given() -> None:
+    # COPY formats each distinct time once (bulk._SameTimeDumper): repeats, another zone
+    # and microseconds all come back as the instants they were, in inserts and updates.
+    now = timezone.now().replace(microsecond=123456)
+    plus2 = dt.timezone(dt.timedelta(hours=2))
+    times = [now, now, now + dt.timedelta(microseconds=1), now.astimezone(plus2), now]
+    insert_rows(
+        Decision,
+        [
+            {"request_id": i, "kind": "wait", "code": "c", "message": "m", "created_at": t}
+            for i, t in enumerate(times)
+        ],
+    )
+    got = list(Decision.objects.order_by("request_id").values_list("created_at", flat=True))
+    assert got == times
+    teams = _teams(3)
+    later = now + dt.timedelta(days=1)
+    bulk_set(Team, ("created_at",), [(t.pk, later) for t in teams[:2]] + [(teams[2].pk, now)])
+    assert sorted(Team.objects.values_list("created_at", flat=True)) == [now, later, later]
