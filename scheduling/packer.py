@@ -97,6 +97,7 @@ import random
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from scheduling import fit, mig
 from scheduling.types import (
@@ -183,15 +184,23 @@ _NODE_KINDS: dict[tuple[object, ...], int] = {}
 _KIND_NUMBERS = itertools.count()
 
 
+_K = TypeVar("_K")
+
+
 def _node_kind(node: Node) -> int:
     """A number equal for nodes equal but for their name and pool (never reused)."""
-    key = _kind_key(node)
-    kind = _NODE_KINDS.get(key)
-    if kind is None:
-        if len(_NODE_KINDS) >= _NODE_SEEN_MAX:
-            _NODE_KINDS.clear()
-        kind = _NODE_KINDS[key] = next(_KIND_NUMBERS)
-    return kind
+    return _numbered(_NODE_KINDS, _kind_key(node), _KIND_NUMBERS)
+
+
+def _numbered(table: dict[_K, int], key: _K, numbers: Iterator[int]) -> int:
+    """`key`'s number in `table`, a new one from `numbers` when it has none. Numbers keep
+    counting up when a full table is cleared: a key never gets a number another had."""
+    number = table.get(key)
+    if number is None:
+        if len(table) >= _NODE_SEEN_MAX:
+            table.clear()
+        number = table[key] = next(numbers)
+    return number
 
 
 #: each distinct node but for its name, numbered
@@ -214,13 +223,7 @@ def _node_token(node: Node) -> int:
     seen = _NODE_SEEN.get(id(node))
     if seen is not None and seen[0] is node:
         return seen[1]
-    key = _node_key(node)
-    token = _NODE_TOKENS.get(key)
-    if token is None:
-        if len(_NODE_TOKENS) >= _NODE_SEEN_MAX:
-            # Numbers keep counting up: a class never gets a number another had.
-            _NODE_TOKENS.clear()
-        token = _NODE_TOKENS[key] = next(_NODE_NUMBERS)
+    token = _numbered(_NODE_TOKENS, _node_key(node), _NODE_NUMBERS)
     if len(_NODE_SEEN) >= _NODE_SEEN_MAX:
         _NODE_SEEN.clear()  # the portal builds new nodes each tick: forget old ones
     _NODE_SEEN[id(node)] = (node, token)
@@ -306,12 +309,7 @@ def remembering() -> Iterator[None]:
 
 
 def _target_ident(items: tuple[tuple[Shape, int], ...]) -> int:
-    ident = _TARGET_IDS.get(items)
-    if ident is None:
-        if len(_TARGET_IDS) >= _NODE_SEEN_MAX:
-            _TARGET_IDS.clear()
-        ident = _TARGET_IDS[items] = next(_TARGET_NUMBERS)
-    return ident
+    return _numbered(_TARGET_IDS, items, _TARGET_NUMBERS)
 
 
 def _fresh(spec: Device) -> DevState:

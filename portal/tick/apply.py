@@ -44,7 +44,7 @@ from portal.services import notify
 from portal.services.attempts import attempt_stop, attempts_launch, lost_work
 from portal.services.requests import gpu_request_cancel_not_member
 from portal.tick import waits
-from portal.tick.snapshot import Context, DeviceRow, QueuedRow
+from portal.tick.snapshot import ALLOCATION_FIELDS, Context, DeviceRow, QueuedRow
 from scheduling import types as st
 
 log = logging.getLogger(__name__)
@@ -61,19 +61,6 @@ def _slots(device: DeviceRow, grant: st.DeviceGrant, taken: set[str]) -> list[st
         free = [s for s in shares if s not in taken]
         return free[:1] or ["s-overbooked"]
     return ["gpu"]
-
-
-#: an allocation row's values, in the order `_allocations` gives them
-ALLOCATION_FIELDS = (
-    "attempt_id",
-    "device_id",
-    "slot",
-    "milli",
-    "gpu_memory_mib",
-    "mig_profile",
-    "mig_start",
-    "mig_size",
-)
 
 
 def _allocations(

@@ -42,6 +42,18 @@ from portal.tick import waits
 from scheduling import types as st
 from scheduling import usage_decay, workload
 
+#: an allocation row's values in this order: read here, written by the apply step
+ALLOCATION_FIELDS = (
+    "attempt_id",
+    "device_id",
+    "slot",
+    "milli",
+    "gpu_memory_mib",
+    "mig_profile",
+    "mig_start",
+    "mig_size",
+)
+
 
 def _ms(dt: datetime) -> int:
     return int(dt.timestamp() * 1000)
@@ -233,18 +245,7 @@ def _nodes(
     )
     where = {pk: (node_names.get(node_id, ""), index) for pk, node_id, index, *_ in device_rows}
     for attempt_id, device_id, slot, milli, memory, mig_profile, mig_start, mig_size in (
-        Allocation.objects.filter(active=True)
-        .order_by("id")
-        .values_list(
-            "attempt_id",
-            "device_id",
-            "slot",
-            "milli",
-            "gpu_memory_mib",
-            "mig_profile",
-            "mig_start",
-            "mig_size",
-        )
+        Allocation.objects.filter(active=True).order_by("id").values_list(*ALLOCATION_FIELDS)
     ):
         active_slots[device_id].add(slot)
         node, idx = where.get(device_id, ("", -1))
