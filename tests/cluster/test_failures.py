@@ -122,15 +122,19 @@ def test_a_node_turned_not_ready_is_tainted_and_its_attempt_is_node_lost(
             60,
         )
         assert st.reason == "DeletionByTaintManager"
-        # The taint manager deletes the pod: it is gone, failed, or (kwok on a busy machine)
-        # still listed with its deletion under way.
-        left = {p.metadata.uid: p for p in core.list_namespaced_pod(spec.namespace).items}
-        still = left.get(pod.metadata.uid)
-        assert (
-            still is None
-            or still.status.phase == "Failed"
-            or still.metadata.deletion_timestamp is not None
-        )
+        # The taint manager marks the pod (DisruptionTarget) before it deletes it, so the
+        # attempt reads node-lost a moment before the deletion: wait for the pod to be gone,
+        # failed, or (kwok on a busy machine) still listed with its deletion under way.
+        def evicted() -> bool:
+            left = {p.metadata.uid: p for p in core.list_namespaced_pod(spec.namespace).items}
+            still = left.get(pod.metadata.uid)
+            return (
+                still is None
+                or still.status.phase == "Failed"
+                or still.metadata.deletion_timestamp is not None
+            )
+
+        wait_for("the taint manager to delete the pod", evicted, 30)
     finally:
         watching.stop(spec.name, spec.namespace, grace_seconds=0)
         merge_patch_node(core, "a100-1", {"metadata": {"labels": {NOT_READY: None}}})
