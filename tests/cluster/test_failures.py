@@ -122,6 +122,7 @@ def test_a_node_turned_not_ready_is_tainted_and_its_attempt_is_node_lost(
             60,
         )
         assert st.reason == "DeletionByTaintManager"
+
         # The taint manager marks the pod (DisruptionTarget) before it deletes it, so the
         # attempt reads node-lost a moment before the deletion: wait for the pod to be gone,
         # failed, or (kwok on a busy machine) still listed with its deletion under way.
