@@ -244,6 +244,7 @@ def test_the_queue_tables_stand_apart_each_under_its_caption(desktop, world: Wor
         # visible space (.75rem at least) between one table's last row and the next caption
         gaps = [round(b["top"] - a["bottom"]) for a, b in itertools.pairwise(tables)]
         assert min(gaps) >= 12, (width, gaps)
+        shot(desktop, f"queue-{width}")
 
 
 def test_my_jobs_wraps_the_why_column_within_its_box(desktop, world: World) -> None:  # noqa: ANN001
