@@ -270,4 +270,4 @@ def test_my_jobs_wraps_the_why_column_within_its_box(desktop, world: World) -> N
         if width >= 1280:
             # on a desktop the whole table fits: nothing to scroll sideways inside its box
             assert got["over"] <= 1 and got["scrolls"] <= 1, (width, got)
-    shot(desktop, "desktop-my-jobs-1440")
+        shot(desktop, f"my-jobs-{width}")
