@@ -1,8 +1,11 @@
 """Pages that fit: no page scrolls sideways on a 390 px phone, the menu folds away there, and
-at 1440 px My jobs breaks no ID or team name mid-word (element widths are measured)."""
+at 1440 px My jobs breaks no ID or team name mid-word; at 1280 px My jobs fits its box with
+a reason column wide enough to read, and the queue's tables stand apart under their captions
+(element widths and gaps are measured)."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 
 import pytest
@@ -206,3 +209,65 @@ def test_the_admin_pages_fit_a_phone_and_break_no_name_at_1440(phone, world: Wor
     assert not wide, wide
     assert not broken, broken
     assert names > 10  # the pages had rows to measure
+
+
+def _bobs_jobs(world: World) -> None:
+    """Bob's jobs with long reasons (borrowing, over quota) and names as long as sweeps get:
+    four run, filling the pool, and one waits."""
+    submit(world.bob, world.vision, count=2, name="resnet50-imagenet-sweep")
+    for i in range(4):
+        submit(world.bob, world.vision, count=8, name=f"llama-7b-finetune-{i}")
+    tick.run_tick()
+
+
+def _tables(pg, selector: str) -> list[dict]:  # noqa: ANN001
+    """Each table under `selector`, in page order: its caption and its box (caption included)."""
+    return pg.evaluate(
+        """(sel) => Array.from(document.querySelectorAll(sel)).map(t => {
+            const r = t.getBoundingClientRect();
+            return {caption: t.caption ? t.caption.innerText.trim() : '', top: r.top, bottom: r.bottom}; })""",
+        selector,
+    )
+
+
+def test_the_queue_tables_stand_apart_each_under_its_caption(desktop, world: World) -> None:  # noqa: ANN001
+    # the summary, the queue-time promise (the test world's classes promise one) and the list
+    _bobs_jobs(world)
+    login(desktop, "bob")
+    for width in (1280, 390):
+        desktop.set_viewport_size({"width": width, "height": 900})
+        desktop.goto("/queue/")
+        desktop.wait_for_selector("#queue-table tr[data-request]")
+        tables = _tables(desktop, "#queue-table table")
+        assert len(tables) == 3, tables
+        assert all(t["caption"] for t in tables), tables
+        # visible space (.75rem at least) between one table's last row and the next caption
+        gaps = [round(b["top"] - a["bottom"]) for a, b in itertools.pairwise(tables)]
+        assert min(gaps) >= 12, (width, gaps)
+        shot(desktop, f"queue-{width}")
+
+
+def test_my_jobs_wraps_the_why_column_within_its_box(desktop, world: World) -> None:  # noqa: ANN001
+    _bobs_jobs(world)
+    login(desktop, "bob")
+    measure = """() => { const t = document.querySelector('table.jobs'), box = t.parentElement;
+        const why = Array.from(t.querySelectorAll('tbody td.why')).map(td => {
+          const r = document.createRange(); r.selectNodeContents(td);
+          const tops = new Set(Array.from(r.getClientRects()).map(x => Math.round(x.top)));
+          return {width: td.getBoundingClientRect().width, lines: tops.size}; });
+        return {over: t.getBoundingClientRect().right - box.getBoundingClientRect().right,
+                scrolls: box.scrollWidth - box.clientWidth,
+                page: document.scrollingElement.scrollWidth - window.innerWidth, why}; }"""
+    for width, why_min in ((1280, 14 * 16), (1440, 11 * 16), (390, 10 * 16)):
+        desktop.set_viewport_size({"width": width, "height": 900})
+        desktop.goto("/")
+        desktop.wait_for_selector("tr[data-request] td.why")
+        got = desktop.evaluate(measure)
+        assert got["page"] <= 0, (width, got)
+        # a reason has room for a few words a line, and its longest one takes several lines
+        assert min(w["width"] for w in got["why"]) >= why_min - 1, (width, got)
+        assert max(w["lines"] for w in got["why"]) > 1, (width, got)
+        if width >= 1280:
+            # on a desktop the whole table fits: nothing to scroll sideways inside its box
+            assert got["over"] <= 1 and got["scrolls"] <= 1, (width, got)
+        shot(desktop, f"my-jobs-{width}")

@@ -128,9 +128,11 @@ def test_my_jobs_has_submitted_started_and_runtime(world: World) -> None:
     attempt.save()
     GpuRequest.objects.filter(pk=req.pk).update(state="running")
     text = login(world.bob).get(reverse("portal:home")).content.decode()
-    # secondary columns: shown from 600 px up (site.css hides .secondary on a phone)
-    for header in ("Submitted", "Started", "Runtime"):
+    # secondary columns: shown from 600 px up (site.css hides .secondary on a phone), the
+    # start time from 1400 px up (.wide: Runtime tells it on a laptop)
+    for header in ("Submitted", "Runtime"):
         assert f'<th class="secondary">{header}</th>' in text
+    assert '<th class="secondary wide">Started</th>' in text
     assert '<td data-testid="runtime" class="secondary">12 min</td>' in text
     assert "Resubmit" in text
 
