@@ -346,10 +346,12 @@ class _Tick:
         #: no node there now could hold the shape (`never` counts autoscaled growth too)
         self.short: dict[tuple[Shape, tuple[str, ...]], bool] = {}
         # The few nodes able to host a rare shape (learned or pending) take other work
-        # only when nothing else fits it (`scheduling.scarce`).
-        rare = [
+        # only when nothing else fits it (`scheduling.scarce`); a whole-node shape only
+        # learned keeps at most `learned_kept_nodes` of its hosts, a pending one more.
+        learned = [
             (w.pool, s) for w in snapshot.workloads or () for s, weight in w.weights if weight > 0
         ]
+        rare: list[tuple[str, Shape]] = []
         # Each shape gets a number here, once per request: `_alike` then hashes that, not
         # the shape's dozen fields.
         numbers: dict[tuple[object, ...], int] = {}
@@ -365,9 +367,12 @@ class _Tick:
         for (pool_name, _), shape in asked.items():
             rare.extend((p, shape) for p in ((pool_name,) if pool_name else self.production))
         # thousands of pending requests come in a few hundred shapes: hash them once
-        shapes = tuple(dict.fromkeys(rare))
-        self.scarce = scarce.scarce_nodes(snapshot.nodes, shapes) | scarce.kept_nodes(
-            snapshot.nodes, shapes
+        pending = tuple(dict.fromkeys(rare))
+        shapes = tuple(dict.fromkeys(learned + rare))
+        self.scarce = (
+            scarce.scarce_nodes(snapshot.nodes, shapes)
+            | scarce.kept_nodes(snapshot.nodes, pending)
+            | scarce.kept_nodes(snapshot.nodes, learned, most=policy.learned_kept_nodes)
         )
         self.elsewhere: dict[tuple[Shape, tuple[str, ...]], bool] = {}
         self.scarce_only: dict[tuple[Shape, tuple[str, ...]], bool] = {}

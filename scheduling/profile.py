@@ -118,6 +118,13 @@ _RULES: dict[str, dict[str, Any]] = {
         "help": "Past its starvation bound, a request's victims may lose together up to this "
         "multiple of the GPU-time it waited, above the victim loss cap (0 = the cap only).",
     },
+    "learned_kept_nodes": {
+        "label": "Nodes kept for a whole-node shape not waiting now",
+        "maximum": 1000,
+        "help": "A whole-node shape seen in the pool's history but not pending now keeps at "
+        "most this many of its hosts free of never-preempted work (0 = as many as a pending "
+        "one: 5 % of the pool's nodes).",
+    },
 }
 
 

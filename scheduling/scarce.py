@@ -23,6 +23,13 @@ are **kept** (`kept_nodes`) and count as scarce — to that shape as well: they 
 that is always preemptible, or that reached its starvation bound, and a request
 of the shape past its starvation bound preempts there (tier 4) instead of waiting for
 never-preempted work to end.
+
+A whole-node shape that is only learned (none of it pending) keeps fewer:
+`Policy.learned_kept_nodes` (the shipped profile: one). Keeping 5 % of the pool for every
+whole-node shape seen in a week left those nodes short of inference most of the time and
+cost up to 0.7 points of useful utilization at load 90; one node lets the next request of
+the shape start at once or preempt there, and once one is pending its shape keeps the
+full 5 % (docs/scheduling.md, "Issue 33: one kept node for a learned shape").
 """
 
 from __future__ import annotations
@@ -55,7 +62,7 @@ class _Memo:
     size: dict[str, int] = field(default_factory=dict)
     #: (pool, shape, pct) -> the nodes `scarce_nodes` / `kept_nodes` answer for it
     scarce: dict[tuple[str, Shape, int], frozenset[str]] = field(default_factory=dict)
-    kept: dict[tuple[str, Shape, int], tuple[str, ...]] = field(default_factory=dict)
+    kept: dict[tuple[str, Shape, int, int], tuple[str, ...]] = field(default_factory=dict)
 
 
 #: the last nodes seen: a caller that passes the same node objects tick after tick (the
@@ -145,20 +152,26 @@ def _whole_node(nodes: Sequence[Node], pool: str, shape: Shape) -> bool:
 
 
 def kept_nodes(
-    nodes: Sequence[Node], shapes: Iterable[tuple[str, Shape]], pct: int = SCARCE_PCT
+    nodes: Sequence[Node],
+    shapes: Iterable[tuple[str, Shape]],
+    pct: int = SCARCE_PCT,
+    most: int = 0,
 ) -> frozenset[str]:
     """Return the nodes kept for whole-node shapes that more than `pct` % of their pool's
-    nodes can host: per shape, the first `pct` % of the pool's nodes (rounded down) among
-    its hosts, by name, so the choice holds from tick to tick."""
+    nodes can host: per shape, the first `pct` % of the pool's nodes (rounded down; at most
+    `most` when it is not 0) among its hosts, by name, so the choice holds from tick to
+    tick."""
     memo = _memo(nodes)
     size = memo.size
     out: set[str] = set()
     for pool, shape in dict.fromkeys(shapes):
         # a pool under 100 / `pct` nodes keeps none
         k = size.get(pool, 0) * pct // 100
+        if most:
+            k = min(k, most)
         if not k or shape.kind is not ProfileKind.WHOLE:
             continue
-        key = (pool, shape, pct)
+        key = (pool, shape, pct, most)
         kept = memo.kept.get(key)
         if kept is None:
             found = hosts(nodes, pool, shape)  # asked already by `scarce_nodes`: remembered

@@ -407,3 +407,7 @@ class Policy:
     #: together lose up to this multiple of the GPU-time it has waited, even above
     #: `max_victim_loss_gpu_s` (work that never checkpoints); 0 = the fixed cap only
     starving_loss_ratio: float = 1.0
+    #: a whole-node shape learned from the pool's history but not pending now keeps at
+    #: most this many of its hosts (`scheduling.scarce.kept_nodes`); 0 = as many as one
+    #: pending (`SCARCE_PCT` % of the pool's nodes)
+    learned_kept_nodes: int = 1

@@ -273,6 +273,25 @@ class KeptNodesTest(unittest.TestCase):
         self.assertEqual(scarce.kept_nodes(odd, [("a100", rare)]), frozenset())
         self.assertEqual(scarce.scarce_nodes(odd, [("a100", rare)]), {"huge"})
 
+    def test_a_learned_shape_keeps_at_most_learned_kept_nodes(self) -> None:
+        self.assertEqual(scarce.kept_nodes(WIDE, [("a100", WHOLE)], most=1), {"w00"})
+        self.assertEqual(scarce.kept_nodes(WIDE, [("a100", WHOLE)], most=5), {"w00", "w01"})
+
+        # Only learned, the shape keeps w00: fresh inference takes w01. Once a request of
+        # the shape is pending, w01 is kept again and the inference waits for its bound.
+        def placed(*pending: PendingRequest) -> dict[str, list[str]]:
+            snap = replace(snapshot(WIDE, pending=pending, running=BUSY), workloads=KNOWN)
+            out: dict[str, list[str]] = {}
+            for d in schedule(snap, policy=rules(max_reservations=0, learned_kept_nodes=1)):
+                if d.kind is DecisionKind.ADMIT and d.placement is not None:
+                    out[d.request_id] = sorted(d.placement.nodes)
+            return out
+
+        fresh = req("fresh", cls="inference", created_s=10)
+        self.assertEqual(placed(fresh), {"fresh": ["w01"]})
+        whole = req("whole", cls="interactive", gpus=8, cpu=88, memory_gib=320, created_s=10)
+        self.assertEqual(placed(fresh, whole), {})
+
     def test_other_work_goes_elsewhere_first(self) -> None:
         # w00 has one device free: best fit would take it
         on_kept = run("r-w00", devices=range(7), node="w00")
@@ -281,13 +300,16 @@ class KeptNodesTest(unittest.TestCase):
         self.assertNotEqual(placed_on(replace(snap, workloads=KNOWN))["small"], ["w00"])
 
     def test_never_preempted_work_waits_for_other_nodes_up_to_its_queue_time(self) -> None:
+        # only learned, the shape keeps one node (w00); w01 is full as well
+        busy = (*BUSY, run("b-w01", devices=range(8), node="w01"))
+
         def placed(r: PendingRequest) -> dict[str, list[str]]:
-            return placed_on(replace(snapshot(WIDE, pending=[r], running=BUSY), workloads=KNOWN))
+            return placed_on(replace(snapshot(WIDE, pending=[r], running=busy), workloads=KNOWN))
 
         self.assertEqual(placed(req("fresh", cls="inference", created_s=10)), {})
-        self.assertIn(placed(req("old", cls="inference", created_s=700))["old"], (["w00"], ["w01"]))
+        self.assertEqual(placed(req("old", cls="inference", created_s=700))["old"], ["w00"])
         # always preemptible work takes a kept node at once
-        self.assertIn(placed(req("batch", cls="training"))["batch"], (["w00"], ["w01"]))
+        self.assertEqual(placed(req("batch", cls="training"))["batch"], ["w00"])
 
     def test_the_shape_itself_takes_a_kept_node_only_as_a_last_resort(self) -> None:
         # Kept nodes are the reserve of the request that found no other: a fresh one of the

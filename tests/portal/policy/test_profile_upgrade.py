@@ -22,6 +22,7 @@ UPGRADES = [
         "victim_loss_per_gpu_s",
         900,
     ),
+    ("0029_burn_in_gate", "0030_profile_learned_kept_nodes", "learned_kept_nodes", 1),
 ]
 
 
