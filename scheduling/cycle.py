@@ -345,13 +345,6 @@ class _Tick:
         self.never: dict[tuple[Shape, tuple[str, ...]], bool] = {}
         #: no node there now could hold the shape (`never` counts autoscaled growth too)
         self.short: dict[tuple[Shape, tuple[str, ...]], bool] = {}
-        # The few nodes able to host a rare shape (learned or pending) take other work
-        # only when nothing else fits it (`scheduling.scarce`); a whole-node shape only
-        # learned keeps at most `learned_kept_nodes` of its hosts, a pending one more.
-        learned = [
-            (w.pool, s) for w in snapshot.workloads or () for s, weight in w.weights if weight > 0
-        ]
-        rare: list[tuple[str, Shape]] = []
         # Each shape gets a number here, once per request: `_alike` then hashes that, not
         # the shape's dozen fields.
         numbers: dict[tuple[object, ...], int] = {}
@@ -363,15 +356,24 @@ class _Tick:
             self.shape_no[r.id] = n
             if (r.pool, n) not in asked:
                 asked[(r.pool, n)] = r.shape
-        # (each pool and shape once, in the order first seen: the same as request by request)
-        for (pool_name, _), shape in asked.items():
-            rare.extend((p, shape) for p in ((pool_name,) if pool_name else self.production))
-        # thousands of pending requests come in a few hundred shapes: hash them once
-        pending = tuple(dict.fromkeys(rare))
-        shapes = tuple(dict.fromkeys(learned + rare))
+        # The few nodes able to host a rare shape (learned or pending) take other work
+        # only when nothing else fits it (`scheduling.scarce`); a whole-node shape only
+        # learned keeps at most `learned_kept_nodes` of its hosts, a pending one more.
+        # Thousands of pending requests come in a few hundred shapes: each (pool, shape)
+        # once, in the order first seen.
+        learned = [
+            (w.pool, s) for w in snapshot.workloads or () for s, weight in w.weights if weight > 0
+        ]
+        waiting = tuple(
+            dict.fromkeys(
+                (p, shape)
+                for (pool_name, _), shape in asked.items()
+                for p in ((pool_name,) if pool_name else self.production)
+            )
+        )
         self.scarce = (
-            scarce.scarce_nodes(snapshot.nodes, shapes)
-            | scarce.kept_nodes(snapshot.nodes, pending)
+            scarce.scarce_nodes(snapshot.nodes, (*learned, *waiting))
+            | scarce.kept_nodes(snapshot.nodes, waiting)
             | scarce.kept_nodes(snapshot.nodes, learned, most=policy.learned_kept_nodes)
         )
         self.elsewhere: dict[tuple[Shape, tuple[str, ...]], bool] = {}
