@@ -385,7 +385,7 @@ class Policy:
     #: escalate a request after this fraction of its class's maximum queue time
     escalate_after: float = 0.8
     #: at most this many blocked requests hold nodes back (a reservation) per tick
-    max_reservations: int = 4
+    max_reservations: int = 16
     #: a blocked request asking for fewer than `reserve_min_devices` devices gets a
     #: reservation only after waiting this long
     reserve_after_s: int = 1800
