@@ -381,11 +381,11 @@ class Policy:
     #: packer's target workload; measured in docs/packer.md ("Per-tick procedure")
     shape_half_life_s: int = 7 * 24 * 3600
     #: at most this many attempts preempted per tick
-    max_preemptions_per_tick: int = 8
+    max_preemptions_per_tick: int = 2
     #: escalate a request after this fraction of its class's maximum queue time
     escalate_after: float = 0.8
     #: at most this many blocked requests hold nodes back (a reservation) per tick
-    max_reservations: int = 4
+    max_reservations: int = 16
     #: a blocked request asking for fewer than `reserve_min_devices` devices gets a
     #: reservation only after waiting this long
     reserve_after_s: int = 1800
@@ -398,7 +398,7 @@ class Policy:
     max_victim_loss_gpu_s: int = 7200
     #: and no more than this many GPU-seconds per GPU of the request that preempts it
     #: (an 8-GPU request may cost 8 times what a 1-GPU one may); 0 = the cap above alone
-    victim_loss_per_gpu_s: int = 900
+    victim_loss_per_gpu_s: int = 120
     #: the starvation bound: a request within its quota that has waited this fraction of
     #: its class's `max_queue_s` may preempt attempts of the same or a lower band of any
     #: team (tier 4 in `scheduling.preemption`); 0 = never

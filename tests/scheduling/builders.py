@@ -48,10 +48,11 @@ CLASSES = (
 
 
 def rules(**knobs: object) -> Policy:
-    """`Policy()` without the production's patience (`preempt_after_s`) and victim-loss caps,
-    so that each rule shows on its own; `knobs` override."""
+    """`Policy()` without the production's patience (`preempt_after_s`), preemption rate and
+    victim-loss caps, so that each rule shows on its own; `knobs` override."""
     base: dict[str, object] = {
         "preempt_after_s": 0,
+        "max_preemptions_per_tick": 8,
         "max_victim_loss_gpu_s": 0,
         "victim_loss_per_gpu_s": 0,
     }

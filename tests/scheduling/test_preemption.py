@@ -555,21 +555,57 @@ class ReservationFitTest(unittest.TestCase):
 
 
 class ShippedPolicyTest(unittest.TestCase):
-    """`Policy()` is what the portal and the replay run: it waits before preempting."""
+    """`Policy()` is what the portal and the replay run: it waits before preempting, stops
+    at most two attempts a tick and only work that checkpointed lately (profile version 6)."""
 
-    def decide(self, created_s: int) -> str:
+    def decide(
+        self, created_s: int, per_victim: int = 2, checkpoint_age_s: int = 60
+    ) -> tuple[str, list[str]]:
+        victims = 8 // per_victim
         snap = snapshot(
             [node("n1", gpus=8)],
             pending=[req("a1", team="a", gpus=4, created_s=created_s)],
-            running=[run(f"b{i}", team="b", devices=(i,), age_s=1800) for i in range(8)],
+            running=[
+                run(
+                    f"b{i}",
+                    team="b",
+                    devices=range(i * per_victim, (i + 1) * per_victim),
+                    age_s=1800,
+                    checkpoint_age_s=checkpoint_age_s,
+                )
+                for i in range(victims)
+            ],
             quotas=[quota("a", 4), quota("b", 4)],
         )
-        return outcome(schedule(snap, policy=Policy()))["a1"]
+        decisions = schedule(snap, policy=Policy())
+        stopped = [d.attempt_id for d in decisions if d.kind is DecisionKind.PREEMPT]
+        return outcome(decisions)["a1"], stopped
 
     def test_it_waits_preempt_after_s_first(self) -> None:
         self.assertEqual(Policy().preempt_after_s, 300)
-        self.assertEqual(self.decide(created_s=299), "wait:no-capacity")
-        self.assertEqual(self.decide(created_s=300), "wait:preempting")
+        self.assertEqual(self.decide(created_s=299), ("wait:no-capacity", []))
+        self.assertEqual(self.decide(created_s=300), ("wait:preempting", ["b0#1", "b1#1"]))
+
+    def test_a_victim_loses_at_most_120_gpu_seconds_per_gpu_of_the_preemptor(self) -> None:
+        # 4 GPUs ask: a 2-GPU victim may lose 480 GPU-seconds, 240 s since its checkpoint
+        self.assertEqual(Policy().victim_loss_per_gpu_s, 120)
+        self.assertEqual(self.decide(300, checkpoint_age_s=240)[0], "wait:preempting")
+        self.assertEqual(self.decide(300, checkpoint_age_s=241)[0], "wait:no-capacity")
+
+    def test_a_plan_of_more_victims_than_two_waits_for_work_to_end(self) -> None:
+        # four 1-GPU attempts to stop: more than a tick's two, so none is stopped
+        self.assertEqual(Policy().max_preemptions_per_tick, 2)
+        self.assertEqual(
+            self.decide(300, per_victim=1, checkpoint_age_s=0), ("wait:no-capacity", [])
+        )
+
+    def test_past_its_promise_a_request_takes_the_whole_set_it_needs(self) -> None:
+        # the same four victims for a request that has waited its class's max_queue_s
+        # (training: a day here): the tick's one plan, whatever the rate cap
+        state, stopped = self.decide(86400, per_victim=1, checkpoint_age_s=0)
+        self.assertEqual(
+            (state, sorted(stopped)), ("wait:preempting", ["b0#1", "b1#1", "b2#1", "b3#1"])
+        )
 
 
 class MixedPlanSentenceTest(unittest.TestCase):

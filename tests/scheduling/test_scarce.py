@@ -45,7 +45,7 @@ def preempted_squatter(
     large = req("large", cls="interactive", gpus=8, cpu=120, memory_gib=720, created_s=4000)
     squat = run("squat", team="b", cls="interactive", node="big", devices=range(8), age_s=age_s)
     snap = snapshot([*SMALL, BIG], pending=[large], running=[squat, *running], quotas=quotas)
-    caps = rules(max_victim_loss_gpu_s=7200, victim_loss_per_gpu_s=900)
+    caps = rules(max_victim_loss_gpu_s=7200, victim_loss_per_gpu_s=120)
     return [
         (d.request_id, d.code, d.facts["lost_gpu_ms"])
         for d in schedule(snap, policy=caps)
@@ -213,7 +213,7 @@ class ScarceNodesTest(unittest.TestCase):
         self.assertNotIn(DecisionKind.PREEMPT, [d.kind for d in schedule(snap, policy=rules())])
 
     def test_a_scarce_node_s_squatter_may_lose_twice_the_waiter_s_budget(self) -> None:
-        # With the shipped caps (7,200 GPU-seconds a victim, 900 per preemptor GPU) an hour
+        # With the shipped caps (7,200 GPU-seconds a victim, 120 per preemptor GPU) an hour
         # of 8 GPUs (28,800) protects work from every tier; the waiter's loss budget is
         # what it waited, 4,000 s x 8 GPUs = 32,000, and a squatter may lose twice that.
         def preempted(age_s: int) -> list[tuple[str, str, object]]:

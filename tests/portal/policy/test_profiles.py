@@ -64,7 +64,7 @@ def test_it_audits_a_change_old_to_new_and_bumps_the_version(world: World) -> No
     row = policy_profile_ensure()
     version = row.version
     row = policy_profile_update(
-        actor=world.dave, profile=row, knobs={"preempt_after_s": 60, "max_reservations": 4}
+        actor=world.dave, profile=row, knobs={"preempt_after_s": 60, "max_reservations": 16}
     )
     assert row.version == version + 1
     assert row.knobs["preempt_after_s"] == 60 and row.updated_by == world.dave

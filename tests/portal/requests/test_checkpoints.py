@@ -30,6 +30,7 @@ from portal.models import (
 )
 from portal.services.attempts import attempt_observe, attempt_stop
 from portal.services.checkpoints import attempt_checkpoint_record, checkpoints_release
+from portal.services.profiles import policy_profile_ensure, policy_profile_update
 from portal.services.requests import gpu_request_cancel
 from portal.tick.reconcile import reconcile
 from portal.tick.run import run_tick
@@ -76,10 +77,10 @@ def _run_for(attempt: Attempt, *, started_ago_s: int, checkpoint_ago_s: int | No
 
 
 def _fill_pool_and_reclaim(
-    world: World, *, started_ago_s: int, checkpointed: int | None
+    world: World, *, started_ago_s: int, checkpointed: int | None, checkpoint_ago_s: int = 60
 ) -> list[Attempt]:
     """Vision runs 8 GPUs; nlp borrows to run three 8-GPU training runs, `started_ago_s`
-    old, the `checkpointed`-th of which checkpointed 10 minutes ago. The pool (32 GPUs) is
+    old, the `checkpointed`-th of which checkpointed `checkpoint_ago_s` ago. The pool (32 GPUs) is
     full when vision asks for 8 more within its guarantee: nlp's borrowed capacity is
     reclaimed once the request has waited the policy's preempt_after_s."""
     submit(world.bob, world.vision, count=8)
@@ -88,7 +89,9 @@ def _fill_pool_and_reclaim(
     attempts = [r.attempts.get() for r in runs]
     for i, a in enumerate(attempts):
         _run_for(
-            a, started_ago_s=started_ago_s, checkpoint_ago_s=600 if i == checkpointed else None
+            a,
+            started_ago_s=started_ago_s,
+            checkpoint_ago_s=checkpoint_ago_s if i == checkpointed else None,
         )
     req = submit(world.alice, world.vision, count=8)
     waited = timezone.now() - timedelta(seconds=Policy().preempt_after_s + 60)
@@ -97,29 +100,43 @@ def _fill_pool_and_reclaim(
     return attempts
 
 
-def test_preempting_an_attempt_that_checkpointed_10_minutes_ago_loses_10_minutes(
+def test_preempting_an_attempt_that_checkpointed_a_minute_ago_loses_a_minute(
     world: World,
 ) -> None:
     victim = _fill_pool_and_reclaim(world, started_ago_s=1800, checkpointed=1)[1]
     d = Decision.objects.get(kind="preempt")
     assert d.attempt_id == victim.pk  # the checkpointed one loses least
-    assert "it loses 10 min of work since its last checkpoint" in d.message
-    assert "(1.33 GPU-hours)" in d.message
-    assert 595 <= d.facts["lost_seconds"] <= 605
+    assert "it loses 1 min of work since its last checkpoint" in d.message
+    assert "(0.13 GPU-hours)" in d.message
+    assert 55 <= d.facts["lost_seconds"] <= 65
     assert d.facts["last_checkpoint_at"] is not None
 
     reconcile()  # the simulated workload stops: preempted
     victim.refresh_from_db()
     assert victim.state == Attempt.State.PREEMPTED
     usage = UsageRecord.objects.get(attempt=victim)
-    # 8 GPUs × 10 minutes thrown away, out of the 30 minutes it ran.
-    assert 8000 * 595 <= usage.lost_gpu_milli_seconds <= 8000 * 610
+    # 8 GPUs × 1 minute thrown away, out of the 30 minutes it ran.
+    assert 8000 * 55 <= usage.lost_gpu_milli_seconds <= 8000 * 70
     assert usage.gpu_milli_seconds >= 8000 * 1795
     assert usage.charged is False
 
 
+def test_work_lost_past_the_shipped_cap_protects_the_victim(world: World) -> None:
+    # 10 minutes since the checkpoint × 8 GPUs = 4,800 GPU-seconds, above what an 8-GPU
+    # request may cost a victim under the shipped profile (120 per GPU: 960): none is
+    # reclaimed; the request waits for the borrowed work to end or for its promise.
+    _fill_pool_and_reclaim(world, started_ago_s=1800, checkpointed=1, checkpoint_ago_s=600)
+    assert Policy().victim_loss_per_gpu_s * 8 < 8 * 600
+    assert not Decision.objects.filter(kind="preempt").exists()
+
+
 def test_without_a_checkpoint_everything_since_the_start_is_lost(world: World) -> None:
-    # Young enough (11 minutes × 8 GPUs) to stay under the policy's victim loss cap.
+    # Young enough (11 minutes × 8 GPUs) to stay under a victim loss cap of 900 GPU-seconds
+    # per GPU of the preemptor (the shipped profile's 120 protects work that has not
+    # checkpointed for 2 minutes from an 8-GPU reclaim).
+    policy_profile_update(
+        actor=world.dave, profile=policy_profile_ensure(), knobs={"victim_loss_per_gpu_s": 900}
+    )
     _fill_pool_and_reclaim(world, started_ago_s=660, checkpointed=None)
     d = Decision.objects.get(kind="preempt")
     assert "it has not checkpointed, so it loses all 11 min of its work" in d.message
