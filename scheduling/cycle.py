@@ -801,7 +801,7 @@ class _Tick:
         if starving and self.preemptions == 0 < cap:
             # The rate cap spreads preemptions over ticks; it must not make a request past
             # its promise unable to start where it needs more victims than a tick's share.
-            cap = max(cap, 1 << 16)
+            cap = max(cap, len(self.snap.running))
         if cap <= 0 or self.now - req.created_at_ms < self.policy.preempt_after_s * 1000:
             return None
         max_loss = self._victim_loss_cap(req)
