@@ -48,6 +48,7 @@ class _Tick(Protocol):
     book: QuotaBook
     queue: FairQueue
     claimed: dict[str, str]
+    node_by_name: dict[str, Node]
     scarce: frozenset[str]
     #: request id -> the number of its shape (equal shapes, equal numbers)
     shape_no: dict[str, int]
@@ -149,6 +150,7 @@ class Reservations:
         "_holders",
         "_last",
         "may_reserve",
+        "_scored",
     )
 
     def __init__(self, tick: _Tick) -> None:
@@ -170,6 +172,11 @@ class Reservations:
         self._holders: dict[str, list[_Hold]] | None = None
         #: when something last started on each node; built when a reservation needs it
         self._last: dict[str, int] | None = None
+        #: (shape, pools) -> (admissions scored, per node its key for `reserve`)
+        self._scored: dict[
+            tuple[Shape, tuple[str, ...]],
+            tuple[int, dict[str, tuple[bool, int, int, int, str] | None]],
+        ] = {}
         self.may_reserve = self._reservation_holders(tick)
 
     def admit(self, placement: Placement, end: int | None) -> None:
@@ -293,34 +300,12 @@ class Reservations:
         if req.id not in self.may_reserve or req.id in self.reserved.values():
             return False
         shape = req.shape
-        scored: list[tuple[bool, int, int, int, str]] = []
-        # a shape that fits elsewhere leaves scarce nodes to the shapes only they can host
-        spare = t.scarce if t.fits_elsewhere(shape, pools) else frozenset()
-        held = self.held(t)
-        last = self.last_start(t)
-        holders = self.holders(t)
-        for node in t.snap.nodes:
-            if node.pool not in pools or node.name in self.reserved or node.name in t.claimed:
-                continue
-            # The one fit rule: readiness, taints, CPU, memory, devices.
-            flags = eligible(node, shape)
-            if flags is None:
-                continue
-            free = sum(
-                1
-                for d, ok in zip(node.devices, flags, strict=False)
-                if ok and held.get((node.name, d.index), 0) == 0
-            )
-            drain = self._drain_ms(node, shape, flags, holders.get(node.name, ()))
-            scored.append(
-                (
-                    node.name in spare,
-                    _NEVER if drain is None else drain,
-                    last.get(node.name, 0),
-                    -free,
-                    node.name,
-                )
-            )
+        reserved, claimed = self.reserved, t.claimed
+        scored = [
+            s
+            for name, s in self._scores(t, shape, pools).items()
+            if s is not None and name not in reserved and name not in claimed
+        ]
         if len(scored) < shape.pods:
             return False
         chosen = sorted(scored)[: shape.pods]
@@ -335,6 +320,57 @@ class Reservations:
             if borrowing and not firm:
                 self.reserved_borrowing.add(name)
         return True
+
+    def _scores(
+        self, t: _Tick, shape: Shape, pools: tuple[str, ...]
+    ) -> dict[str, tuple[bool, int, int, int, str] | None]:
+        """Per node of the pools, its sort key for `reserve` (None: it cannot host the
+        shape). Holders of one shape ask for the same keys: they are kept for the tick and
+        only the nodes of admissions made since are scored again (nothing else changes
+        what holds a node during a tick; reserved and claimed nodes are left out by the
+        caller)."""
+        key = (shape, pools)
+        entry = self._scored.get(key)
+        admitted = self.admitted
+        if entry is not None and entry[0] == len(admitted):
+            return entry[1]
+        # a shape that fits elsewhere leaves scarce nodes to the shapes only they can host
+        spare = t.scarce if t.fits_elsewhere(shape, pools) else frozenset()
+        held = self.held(t)
+        last = self.last_start(t)
+        holders = self.holders(t)
+
+        def score(node: Node) -> tuple[bool, int, int, int, str] | None:
+            # The one fit rule: readiness, taints, CPU, memory, devices.
+            flags = eligible(node, shape)
+            if flags is None:
+                return None
+            name = node.name
+            free = sum(
+                1
+                for d, ok in zip(node.devices, flags, strict=False)
+                if ok and held.get((name, d.index), 0) == 0
+            )
+            drain = self._drain_ms(node, shape, flags, holders.get(name, ()))
+            return (
+                name in spare,
+                _NEVER if drain is None else drain,
+                last.get(name, 0),
+                -free,
+                name,
+            )
+
+        if entry is None:
+            scores = {n.name: score(n) for n in t.snap.nodes if n.pool in pools}
+        else:
+            scores = entry[1]
+            nodes = t.node_by_name
+            for placement in admitted[entry[0] :]:
+                for name in placement.nodes:
+                    if name in scores:
+                        scores[name] = score(nodes[name])
+        self._scored[key] = (len(admitted), scores)
+        return scores
 
     def _drain_ms(
         self, node: Node, shape: Shape, flags: tuple[bool, ...], holds: Sequence[_Hold]
