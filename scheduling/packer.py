@@ -376,6 +376,38 @@ class _Group:
     #: node names, sorted
     names: list[str] = field(default_factory=list)
     cache: dict[int, Result] = field(default_factory=dict)
+    #: (CPU, memory, device states), hashed once: the evaluation memo's key
+    state: _State = field(init=False)
+    #: devices wholly idle: a whole-device shape of more cannot fit, whatever else holds
+    whole: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.state = _State((self.cpu, self.mem, self.devs))
+        self.whole = sum(
+            1 for d in self.devs if d[0] == WHOLE_GPU_MILLI and d[2] == 0 and d[3] == 0
+        )
+
+
+class _State:
+    """A group's free capacity with its hash computed once (a tuple's is computed at
+    every lookup, and a group's has dozens of fields)."""
+
+    __slots__ = ("value", "_hash")
+
+    def __init__(self, value: tuple[object, ...]) -> None:
+        self.value = value
+        self._hash = hash(value)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            self is other
+            or isinstance(other, _State)
+            and self._hash == other._hash
+            and self.value == other.value
+        )
 
 
 @dataclass(slots=True, eq=False)
@@ -843,6 +875,7 @@ class ClusterState:
         if (
             g.cpu < shape.cpu_milli
             or g.mem < shape.memory_mib
+            or (shape.kind is ProfileKind.WHOLE and g.whole < shape.count)
             or self._eligible(cls, shape, sid) is None
         ):
             return None
@@ -852,14 +885,14 @@ class ClusterState:
         if memo is None:
             # Within one state: the same free capacity on the same hardware in another
             # pool with the same target workload scores the same.
-            mine = (cls.kind, target.ident, g.cpu, g.mem, g.devs, sid)
+            mine = (cls.kind, target.ident, g.state, sid)
             r = self._evaluated.get(mine, _MISS)
             if r is _MISS:
                 if len(self._evaluated) >= _EVALUATED_MAX:
                     self._evaluated.clear()  # a state kept across many ticks
                 r = self._evaluated[mine] = self._evaluate_fresh(g, shape, sid)
             return r  # type: ignore[return-value]
-        key = (cls.token, target.ident, self.policy, g.cpu, g.mem, g.devs, shape)
+        key = (cls.token, target.ident, self.policy, g.state, shape)
         r = memo.get(key, _MISS)
         if r is _MISS:
             if len(memo) >= _EVALUATED_MAX:
