@@ -83,11 +83,11 @@ from scheduling.explain import (
     reclaim_sentence,
     where,
 )
-from scheduling.packer import ClusterState
+from scheduling.packer import ClusterState, eligible
 from scheduling.packer import remembering as packer_remembering
 from scheduling.queue import FairQueue, cluster_capacity
 from scheduling.quota import QuotaBook, Verdict
-from scheduling.reservation import Reservations, eligible
+from scheduling.reservation import Reservations
 from scheduling.types import (
     Decision,
     DecisionKind,

@@ -230,6 +230,24 @@ def _node_token(node: Node) -> int:
     return token
 
 
+#: (node class, shape, now) -> `fit.eligible_devices`: the same few node classes and shapes
+#: come back tick after tick, and a tick asks for each node of a pool
+_NODE_ELIGIBLE: dict[tuple[int, Shape, bool], tuple[bool, ...] | None] = {}
+_NODE_ELIGIBLE_MAX = 100_000
+
+
+def eligible(node: Node, shape: Shape, now: bool = True) -> tuple[bool, ...] | None:
+    """`fit.eligible_devices(node, shape, now=now)`, which looks at all of the node but its
+    name, remembered per node class."""
+    key = (node_class(node), shape, now)
+    flags = _NODE_ELIGIBLE.get(key, _MISS)
+    if flags is _MISS:
+        if len(_NODE_ELIGIBLE) >= _NODE_ELIGIBLE_MAX:
+            _NODE_ELIGIBLE.clear()
+        flags = _NODE_ELIGIBLE[key] = fit.eligible_devices(node, shape, now=now)
+    return flags  # type: ignore[return-value]
+
+
 @dataclass(frozen=True, slots=True)
 class _Static:
     """What a node class is whatever the state: computed once per class number, not once

@@ -62,7 +62,7 @@ from dataclasses import dataclass
 
 from scheduling import fit
 from scheduling.explain import Code
-from scheduling.packer import ClusterState
+from scheduling.packer import ClusterState, eligible
 from scheduling.quota import PoolBook
 from scheduling.types import (
     WHOLE_GPU_MILLI,
@@ -283,7 +283,7 @@ def plan(
 
 def _hopeless(state: ClusterState, node: Node, shape: Shape, cands: list[Candidate]) -> bool:
     """Return True if the shape cannot fit on the node even with every candidate stopped."""
-    flags = fit.eligible_devices(node, shape)
+    flags = eligible(node, shape)
     if flags is None:
         return True
     cpu_free, mem_free, idle = state.free_capacity(node.name)

@@ -29,7 +29,7 @@ from typing import Protocol
 
 from scheduling import fit
 from scheduling.explain import Code
-from scheduling.packer import ClusterState, node_class
+from scheduling.packer import ClusterState, eligible, node_class
 from scheduling.queue import FairQueue
 from scheduling.quota import QuotaBook
 from scheduling.types import Node, PendingRequest, Placement, Policy, Shape, Snapshot, WorkloadClass
@@ -64,25 +64,6 @@ class _Tick(Protocol):
 #: expected end (None = unknown), (device, milli) grants, CPU milli, memory MiB
 _Hold = tuple[int | None, tuple[tuple[int, int], ...], int, int]
 _NEVER = 1 << 62
-#: (node class, shape, now) -> `fit.eligible_devices`: the same few node classes and shapes
-#: come back tick after tick, and a tick asks for each node of a pool
-_ELIGIBLE: dict[tuple[int, Shape, bool], tuple[bool, ...] | None] = {}
-_ELIGIBLE_MAX = 100_000
-
-
-def eligible(node: Node, shape: Shape, now: bool = True) -> tuple[bool, ...] | None:
-    """`fit.eligible_devices(node, shape, now=now)`, which looks at all of the node but its
-    name, remembered per node class."""
-    key = (node_class(node), shape, now)
-    flags = _ELIGIBLE.get(key, _MISSING)
-    if flags is _MISSING:
-        if len(_ELIGIBLE) >= _ELIGIBLE_MAX:
-            _ELIGIBLE.clear()
-        flags = _ELIGIBLE[key] = fit.eligible_devices(node, shape, now=now)
-    return flags  # type: ignore[return-value]
-
-
-_MISSING: object = object()
 #: `_fit_at` of a node where the shape fits beside everything that holds it
 _FITS_NOW = -(1 << 62)
 #: inside `remembering()`: (node class, shape, holds) -> `_fit_at`
