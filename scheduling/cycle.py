@@ -63,6 +63,7 @@ way; `tests/scheduling/test_tick_golden.py` holds the pass to its decisions befo
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import dataclasses
 import functools
@@ -376,6 +377,8 @@ class _Tick:
             | scarce.kept_nodes(snapshot.nodes, waiting)
             | scarce.kept_nodes(snapshot.nodes, learned, most=policy.learned_kept_nodes)
         )
+        #: (reserved nodes seen, their holders' known expected starts, sorted)
+        self.starts: tuple[int, list[int]] = (0, [])
         self.elsewhere: dict[tuple[Shape, tuple[str, ...]], bool] = {}
         self.scarce_only: dict[tuple[Shape, tuple[str, ...]], bool] = {}
         #: step 3e: who may hold nodes, the nodes held, what may backfill them
@@ -444,7 +447,8 @@ class _Tick:
             d = out[0]
             full = d.code not in _ROOM_CODES
             quota = None if verdicts is None else _quota_sig(verdicts.values(), full)
-            waits = d.kind is DecisionKind.WAIT
+            # (a WAIT made before the queue is read, such as a pool in maintenance, says none)
+            waits = d.kind is DecisionKind.WAIT and d.position == position
             self.alike[key] = _Seen(
                 state, quota, full, d, d.code not in _FOUND_ROOM, vars(d), waits
             )
@@ -492,10 +496,24 @@ class _Tick:
             req.workload_class,
             self.shape_no[req.id],
             req.pool,
-            req.expected_runtime_ms,
+            self._backfill_room(req.expected_runtime_ms),
             waited < self.preempt_ms,
             keep_off_ms is not None and waited < keep_off_ms,
         )
+
+    def _backfill_room(self, runtime_ms: int | None) -> int:
+        """How many reserved nodes are expected to start their holder only after a request
+        of this expected runtime would end: all that the runtime changes in a decision to
+        wait (`Reservations.backfill`). Alike requests rarely share an estimate, and the
+        reserved nodes are part of `_state`, so the count stands for the runtime."""
+        starts = self.res.reserve_start
+        if runtime_ms is None or not starts:
+            return 0
+        seen, ordered = self.starts
+        if seen != len(starts):
+            ordered = sorted(s for s in starts.values() if s is not None)
+            self.starts = (len(starts), ordered)
+        return len(ordered) - bisect.bisect_left(ordered, self.now + runtime_ms)
 
     def _state(self) -> tuple[int, int, int, int]:
         """What changes when a decision takes room or quota, claims or holds nodes:
