@@ -377,8 +377,6 @@ class _Tick:
             | scarce.kept_nodes(snapshot.nodes, waiting)
             | scarce.kept_nodes(snapshot.nodes, learned, most=policy.learned_kept_nodes)
         )
-        #: (reserved nodes seen, their holders' known expected starts, sorted)
-        self.starts: tuple[int, list[int]] = (0, [])
         self.elsewhere: dict[tuple[Shape, tuple[str, ...]], bool] = {}
         self.scarce_only: dict[tuple[Shape, tuple[str, ...]], bool] = {}
         #: step 3e: who may hold nodes, the nodes held, what may backfill them
@@ -506,14 +504,10 @@ class _Tick:
         of this expected runtime would end: all that the runtime changes in a decision to
         wait (`Reservations.backfill`). Alike requests rarely share an estimate, and the
         reserved nodes are part of `_state`, so the count stands for the runtime."""
-        starts = self.res.reserve_start
-        if runtime_ms is None or not starts:
+        if runtime_ms is None or not self.res.reserve_start:
             return 0
-        seen, ordered = self.starts
-        if seen != len(starts):
-            ordered = sorted(s for s in starts.values() if s is not None)
-            self.starts = (len(starts), ordered)
-        return len(ordered) - bisect.bisect_left(ordered, self.now + runtime_ms)
+        later = self.res.later_starts()
+        return len(later) - bisect.bisect_left(later, (self.now + runtime_ms, ""))
 
     def _state(self) -> tuple[int, int, int, int]:
         """What changes when a decision takes room or quota, claims or holds nodes:

@@ -22,6 +22,7 @@ the rest of the tick (its clock, snapshot, packer state, quota book, queue and c
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import heapq
 from collections.abc import Iterator, Sequence
@@ -132,6 +133,7 @@ class Reservations:
         "_last",
         "may_reserve",
         "_scored",
+        "_later",
     )
 
     def __init__(self, tick: _Tick) -> None:
@@ -158,6 +160,8 @@ class Reservations:
             tuple[Shape, tuple[str, ...]],
             tuple[int, dict[str, tuple[bool, int, int, int, str] | None]],
         ] = {}
+        #: (size of `reserve_start` when sorted, `later_starts`)
+        self._later: tuple[int, list[tuple[int, str]]] = (0, [])
         self.may_reserve = self._reservation_holders(tick)
 
     def admit(self, placement: Placement, end: int | None) -> None:
@@ -196,15 +200,23 @@ class Reservations:
         is expected to end (EASY backfilling); never without both estimates."""
         if req.expected_runtime_ms is None or not self.reserve_start:
             return None
-        end = t.now + req.expected_runtime_ms
-        ok = {
-            name
-            for name, start in self.reserve_start.items()
-            if start is not None and start >= end and name not in t.claimed
-        }
+        later = self.later_starts()
+        i = bisect.bisect_left(later, (t.now + req.expected_runtime_ms, ""))
+        claimed = t.claimed
+        ok = {name for _, name in later[i:] if name not in claimed}
         if not ok:
             return None
         return t.state.find(req.shape, lambda n: n.pool in pools and n.name in ok)
+
+    def later_starts(self) -> list[tuple[int, str]]:
+        """The reserved nodes whose holder's expected start is known, as (start, node),
+        sorted: `backfill` takes those starting after a request's expected end. Nodes are
+        only added to `reserve_start` during a tick, so its size says when to sort again."""
+        seen, later = self._later
+        if seen != len(self.reserve_start):
+            later = sorted((s, n) for n, s in self.reserve_start.items() if s is not None)
+            self._later = (len(self.reserve_start), later)
+        return later
 
     def _reservation_holders(self, t: _Tick) -> set[str]:
         """Return who may hold a reservation this tick: the oldest qualifying requests.
