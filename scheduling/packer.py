@@ -476,6 +476,10 @@ class ClusterState:
         self._fits: dict[
             tuple[int, tuple[str, ...] | None], tuple[list[int], dict[_Group, tuple[Score, Choice]]]
         ] = {}
+        #: bumped when the target workloads change: the groups in `_fits` can still hold
+        #: their shape (what a group can hold does not depend on the target), only their
+        #: scores are stale
+        self._epoch = 0
         self._shape_ids: dict[Shape, int] = {}
         self._frag_memo: dict[tuple[object, ...], int] = {}
         #: `_evaluate` outside `remembering()`: per node kind (pools of the same hardware
@@ -540,7 +544,7 @@ class ClusterState:
         if self.policy.startswith("fgd"):
             for g in self._groups.values():
                 g.cache.clear()
-            self._fits.clear()
+            self._epoch += 1
 
     def retarget(
         self, pool_shape_weights: Mapping[str, Mapping[Shape, int] | Iterable[tuple[Shape, int]]]
@@ -569,7 +573,7 @@ class ClusterState:
             self._frag_memo.clear()
             for g in self._groups.values():
                 g.cache.clear()
-            self._fits.clear()  # it holds the groups' results too
+            self._epoch += 1  # `_fits` holds the groups' results too
         return True
 
     @property
@@ -783,11 +787,23 @@ class ClusterState:
         changes moves to another group), so each is evaluated for a shape once."""
         entry = self._fits.get((sid, pools))
         if entry is None:
-            entry = self._fits[(sid, pools)] = ([0], {})
+            entry = self._fits[(sid, pools)] = ([0, self._epoch], {})
         read, fits = entry
+        evaluate = self._evaluate
+        if read[1] != self._epoch:
+            # Another target workload: the same groups hold the shape, scored anew (in the
+            # same order: ties go to the group made first).
+            for g in list(fits):
+                r = g.cache.get(sid, _MISS) if g.names else None
+                if r is _MISS:
+                    r = g.cache[sid] = evaluate(g, shape, sid)
+                if r is None:
+                    del fits[g]
+                else:
+                    fits[g] = r  # type: ignore[assignment]
+            read[1] = self._epoch
         made = self._made
         if read[0] < len(made):
-            evaluate = self._evaluate
             for g in made[read[0] :]:
                 if not g.names or (pools is not None and g.cls.proto.pool not in pools):
                     continue
