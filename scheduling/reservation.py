@@ -68,7 +68,7 @@ _NEVER = 1 << 62
 #: `_fit_at` of a node where the shape fits beside everything that holds it
 _FITS_NOW = -(1 << 62)
 #: inside `remembering()`: (node class, shape, holds) -> `_fit_at`
-_DRAINS: dict[tuple[object, ...], int | None] | None = None
+_DRAINS: dict[tuple[object, ...], tuple[int | None, int]] | None = None
 _DRAINS_MAX = 200_000
 
 
@@ -116,6 +116,39 @@ def _fit_at(
     return None
 
 
+def _fit_at_free(
+    node: Node, shape: Shape, flags: tuple[bool, ...], holds: Sequence[_Hold]
+) -> tuple[int | None, int]:
+    """`_fit_at`, and the devices that may serve the shape with nothing on them."""
+    used: dict[int, int] = {}
+    for _, grants, _, _ in holds:
+        for dev, milli in grants:
+            used[dev] = used.get(dev, 0) + milli
+    free = sum(
+        1 for d, ok in zip(node.devices, flags, strict=False) if ok and used.get(d.index, 0) == 0
+    )
+    return _fit_at(node, shape, flags, holds), free
+
+
+class _Holds:
+    """What holds one node (`_Hold`s), hashed once: the key of `_DRAINS` for every shape
+    a tick asks about the node."""
+
+    __slots__ = ("holds", "_hash")
+
+    def __init__(self, holds: tuple[_Hold, ...]) -> None:
+        self.holds = holds
+        self._hash = hash(holds)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (
+            isinstance(other, _Holds) and self._hash == other._hash and self.holds == other.holds
+        )
+
+
 class Reservations:
     """The reservations of one tick: who may hold nodes (`may_reserve`), the nodes held and
     for whom, when each holder is expected to start there, and the admissions of the tick
@@ -128,12 +161,12 @@ class Reservations:
         "reserve_start",
         "admitted",
         "admitted_end",
-        "_held",
         "_holders",
         "_last",
         "may_reserve",
         "_scored",
         "_later",
+        "_hold_keys",
     )
 
     def __init__(self, tick: _Tick) -> None:
@@ -148,9 +181,6 @@ class Reservations:
         self.admitted: list[Placement] = []
         #: expected end of each admission of this tick (None = no estimate)
         self.admitted_end: list[int | None] = []
-        #: milli held per (node, device), built only when a reservation needs it (most
-        #: ticks never do)
-        self._held: dict[tuple[str, int], int] | None = None
         #: per node, what holds it and until when; built only when a reservation needs it
         self._holders: dict[str, list[_Hold]] | None = None
         #: when something last started on each node; built when a reservation needs it
@@ -162,17 +192,20 @@ class Reservations:
         ] = {}
         #: (size of `reserve_start` when sorted, `later_starts`)
         self._later: tuple[int, list[tuple[int, str]]] = (0, [])
+        #: per node, what holds it (`holders`) hashed once; dropped when an admission
+        #: lands there
+        self._hold_keys: dict[str, _Holds] = {}
         self.may_reserve = self._reservation_holders(tick)
 
     def admit(self, placement: Placement, end: int | None) -> None:
         """Count an admission of the tick (expected to end at `end`) as holding its nodes."""
         self.admitted.append(placement)
+        for name in placement.nodes:
+            self._hold_keys.pop(name, None)
         if self._last is not None:
             for name in placement.nodes:
                 self._last[name] = self.now
         self.admitted_end.append(end)
-        if self._held is not None:
-            self._hold(self._held, placement)
         if self._holders is not None:
             self._add_holds(self._holders, placement, end)
 
@@ -329,9 +362,9 @@ class Reservations:
             return entry[1]
         # a shape that fits elsewhere leaves scarce nodes to the shapes only they can host
         spare = t.scarce if t.fits_elsewhere(shape, pools) else frozenset()
-        held = self.held(t)
         last = self.last_start(t)
         holders = self.holders(t)
+        hold_keys = self._hold_keys
 
         def score(node: Node) -> tuple[bool, int, int, int, str] | None:
             # The one fit rule: readiness, taints, CPU, memory, devices.
@@ -339,12 +372,10 @@ class Reservations:
             if flags is None:
                 return None
             name = node.name
-            free = sum(
-                1
-                for d, ok in zip(node.devices, flags, strict=False)
-                if ok and held.get((name, d.index), 0) == 0
-            )
-            drain = self._drain_ms(node, shape, flags, holders.get(name, ()))
+            hold = hold_keys.get(name)
+            if hold is None:
+                hold = hold_keys[name] = _Holds(tuple(holders.get(name, ())))
+            drain, free = self._drain_free(node, shape, flags, hold)
             return (
                 name in spare,
                 _NEVER if drain is None else drain,
@@ -365,24 +396,24 @@ class Reservations:
         self._scored[key] = (len(admitted), scores)
         return scores
 
-    def _drain_ms(
-        self, node: Node, shape: Shape, flags: tuple[bool, ...], holds: Sequence[_Hold]
-    ) -> int | None:
+    def _drain_free(
+        self, node: Node, shape: Shape, flags: tuple[bool, ...], hold: _Holds
+    ) -> tuple[int | None, int]:
         """Return when one pod of the shape is expected to fit on the node (devices, CPU,
-        memory; `fit.fits_free`), from the expected ends of what holds it; None when one
-        has no estimate."""
+        memory; `fit.fits_free`), from the expected ends of what holds it (None when one
+        has no estimate), and how many devices that may serve it are wholly free now."""
         memo = _DRAINS
         if memo is None:
-            at = _fit_at(node, shape, flags, holds)
+            at, free = _fit_at_free(node, shape, flags, hold.holds)
         else:
-            key = (node_class(node), shape, tuple(holds))
-            if key in memo:
-                at = memo[key]
-            else:
+            key = (node_class(node), shape, hold)
+            found = memo.get(key)
+            if found is None:
                 if len(memo) >= _DRAINS_MAX:
                     memo.clear()
-                at = memo[key] = _fit_at(node, shape, flags, holds)
-        return None if at is None else max(at, self.now)
+                found = memo[key] = _fit_at_free(node, shape, flags, hold.holds)
+            at, free = found
+        return (None if at is None else max(at, self.now)), free
 
     # -- what holds each node -------------------------------------------------------
 
@@ -419,20 +450,3 @@ class Reservations:
         for pod in placement.pods:
             grants = tuple([(g.device, g.milli if g.milli > 1 else 1) for g in pod.grants])
             holders.setdefault(pod.node, []).append((end, grants, pod.cpu_milli, pod.memory_mib))
-
-    def held(self, t: _Tick) -> dict[tuple[str, int], int]:
-        """Return the milli held per (node, device) by running attempts and admissions."""
-        if self._held is None:
-            self._held = {}
-            for run in t.snap.running:
-                self._hold(self._held, run.placement)
-            for placement in self.admitted:
-                self._hold(self._held, placement)
-        return self._held
-
-    @staticmethod
-    def _hold(held: dict[tuple[str, int], int], placement: Placement) -> None:
-        for pod in placement.pods:
-            for g in pod.grants:
-                key = (pod.node, g.device)
-                held[key] = held.get(key, 0) + (g.milli if g.milli > 1 else 1)
