@@ -50,7 +50,8 @@
 Decisions come back in queue order; the PREEMPT decisions of a preemptor come just
 before its own WAIT.
 
-**Alike requests** (same team, class, shape, named pool and runtime estimate, on the
+**Alike requests** (same team, class, shape and named pool, runtime estimates that the
+reserved nodes' expected starts cannot tell apart for backfilling, on the
 same side of the preemption, keep-off and starvation bounds; not a preemptor, a
 reservation holder, a request in backoff, nor a starving one that may preempt) cost one
 decision: a later one gets the WAIT or REJECT the last one got — its own id, position
@@ -58,7 +59,8 @@ and escalation — as long as no preemption, reservation or claim has happened s
 either no admission either or quota answers it as it did then (with the same figures
 when the decision quotes them). Capacity only shrinks during a tick and what found no
 room or no victims is remembered (`_Failures`), so the same steps would fail the same
-way; `tests/scheduling/test_tick_golden.py` holds the pass to its decisions before this.
+way; `tests/scheduling/test_tick_golden.py` holds the pass to its decisions before this,
+and to the decisions each request gets when decided alone.
 """
 
 from __future__ import annotations
