@@ -395,20 +395,20 @@ class _Group:
     names: list[str] = field(default_factory=list)
     cache: dict[int, Result] = field(default_factory=dict)
     #: (CPU, memory, device states), hashed once: the evaluation memo's key
-    state: _State = field(init=False)
+    state: Hashed = field(init=False)
     #: devices wholly idle: a whole-device shape of more cannot fit, whatever else holds
     whole: int = field(init=False)
 
     def __post_init__(self) -> None:
-        self.state = _State((self.cpu, self.mem, self.devs))
+        self.state = Hashed((self.cpu, self.mem, self.devs))
         self.whole = sum(
             1 for d in self.devs if d[0] == WHOLE_GPU_MILLI and d[2] == 0 and d[3] == 0
         )
 
 
-class _State:
-    """A group's free capacity with its hash computed once (a tuple's is computed at
-    every lookup, and a group's has dozens of fields)."""
+class Hashed:
+    """A tuple with its hash computed once: the key of a memo asked again and again about
+    the same large value (a tuple's hash is computed at every lookup)."""
 
     __slots__ = ("value", "_hash")
 
@@ -422,7 +422,7 @@ class _State:
     def __eq__(self, other: object) -> bool:
         return (
             self is other
-            or isinstance(other, _State)
+            or isinstance(other, Hashed)
             and self._hash == other._hash
             and self.value == other.value
         )

@@ -30,7 +30,7 @@ from typing import Protocol
 
 from scheduling import fit
 from scheduling.explain import Code
-from scheduling.packer import ClusterState, eligible, node_class
+from scheduling.packer import ClusterState, Hashed, eligible, node_class
 from scheduling.queue import FairQueue
 from scheduling.quota import QuotaBook
 from scheduling.types import Node, PendingRequest, Placement, Policy, Shape, Snapshot, WorkloadClass
@@ -130,25 +130,6 @@ def _fit_at_free(
     return _fit_at(node, shape, flags, holds), free
 
 
-class _Holds:
-    """What holds one node (`_Hold`s), hashed once: the key of `_DRAINS` for every shape
-    a tick asks about the node."""
-
-    __slots__ = ("holds", "_hash")
-
-    def __init__(self, holds: tuple[_Hold, ...]) -> None:
-        self.holds = holds
-        self._hash = hash(holds)
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __eq__(self, other: object) -> bool:
-        return self is other or (
-            isinstance(other, _Holds) and self._hash == other._hash and self.holds == other.holds
-        )
-
-
 class Reservations:
     """The reservations of one tick: who may hold nodes (`may_reserve`), the nodes held and
     for whom, when each holder is expected to start there, and the admissions of the tick
@@ -194,7 +175,7 @@ class Reservations:
         self._later: tuple[int, list[tuple[int, str]]] = (0, [])
         #: per node, what holds it (`holders`) hashed once; dropped when an admission
         #: lands there
-        self._hold_keys: dict[str, _Holds] = {}
+        self._hold_keys: dict[str, Hashed] = {}
         self.may_reserve = self._reservation_holders(tick)
 
     def admit(self, placement: Placement, end: int | None) -> None:
@@ -374,7 +355,7 @@ class Reservations:
             name = node.name
             hold = hold_keys.get(name)
             if hold is None:
-                hold = hold_keys[name] = _Holds(tuple(holders.get(name, ())))
+                hold = hold_keys[name] = Hashed(tuple(holders.get(name, ())))
             drain, free = self._drain_free(node, shape, flags, hold)
             return (
                 name in spare,
@@ -397,21 +378,21 @@ class Reservations:
         return scores
 
     def _drain_free(
-        self, node: Node, shape: Shape, flags: tuple[bool, ...], hold: _Holds
+        self, node: Node, shape: Shape, flags: tuple[bool, ...], hold: Hashed
     ) -> tuple[int | None, int]:
         """Return when one pod of the shape is expected to fit on the node (devices, CPU,
         memory; `fit.fits_free`), from the expected ends of what holds it (None when one
         has no estimate), and how many devices that may serve it are wholly free now."""
         memo = _DRAINS
         if memo is None:
-            at, free = _fit_at_free(node, shape, flags, hold.holds)
+            at, free = _fit_at_free(node, shape, flags, hold.value)  # type: ignore[arg-type]
         else:
             key = (node_class(node), shape, hold)
             found = memo.get(key)
             if found is None:
                 if len(memo) >= _DRAINS_MAX:
                     memo.clear()
-                found = memo[key] = _fit_at_free(node, shape, flags, hold.holds)
+                found = memo[key] = _fit_at_free(node, shape, flags, hold.value)  # type: ignore[arg-type]
             at, free = found
         return (None if at is None else max(at, self.now)), free
 
