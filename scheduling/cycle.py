@@ -50,7 +50,8 @@
 Decisions come back in queue order; the PREEMPT decisions of a preemptor come just
 before its own WAIT.
 
-**Alike requests** (same team, class, shape, named pool and runtime estimate, on the
+**Alike requests** (same team, class, shape and named pool, runtime estimates that the
+reserved nodes' expected starts cannot tell apart for backfilling, on the
 same side of the preemption, keep-off and starvation bounds; not a preemptor, a
 reservation holder, a request in backoff, nor a starving one that may preempt) cost one
 decision: a later one gets the WAIT or REJECT the last one got — its own id, position
@@ -58,11 +59,13 @@ and escalation — as long as no preemption, reservation or claim has happened s
 either no admission either or quota answers it as it did then (with the same figures
 when the decision quotes them). Capacity only shrinks during a tick and what found no
 room or no victims is remembered (`_Failures`), so the same steps would fail the same
-way; `tests/scheduling/test_tick_golden.py` holds the pass to its decisions before this.
+way; `tests/scheduling/test_tick_golden.py` holds the pass to its decisions before this,
+and to the decisions each request gets when decided alone.
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import dataclasses
 import functools
@@ -83,11 +86,11 @@ from scheduling.explain import (
     reclaim_sentence,
     where,
 )
-from scheduling.packer import ClusterState
+from scheduling.packer import ClusterState, eligible
 from scheduling.packer import remembering as packer_remembering
 from scheduling.queue import FairQueue, cluster_capacity
 from scheduling.quota import QuotaBook, Verdict
-from scheduling.reservation import Reservations, eligible
+from scheduling.reservation import Reservations
 from scheduling.types import (
     Decision,
     DecisionKind,
@@ -444,7 +447,8 @@ class _Tick:
             d = out[0]
             full = d.code not in _ROOM_CODES
             quota = None if verdicts is None else _quota_sig(verdicts.values(), full)
-            waits = d.kind is DecisionKind.WAIT
+            # (a WAIT made before the queue is read, such as a pool in maintenance, says none)
+            waits = d.kind is DecisionKind.WAIT and d.position == position
             self.alike[key] = _Seen(
                 state, quota, full, d, d.code not in _FOUND_ROOM, vars(d), waits
             )
@@ -492,10 +496,20 @@ class _Tick:
             req.workload_class,
             self.shape_no[req.id],
             req.pool,
-            req.expected_runtime_ms,
+            self._backfill_room(req.expected_runtime_ms),
             waited < self.preempt_ms,
             keep_off_ms is not None and waited < keep_off_ms,
         )
+
+    def _backfill_room(self, runtime_ms: int | None) -> int:
+        """How many reserved nodes are expected to start their holder only after a request
+        of this expected runtime would end: all that the runtime changes in a decision to
+        wait (`Reservations.backfill`). Alike requests rarely share an estimate, and the
+        reserved nodes are part of `_state`, so the count stands for the runtime."""
+        if runtime_ms is None or not self.res.reserve_start:
+            return 0
+        later = self.res.later_starts()
+        return len(later) - bisect.bisect_left(later, (self.now + runtime_ms, ""))
 
     def _state(self) -> tuple[int, int, int, int]:
         """What changes when a decision takes room or quota, claims or holds nodes:

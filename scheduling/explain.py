@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from enum import StrEnum
 
@@ -67,8 +68,10 @@ def gpu_noun(milli: int, pool: str = "") -> str:
     return f"{gpus(milli)} {noun}" + (f" in pool {pool}" if pool else "")
 
 
+@functools.lru_cache(maxsize=4096)
 def describe(shape: Shape) -> str:
-    """Return what a shape asks for: "8 whole GPUs", "1× 0.46 GPU share", "2× MIG 3g.40gb"."""
+    """Return what a shape asks for: "8 whole GPUs", "1× 0.46 GPU share", "2× MIG 3g.40gb".
+    (Remembered: every waiting request's decision says its shape, twice, every tick.)"""
     if shape.kind is ProfileKind.MIG:
         what = f"{shape.count}× MIG {shape.mig_profile}"
     elif shape.kind is ProfileKind.SHARED:

@@ -230,6 +230,24 @@ def _node_token(node: Node) -> int:
     return token
 
 
+#: (node class, shape, now) -> `fit.eligible_devices`: the same few node classes and shapes
+#: come back tick after tick, and a tick asks for each node of a pool
+_NODE_ELIGIBLE: dict[tuple[int, Shape, bool], tuple[bool, ...] | None] = {}
+_NODE_ELIGIBLE_MAX = 100_000
+
+
+def eligible(node: Node, shape: Shape, now: bool = True) -> tuple[bool, ...] | None:
+    """`fit.eligible_devices(node, shape, now=now)`, which looks at all of the node but its
+    name, remembered per node class."""
+    key = (node_class(node), shape, now)
+    flags = _NODE_ELIGIBLE.get(key, _MISS)
+    if flags is _MISS:
+        if len(_NODE_ELIGIBLE) >= _NODE_ELIGIBLE_MAX:
+            _NODE_ELIGIBLE.clear()
+        flags = _NODE_ELIGIBLE[key] = fit.eligible_devices(node, shape, now=now)
+    return flags  # type: ignore[return-value]
+
+
 @dataclass(frozen=True, slots=True)
 class _Static:
     """What a node class is whatever the state: computed once per class number, not once
@@ -376,6 +394,38 @@ class _Group:
     #: node names, sorted
     names: list[str] = field(default_factory=list)
     cache: dict[int, Result] = field(default_factory=dict)
+    #: (CPU, memory, device states), hashed once: the evaluation memo's key
+    state: Hashed = field(init=False)
+    #: devices wholly idle: a whole-device shape of more cannot fit, whatever else holds
+    whole: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.state = Hashed((self.cpu, self.mem, self.devs))
+        self.whole = sum(
+            1 for d in self.devs if d[0] == WHOLE_GPU_MILLI and d[2] == 0 and d[3] == 0
+        )
+
+
+class Hashed:
+    """A tuple with its hash computed once: the key of a memo asked again and again about
+    the same large value (a tuple's hash is computed at every lookup)."""
+
+    __slots__ = ("value", "_hash")
+
+    def __init__(self, value: tuple[object, ...]) -> None:
+        self.value = value
+        self._hash = hash(value)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            self is other
+            or isinstance(other, Hashed)
+            and self._hash == other._hash
+            and self.value == other.value
+        )
 
 
 @dataclass(slots=True, eq=False)
@@ -426,6 +476,10 @@ class ClusterState:
         self._fits: dict[
             tuple[int, tuple[str, ...] | None], tuple[list[int], dict[_Group, tuple[Score, Choice]]]
         ] = {}
+        #: bumped when the target workloads change: the groups in `_fits` can still hold
+        #: their shape (what a group can hold does not depend on the target), only their
+        #: scores are stale
+        self._epoch = 0
         self._shape_ids: dict[Shape, int] = {}
         self._frag_memo: dict[tuple[object, ...], int] = {}
         #: `_evaluate` outside `remembering()`: per node kind (pools of the same hardware
@@ -490,7 +544,7 @@ class ClusterState:
         if self.policy.startswith("fgd"):
             for g in self._groups.values():
                 g.cache.clear()
-            self._fits.clear()
+            self._epoch += 1
 
     def retarget(
         self, pool_shape_weights: Mapping[str, Mapping[Shape, int] | Iterable[tuple[Shape, int]]]
@@ -519,7 +573,7 @@ class ClusterState:
             self._frag_memo.clear()
             for g in self._groups.values():
                 g.cache.clear()
-            self._fits.clear()  # it holds the groups' results too
+            self._epoch += 1  # `_fits` holds the groups' results too
         return True
 
     @property
@@ -733,11 +787,23 @@ class ClusterState:
         changes moves to another group), so each is evaluated for a shape once."""
         entry = self._fits.get((sid, pools))
         if entry is None:
-            entry = self._fits[(sid, pools)] = ([0], {})
+            entry = self._fits[(sid, pools)] = ([0, self._epoch], {})
         read, fits = entry
+        evaluate = self._evaluate
+        if read[1] != self._epoch:
+            # Another target workload: the same groups hold the shape, scored anew (in the
+            # same order: ties go to the group made first).
+            for g in list(fits):
+                r = g.cache.get(sid, _MISS) if g.names else None
+                if r is _MISS:
+                    r = g.cache[sid] = evaluate(g, shape, sid)
+                if r is None:
+                    del fits[g]
+                else:
+                    fits[g] = r  # type: ignore[assignment]
+            read[1] = self._epoch
         made = self._made
         if read[0] < len(made):
-            evaluate = self._evaluate
             for g in made[read[0] :]:
                 if not g.names or (pools is not None and g.cls.proto.pool not in pools):
                     continue
@@ -843,6 +909,7 @@ class ClusterState:
         if (
             g.cpu < shape.cpu_milli
             or g.mem < shape.memory_mib
+            or (shape.kind is ProfileKind.WHOLE and g.whole < shape.count)
             or self._eligible(cls, shape, sid) is None
         ):
             return None
@@ -852,14 +919,14 @@ class ClusterState:
         if memo is None:
             # Within one state: the same free capacity on the same hardware in another
             # pool with the same target workload scores the same.
-            mine = (cls.kind, target.ident, g.cpu, g.mem, g.devs, sid)
+            mine = (cls.kind, target.ident, g.state, sid)
             r = self._evaluated.get(mine, _MISS)
             if r is _MISS:
                 if len(self._evaluated) >= _EVALUATED_MAX:
                     self._evaluated.clear()  # a state kept across many ticks
                 r = self._evaluated[mine] = self._evaluate_fresh(g, shape, sid)
             return r  # type: ignore[return-value]
-        key = (cls.token, target.ident, self.policy, g.cpu, g.mem, g.devs, shape)
+        key = (cls.token, target.ident, self.policy, g.state, shape)
         r = memo.get(key, _MISS)
         if r is _MISS:
             if len(memo) >= _EVALUATED_MAX:

@@ -62,13 +62,14 @@ from dataclasses import dataclass
 
 from scheduling import fit
 from scheduling.explain import Code
-from scheduling.packer import ClusterState
+from scheduling.packer import ClusterState, eligible
 from scheduling.quota import PoolBook
 from scheduling.types import (
     WHOLE_GPU_MILLI,
     Node,
     Placement,
     PreemptionPolicy,
+    ProfileKind,
     Running,
     Shape,
     WorkloadClass,
@@ -283,20 +284,27 @@ def plan(
 
 def _hopeless(state: ClusterState, node: Node, shape: Shape, cands: list[Candidate]) -> bool:
     """Return True if the shape cannot fit on the node even with every candidate stopped."""
-    flags = fit.eligible_devices(node, shape)
+    flags = eligible(node, shape)
     if flags is None:
         return True
     cpu_free, mem_free, idle = state.free_capacity(node.name)
+    name = node.name
+    pods = [pod for c in cands for pod in c.run.placement.pods if pod.node == name]
+    if shape.kind is not ProfileKind.MIG:
+        # A bound first, cheap: what is idle and what the candidates free together fall
+        # short of `count` devices of `milli` each (most nodes a large shape asks about).
+        per = WHOLE_GPU_MILLI if shape.kind is ProfileKind.WHOLE else shape.milli
+        freed = sum(max(g.milli, 1) for pod in pods for g in pod.grants)
+        if sum(idle) + freed < shape.count * per:
+            return True
     held = {d.index: WHOLE_GPU_MILLI - idle[pos] for pos, d in enumerate(node.devices)}
     cpu_held = node.cpu_milli - cpu_free
     mem_held = node.memory_mib - mem_free
-    for c in cands:
-        for pod in c.run.placement.pods:
-            if pod.node == node.name:
-                cpu_held -= pod.cpu_milli
-                mem_held -= pod.memory_mib
-                for g in pod.grants:
-                    held[g.device] = held.get(g.device, 0) - max(g.milli, 1)
+    for pod in pods:
+        cpu_held -= pod.cpu_milli
+        mem_held -= pod.memory_mib
+        for g in pod.grants:
+            held[g.device] = held.get(g.device, 0) - max(g.milli, 1)
     return not fit.fits_free(node, shape, flags, held, cpu_held, mem_held)
 
 

@@ -22,6 +22,7 @@ the rest of the tick (its clock, snapshot, packer state, quota book, queue and c
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import heapq
 from collections.abc import Iterator, Sequence
@@ -29,7 +30,7 @@ from typing import Protocol
 
 from scheduling import fit
 from scheduling.explain import Code
-from scheduling.packer import ClusterState, node_class
+from scheduling.packer import ClusterState, Hashed, eligible, node_class
 from scheduling.queue import FairQueue
 from scheduling.quota import QuotaBook
 from scheduling.types import Node, PendingRequest, Placement, Policy, Shape, Snapshot, WorkloadClass
@@ -48,6 +49,7 @@ class _Tick(Protocol):
     book: QuotaBook
     queue: FairQueue
     claimed: dict[str, str]
+    node_by_name: dict[str, Node]
     scarce: frozenset[str]
     #: request id -> the number of its shape (equal shapes, equal numbers)
     shape_no: dict[str, int]
@@ -63,29 +65,10 @@ class _Tick(Protocol):
 #: expected end (None = unknown), (device, milli) grants, CPU milli, memory MiB
 _Hold = tuple[int | None, tuple[tuple[int, int], ...], int, int]
 _NEVER = 1 << 62
-#: (node class, shape, now) -> `fit.eligible_devices`: the same few node classes and shapes
-#: come back tick after tick, and a tick asks for each node of a pool
-_ELIGIBLE: dict[tuple[int, Shape, bool], tuple[bool, ...] | None] = {}
-_ELIGIBLE_MAX = 100_000
-
-
-def eligible(node: Node, shape: Shape, now: bool = True) -> tuple[bool, ...] | None:
-    """`fit.eligible_devices(node, shape, now=now)`, which looks at all of the node but its
-    name, remembered per node class."""
-    key = (node_class(node), shape, now)
-    flags = _ELIGIBLE.get(key, _MISSING)
-    if flags is _MISSING:
-        if len(_ELIGIBLE) >= _ELIGIBLE_MAX:
-            _ELIGIBLE.clear()
-        flags = _ELIGIBLE[key] = fit.eligible_devices(node, shape, now=now)
-    return flags  # type: ignore[return-value]
-
-
-_MISSING: object = object()
 #: `_fit_at` of a node where the shape fits beside everything that holds it
 _FITS_NOW = -(1 << 62)
 #: inside `remembering()`: (node class, shape, holds) -> `_fit_at`
-_DRAINS: dict[tuple[object, ...], int | None] | None = None
+_DRAINS: dict[tuple[object, ...], tuple[int | None, int]] | None = None
 _DRAINS_MAX = 200_000
 
 
@@ -133,6 +116,20 @@ def _fit_at(
     return None
 
 
+def _fit_at_free(
+    node: Node, shape: Shape, flags: tuple[bool, ...], holds: Sequence[_Hold]
+) -> tuple[int | None, int]:
+    """`_fit_at`, and the devices that may serve the shape with nothing on them."""
+    used: dict[int, int] = {}
+    for _, grants, _, _ in holds:
+        for dev, milli in grants:
+            used[dev] = used.get(dev, 0) + milli
+    free = sum(
+        1 for d, ok in zip(node.devices, flags, strict=False) if ok and used.get(d.index, 0) == 0
+    )
+    return _fit_at(node, shape, flags, holds), free
+
+
 class Reservations:
     """The reservations of one tick: who may hold nodes (`may_reserve`), the nodes held and
     for whom, when each holder is expected to start there, and the admissions of the tick
@@ -145,10 +142,12 @@ class Reservations:
         "reserve_start",
         "admitted",
         "admitted_end",
-        "_held",
         "_holders",
         "_last",
         "may_reserve",
+        "_scored",
+        "_later",
+        "_hold_keys",
     )
 
     def __init__(self, tick: _Tick) -> None:
@@ -163,24 +162,31 @@ class Reservations:
         self.admitted: list[Placement] = []
         #: expected end of each admission of this tick (None = no estimate)
         self.admitted_end: list[int | None] = []
-        #: milli held per (node, device), built only when a reservation needs it (most
-        #: ticks never do)
-        self._held: dict[tuple[str, int], int] | None = None
         #: per node, what holds it and until when; built only when a reservation needs it
         self._holders: dict[str, list[_Hold]] | None = None
         #: when something last started on each node; built when a reservation needs it
         self._last: dict[str, int] | None = None
+        #: (shape, pools) -> (admissions scored, per node its key for `reserve`)
+        self._scored: dict[
+            tuple[Shape, tuple[str, ...]],
+            tuple[int, dict[str, tuple[bool, int, int, int, str] | None]],
+        ] = {}
+        #: (size of `reserve_start` when sorted, `later_starts`)
+        self._later: tuple[int, list[tuple[int, str]]] = (0, [])
+        #: per node, what holds it (`holders`) hashed once; dropped when an admission
+        #: lands there
+        self._hold_keys: dict[str, Hashed] = {}
         self.may_reserve = self._reservation_holders(tick)
 
     def admit(self, placement: Placement, end: int | None) -> None:
         """Count an admission of the tick (expected to end at `end`) as holding its nodes."""
         self.admitted.append(placement)
+        for name in placement.nodes:
+            self._hold_keys.pop(name, None)
         if self._last is not None:
             for name in placement.nodes:
                 self._last[name] = self.now
         self.admitted_end.append(end)
-        if self._held is not None:
-            self._hold(self._held, placement)
         if self._holders is not None:
             self._add_holds(self._holders, placement, end)
 
@@ -208,15 +214,23 @@ class Reservations:
         is expected to end (EASY backfilling); never without both estimates."""
         if req.expected_runtime_ms is None or not self.reserve_start:
             return None
-        end = t.now + req.expected_runtime_ms
-        ok = {
-            name
-            for name, start in self.reserve_start.items()
-            if start is not None and start >= end and name not in t.claimed
-        }
+        later = self.later_starts()
+        i = bisect.bisect_left(later, (t.now + req.expected_runtime_ms, ""))
+        claimed = t.claimed
+        ok = {name for _, name in later[i:] if name not in claimed}
         if not ok:
             return None
         return t.state.find(req.shape, lambda n: n.pool in pools and n.name in ok)
+
+    def later_starts(self) -> list[tuple[int, str]]:
+        """The reserved nodes whose holder's expected start is known, as (start, node),
+        sorted: `backfill` takes those starting after a request's expected end. Nodes are
+        only added to `reserve_start` during a tick, so its size says when to sort again."""
+        seen, later = self._later
+        if seen != len(self.reserve_start):
+            later = sorted((s, n) for n, s in self.reserve_start.items() if s is not None)
+            self._later = (len(self.reserve_start), later)
+        return later
 
     def _reservation_holders(self, t: _Tick) -> set[str]:
         """Return who may hold a reservation this tick: the oldest qualifying requests.
@@ -293,34 +307,12 @@ class Reservations:
         if req.id not in self.may_reserve or req.id in self.reserved.values():
             return False
         shape = req.shape
-        scored: list[tuple[bool, int, int, int, str]] = []
-        # a shape that fits elsewhere leaves scarce nodes to the shapes only they can host
-        spare = t.scarce if t.fits_elsewhere(shape, pools) else frozenset()
-        held = self.held(t)
-        last = self.last_start(t)
-        holders = self.holders(t)
-        for node in t.snap.nodes:
-            if node.pool not in pools or node.name in self.reserved or node.name in t.claimed:
-                continue
-            # The one fit rule: readiness, taints, CPU, memory, devices.
-            flags = eligible(node, shape)
-            if flags is None:
-                continue
-            free = sum(
-                1
-                for d, ok in zip(node.devices, flags, strict=False)
-                if ok and held.get((node.name, d.index), 0) == 0
-            )
-            drain = self._drain_ms(node, shape, flags, holders.get(node.name, ()))
-            scored.append(
-                (
-                    node.name in spare,
-                    _NEVER if drain is None else drain,
-                    last.get(node.name, 0),
-                    -free,
-                    node.name,
-                )
-            )
+        reserved, claimed = self.reserved, t.claimed
+        scored = [
+            s
+            for name, s in self._scores(t, shape, pools).items()
+            if s is not None and name not in reserved and name not in claimed
+        ]
         if len(scored) < shape.pods:
             return False
         chosen = sorted(scored)[: shape.pods]
@@ -336,24 +328,73 @@ class Reservations:
                 self.reserved_borrowing.add(name)
         return True
 
-    def _drain_ms(
-        self, node: Node, shape: Shape, flags: tuple[bool, ...], holds: Sequence[_Hold]
-    ) -> int | None:
+    def _scores(
+        self, t: _Tick, shape: Shape, pools: tuple[str, ...]
+    ) -> dict[str, tuple[bool, int, int, int, str] | None]:
+        """Per node of the pools, its sort key for `reserve` (None: it cannot host the
+        shape). Holders of one shape ask for the same keys: they are kept for the tick and
+        only the nodes of admissions made since are scored again (nothing else changes
+        what holds a node during a tick; reserved and claimed nodes are left out by the
+        caller)."""
+        key = (shape, pools)
+        entry = self._scored.get(key)
+        admitted = self.admitted
+        if entry is not None and entry[0] == len(admitted):
+            return entry[1]
+        # a shape that fits elsewhere leaves scarce nodes to the shapes only they can host
+        spare = t.scarce if t.fits_elsewhere(shape, pools) else frozenset()
+        last = self.last_start(t)
+        holders = self.holders(t)
+        hold_keys = self._hold_keys
+
+        def score(node: Node) -> tuple[bool, int, int, int, str] | None:
+            # The one fit rule: readiness, taints, CPU, memory, devices.
+            flags = eligible(node, shape)
+            if flags is None:
+                return None
+            name = node.name
+            hold = hold_keys.get(name)
+            if hold is None:
+                hold = hold_keys[name] = Hashed(tuple(holders.get(name, ())))
+            drain, free = self._drain_free(node, shape, flags, hold)
+            return (
+                name in spare,
+                _NEVER if drain is None else drain,
+                last.get(name, 0),
+                -free,
+                name,
+            )
+
+        if entry is None:
+            scores = {n.name: score(n) for n in t.snap.nodes if n.pool in pools}
+        else:
+            scores = entry[1]
+            nodes = t.node_by_name
+            for placement in admitted[entry[0] :]:
+                for name in placement.nodes:
+                    if name in scores:
+                        scores[name] = score(nodes[name])
+        self._scored[key] = (len(admitted), scores)
+        return scores
+
+    def _drain_free(
+        self, node: Node, shape: Shape, flags: tuple[bool, ...], hold: Hashed
+    ) -> tuple[int | None, int]:
         """Return when one pod of the shape is expected to fit on the node (devices, CPU,
-        memory; `fit.fits_free`), from the expected ends of what holds it; None when one
-        has no estimate."""
+        memory; `fit.fits_free`), from the expected ends of what holds it (None when one
+        has no estimate), and how many devices that may serve it are wholly free now."""
         memo = _DRAINS
         if memo is None:
-            at = _fit_at(node, shape, flags, holds)
+            at, free = _fit_at_free(node, shape, flags, hold.value)  # type: ignore[arg-type]
         else:
-            key = (node_class(node), shape, tuple(holds))
-            if key in memo:
-                at = memo[key]
-            else:
+            key = (node_class(node), shape, hold)
+            found = memo.get(key)
+            if found is None:
                 if len(memo) >= _DRAINS_MAX:
                     memo.clear()
-                at = memo[key] = _fit_at(node, shape, flags, holds)
-        return None if at is None else max(at, self.now)
+                found = memo[key] = _fit_at_free(node, shape, flags, hold.value)  # type: ignore[arg-type]
+            at, free = found
+        return (None if at is None else max(at, self.now)), free
 
     # -- what holds each node -------------------------------------------------------
 
@@ -390,20 +431,3 @@ class Reservations:
         for pod in placement.pods:
             grants = tuple([(g.device, g.milli if g.milli > 1 else 1) for g in pod.grants])
             holders.setdefault(pod.node, []).append((end, grants, pod.cpu_milli, pod.memory_mib))
-
-    def held(self, t: _Tick) -> dict[tuple[str, int], int]:
-        """Return the milli held per (node, device) by running attempts and admissions."""
-        if self._held is None:
-            self._held = {}
-            for run in t.snap.running:
-                self._hold(self._held, run.placement)
-            for placement in self.admitted:
-                self._hold(self._held, placement)
-        return self._held
-
-    @staticmethod
-    def _hold(held: dict[tuple[str, int], int], placement: Placement) -> None:
-        for pod in placement.pods:
-            for g in pod.grants:
-                key = (pod.node, g.device)
-                held[key] = held.get(key, 0) + (g.milli if g.milli > 1 else 1)

@@ -245,21 +245,27 @@ class Simulation:
         self.out.seconds += time.perf_counter() - started
         self.out.decisions += len(decisions)
         woke = False
+        pending, timed = self.pending, self.timed
+        wait, admit, preempt = DecisionKind.WAIT, DecisionKind.ADMIT, DecisionKind.PREEMPT
         for d in decisions:
-            if d.kind is DecisionKind.ADMIT:
+            kind = d.kind
+            # (waits first: nearly every decision of a deep queue is one)
+            if kind is wait:
+                rid = d.request_id
+                req = pending[rid]
+                code = d.code
+                flag = code == "preempting" or code == "awaiting-stop"
+                if req.preempting is not flag:
+                    pending[rid] = replace(req, preempting=flag)
+                if rid not in timed:
+                    timed.add(rid)
+                    self._wake_at_thresholds(req.created_at_ms, now)
+            elif kind is admit:
                 self.admit(d.request_id, d.placement, now)
-            elif d.kind is DecisionKind.PREEMPT:
+            elif kind is preempt:
                 self.preempt(d.attempt_id, now)
                 woke = True
-            elif d.kind is DecisionKind.WAIT:
-                req = self.pending[d.request_id]
-                flag = d.code in ("preempting", "awaiting-stop")
-                if req.preempting != flag:
-                    self.pending[d.request_id] = replace(req, preempting=flag)
-                if d.request_id not in self.timed:
-                    self.timed.add(d.request_id)
-                    self._wake_at_thresholds(req.created_at_ms, now)
-            elif d.kind is DecisionKind.REJECT:
+            elif kind is DecisionKind.REJECT:
                 if not self.rejects_ok:
                     raise RuntimeError(f"replay job {d.request_id} rejected: {d.message}")
                 self.pending.pop(d.request_id)

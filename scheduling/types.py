@@ -8,8 +8,9 @@ benchmark builds one from a trace; `schedule()` returns `Decision`s.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 
 WHOLE_GPU_MILLI = 1000
@@ -137,8 +138,12 @@ class Shape:
     #: GPU milli this shape holds in total, as quotas count it (computed once: a tick
     #: asks it about a hundred thousand times)
     gpus_milli: int = field(init=False, repr=False, compare=False, hash=False)
+    #: the hash of the compared fields, computed once: shapes key the packer's, the
+    #: reservations' and the fit rule's memos, millions of lookups in a replay
+    _hash: int = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash(self._key()))
         if self.kind is ProfileKind.MIG:
             slices = 4 if self.mig_profile in FOUR_SLICE_MIG_PROFILES else 7
             per = mig_compute_slices(self.mig_profile) * WHOLE_GPU_MILLI // slices
@@ -147,6 +152,20 @@ class Shape:
         else:
             per = WHOLE_GPU_MILLI
         object.__setattr__(self, "gpus_milli", per * self.count * self.pods)
+
+    def _key(self) -> tuple[object, ...]:
+        return _shape_init(self)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple[type[Shape], tuple[object, ...]]:
+        # rebuilt, not restored: a string's hash differs from one process to the next
+        return (Shape, self._key())
+
+
+#: a shape's init fields, in order (its hash and its pickled form)
+_shape_init = operator.attrgetter(*(f.name for f in fields(Shape) if f.init))
 
 
 #: MIG profiles found only on 4-slice GPUs (A30, RTX PRO 6000 Blackwell): quotas count such a

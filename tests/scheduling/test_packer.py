@@ -290,6 +290,46 @@ def test_a_filtered_search_answers_as_the_full_scan_while_groups_come_and_go() -
     assert len(state._made) < 3000  # restarted from the live groups on the way
 
 
+def test_a_kept_state_answers_as_a_new_one_across_target_changes() -> None:
+    # A state kept across ticks keeps, per shape, the groups that can hold it when the
+    # target workload changes (`retarget`), and scores them anew. Its filtered search
+    # must answer as a state built with the new target and the same placements taken.
+    rng = random.Random(11)
+    nodes = [node(f"n{i}", 4, partitioning=TS, replicas=4) for i in range(6)]
+    shapes = [shared(250), shared(500), whole(1), whole(2), whole(4)]
+    menus = [
+        [(shared(250), 1)],
+        [(whole(2), 3), (shared(500), 1)],
+        [(whole(4), 1), (shared(250), 5)],
+        [(whole(1), 2)],
+    ]
+
+    def targets() -> dict[str, list[tuple[Shape, int]]]:
+        return {"p": rng.choice(menus)}
+
+    now = targets()
+    kept = ClusterState(nodes, DEFAULT_POLICY, pool_shape_weights=now)
+    held: list[Placement] = []
+    changes = 0
+    for _ in range(400):
+        if rng.random() < 0.2:
+            new = targets()
+            changes += new != now
+            now = new
+            assert kept.retarget(now)
+        fresh = ClusterState(nodes, DEFAULT_POLICY, pool_shape_weights=now)
+        fresh.take_many(held)
+        shape = rng.choice(shapes)
+        found = kept.find(shape, accept=lambda n: True, pools=("p",))
+        assert found == fresh.find(shape, accept=lambda n: True, pools=("p",))
+        if found is not None and (rng.random() < 0.6 or not held):
+            kept.take(found)
+            held.append(found)
+        elif held:
+            kept.give(held.pop(rng.randrange(len(held))))
+    assert changes > 20 and len(held) > 3
+
+
 def test_pools_of_the_same_hardware_share_scores_only_with_the_same_target() -> None:
     # A state remembers a group's score per node kind (the node but for its name and
     # pool) and target workload: two pools of the same nodes with other targets must

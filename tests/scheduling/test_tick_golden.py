@@ -195,6 +195,45 @@ class AlikeRequestsTest(unittest.TestCase):
         got = {d.request_id: d.code for d in schedule(snap, policy=rules(max_reservations=0))}
         self.assertEqual(got, {"A": "awaiting-stop", "C": "fits", "B": "no-capacity"})
 
+    def test_a_copy_is_the_decision_the_request_would_get_on_its_own(self) -> None:
+        # Runtime estimates differ from request to request (a replay draws each one);
+        # alike requests share a decision when no reservation tells their runtimes apart.
+        # Every decision must be the one the request gets when it is decided alone.
+        from unittest import mock
+
+        from scheduling import cycle
+        from tests.scheduling.builders import node, pool, req, snapshot
+
+        # two alike requests for a pool in maintenance: a decision made before the queue
+        # is read says no queue position, and neither may its copy
+        maint = snapshot(
+            [node("m1", pool="old", gpus=4)],
+            pools=[pool("old", lifecycle=Lifecycle.MAINTENANCE)],
+            pending=[req("one", pool="old", created_s=2), req("two", pool="old", created_s=1)],
+        )
+        self.assertEqual([d.position for d in schedule(maint)], [0, 0])
+        for name, snap, policy in workloads():
+            if name == "roomy-eager":
+                continue
+            rng = random.Random(name)
+            distinct = dataclasses.replace(
+                snap,
+                pending=tuple(
+                    dataclasses.replace(r, expected_runtime_ms=rng.randrange(60, 12 * 3600) * 1000)
+                    if rng.random() < 0.8
+                    else r
+                    for r in snap.pending
+                ),
+            )
+            for variant, s in (("as built", snap), ("distinct estimates", distinct)):
+                shared = encode(schedule(s, policy=policy))
+                with mock.patch.object(cycle._Tick, "_alike", lambda *_: None):
+                    alone = encode(schedule(s, policy=policy))
+                with self.subTest(workload=name, variant=variant):
+                    self.assertEqual(len(shared), len(alone))
+                    for i, (a, b) in enumerate(zip(shared, alone, strict=True)):
+                        self.assertEqual(a, b, f"decision {i} differs")
+
     def test_the_collector_is_paused_for_a_tick_and_left_as_found(self) -> None:
         import gc
         from unittest import mock

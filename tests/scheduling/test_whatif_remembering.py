@@ -140,7 +140,7 @@ def test_when_a_node_drains_does_not_depend_on_clamping_past_ends_first() -> Non
     n = node("a0", gpus=8, cpu=16)
     for _ in range(2000):
         s = shape(gpus=rng.choice((1, 2, 4, 8)), cpu=rng.choice((0, 2, 8)))
-        flags = reservation.eligible(n, s)
+        flags = packer.eligible(n, s)
         assert flags is not None
         now = 1000 * rng.randrange(20)
         holds = []
