@@ -65,7 +65,6 @@ and to the decisions each request gets when decided alone.
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import dataclasses
 import functools
@@ -508,8 +507,7 @@ class _Tick:
         reserved nodes are part of `_state`, so the count stands for the runtime."""
         if runtime_ms is None or not self.res.reserve_start:
             return 0
-        later = self.res.later_starts()
-        return len(later) - bisect.bisect_left(later, (self.now + runtime_ms, ""))
+        return len(self.res.starting_after(self.now + runtime_ms))
 
     def _state(self) -> tuple[int, int, int, int]:
         """What changes when a decision takes room or quota, claims or holds nodes:

@@ -171,7 +171,7 @@ class Reservations:
             tuple[Shape, tuple[str, ...]],
             tuple[int, dict[str, tuple[bool, int, int, int, str] | None]],
         ] = {}
-        #: (size of `reserve_start` when sorted, `later_starts`)
+        #: (size of `reserve_start` when sorted, its known starts sorted: `starting_after`)
         self._later: tuple[int, list[tuple[int, str]]] = (0, [])
         #: per node, what holds it (`holders`) hashed once; dropped when an admission
         #: lands there
@@ -214,23 +214,23 @@ class Reservations:
         is expected to end (EASY backfilling); never without both estimates."""
         if req.expected_runtime_ms is None or not self.reserve_start:
             return None
-        later = self.later_starts()
-        i = bisect.bisect_left(later, (t.now + req.expected_runtime_ms, ""))
         claimed = t.claimed
-        ok = {name for _, name in later[i:] if name not in claimed}
+        late = self.starting_after(t.now + req.expected_runtime_ms)
+        ok = {name for _, name in late if name not in claimed}
         if not ok:
             return None
         return t.state.find(req.shape, lambda n: n.pool in pools and n.name in ok)
 
-    def later_starts(self) -> list[tuple[int, str]]:
-        """The reserved nodes whose holder's expected start is known, as (start, node),
-        sorted: `backfill` takes those starting after a request's expected end. Nodes are
-        only added to `reserve_start` during a tick, so its size says when to sort again."""
+    def starting_after(self, end: int) -> list[tuple[int, str]]:
+        """The reserved nodes whose holder is expected to start at `end` or later, as
+        (start, node): those `backfill` may use for work expected to end by then. Kept
+        sorted; nodes are only added to `reserve_start` during a tick, so its size says
+        when to sort again."""
         seen, later = self._later
         if seen != len(self.reserve_start):
             later = sorted((s, n) for n, s in self.reserve_start.items() if s is not None)
             self._later = (len(self.reserve_start), later)
-        return later
+        return later[bisect.bisect_left(later, (end, "")) :]
 
     def _reservation_holders(self, t: _Tick) -> set[str]:
         """Return who may hold a reservation this tick: the oldest qualifying requests.
