@@ -3,6 +3,8 @@ kept current, relisting on `410 Gone`."""
 
 from __future__ import annotations
 
+import atexit
+import functools
 import logging
 import threading
 import time
@@ -69,6 +71,11 @@ class WorkloadWatcher:
     streams: dict[tuple[str, str], _Stream] = field(default_factory=dict)
     last_resync: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: set by `run()`: what stops its threads, the threads, and each stream's open watch
+    #: response (what `close()` cuts to wake a thread waiting on an idle stream)
+    _stop: threading.Event | None = field(default=None, init=False, repr=False)
+    _threads: list[threading.Thread] = field(default_factory=list, init=False, repr=False)
+    _open: dict[tuple[str, str], Any] = field(default_factory=dict, init=False, repr=False)
 
     def _watch(self) -> Any:
         if self.watch_factory is not None:
@@ -167,10 +174,19 @@ class WorkloadWatcher:
             self.relist(namespace, kind)
             stream = self.streams[(namespace, kind)]
         args, selectors = self._args(namespace, kind)
+        lister = self._lister(kind, namespace)
+
+        @functools.wraps(lister)  # the client reads the lister's docstring
+        def opened(*a: Any, **kw: Any) -> Any:
+            response = self._open[(namespace, kind)] = lister(*a, **kw)
+            if self._stop is not None and self._stop.is_set():  # opened as `close()` swept
+                _cut(response)
+            return response
+
         w = self._watch()
         try:
             for event in w.stream(
-                self._lister(kind, namespace),
+                opened,
                 *args,
                 **selectors,
                 resource_version=stream.resource_version,
@@ -193,6 +209,8 @@ class WorkloadWatcher:
                 "watch %s/%s: 410 Gone at %s; relisting", namespace, kind, stream.resource_version
             )
             self.relist(namespace, kind)
+        finally:
+            self._open.pop((namespace, kind), None)
 
     def maybe_resync(self) -> bool:
         if self.clock() - self.last_resync >= self.resync_s:
@@ -253,7 +271,25 @@ class WorkloadWatcher:
         t = threading.Thread(target=self._resync_loop, args=(stop,), daemon=True, name="qm-resync")
         t.start()
         threads.append(t)
+        self._stop, self._threads = stop, threads
+        # A daemon thread still inside the client when the interpreter finalizes is killed
+        # as it next takes the GIL, and that forced unwind aborts the whole process (SIGABRT)
+        # where it crosses the client's compiled argument validation.
+        atexit.register(self.close)
         return threads
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the threads `run()` started and wait for them, at most `timeout_s`: an idle
+        watch stream is cut rather than waited out."""
+        atexit.unregister(self.close)
+        if self._stop is None:
+            return
+        self._stop.set()
+        for response in list(self._open.values()):
+            _cut(response)
+        deadline = time.monotonic() + timeout_s
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
 
     def _loop(self, ns: str, kind: str, stop: threading.Event) -> None:
         while not stop.is_set():
@@ -271,3 +307,15 @@ class WorkloadWatcher:
                 self.maybe_resync()
             except Exception:
                 log.exception("resync failed")
+
+
+def _cut(response: Any) -> None:
+    """Wake the thread reading a watch response: shut the socket for reading (its read then
+    ends), or close the response where it cannot."""
+    try:
+        response.shutdown()
+    except Exception:  # noqa: BLE001 - released already, or not a socket's response
+        try:
+            response.close()
+        except Exception:  # noqa: BLE001
+            pass
