@@ -339,6 +339,11 @@ class _Tick:
         self.no_victims = _Failures()
         self.no_room_after_stops = _Failures()
         self.candidates: dict[tuple[str, ...], list[preemption.Candidate]] = {}
+        #: `preemption.by_node` of `candidates[who]`: plans for other shapes ask again
+        self.victims_on: dict[tuple[str, ...], list[preemption.OnNode]] = {}
+        #: `preemption.candidates`'s memo of one group's candidates, kept as long as
+        #: `candidates`
+        self.candidate_groups: dict[tuple[object, ...], list[preemption.Candidate]] = {}
         #: nodes where a preemptor will start once its victims have stopped
         self.claimed: dict[str, str] = {}
         self.preemptions = 0
@@ -849,6 +854,7 @@ class _Tick:
                     req.created_at_ms if starving else None,
                     budget,
                     displace,
+                    self.candidate_groups,
                 )
                 if own:
                     found_cands = [
@@ -870,6 +876,14 @@ class _Tick:
                         if c.lost <= (scarce_limit if c.reason is Code.SCARCE_NODE else limit)
                     ]
                 self.candidates[who] = narrowed
+                # Indexed per node once per list: requesters' own caps rarely narrow it.
+                whole = narrowed is self.candidates[base]
+                on = self.victims_on.get(base) if whole else None
+                if on is None:
+                    on = preemption.by_node(narrowed)
+                    if whole:
+                        self.victims_on[base] = on
+                self.victims_on[who] = on
             after: dict[str, Verdict] = {}
 
             def quota_ok(
@@ -896,6 +910,7 @@ class _Tick:
                 quota_ok,
                 anywhere=own,
                 allowed=lambda victims: preemption.within_budget(victims, max_loss, budget),
+                on_nodes=self.victims_on[who],
             )
             if found is None:
                 self.no_victims.add(req.shape, base, tighter)
@@ -1000,6 +1015,8 @@ class _Tick:
         self.preemptions += len(found.victims)
         self.changes += 1
         self.candidates.clear()
+        self.victims_on.clear()
+        self.candidate_groups.clear()
         # Claim the room now: nothing later in this tick may use the free part of those
         # nodes, and the preemptor's quota counts from now on.
         for name in found.placement.nodes:
