@@ -151,15 +151,19 @@ def candidates(
         if tier is None and (starving_since_ms is None or cls.band > band):
             continue
         key: tuple[object, ...] | None = None
-        if memo is not None and starving_since_ms is None and displace is None:
-            # Then only the tier, the band's side and the loss cap decide (an inference
-            # class also reads the floor, which admissions move).
-            if not cls.inference:
-                key = (book.name, run_team, class_name, tier, cls.band >= band, cap)
-                kept = memo.get(key)
-                if kept is not None:
-                    out.extend(kept)
-                    continue
+        # Not starving, no scarce node: only the tier, the band's side and the loss cap
+        # decide (an inference class also reads the floor, which admissions move).
+        if (
+            memo is not None
+            and starving_since_ms is None
+            and displace is None
+            and not cls.inference
+        ):
+            key = (book.name, run_team, class_name, tier, cls.band >= band, cap)
+            kept = memo.get(key)
+            if kept is not None:
+                out.extend(kept)
+                continue
         start = len(out)
         min_runtime_ms = cls.min_runtime_s * 1000
         for run in runs:
@@ -315,9 +319,7 @@ def by_node(cands: Sequence[Candidate]) -> list[OnNode]:
                 here = on[name] = []
                 freed[name] = 0
             here.append(c)
-            freed[name] += sum(
-                [max(g.milli, 1) for p in pods if p.node == name for g in p.grants]
-            )
+            freed[name] += sum([max(g.milli, 1) for p in pods if p.node == name for g in p.grants])
     return [(name, on[name], freed[name]) for name in sorted(on)]
 
 
