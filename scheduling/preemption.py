@@ -263,6 +263,7 @@ def plan(
     anywhere: bool = False,
     allowed: Callable[[Sequence[Candidate]], bool] = lambda _: True,
     on_nodes: Sequence[OnNode] | None = None,
+    keep: Callable[[Candidate], bool] | None = None,
 ) -> Plan | None:
     """Return the smallest victim set (at most `cap`) that lets `shape` fit, or None.
 
@@ -272,7 +273,8 @@ def plan(
     asking the packer. With `anywhere` (quota, not devices, is what is missing), victims
     may come from any node of the pool when no single node works. Leaves `state` as it
     found it. `on_nodes`: `by_node(cands)`, where the caller asks about the same
-    candidates again.
+    candidates again; with `keep`, `by_node` of a longer list that `cands` is of the ones
+    `keep` accepts (a request's own loss cap narrows the tick's list).
     """
     if not cands or cap <= 0:
         return None
@@ -281,7 +283,17 @@ def plan(
         return found if found is not None and allowed(found.victims) else None
     best: tuple[tuple[int, int, str], Plan] | None = None
     for node, node_cands, freed in by_node(cands) if on_nodes is None else on_nodes:
-        if node not in nodes or _hopeless(state, nodes[node], shape, node_cands, freed):
+        if node not in nodes:
+            continue
+        if keep is not None:
+            # What the longer list frees falls short already: so does what part of it frees.
+            if _short(state, node, shape, freed):
+                continue
+            node_cands = [c for c in node_cands if keep(c)]
+            if not node_cands:
+                continue
+            freed = _freed(node, node_cands)
+        if _hopeless(state, nodes[node], shape, node_cands, freed):
             continue
 
         def on_node(n: Node, name: str = node) -> bool:
@@ -323,18 +335,37 @@ def by_node(cands: Sequence[Candidate]) -> list[OnNode]:
     return [(name, on[name], freed[name]) for name in sorted(on)]
 
 
+def _freed(name: str, cands: Sequence[Candidate]) -> int:
+    """`by_node`'s count for one node: the GPU milli the candidates' pods there hold."""
+    return sum(
+        [
+            max(g.milli, 1)
+            for c in cands
+            for p in c.run.placement.pods
+            if p.node == name
+            for g in p.grants
+        ]
+    )
+
+
+def _short(state: ClusterState, name: str, shape: Shape, freed: int) -> bool:
+    """Whether what is idle on the node and `freed` add up to fewer GPUs than the shape
+    asks (never for a MIG shape: its slices are counted by the exact map)."""
+    if shape.kind is ProfileKind.MIG:
+        return False
+    per = WHOLE_GPU_MILLI if shape.kind is ProfileKind.WHOLE else shape.milli
+    return state.idle_milli(name) + freed < shape.count * per
+
+
 def _hopeless(
     state: ClusterState, node: Node, shape: Shape, cands: list[Candidate], freed: int
 ) -> bool:
     """Return True if the shape cannot fit on the node even with every candidate stopped
     (`freed`: the GPU milli their pods there hold)."""
     name = node.name
-    if shape.kind is not ProfileKind.MIG:
-        # A bound first, cheap: what is idle and what the candidates free together fall
-        # short of `count` devices of `milli` each (two of three nodes a plan looks at).
-        per = WHOLE_GPU_MILLI if shape.kind is ProfileKind.WHOLE else shape.milli
-        if state.idle_milli(name) + freed < shape.count * per:
-            return True
+    # A bound first, cheap: it settles two of three nodes a plan looks at.
+    if _short(state, name, shape, freed):
+        return True
     flags = eligible(node, shape)
     if flags is None:
         return True
