@@ -339,6 +339,13 @@ class _Tick:
         self.no_victims = _Failures()
         self.no_room_after_stops = _Failures()
         self.candidates: dict[tuple[str, ...], list[preemption.Candidate]] = {}
+        #: `preemption.by_node` of `candidates[base]`: plans for other shapes ask again
+        self.victims_on: dict[tuple[str, ...], list[preemption.OnNode]] = {}
+        #: what narrows `candidates[base]` to `candidates[who]` (None: nothing)
+        self.kept: dict[tuple[str, ...], Callable[[preemption.Candidate], bool] | None] = {}
+        #: `preemption.candidates`'s memo of one group's candidates, kept as long as
+        #: `candidates`
+        self.candidate_groups: dict[tuple[object, ...], list[preemption.Candidate]] = {}
         #: nodes where a preemptor will start once its victims have stopped
         self.claimed: dict[str, str] = {}
         self.preemptions = 0
@@ -849,6 +856,7 @@ class _Tick:
                     req.created_at_ms if starving else None,
                     budget,
                     displace,
+                    self.candidate_groups,
                 )
                 if own:
                     found_cands = [
@@ -861,15 +869,24 @@ class _Tick:
             if who not in self.candidates:
                 # The request's own cap (`_victim_loss_cap`) only narrows the policy's list.
                 narrowed = self.candidates[base]
+                keep: Callable[[preemption.Candidate], bool] | None = None
                 if max_loss != self.policy.max_victim_loss_gpu_s:
                     limit = max(max_loss * 1_000_000, budget)
                     scarce_limit = max(limit, preemption.SCARCE_LOSS_FACTOR * budget)
-                    narrowed = [
-                        c
-                        for c in narrowed
-                        if c.lost <= (scarce_limit if c.reason is Code.SCARCE_NODE else limit)
-                    ]
+
+                    def keep(
+                        c: preemption.Candidate, low: int = limit, high: int = scarce_limit
+                    ) -> bool:
+                        return c.lost <= (high if c.reason is Code.SCARCE_NODE else low)
+
+                    narrowed = [c for c in narrowed if keep(c)]
                 self.candidates[who] = narrowed
+                self.kept[who] = keep
+            # Indexed per node once per tick's list; a request's own cap filters per node
+            # as a plan gets there.
+            on = self.victims_on.get(base)
+            if on is None:
+                on = self.victims_on[base] = preemption.by_node(self.candidates[base])
             after: dict[str, Verdict] = {}
 
             def quota_ok(
@@ -896,6 +913,8 @@ class _Tick:
                 quota_ok,
                 anywhere=own,
                 allowed=lambda victims: preemption.within_budget(victims, max_loss, budget),
+                on_nodes=on,
+                keep=self.kept[who],
             )
             if found is None:
                 self.no_victims.add(req.shape, base, tighter)
@@ -1000,6 +1019,9 @@ class _Tick:
         self.preemptions += len(found.victims)
         self.changes += 1
         self.candidates.clear()
+        self.victims_on.clear()
+        self.kept.clear()
+        self.candidate_groups.clear()
         # Claim the room now: nothing later in this tick may use the free part of those
         # nodes, and the preemptor's quota counts from now on.
         for name in found.placement.nodes:

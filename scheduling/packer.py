@@ -398,9 +398,12 @@ class _Group:
     state: Hashed = field(init=False)
     #: devices wholly idle: a whole-device shape of more cannot fit, whatever else holds
     whole: int = field(init=False)
+    #: GPU milli idle, all devices together
+    idle: int = field(init=False)
 
     def __post_init__(self) -> None:
         self.state = Hashed((self.cpu, self.mem, self.devs))
+        self.idle = sum([d[0] for d in self.devs])
         self.whole = sum(
             1 for d in self.devs if d[0] == WHOLE_GPU_MILLI and d[2] == 0 and d[3] == 0
         )
@@ -636,6 +639,13 @@ class ClusterState:
         """(free CPU milli, free memory MiB, idle milli per device) of one node."""
         free = self._nodes[name]
         return free.cpu_milli, free.memory_mib, tuple(d[0] for d in free.devs)
+
+    def idle_milli(self, name: str) -> int:
+        """GPU milli idle on one node, all devices together."""
+        free = self._nodes[name]
+        group = free.group
+        # a node is out of its group only inside a batch of changes (`_apply_pod`)
+        return group.idle if group is not None else sum([d[0] for d in free.devs])
 
     # ------------------------------------------------------------------ bookkeeping
 

@@ -115,6 +115,7 @@ def candidates(
     starving_since_ms: int | None = None,
     budget: int = 0,
     displace: Callable[[Running], bool] | None = None,
+    memo: dict[tuple[object, ...], list[Candidate]] | None = None,
 ) -> list[Candidate]:
     """Return the attempts in `book`'s pool this request may preempt, in victim order.
 
@@ -126,6 +127,9 @@ def candidates(
     `displace` (a starving request that only scarce nodes can host): the attempts of the
     same or a lower band that hold one of its nodes with work that fits elsewhere; they are
     candidates (tier 4, `scarce-node`) even where `when-borrowing` would protect them.
+    `memo` (kept by the caller while `groups` and `book` stay as they are): a group's
+    candidates where they depend only on its tier, so other requesters with the same terms
+    reuse them.
     """
     cap = max(max_loss_gpu_s * 1_000_000, budget) if max_loss_gpu_s else 0
     out: list[Candidate] = []
@@ -146,6 +150,21 @@ def candidates(
         )
         if tier is None and (starving_since_ms is None or cls.band > band):
             continue
+        key: tuple[object, ...] | None = None
+        # Not starving, no scarce node: only the tier, the band's side and the loss cap
+        # decide (an inference class also reads the floor, which admissions move).
+        if (
+            memo is not None
+            and starving_since_ms is None
+            and displace is None
+            and not cls.inference
+        ):
+            key = (book.name, run_team, class_name, tier, cls.band >= band, cap)
+            kept = memo.get(key)
+            if kept is not None:
+                out.extend(kept)
+                continue
+        start = len(out)
         min_runtime_ms = cls.min_runtime_s * 1000
         for run in runs:
             if run.pool != book.name or run.stopping:
@@ -187,6 +206,8 @@ def candidates(
                     continue
                 found = 4, Code.SCARCE_NODE
             out.append(Candidate(run, found[0], found[1], cls.band, lost))
+        if key is not None and memo is not None:
+            memo[key] = out[start:]
     out.sort(key=victim_key)
     return out
 
@@ -241,6 +262,8 @@ def plan(
     quota_ok: Callable[[Sequence[Running]], bool],
     anywhere: bool = False,
     allowed: Callable[[Sequence[Candidate]], bool] = lambda _: True,
+    on_nodes: Sequence[OnNode] | None = None,
+    keep: Callable[[Candidate], bool] | None = None,
 ) -> Plan | None:
     """Return the smallest victim set (at most `cap`) that lets `shape` fit, or None.
 
@@ -249,26 +272,34 @@ def plan(
     where even stopping every candidate would not free enough room is skipped without
     asking the packer. With `anywhere` (quota, not devices, is what is missing), victims
     may come from any node of the pool when no single node works. Leaves `state` as it
-    found it.
+    found it. `on_nodes`: `by_node(cands)`, where the caller asks about the same
+    candidates again; with `keep`, `by_node` of a longer list that `cands` is of the ones
+    `keep` accepts (a request's own loss cap narrows the tick's list).
     """
     if not cands or cap <= 0:
         return None
     if shape.pods > 1:
         found = _greedy(state, shape, accept, cands, book, cap, quota_ok)
         return found if found is not None and allowed(found.victims) else None
-    by_node: dict[str, list[Candidate]] = {}
-    for c in cands:
-        for pod in c.run.placement.pods:
-            by_node.setdefault(pod.node, []).append(c)
     best: tuple[tuple[int, int, str], Plan] | None = None
-    for node in sorted(by_node):
-        if node not in nodes or _hopeless(state, nodes[node], shape, by_node[node]):
+    for node, node_cands, freed in by_node(cands) if on_nodes is None else on_nodes:
+        if node not in nodes:
+            continue
+        if keep is not None:
+            # What the longer list frees falls short already: so does what part of it frees.
+            if _short(state, node, shape, freed):
+                continue
+            node_cands = [c for c in node_cands if keep(c)]
+            if not node_cands:
+                continue
+            freed = _freed(node, node_cands)
+        if _hopeless(state, nodes[node], shape, node_cands, freed):
             continue
 
         def on_node(n: Node, name: str = node) -> bool:
             return n.name == name and accept(n)
 
-        found = _greedy(state, shape, on_node, by_node[node], book, cap, quota_ok)
+        found = _greedy(state, shape, on_node, node_cands, book, cap, quota_ok)
         if found is None or not allowed(found.victims):
             continue
         score = (sum(v.lost for v in found.victims), len(found.victims), node)
@@ -282,25 +313,67 @@ def plan(
     return None if best is None else best[1]
 
 
-def _hopeless(state: ClusterState, node: Node, shape: Shape, cands: list[Candidate]) -> bool:
-    """Return True if the shape cannot fit on the node even with every candidate stopped."""
+#: (node, the candidates with a pod there, the GPU milli their pods there hold)
+OnNode = tuple[str, list[Candidate], int]
+
+
+def by_node(cands: Sequence[Candidate]) -> list[OnNode]:
+    """The candidates per node they hold, nodes by name (a candidate with two pods on a
+    node is listed, and counted, twice)."""
+    on: dict[str, list[Candidate]] = {}
+    freed: dict[str, int] = {}
+    for c in cands:
+        pods = c.run.placement.pods
+        for pod in pods:
+            name = pod.node
+            here = on.get(name)
+            if here is None:
+                here = on[name] = []
+                freed[name] = 0
+            here.append(c)
+            freed[name] += sum([max(g.milli, 1) for p in pods if p.node == name for g in p.grants])
+    return [(name, on[name], freed[name]) for name in sorted(on)]
+
+
+def _freed(name: str, cands: Sequence[Candidate]) -> int:
+    """`by_node`'s count for one node: the GPU milli the candidates' pods there hold."""
+    return sum(
+        [
+            max(g.milli, 1)
+            for c in cands
+            for p in c.run.placement.pods
+            if p.node == name
+            for g in p.grants
+        ]
+    )
+
+
+def _short(state: ClusterState, name: str, shape: Shape, freed: int) -> bool:
+    """Whether what is idle on the node and `freed` add up to fewer GPUs than the shape
+    asks (never for a MIG shape: its slices are counted by the exact map)."""
+    if shape.kind is ProfileKind.MIG:
+        return False
+    per = WHOLE_GPU_MILLI if shape.kind is ProfileKind.WHOLE else shape.milli
+    return state.idle_milli(name) + freed < shape.count * per
+
+
+def _hopeless(
+    state: ClusterState, node: Node, shape: Shape, cands: list[Candidate], freed: int
+) -> bool:
+    """Return True if the shape cannot fit on the node even with every candidate stopped
+    (`freed`: the GPU milli their pods there hold)."""
+    name = node.name
+    # A bound first, cheap: it settles two of three nodes a plan looks at.
+    if _short(state, name, shape, freed):
+        return True
     flags = eligible(node, shape)
     if flags is None:
         return True
-    cpu_free, mem_free, idle = state.free_capacity(node.name)
-    name = node.name
-    pods = [pod for c in cands for pod in c.run.placement.pods if pod.node == name]
-    if shape.kind is not ProfileKind.MIG:
-        # A bound first, cheap: what is idle and what the candidates free together fall
-        # short of `count` devices of `milli` each (most nodes a large shape asks about).
-        per = WHOLE_GPU_MILLI if shape.kind is ProfileKind.WHOLE else shape.milli
-        freed = sum(max(g.milli, 1) for pod in pods for g in pod.grants)
-        if sum(idle) + freed < shape.count * per:
-            return True
+    cpu_free, mem_free, idle = state.free_capacity(name)
     held = {d.index: WHOLE_GPU_MILLI - idle[pos] for pos, d in enumerate(node.devices)}
     cpu_held = node.cpu_milli - cpu_free
     mem_held = node.memory_mib - mem_free
-    for pod in pods:
+    for pod in (pod for c in cands for pod in c.run.placement.pods if pod.node == name):
         cpu_held -= pod.cpu_milli
         mem_held -= pod.memory_mib
         for g in pod.grants:

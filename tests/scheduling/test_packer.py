@@ -563,3 +563,20 @@ def test_fgd_bestfit_weighs_gpu_left_double_bestfit() -> None:
         state = ClusterState(nodes, policy, shape_weights={cpu_only: 1})
         p = state.find(cpu_only)
         assert p is not None and p.nodes == (want,), policy
+
+
+def test_idle_milli_is_the_sum_of_what_free_capacity_says_through_takes_and_gives() -> None:
+    rng = random.Random(5)
+    nodes = [node(f"n{i}", 4, partitioning=TS, replicas=4) for i in range(4)]
+    state = ClusterState(nodes, DEFAULT_POLICY)
+    held: list[Placement] = []
+    for _ in range(200):
+        found = state.find(rng.choice([shared(250), shared(500), whole(1), whole(2)]))
+        if found is not None and rng.random() < 0.6:
+            state.take(found)
+            held.append(found)
+        elif held:
+            state.give(held.pop(rng.randrange(len(held))))
+        for n in nodes:
+            assert state.idle_milli(n.name) == sum(state.free_capacity(n.name)[2])
+    assert held

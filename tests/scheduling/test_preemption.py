@@ -14,9 +14,14 @@ from __future__ import annotations
 import unittest
 from dataclasses import dataclass, field, replace
 
-from scheduling import schedule
+from scheduling import preemption, schedule
+from scheduling.explain import Code
+from scheduling.quota import QuotaBook
 from scheduling.types import (
     DecisionKind,
+    DeviceGrant,
+    Placement,
+    PodPlacement,
     Policy,
     PreemptionPolicy,
     Running,
@@ -25,6 +30,7 @@ from scheduling.types import (
     WorkloadClass,
 )
 from tests.scheduling.builders import (
+    NOW,
     by_kind,
     node,
     outcome,
@@ -617,3 +623,71 @@ class MixedPlanSentenceTest(unittest.TestCase):
             "waiting: 3 GPUs lent to b will be reclaimed; 3 GPUs of a of a lower class will be "
             "preempted; it starts once they have stopped",
         )
+
+
+class CandidateIndexTest(unittest.TestCase):
+    """What a tick remembers about candidates answers as a fresh computation would."""
+
+    def book_and_groups(self) -> tuple[object, dict[tuple[str, str], list[Running]]]:
+        runs = [
+            run("a-low", team="a", cls="low", node="n2", devices=(0, 1)),
+            run("b-low", team="b", cls="low", node="n1", devices=(0,)),
+            run("b-mid", team="b", cls="mid", node="n1", devices=(1, 2)),
+            run("c-low", team="c", cls="low", node="n2", devices=(2,), by_preemption=True),
+        ]
+        book = QuotaBook(
+            [pool("a100")],
+            [node("n1", gpus=4), node("n2", gpus=4)],
+            [quota("a", 2), quota("b", 2), quota("c", 2)],
+            runs,
+            {c.name: c for c in PRIO},
+        ).pools["a100"]
+        groups: dict[tuple[str, str], list[Running]] = {}
+        for r in runs:
+            groups.setdefault((r.team, r.workload_class), []).append(r)
+        return book, groups
+
+    def test_a_group_memo_gives_each_requester_what_it_would_get_without_it(self) -> None:
+        book, groups = self.book_and_groups()
+        classes = {c.name: c for c in PRIO}
+        memo: dict[tuple[object, ...], list[preemption.Candidate]] = {}
+        asks = [  # (team, band, reclaim): the same terms twice, then other sides of the bands
+            ("a", 30, True),
+            ("c", 30, True),
+            ("a", 20, True),
+            ("b", 30, False),
+            ("a", 10, True),
+        ]
+        for team, band, reclaim in asks:
+            with self.subTest(team=team, band=band):
+                args = (groups, classes, book, team, band, False, reclaim, NOW)
+                fresh = preemption.candidates(*args)  # type: ignore[arg-type]
+                kept = preemption.candidates(*args, memo=memo)  # type: ignore[arg-type]
+                self.assertEqual(kept, fresh)
+        self.assertTrue(memo)
+        # A group taken from the memo, not built again: the same objects.
+        again = preemption.candidates(groups, classes, book, "a", 30, False, True, NOW, memo=memo)  # type: ignore[arg-type]
+        first = preemption.candidates(groups, classes, book, "a", 30, False, True, NOW, memo=memo)  # type: ignore[arg-type]
+        self.assertTrue(all(x is y for x, y in zip(again, first, strict=True)))
+
+    def test_by_node_counts_what_candidates_free_per_node(self) -> None:
+        two_pods = replace(
+            run("g", node="n1", devices=(0,)),
+            placement=Placement(
+                (
+                    PodPlacement("n1", (DeviceGrant("n1", 0, 1000),)),
+                    PodPlacement("n1", (DeviceGrant("n1", 1, 500),)),
+                )
+            ),
+        )
+        shared = run("s", node="n0", devices=(3,), milli=0)
+        cands = [
+            preemption.Candidate(r, 3, Code.PRIORITY, 10, 0)
+            for r in (two_pods, run("w", node="n2", devices=(0, 1)), shared)
+        ]
+        on = preemption.by_node(cands)
+        self.assertEqual([name for name, _, _ in on], ["n0", "n1", "n2"])
+        self.assertEqual(on[0][1:], ([cands[2]], 1))  # a grant of 0 milli counts 1
+        # Two pods on one node: the candidate is listed per pod, each listing counts both.
+        self.assertEqual(on[1][1:], ([cands[0], cands[0]], 2 * 1500))
+        self.assertEqual(on[2][1:], ([cands[1]], 2000))
