@@ -474,7 +474,12 @@ class _Tick:
         milli = req.shape.gpus_milli
         check = self.book.check
         now = _quota_sig((check(req.team, p, milli, req.workload_class) for p in pools), seen.full)
-        return now == seen.quota
+        if now != seen.quota:
+            return False
+        # It holds at this state too: the alike requests after it, until the next change,
+        # need not ask quota again (what is compared above stays equal).
+        seen.state = state
+        return True
 
     def _alike(self, req: PendingRequest) -> tuple[object, ...] | None:
         """What the pass reads of a request, but for its id and queue position; None for
@@ -514,7 +519,7 @@ class _Tick:
         reserved nodes are part of `_state`, so the count stands for the runtime."""
         if runtime_ms is None or not self.res.reserve_start:
             return 0
-        return len(self.res.starting_after(self.now + runtime_ms))
+        return self.res.count_starting_after(self.now + runtime_ms)
 
     def _state(self) -> tuple[int, int, int, int]:
         """What changes when a decision takes room or quota, claims or holds nodes:

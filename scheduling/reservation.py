@@ -9,7 +9,7 @@ them meanwhile.
   bound) comes before the others, is made before the pass (`reserve_firm`) and holds
   even while it borrows.
 - **Nodes** (`reserve`): those expected to drain soonest for the shape, from
-  `Running.expected_end_ms` of what holds them (`_fit_at`, remembered across ticks inside
+  `Running.expected_end_ms` of what holds them (`_fit_at_free`, remembered across ticks inside
   `remembering()`), else those untouched longest; no later request of the tick may use
   them (the cycle's `_accept`), except a request within its nominal quota on the nodes of
   a borrowing holder.
@@ -53,6 +53,9 @@ class _Tick(Protocol):
     scarce: frozenset[str]
     #: request id -> the number of its shape (equal shapes, equal numbers)
     shape_no: dict[str, int]
+    #: per class, the waits (ms) of its starvation bound (None: never) and of keeping off
+    #: scarce nodes
+    ages: dict[str, tuple[float | None, float | None]]
 
     def fits_elsewhere(self, shape: Shape, pools: tuple[str, ...]) -> bool: ...
 
@@ -65,16 +68,16 @@ class _Tick(Protocol):
 #: expected end (None = unknown), (device, milli) grants, CPU milli, memory MiB
 _Hold = tuple[int | None, tuple[tuple[int, int], ...], int, int]
 _NEVER = 1 << 62
-#: `_fit_at` of a node where the shape fits beside everything that holds it
+#: `_fit_at_free`'s end on a node where the shape fits beside everything that holds it
 _FITS_NOW = -(1 << 62)
-#: inside `remembering()`: (node class, shape, holds) -> `_fit_at`
+#: inside `remembering()`: (node class, shape, holds) -> `_fit_at_free`
 _DRAINS: dict[tuple[object, ...], tuple[int | None, int]] | None = None
 _DRAINS_MAX = 200_000
 
 
 @contextlib.contextmanager
 def remembering() -> Iterator[None]:
-    """Keep when a node drains for a shape (`_fit_at`) across the `schedule()` calls made
+    """Keep when a node drains for a shape (`_fit_at_free`) across the `schedule()` calls made
     inside (`scheduling.cycle.remembering`). The decisions are the same."""
     global _DRAINS
     outer = _DRAINS
@@ -85,26 +88,37 @@ def remembering() -> Iterator[None]:
         _DRAINS = outer
 
 
-def _fit_at(
+def _fit_at_free(
     node: Node, shape: Shape, flags: tuple[bool, ...], holds: Sequence[_Hold]
-) -> int | None:
+) -> tuple[int | None, int]:
     """The expected end after which one pod of the shape fits on the node, what holds it
     ending in order of expected end (`_FITS_NOW`: it fits now; None: never, or a holder
-    has no estimate). `_drain_ms` is this but never before now: ends already past come
-    first either way, and once they are all gone the order of the rest is the same."""
+    has no estimate), and how many devices that may serve the shape have nothing on them.
+    `_drain_free` makes the end never before now: ends already past come first either
+    way, and once they are all gone the order of the rest is the same."""
     ends: list[tuple[int, int]] = []
     used: dict[int, int] = {}
     cpu = mem = 0
+    known = True
     for k, (end, grants, c, m) in enumerate(holds):
         if end is None:
-            return None
-        ends.append((end, k))
+            known = False
+        else:
+            ends.append((end, k))
         for dev, milli in grants:
             used[dev] = used.get(dev, 0) + milli
         cpu += c
         mem += m
+    if used:
+        get = used.get
+        free = sum(1 for d, ok in zip(node.devices, flags, strict=False) if ok and not get(d.index))
+    else:
+        # (`eligible` gives a flag per device, or none at all)
+        free = flags.count(True)
+    if not known:
+        return None, free
     if fit.fits_free(node, shape, flags, used, cpu, mem):
-        return _FITS_NOW
+        return _FITS_NOW, free
     for end, k in sorted(ends):
         _, grants, c, m = holds[k]
         for dev, milli in grants:
@@ -112,22 +126,8 @@ def _fit_at(
         cpu -= c
         mem -= m
         if fit.fits_free(node, shape, flags, used, cpu, mem):
-            return end
-    return None
-
-
-def _fit_at_free(
-    node: Node, shape: Shape, flags: tuple[bool, ...], holds: Sequence[_Hold]
-) -> tuple[int | None, int]:
-    """`_fit_at`, and the devices that may serve the shape with nothing on them."""
-    used: dict[int, int] = {}
-    for _, grants, _, _ in holds:
-        for dev, milli in grants:
-            used[dev] = used.get(dev, 0) + milli
-    free = sum(
-        1 for d, ok in zip(node.devices, flags, strict=False) if ok and used.get(d.index, 0) == 0
-    )
-    return _fit_at(node, shape, flags, holds), free
+            return end, free
+    return None, free
 
 
 class Reservations:
@@ -226,11 +226,20 @@ class Reservations:
         (start, node): those `backfill` may use for work expected to end by then. Kept
         sorted; nodes are only added to `reserve_start` during a tick, so its size says
         when to sort again."""
+        later = self._starts()
+        return later[bisect.bisect_left(later, (end, "")) :]
+
+    def count_starting_after(self, end: int) -> int:
+        """`len(starting_after(end))`, without the list: asked once per pending request."""
+        later = self._starts()
+        return len(later) - bisect.bisect_left(later, (end, ""))
+
+    def _starts(self) -> list[tuple[int, str]]:
         seen, later = self._later
         if seen != len(self.reserve_start):
             later = sorted((s, n) for n, s in self.reserve_start.items() if s is not None)
             self._later = (len(self.reserve_start), later)
-        return later[bisect.bisect_left(later, (end, "")) :]
+        return later
 
     def _reservation_holders(self, t: _Tick) -> set[str]:
         """Return who may hold a reservation this tick: the oldest qualifying requests.
@@ -249,14 +258,15 @@ class Reservations:
         waited_ms = policy.reserve_after_s * 1000
         classes = t.classes
         shape_no = t.shape_no
+        now, ages = t.now, t.ages
         #: `only_scarce` per (pool, shape number): tens of thousands qualify, in few shapes
         only: dict[tuple[str, int], bool] = {}
         for i, req in enumerate(pending):
             cls = classes.get(req.workload_class)
-            if cls is None or req.not_before_ms > t.now:
+            if cls is None or req.not_before_ms > now:
                 continue
             large = req.shape.count * req.shape.pods >= policy.reserve_min_devices
-            waited = t.now - req.created_at_ms >= waited_ms
+            waited = now - req.created_at_ms >= waited_ms
             if not (large or waited or escalated.get(req.id, False)):
                 continue
             # A shape only scarce nodes can host goes first: it holds only those nodes,
@@ -266,7 +276,9 @@ class Reservations:
             if rare is None:
                 pools = (req.pool,) if req.pool else t.production
                 rare = only[key] = t.only_scarce(req.shape, pools)
-            first = 0 if rare or t.starving(req, cls) else 1
+            starve_ms = ages[req.workload_class][0]  # `t.starving`, inline
+            starving = starve_ms is not None and now - req.created_at_ms >= starve_ms
+            first = 0 if rare or starving else 1
             qualifying.append((first, req.created_at_ms, req.id, i))
         # Quota is asked in that order, only until the holders are found: thousands
         # qualify at a deep queue, and a few may hold (a heap: no need to sort them all).

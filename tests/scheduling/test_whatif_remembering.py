@@ -150,5 +150,9 @@ def test_when_a_node_drains_does_not_depend_on_clamping_past_ends_first() -> Non
             take = [devices.pop() for _ in range(min(len(devices), rng.choice((1, 2))))]
             end = None if rng.random() < 0.05 else 1000 * rng.randrange(30)
             holds.append((end, tuple((d, 1000) for d in take), rng.choice((0, 4000, 10_000)), 0))
-        at = reservation._fit_at(n, s, flags, holds)
+        at, free = reservation._fit_at_free(n, s, flags, holds)
         assert (None if at is None else max(at, now)) == _drain_clamped(now, n, s, flags, holds)
+        held = {d for _, grants, _, _ in holds for d, milli in grants if milli}
+        assert free == sum(
+            1 for d, ok in zip(n.devices, flags, strict=True) if ok and d.index not in held
+        )
