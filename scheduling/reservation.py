@@ -148,6 +148,7 @@ class Reservations:
         "_scored",
         "_later",
         "_hold_keys",
+        "_drains",
     )
 
     def __init__(self, tick: _Tick) -> None:
@@ -176,6 +177,8 @@ class Reservations:
         #: per node, what holds it (`holders`) hashed once; dropped when an admission
         #: lands there
         self._hold_keys: dict[str, Hashed] = {}
+        #: `_drain_free`'s memo for this tick (outside `remembering()`)
+        self._drains: dict[tuple[object, ...], tuple[int | None, int]] = {}
         self.may_reserve = self._reservation_holders(tick)
 
     def admit(self, placement: Placement, end: int | None) -> None:
@@ -395,17 +398,17 @@ class Reservations:
         """Return when one pod of the shape is expected to fit on the node (devices, CPU,
         memory; `fit.fits_free`), from the expected ends of what holds it (None when one
         has no estimate), and how many devices that may serve it are wholly free now."""
-        memo = _DRAINS
-        if memo is None:
-            at, free = _fit_at_free(node, shape, flags, hold.value)  # type: ignore[arg-type]
-        else:
-            key = (node_class(node), shape, hold)
-            found = memo.get(key)
-            if found is None:
-                if len(memo) >= _DRAINS_MAX:
-                    memo.clear()
-                found = memo[key] = _fit_at_free(node, shape, flags, hold.value)  # type: ignore[arg-type]
-            at, free = found
+        # Nodes of one class held alike drain alike: a few thousand answers for the
+        # tens of thousands of nodes a deep queue's holders score (kept for the tick, or
+        # across ticks inside `remembering()`).
+        memo = self._drains if _DRAINS is None else _DRAINS
+        key = (node_class(node), shape, hold)
+        found = memo.get(key)
+        if found is None:
+            if len(memo) >= _DRAINS_MAX:
+                memo.clear()
+            found = memo[key] = _fit_at_free(node, shape, flags, hold.value)  # type: ignore[arg-type]
+        at, free = found
         return (None if at is None else max(at, self.now)), free
 
     # -- what holds each node -------------------------------------------------------
