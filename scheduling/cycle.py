@@ -700,7 +700,8 @@ class _Tick:
         milli = req.shape.gpus_milli
         self.book.add(req.team, pool, milli, req.workload_class, verdict.borrowing)
         self.queue.charge(req.team, req.shape)
-        nodes = ", ".join(sorted(set(placement.nodes)))
+        names = set(placement.nodes)
+        nodes = ", ".join(sorted(names))
         if verdict.borrowing:
             code = Code.BORROWS
             over = verdict.facts["used_milli"]
@@ -715,7 +716,7 @@ class _Tick:
             msg = f"admitted on {nodes} in pool {pool} within team {req.team}'s guaranteed quota"
         facts = dict(verdict.facts)
         facts["class"] = cls.name
-        kept = sorted(set(placement.nodes) & self.scarce)
+        kept = sorted(names & self.scarce)
         if kept and self.fits_elsewhere(req.shape, (pool,)):
             # Its terms, said when they are set (`scarce-node` preemption).
             msg += (

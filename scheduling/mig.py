@@ -18,6 +18,7 @@ Memory sizes are the values NVML reports; treat them as approximate.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -298,6 +299,8 @@ def _tokens(model: str) -> set[str]:
     return set(re.split(r"[^A-Z0-9]+", model.upper()))
 
 
+# (asked for each MIG grant the packer takes or gives back: a few models, parsed once)
+@functools.lru_cache(maxsize=1024)
 def family_for(model: str, memory_mib: int = 0) -> MigFamily | None:
     """Recognise the MIG family of a GPU from its product name (GFD's `nvidia.com/gpu.product`,
     e.g. "NVIDIA-H100-80GB-HBM3") and, where the name does not say, its memory in MiB.

@@ -153,6 +153,7 @@ Choice = tuple[Pick, ...]
 Result = tuple[Score, Choice] | None
 
 _MISS: object = object()
+_first = operator.itemgetter(0)
 
 
 def target_workload(
@@ -752,42 +753,64 @@ class ClusterState:
                 gone.append(g)
         for g in gone:
             del fits[g]
-        scored.sort(key=lambda t: t[0])
+        if not scored:
+            return None
+        # Most asks are answered by the best-scored groups: find those first and sort the
+        # rest only when none of them has a node to give.
+        best = min(scored, key=_first)[0]
+        found = self._pick([t for t in scored if t[0] == best], shape, accept, excluded, avoid)
+        if found is not None:
+            return found
+        rest = sorted([t for t in scored if t[0] != best], key=_first)
         i = 0
-        while i < len(scored):
+        while i < len(rest):
             j = i
-            while j < len(scored) and scored[j][0] == scored[i][0]:
+            while j < len(rest) and rest[j][0] == rest[i][0]:
                 j += 1
-            if self.tie_break == "random":
-                options = [
-                    (name, g, choice)
-                    for _, g, choice in scored[i:j]
-                    for name in g.names
-                    if name not in excluded
-                    and name not in avoid
-                    and (accept is None or accept(self._nodes[name].node))
-                ]
-                if options:
-                    name, g, choice = options[self._rng.randrange(len(options))]
-                    return self._pod_placement(self._nodes[name], g, choice, shape)
-            else:
-                # The first name any tied group accepts: names are sorted within a group,
-                # so each group is asked only up to its first accepted name, or up to the
-                # best name found so far.
-                first: tuple[str, _Group, Choice] | None = None
-                for _, g, choice in scored[i:j]:
-                    for name in g.names:
-                        if first is not None and name >= first[0]:
-                            break
-                        if name in excluded or name in avoid:
-                            continue
-                        if accept is None or accept(self._nodes[name].node):
-                            first = (name, g, choice)
-                            break
-                if first is not None:
-                    return self._pod_placement(self._nodes[first[0]], first[1], first[2], shape)
+            found = self._pick(rest[i:j], shape, accept, excluded, avoid)
+            if found is not None:
+                return found
             i = j
         return None
+
+    def _pick(
+        self,
+        tied: list[tuple[Score, _Group, Choice]],
+        shape: Shape,
+        accept: Callable[[Node], bool] | None,
+        excluded: set[str],
+        avoid: frozenset[str],
+    ) -> PodPlacement | None:
+        """A node of groups tied on score (in the order made) that may take the pod."""
+        if self.tie_break == "random":
+            options = [
+                (name, g, choice)
+                for _, g, choice in tied
+                for name in g.names
+                if name not in excluded
+                and name not in avoid
+                and (accept is None or accept(self._nodes[name].node))
+            ]
+            if not options:
+                return None
+            name, g, choice = options[self._rng.randrange(len(options))]
+            return self._pod_placement(self._nodes[name], g, choice, shape)
+        # The first name any tied group accepts: names are sorted within a group, so each
+        # group is asked only up to its first accepted name, or up to the best name found
+        # so far.
+        first: tuple[str, _Group, Choice] | None = None
+        for _, g, choice in tied:
+            for name in g.names:
+                if first is not None and name >= first[0]:
+                    break
+                if name in excluded or name in avoid:
+                    continue
+                if accept is None or accept(self._nodes[name].node):
+                    first = (name, g, choice)
+                    break
+        if first is None:
+            return None
+        return self._pod_placement(self._nodes[first[0]], first[1], first[2], shape)
 
     def _fitting(
         self, shape: Shape, sid: int, pools: tuple[str, ...] | None

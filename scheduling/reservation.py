@@ -184,10 +184,11 @@ class Reservations:
     def admit(self, placement: Placement, end: int | None) -> None:
         """Count an admission of the tick (expected to end at `end`) as holding its nodes."""
         self.admitted.append(placement)
-        for name in placement.nodes:
+        names = placement.nodes
+        for name in names:
             self._hold_keys.pop(name, None)
         if self._last is not None:
-            for name in placement.nodes:
+            for name in names:
                 self._last[name] = self.now
         self.admitted_end.append(end)
         if self._holders is not None:
