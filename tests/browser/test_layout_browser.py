@@ -5,12 +5,14 @@ a reason column wide enough to read, and the queue's tables stand apart under th
 
 from __future__ import annotations
 
+import datetime
 import itertools
 from collections.abc import Iterator
 
 import pytest
+from django.utils import timezone
 
-from portal.models import Pool
+from portal.models import GpuRequest, Pool
 from portal.tick import run as tick
 from tests.base import World, submit
 from tests.browser import test_portal_browser as base
@@ -245,6 +247,29 @@ def test_the_queue_tables_stand_apart_each_under_its_caption(desktop, world: Wor
         gaps = [round(b["top"] - a["bottom"]) for a, b in itertools.pairwise(tables)]
         assert min(gaps) >= 12, (width, gaps)
         shot(desktop, f"queue-{width}")
+
+
+def test_the_queue_breaks_no_number_class_or_pool_mid_word_at_1280(desktop, world: World) -> None:  # noqa: ANN001
+    # A laptop's width: the reason column takes the room, the one-word columns keep theirs,
+    # with reasons and waits as long as a busy pool gives them.
+    _bobs_jobs(world)
+    for i in range(3):
+        submit(world.bob, world.vision, count=8, name=f"llama-7b-finetune-more-{i}")
+    waiting = GpuRequest.objects.filter(state=GpuRequest.State.PENDING)
+    assert waiting.count() >= 3
+    waiting.update(
+        created_at=timezone.now() - datetime.timedelta(hours=3, minutes=46),
+        status_message=(
+            "waiting: no node in pool a100-train has 8 whole GPUs free right now; "
+            "a100-01 is held back for it"
+        ),
+    )
+    login(desktop, "bob")
+    desktop.set_viewport_size({"width": 1280, "height": 800})
+    desktop.goto("/queue/")
+    desktop.wait_for_selector("#queue-table tr[data-request]")
+    assert not _names_broken(desktop)
+    assert desktop.locator("#queue-table tr[data-request] td.class").count() > 0
 
 
 def test_my_jobs_wraps_the_why_column_within_its_box(desktop, world: World) -> None:  # noqa: ANN001
