@@ -124,8 +124,9 @@ class QuotaBook:
         classes: dict[str, WorkloadClass],
     ) -> None:
         self.classes = classes
-        #: `check`'s answers since the book last changed
-        self._answers: dict[tuple[str, str, int, str], Verdict] = {}
+        #: per pool, `check`'s answers since the pool's book last changed (an admission
+        #: in one pool leaves the others' answers standing)
+        self._answers: dict[str, dict[tuple[str, int, str], Verdict]] = {}
         capacity = pool_capacity(nodes)
         by_pool: dict[str, list[Quota]] = {}
         for q in quotas:
@@ -147,15 +148,18 @@ class QuotaBook:
         The answer is remembered until the book changes (`_change`, `hold_back`): a deep
         queue asks the same question for request after request of one team.
         """
-        key = (team, pool, milli, class_name)
-        verdict = self._answers.get(key)
+        answers = self._answers.get(pool)
+        if answers is None:
+            answers = self._answers[pool] = {}
+        key = (team, milli, class_name)
+        verdict = answers.get(key)
         if verdict is None:
-            verdict = self._answers[key] = self._check(team, pool, milli, class_name)
+            verdict = answers[key] = self._check(team, pool, milli, class_name)
         return verdict
 
     def hold_back(self, pool: str, milli: int) -> None:
         """Hold `milli` of the pool's lendable capacity back for a blocked large borrower."""
-        self._answers.clear()
+        self._answers.pop(pool, None)
         self.pools[pool].held_back += milli
 
     def _check(self, team: str, pool: str, milli: int, class_name: str) -> Verdict:
@@ -213,7 +217,7 @@ class QuotaBook:
         book = self.pools.get(pool)
         if book is None:
             return
-        self._answers.clear()
+        self._answers.pop(pool, None)
         before = book.used.get(team, 0)
         book.used[team] = before + delta
         book.cohort_used += book.over_guarantee(team, before + delta) - book.over_guarantee(
