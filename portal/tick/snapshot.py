@@ -108,6 +108,27 @@ class Context:
     provisioning: set[str] = field(default_factory=set)
 
 
+@dataclass
+class _Kept:
+    """The last snapshot's pending requests and running attempts with the rows (and the
+    names) they were built from. A row read again unchanged keeps its frozen object: at
+    100,000 pending most rows are the same from tick to tick, and building the objects
+    was half of reading them. Keyed by content, so never stale; one per process (the
+    worker's ticks, the web's previews), replaced whole by each read (a read in another
+    thread only finds fewer objects to keep)."""
+
+    #: what the objects depend on besides their rows: names by id, pools' tolerations
+    pending_context: tuple[Any, ...] = ()
+    pending: dict[int, tuple[tuple[Any, ...], st.PendingRequest]] = field(default_factory=dict)
+    running_context: tuple[Any, ...] = ()
+    running: dict[
+        int, tuple[tuple[Any, ...], dict[tuple[str, int, int], st.DeviceGrant], st.Running]
+    ] = field(default_factory=dict)
+
+
+_KEPT = _Kept()
+
+
 def _device_healthy(quarantined: bool, healthy: bool, agent_healthy: bool) -> bool:
     """Not a fault of the device itself (DEVICE_FAULTS in `Device.condition`, the one rule).
 
@@ -396,6 +417,9 @@ def _pending(
         .filter(Q(requeue_at__isnull=True) | Q(requeue_at__lte=now))
         .order_by("created_at", "id")
         .values_list(
+            # what the request's `PendingRequest` is built from (`_PENDING_KEY`; the
+            # status code says whether it preempts), then the status the apply step
+            # compares with
             "pk",
             "team_id",
             "workload_class_id",
@@ -404,92 +428,107 @@ def _pending(
             "created_at",
             "priority",
             "requeue_count",
+            "estimated_runtime_s",
+            "max_runtime_s",
+            *shapes.SHAPE_FIELDS,
             "status_code",
             "status_message",
             "queue_position",
             "escalated",
             "estimated_start",
             "position_note",
-            "estimated_runtime_s",
-            "max_runtime_s",
             *waits.COLUMNS,
-            *shapes.SHAPE_FIELDS,
         )
     )
     # Once per pending request (100,000 of them): lookups hoisted, helpers inlined.
     team_names = {pk: name for pk, (name, _, _) in teams.items()}
     pool_of: dict[int | None, str] = {pk: name for pk, name in pool_names.items()}
     pool_of[None] = ""
+    context = (team_names, class_names, pool_of, tolerations)
+    kept = _KEPT.pending if _KEPT.pending_context == context else {}
+    keep: dict[int, tuple[tuple[Any, ...], st.PendingRequest]] = {}
     request = st.PendingRequest
     queued_row = QueuedRow
     wait_state = waits.WaitState
     shape_get = shape_of.in_pool
     append = pending.append
-    waited_end = _WAITED_END
-    for (
-        pk,
-        team_id,
-        class_id,
-        pool_id,
-        user_id,
-        created_at,
-        priority,
-        requeue_count,
-        status_code,
-        status_message,
-        queue_position,
-        escalated,
-        estimated_start,
-        position_note,
-        estimated_runtime_s,
-        max_runtime_s,
-        wait_reason,
-        wait_since,
-        *rest,
-    ) in rows:
-        rid = str(pk)
-        shape = shape_get(tuple(rest[waited_end:]), pool_id, tolerations[pool_id])
-        # EASY backfill: the submitter's estimate, never past the hard limit
-        # (`_expected_runtime_s`, inlined)
-        if estimated_runtime_s and max_runtime_s:
-            runtime_s: int | None = min(estimated_runtime_s, max_runtime_s)
+    shape_end = _PENDING_KEY
+    for row in rows:
+        pk = row[0]
+        key = row[:shape_end]
+        status_code = row[shape_end]
+        # the room its victims free is kept for it (scheduling.queue.request_key)
+        preempting = status_code in ("preempting", "awaiting-stop")
+        found = kept.get(pk)
+        if found is not None and found[0] == key and found[1].preempting == preempting:
+            req = found[1]
         else:
-            runtime_s = estimated_runtime_s or max_runtime_s or None
-        append(
-            request(
-                id=rid,
+            (
+                _,
+                team_id,
+                class_id,
+                pool_id,
+                user_id,
+                created_at,
+                priority,
+                requeue_count,
+                estimated_runtime_s,
+                max_runtime_s,
+            ) = row[:_PENDING_SHAPE]
+            # EASY backfill: the submitter's estimate, never past the hard limit
+            # (`_expected_runtime_s`, inlined)
+            if estimated_runtime_s and max_runtime_s:
+                runtime_s: int | None = min(estimated_runtime_s, max_runtime_s)
+            else:
+                runtime_s = estimated_runtime_s or max_runtime_s or None
+            req = request(
+                id=str(pk),
                 team=team_names[team_id],
                 workload_class=class_names[class_id],
-                shape=shape,
+                shape=shape_get(row[_PENDING_SHAPE:shape_end], pool_id, tolerations[pool_id]),
                 created_at_ms=int(created_at.timestamp() * 1000),
                 pool=pool_of[pool_id],
                 priority=priority,
                 attempts=requeue_count,
-                # the room its victims free is kept for it (scheduling.queue.request_key)
-                preempting=status_code in ("preempting", "awaiting-stop"),
+                preempting=preempting,
                 expected_runtime_ms=None if runtime_s is None else runtime_s * 1000,
                 user=str(user_id),
             )
-        )
-        queued[rid] = queued_row(
+        keep[pk] = (key, req)
+        append(req)
+        (
+            _,
+            status_message,
+            queue_position,
+            escalated,
+            estimated_start,
+            position_note,
+            wait_reason,
+            wait_since,
+            *waited,
+        ) = row[shape_end:]
+        queued[req.id] = queued_row(
             pk,
-            team_id,
-            class_id,
-            user_id,
+            row[1],
+            row[2],
+            row[4],
             status_code,
             status_message,
             queue_position,
             escalated,
             estimated_start,
-            shape.gpus_milli,
+            req.shape.gpus_milli,
             position_note,
-            created_at,
-            wait_state(wait_reason, wait_since, tuple(rest[:waited_end])),
+            row[5],
+            wait_state(wait_reason, wait_since, tuple(waited)),
         )
+    _KEPT.pending, _KEPT.pending_context = keep, context
     return tuple(pending), queued
 
 
-_WAITED_END = len(waits.FIELDS)
+#: where the pending row's shape fields start, and where its `PendingRequest`'s columns end
+_PENDING_SHAPE = 10
+_PENDING_KEY = _PENDING_SHAPE + len(shapes.SHAPE_FIELDS)
 
 
 def _workloads(half_life_s: int) -> tuple[st.PoolWorkload, ...]:
@@ -520,7 +559,7 @@ def _running(
     pool_names: dict[int, str],
 ) -> tuple[st.Running, ...]:
     shape_of = _Shapes()
-    running = []
+    running: list[st.Running] = []
     rows = (
         Attempt.objects.filter(state__in=Attempt.ACTIVE_STATES)
         .order_by("request_id", "number")
@@ -544,27 +583,40 @@ def _running(
     )
     # Once per running attempt: lookups hoisted, helpers inlined.
     team_names = {pk: name for pk, (name, _, _) in teams.items()}
+    context = (team_names, class_names, pool_names)
+    kept = _KEPT.running if _KEPT.running_context == context else {}
+    keep: dict[
+        int, tuple[tuple[Any, ...], dict[tuple[str, int, int], st.DeviceGrant], st.Running]
+    ] = {}
     no_grants: dict[tuple[str, int, int], st.DeviceGrant] = {}
     stopping_state = Attempt.State.STOPPING
-    for (
-        pk,
-        state,
-        pool_id,
-        started_at,
-        admitted_at,
-        last_checkpoint_at,
-        admitted_by_preemption,
-        request_id,
-        team_id,
-        class_id,
-        priority,
-        user_id,
-        estimated_runtime_s,
-        max_runtime_s,
-        *fields,
-    ) in rows:
-        cpu_milli, memory_mib = fields[6], fields[7]
+    append = running.append
+    for row in rows:
+        pk = row[0]
         grants = held_grants.get(pk, no_grants)
+        found = kept.get(pk)
+        if found is not None and found[0] == row and found[1] == grants:
+            keep[pk] = found
+            append(found[2])
+            continue
+        (
+            _,
+            state,
+            pool_id,
+            started_at,
+            admitted_at,
+            last_checkpoint_at,
+            admitted_by_preemption,
+            request_id,
+            team_id,
+            class_id,
+            priority,
+            user_id,
+            estimated_runtime_s,
+            max_runtime_s,
+            *fields,
+        ) = row
+        cpu_milli, memory_mib = fields[6], fields[7]
         if len(grants) == 1:
             # Most attempts hold one device (or slice): one pod, nothing to sort.
             (((node, _, _), grant),) = grants.items()
@@ -586,26 +638,27 @@ def _running(
         else:
             runtime_s = estimated_runtime_s or max_runtime_s or None
         begun = int((started_at or admitted_at).timestamp() * 1000)
-        running.append(
-            st.Running(
-                request_id=str(request_id),
-                attempt_id=str(pk),
-                team=team_names[team_id],
-                workload_class=class_names[class_id],
-                pool=pool_names[pool_id],
-                shape=shape_of.get(tuple(fields)),
-                placement=placement,
-                started_at_ms=begun,
-                last_checkpoint_ms=int(last_checkpoint_at.timestamp() * 1000)
-                if last_checkpoint_at
-                else None,
-                priority=priority,
-                stopping=state == stopping_state,
-                admitted_by_preemption=admitted_by_preemption,
-                expected_end_ms=begun + runtime_s * 1000 if runtime_s is not None else None,
-                user=str(user_id),
-            )
+        run = st.Running(
+            request_id=str(request_id),
+            attempt_id=str(pk),
+            team=team_names[team_id],
+            workload_class=class_names[class_id],
+            pool=pool_names[pool_id],
+            shape=shape_of.get(tuple(fields)),
+            placement=placement,
+            started_at_ms=begun,
+            last_checkpoint_ms=int(last_checkpoint_at.timestamp() * 1000)
+            if last_checkpoint_at
+            else None,
+            priority=priority,
+            stopping=state == stopping_state,
+            admitted_by_preemption=admitted_by_preemption,
+            expected_end_ms=begun + runtime_s * 1000 if runtime_s is not None else None,
+            user=str(user_id),
         )
+        keep[pk] = (row, grants, run)
+        append(run)
+    _KEPT.running, _KEPT.running_context = keep, context
     return tuple(running)
 
 

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from django.utils import timezone
 
@@ -67,3 +69,53 @@ def test_the_expected_runtime_is_the_estimate_capped_by_the_hard_limit() -> None
     for req, (_, want) in zip(reqs, RUNTIMES, strict=True):
         r = running[str(req.pk)]
         assert r.expected_end_ms == (want and r.started_at_ms + want * 1000)
+
+
+def test_a_row_read_again_unchanged_keeps_its_object_and_a_changed_one_is_read_anew() -> None:
+    """The snapshot keeps the last read's frozen objects by the rows they came from: what the
+    core reads changes the moment a row or a name does; the status the apply step compares
+    with is read fresh every time."""
+    from portal.models import Attempt, GpuRequest, Team
+    from portal.tick.run import run_tick
+    from tests.base import submit
+
+    w = make_world()
+    kept, changed, started = (submit(w.alice, w.vision) for _ in range(3))
+    run_tick()
+    assert Attempt.objects.filter(request__in=(kept, changed, started)).count() == 3
+    later = [submit(w.alice, w.vision, cls="interactive") for _ in range(2)]
+    first, _ = build_snapshot(timezone.now())
+    GpuRequest.objects.filter(pk=later[0].pk).update(status_message="seen by a test")
+    GpuRequest.objects.filter(pk=later[1].pk).update(priority=7)
+    moment = timezone.now()
+    Attempt.objects.filter(request=started).update(last_checkpoint_at=moment)
+    second, ctx = build_snapshot(timezone.now())
+
+    def pending(s: st.Snapshot) -> dict[str, st.PendingRequest]:
+        return {p.id: p for p in s.pending}
+
+    def running(s: st.Snapshot) -> dict[str, st.Running]:
+        return {r.request_id: r for r in s.running}
+
+    one, two = str(later[0].pk), str(later[1].pk)
+    assert pending(second)[one] is pending(first)[one]
+    assert ctx.requests[one].status_message == "seen by a test"
+    assert pending(second)[two] is not pending(first)[two]
+    assert (pending(first)[two].priority, pending(second)[two].priority) == (0, 7)
+    assert running(second)[str(kept.pk)] is running(first)[str(kept.pk)]
+    assert running(second)[str(started.pk)].last_checkpoint_ms == int(moment.timestamp() * 1000)
+    assert running(first)[str(started.pk)].last_checkpoint_ms != int(moment.timestamp() * 1000)
+
+    # Whether it preempts is read from its status: the one status the core reads.
+    GpuRequest.objects.filter(pk=later[0].pk).update(status_code="preempting")
+    again, _ = build_snapshot(timezone.now())
+    assert pending(again)[one].preempting and not pending(second)[one].preempting
+
+    # A renamed team renames its work: the names are part of what the objects were made of.
+    Team.objects.filter(pk=w.vision.pk).update(name="vision-renamed")
+    third, _ = build_snapshot(timezone.now())
+    assert {p.team for p in third.pending} == {"vision-renamed"}
+    assert {r.team for r in third.running} == {"vision-renamed"}
+    assert third.pending == tuple(
+        dataclasses.replace(p, team="vision-renamed") for p in again.pending
+    )
