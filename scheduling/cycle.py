@@ -848,7 +848,12 @@ class _Tick:
             tighter = -max_loss if max_loss else -(1 << 62)
             if self.no_victims.known(req.shape, base, tighter):
                 continue
-            if base not in self.candidates:
+            # Without a scarce node at stake the request's own cap goes into the list at
+            # once (the same list as narrowing the policy's, `keep` below): at a deep queue
+            # the policy's lists hold thousands of victims whom a small request's cap
+            # rules out, and were sorted and indexed per node for every (team, class).
+            listed = who if displace is None else base
+            if listed not in self.candidates:
                 found_cands = preemption.candidates(
                     self.preemptible.get(pool, {}),
                     self.classes,
@@ -858,7 +863,7 @@ class _Tick:
                     cls.inference,
                     reclaim,
                     self.now,
-                    self.policy.max_victim_loss_gpu_s,
+                    max_loss if displace is None else self.policy.max_victim_loss_gpu_s,
                     req.created_at_ms if starving else None,
                     budget,
                     displace,
@@ -871,7 +876,9 @@ class _Tick:
                         if c.reason is Code.RECLAIM
                         or (c.run.team == req.team and c.band < cls.band)
                     ]
-                self.candidates[base] = found_cands
+                self.candidates[listed] = found_cands
+                if listed is who:
+                    self.kept[who] = None
             if who not in self.candidates:
                 # The request's own cap (`_victim_loss_cap`) only narrows the policy's list.
                 narrowed = self.candidates[base]
@@ -890,9 +897,9 @@ class _Tick:
                 self.kept[who] = keep
             # Indexed per node once per tick's list; a request's own cap filters per node
             # as a plan gets there.
-            on = self.victims_on.get(base)
+            on = self.victims_on.get(listed)
             if on is None:
-                on = self.victims_on[base] = preemption.by_node(self.candidates[base])
+                on = self.victims_on[listed] = preemption.by_node(self.candidates[listed])
             after: dict[str, Verdict] = {}
 
             def quota_ok(
