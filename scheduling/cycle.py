@@ -345,7 +345,9 @@ class _Tick:
         self.kept: dict[tuple[str, ...], Callable[[preemption.Candidate], bool] | None] = {}
         #: `preemption.candidates`'s memo of one group's candidates, kept as long as
         #: `candidates`
-        self.candidate_groups: dict[tuple[object, ...], list[preemption.Candidate]] = {}
+        self.candidate_groups: dict[tuple[object, ...], list[preemption.Keyed]] = {}
+        #: `preemption.by_node`'s per-attempt sums, kept for the tick
+        self.spans: dict[str, tuple[tuple[str, int], ...]] = {}
         #: nodes where a preemptor will start once its victims have stopped
         self.claimed: dict[str, str] = {}
         self.preemptions = 0
@@ -899,7 +901,9 @@ class _Tick:
             # as a plan gets there.
             on = self.victims_on.get(listed)
             if on is None:
-                on = self.victims_on[listed] = preemption.by_node(self.candidates[listed])
+                on = self.victims_on[listed] = preemption.by_node(
+                    self.candidates[listed], self.spans
+                )
             after: dict[str, Verdict] = {}
 
             def quota_ok(

@@ -97,6 +97,10 @@ class Plan:
     placement: Placement
 
 
+#: a candidate after its `victim_key`
+Keyed = tuple[tuple[int, int, int, int, str], Candidate]
+
+
 def victim_key(c: Candidate) -> tuple[int, int, int, int, str]:
     """Order candidates, first taken first (see the module docstring, 1–5)."""
     return (c.tier, c.band, c.lost, -c.run.started_at_ms, c.run.attempt_id)
@@ -115,7 +119,7 @@ def candidates(
     starving_since_ms: int | None = None,
     budget: int = 0,
     displace: Callable[[Running], bool] | None = None,
-    memo: dict[tuple[object, ...], list[Candidate]] | None = None,
+    memo: dict[tuple[object, ...], list[Keyed]] | None = None,
 ) -> list[Candidate]:
     """Return the attempts in `book`'s pool this request may preempt, in victim order.
 
@@ -129,10 +133,10 @@ def candidates(
     candidates (tier 4, `scarce-node`) even where `when-borrowing` would protect them.
     `memo` (kept by the caller while `groups` and `book` stay as they are): a group's
     candidates where they depend only on its tier, so other requesters with the same terms
-    reuse them.
+    reuse them, kept sorted with their `victim_key`s: the list is their merge.
     """
     cap = max(max_loss_gpu_s * 1_000_000, budget) if max_loss_gpu_s else 0
-    out: list[Candidate] = []
+    out: list[Keyed] = []
     floor_room = book.floor - book.inference_used
     for (run_team, class_name), runs in groups.items():
         cls = classes.get(class_name)
@@ -205,11 +209,15 @@ def candidates(
                 if lost > max(cap, SCARCE_LOSS_FACTOR * budget):
                     continue
                 found = 4, Code.SCARCE_NODE
-            out.append(Candidate(run, found[0], found[1], cls.band, lost))
+            c = Candidate(run, found[0], found[1], cls.band, lost)
+            out.append((victim_key(c), c))
         if key is not None and memo is not None:
-            memo[key] = out[start:]
-    out.sort(key=victim_key)
-    return out
+            piece = memo[key] = out[start:]
+            piece.sort()
+    # Keys are unique (the attempt id is the last): a candidate is never compared. The
+    # groups' pieces come sorted, and sorting runs is merging them.
+    out.sort()
+    return [c for _, c in out]
 
 
 def within_budget(victims: Sequence[Candidate], max_loss_gpu_s: int, budget: int) -> bool:
@@ -317,21 +325,36 @@ def plan(
 OnNode = tuple[str, list[Candidate], int]
 
 
-def by_node(cands: Sequence[Candidate]) -> list[OnNode]:
+def by_node(
+    cands: Sequence[Candidate], spans: dict[str, tuple[tuple[str, int], ...]] | None = None
+) -> list[OnNode]:
     """The candidates per node they hold, nodes by name (a candidate with two pods on a
-    node is listed, and counted, twice)."""
+    node is listed, and counted, twice). `spans` (kept by the caller for a tick): per
+    attempt, each pod's node and the GPU milli its pods there hold, so that a deep
+    queue's many lists of the same attempts sum their grants once."""
     on: dict[str, list[Candidate]] = {}
     freed: dict[str, int] = {}
+    if spans is None:
+        spans = {}
     for c in cands:
-        pods = c.run.placement.pods
-        for pod in pods:
-            name = pod.node
+        run = c.run
+        span = spans.get(run.attempt_id)
+        if span is None:
+            pods = run.placement.pods
+            span = spans[run.attempt_id] = tuple(
+                (
+                    pod.node,
+                    sum([max(g.milli, 1) for p in pods if p.node == pod.node for g in p.grants]),
+                )
+                for pod in pods
+            )
+        for name, milli in span:
             here = on.get(name)
             if here is None:
                 here = on[name] = []
                 freed[name] = 0
             here.append(c)
-            freed[name] += sum([max(g.milli, 1) for p in pods if p.node == name for g in p.grants])
+            freed[name] += milli
     return [(name, on[name], freed[name]) for name in sorted(on)]
 
 
