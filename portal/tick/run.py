@@ -5,7 +5,8 @@
    active scheduling profile (`PolicyProfile`: the shipped default until an admin
    changes it);
 3. schedule: `scheduling.schedule()`, a pure function, with the profile's `Policy`,
-   returns decisions; each records the profile's name and version;
+   returns decisions; each records the profile's name and version. The packer's state
+   is kept from tick to tick in the worker (`scheduling.keeper`): the same decisions;
 4. apply: write the decisions (portal/tick/apply.py); launches go to the backend on commit;
 5. record: the tick's number, duration and histogram.
 
@@ -27,11 +28,12 @@ from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-import scheduling
 from portal.models import PolicyVersion, SchedulerState
 from portal.services.profiles import policy_profile_ensure
 from portal.tick.apply import count, decisions_apply
 from portal.tick.snapshot import build_snapshot
+from scheduling import types as st
+from scheduling.keeper import StateKeeper
 
 # Any 64-bit number unique to this application.
 TICK_LOCK_KEY = 0x51_4D_54_49_43_4B  # "QMTICK"
@@ -71,6 +73,15 @@ def _try_lock(now: datetime) -> bool:
         Q(lease_until__isnull=True) | Q(lease_until__lt=now), pk=1
     ).update(lease_until=now + LEASE)
     return claimed == 1
+
+
+#: the packer's state from one tick to the next, per process (`scheduling.keeper`)
+_KEEPER = StateKeeper()
+
+
+def schedule(snapshot: st.Snapshot, now_ms: int, policy: st.Policy) -> list[st.Decision]:
+    """Step 3: `scheduling.schedule`, from the state the last tick in this process left."""
+    return _KEEPER.schedule(snapshot, now_ms, policy)
 
 
 @contextmanager
@@ -120,7 +131,7 @@ def _run_tick(now: datetime | None) -> TickResult:
                 PolicyVersion.objects.order_by("-number").values_list("number", flat=True).first()
             )
             # 3. schedule
-            decisions = scheduling.schedule(snapshot, snapshot.now_ms, policy)
+            decisions = schedule(snapshot, snapshot.now_ms, policy)
             # 4. apply
             counts = decisions_apply(decisions=decisions, ctx=ctx, tick_no=tick_no)
             # 5. record

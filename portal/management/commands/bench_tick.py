@@ -279,13 +279,12 @@ def _phases(save_snapshot: str = "") -> Iterator[dict[str, Any]]:
 
     launches: list[list[int]] = []
     stats["launches"] = launches
-    # The steps are replaced where `run_tick` looks them up: its module's namespace (and the
-    # scheduling module it calls). A benchmark's monkeypatch, so the modules are untyped here.
+    # The steps are replaced where `run_tick` looks them up: its module's namespace. A benchmark's monkeypatch, so the modules are untyped here.
     run_module: Any = portal.tick.run
     apply_module: Any = portal.tick.apply
     originals = (
         run_module.build_snapshot,
-        run_module.scheduling.schedule,
+        run_module.schedule,
         run_module.decisions_apply,
         apply_module.launch_soon,
     )
@@ -299,7 +298,7 @@ def _phases(save_snapshot: str = "") -> Iterator[dict[str, Any]]:
             Path(save_snapshot).write_bytes(pickle.dumps(snapshot))
         return schedule(snapshot, *a)
 
-    run_module.scheduling.schedule = saving
+    run_module.schedule = saving
     run_module.decisions_apply = timed("apply", originals[2])
     # The launch task's work, kept to run after the tick as a worker would (no message is
     # left in a broker for a database this command drops).
@@ -310,7 +309,7 @@ def _phases(save_snapshot: str = "") -> Iterator[dict[str, Any]]:
     finally:
         (
             run_module.build_snapshot,
-            run_module.scheduling.schedule,
+            run_module.schedule,
             run_module.decisions_apply,
             apply_module.launch_soon,
         ) = originals

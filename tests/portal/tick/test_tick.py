@@ -207,3 +207,36 @@ def test_a_reconcile_is_skipped_while_another_one_holds_the_lock() -> None:
         release.set()
         t.join(10)
     assert "skipped" not in reconcile()
+
+
+def test_the_next_tick_starts_from_the_packer_state_the_last_one_left() -> None:
+    """`scheduling.keeper` in the worker: each tick brings the state the last one left to
+    what runs now (the keeper's own tests check, tick by tick, that it then decides as a
+    state built anew); here the portal's ticks keep it and it holds what runs."""
+    from portal.tick import run as run_module
+    from portal.tick.snapshot import build_snapshot
+    from scheduling import cycle
+    from scheduling.profile import load
+
+    w = make_world()
+    # (each submit wakes a tick of its own)
+    reqs = [submit(w.alice, w.vision) for _ in range(3)]
+    gpu_request_cancel(user=w.alice, gpu_request=reqs[0])
+    submit(w.carol, w.nlp)
+    run_tick()
+    kept = run_module._KEEPER._kept
+    assert kept is not None
+    admitted = {k[1:] for k in kept.taken if k.startswith("+")}
+    held = {k for k in kept.taken if not k.startswith("+")}
+    held |= {
+        str(pk)
+        for pk in Attempt.objects.filter(request_id__in=admitted).values_list("pk", flat=True)
+    }
+    active = Attempt.objects.filter(state__in=Attempt.ACTIVE_STATES).values_list("pk", flat=True)
+    assert held == {str(pk) for pk in active}
+    assert len(held) >= 3
+    # what it holds is what a state built from the database holds
+    snapshot, _ = build_snapshot(timezone.now())
+    fresh = cycle.cluster_state(snapshot, load("default").policy())
+    for node in snapshot.nodes:
+        assert kept.state.free_capacity(node.name) == fresh.free_capacity(node.name)
