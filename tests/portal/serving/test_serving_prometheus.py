@@ -86,7 +86,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     url = f"http://127.0.0.1:{prom_port}"
     try:
         deadline = time.monotonic() + 60
+        # every runtime's server scraped at least twice (a rate needs two samples): under
+        # load the three targets are not scraped together
         expr = 'count(rate(vllm:time_to_first_token_seconds_count{workload="qm-4242"}[1m]) > 0)'
+        expr += ' and count(rate(tgi_request_queue_duration_count{workload="qm-4243"}[1m]) > 0)'
         expr += ' and count(rate(nv_inference_request_success{workload="qm-4244"}[1m]) > 0)'
         expr += " and count(DCGM_FI_PROF_GR_ENGINE_ACTIVE)"
         while time.monotonic() < deadline:
