@@ -157,6 +157,16 @@ def _copy(seen: _Seen, request_id: str, position: int, escalated: bool) -> Decis
     return d
 
 
+def _loss_cap(policy: Policy, gpus_milli: int) -> int:
+    """`_Tick._victim_loss_cap` of a request of `gpus_milli`."""
+    cap = policy.max_victim_loss_gpu_s
+    per_gpu = policy.victim_loss_per_gpu_s
+    if not per_gpu:
+        return cap
+    mine = max(1, per_gpu * gpus_milli // 1000)
+    return min(cap, mine) if cap else mine
+
+
 def _quota_sig(verdicts: Iterable[Verdict], full: bool) -> tuple[object, ...]:
     """The quota answers as a decision reads them: with their figures when it says them."""
     if full:
@@ -367,6 +377,9 @@ class _Tick:
             self.shape_no[r.id] = n
             if (r.pool, n) not in asked:
                 asked[(r.pool, n)] = r.shape
+        # the largest victim-loss cap of any pending request (0: one has none)
+        caps = [_loss_cap(policy, shape.gpus_milli) for shape in asked.values()]
+        self.loss_cap_max = 0 if not caps or 0 in caps else max(caps)
         # The few nodes able to host a rare shape (learned or pending) take other work
         # only when nothing else fits it (`scheduling.scarce`); a whole-node shape only
         # learned keeps at most `learned_kept_nodes` of its hosts, a pending one more.
@@ -850,12 +863,15 @@ class _Tick:
             tighter = -max_loss if max_loss else -(1 << 62)
             if self.no_victims.known(req.shape, base, tighter):
                 continue
-            # Without a scarce node at stake the request's own cap goes into the list at
-            # once (the same list as narrowing the policy's, `keep` below): at a deep queue
-            # the policy's lists hold thousands of victims whom a small request's cap
-            # rules out, and were sorted and indexed per node for every (team, class).
-            listed = who if displace is None else base
-            if listed not in self.candidates:
+            # Without a scarce node at stake no request of the tick may take a victim that
+            # loses more than the largest request's own cap (`loss_cap_max`): the tick's
+            # lists stop there, not at the policy's cap. At a deep queue the policy's lists
+            # held thousands of victims that every request's cap rules out, each list
+            # sorted and indexed per node.
+            listed_cap = (
+                self.loss_cap_max if displace is None else self.policy.max_victim_loss_gpu_s
+            )
+            if base not in self.candidates:
                 found_cands = preemption.candidates(
                     self.preemptible.get(pool, {}),
                     self.classes,
@@ -865,7 +881,7 @@ class _Tick:
                     cls.inference,
                     reclaim,
                     self.now,
-                    max_loss if displace is None else self.policy.max_victim_loss_gpu_s,
+                    listed_cap,
                     req.created_at_ms if starving else None,
                     budget,
                     displace,
@@ -878,14 +894,12 @@ class _Tick:
                         if c.reason is Code.RECLAIM
                         or (c.run.team == req.team and c.band < cls.band)
                     ]
-                self.candidates[listed] = found_cands
-                if listed is who:
-                    self.kept[who] = None
+                self.candidates[base] = found_cands
             if who not in self.candidates:
-                # The request's own cap (`_victim_loss_cap`) only narrows the policy's list.
+                # The request's own cap (`_victim_loss_cap`) only narrows the tick's list.
                 narrowed = self.candidates[base]
                 keep: Callable[[preemption.Candidate], bool] | None = None
-                if max_loss != self.policy.max_victim_loss_gpu_s:
+                if max_loss != listed_cap:
                     limit = max(max_loss * 1_000_000, budget)
                     scarce_limit = max(limit, preemption.SCARCE_LOSS_FACTOR * budget)
 
@@ -899,11 +913,9 @@ class _Tick:
                 self.kept[who] = keep
             # Indexed per node once per tick's list; a request's own cap filters per node
             # as a plan gets there.
-            on = self.victims_on.get(listed)
+            on = self.victims_on.get(base)
             if on is None:
-                on = self.victims_on[listed] = preemption.by_node(
-                    self.candidates[listed], self.spans
-                )
+                on = self.victims_on[base] = preemption.by_node(self.candidates[base], self.spans)
             after: dict[str, Verdict] = {}
 
             def quota_ok(
@@ -959,12 +971,7 @@ class _Tick:
         """GPU-seconds one victim of the request may lose (0 = no limit):
         `Policy.max_victim_loss_gpu_s`, and at most `Policy.victim_loss_per_gpu_s` per GPU
         of the request, so that a small request cannot throw away much for little."""
-        cap = self.policy.max_victim_loss_gpu_s
-        per_gpu = self.policy.victim_loss_per_gpu_s
-        if not per_gpu:
-            return cap
-        mine = max(1, per_gpu * req.shape.gpus_milli // 1000)
-        return min(cap, mine) if cap else mine
+        return _loss_cap(self.policy, req.shape.gpus_milli)
 
     def _loss_budget(self, req: PendingRequest) -> int:
         """GPU milli-ms a starving request's victims may lose together, above
