@@ -34,7 +34,9 @@ portal's settings and the simulated backend, and prints one JSON object:
   longest);
 - ``peak_rss_mb``: the process's peak resident memory (the seeding included);
 - ``next_tick``: the same for the tick after it, with nothing new (the steady state of a
-  deep queue on a full cluster).
+  deep queue on a full cluster); ``later_tick``, for one 20 minutes later (its ``now``),
+  still with nothing new: the quiet tick a deep queue runs most of the time, its
+  requests old enough to plan preemptions.
 
 The machine's load moves the wall times; ``queries`` does not move.
 """
@@ -59,6 +61,7 @@ from typing import Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils import timezone
 
 GPUS_PER_NODE_MAX = 16
 
@@ -94,8 +97,8 @@ class Command(BaseCommand):
             "--save-snapshot",
             default="",
             metavar="FILE",
-            help="pickle the tick's snapshot to FILE, the next tick's to FILE.next "
-            "(to profile schedule() on its own)",
+            help="pickle the tick's snapshot to FILE, the next tick's to FILE.next, the one "
+            "20 minutes later to FILE.later (to profile schedule() on its own)",
         )
         # The child fills whatever database it is pointed at: never a user's own.
         parser.add_argument("--child", action="store_true", help=__import__("argparse").SUPPRESS)
@@ -218,21 +221,28 @@ def run(opts: dict[str, Any]) -> dict[str, Any]:
     # The next tick, with nothing new: the steady state of a deep queue on a full cluster.
     saved = opts.get("save_snapshot", "")
     following = time_tick(save_snapshot=f"{saved}.next" if saved else "")
-    result["next_tick"] = {
-        k: following[k]
-        for k in (
-            "seconds",
-            "cpu_seconds",
-            "cpu_by_step",
-            "snapshot_s",
-            "schedule_s",
-            "apply_s",
-            "queries",
-            "decisions",
-            "admitted",
-        )
-    }
+    result["next_tick"] = {k: following[k] for k in _TICK_KEYS}
+    # And one 20 minutes later, still nothing new: the quiet tick a deep queue runs most of
+    # the time, its requests now old enough to plan preemptions.
+    later = time_tick(
+        save_snapshot=f"{saved}.later" if saved else "",
+        now=timezone.now() + timedelta(minutes=20),
+    )
+    result["later_tick"] = {k: later[k] for k in _TICK_KEYS}
     return result
+
+
+_TICK_KEYS = (
+    "seconds",
+    "cpu_seconds",
+    "cpu_by_step",
+    "snapshot_s",
+    "schedule_s",
+    "apply_s",
+    "queries",
+    "decisions",
+    "admitted",
+)
 
 
 @contextmanager
@@ -315,7 +325,9 @@ def _phases(save_snapshot: str = "") -> Iterator[dict[str, Any]]:
         ) = originals
 
 
-def time_tick(*, profile: bool = False, save_snapshot: str = "") -> dict[str, Any]:
+def time_tick(
+    *, profile: bool = False, save_snapshot: str = "", now: datetime | None = None
+) -> dict[str, Any]:
     """Run one tick through `run_tick` and report where its time and queries went."""
     from django.db import connection
 
@@ -335,7 +347,7 @@ def time_tick(*, profile: bool = False, save_snapshot: str = "") -> dict[str, An
         if profiler:
             profiler.enable()
         started, cpu_started = time.perf_counter(), time.process_time()
-        result = run_tick()
+        result = run_tick(now)
         seconds = time.perf_counter() - started
         cpu_seconds = time.process_time() - cpu_started
         if profiler:
@@ -394,7 +406,6 @@ def fill(*, pending: int, teams: int, nodes: int, gpus: int, allocated: float, s
     """Fill the (empty, migrated) database with bulk inserts; see the module docstring."""
     from django.contrib.auth import get_user_model
     from django.db import transaction
-    from django.utils import timezone
 
     from portal.backends.simulated import load_cluster
     from portal.demo import seed as demo

@@ -51,6 +51,12 @@ def test_a_small_run_prints_one_json_object_with_the_tick_split_into_its_steps()
     # The bench also times the tick after it, which may admit what the first one reserved
     # room for or what became due meanwhile.
     admitted = result["admitted"] + result["next_tick"]["admitted"]
+    # and the quiet one 20 minutes later (whatever became due by then may start)
+    later = result["later_tick"]
+    assert set(later) >= {"cpu_seconds", "cpu_by_step", "queries", "decisions", "admitted"}
+    assert later["decisions"] >= 50 - admitted - later["admitted"]
+    assert later["queries"] > 0
+    admitted += later["admitted"]
     assert GpuRequest.objects.filter(state="admitted").count() == admitted
     assert Attempt.objects.filter(state="admitted").count() == admitted
     # Launched after commit (the simulated backend), and every request got a decision.
