@@ -113,9 +113,10 @@ class _Kept:
     """The last snapshot's pending requests and running attempts with the rows (and the
     names) they were built from. A row read again unchanged keeps its frozen object: at
     100,000 pending most rows are the same from tick to tick, and building the objects
-    was half of reading them. Keyed by content, so never stale; one per process (the
-    worker's ticks, the web's previews), replaced whole by each read (a read in another
-    thread only finds fewer objects to keep)."""
+    was half of reading them. Keyed by content, so never stale; the tick's, one per
+    worker process (a preview in a web process keeps none: each web worker would hold a
+    copy of the queue), replaced whole by each read (a read in another thread only finds
+    fewer objects to keep)."""
 
     #: what the objects depend on besides their rows: names by id, pools' tolerations
     pending_context: tuple[Any, ...] = ()
@@ -137,9 +138,13 @@ def _device_healthy(quarantined: bool, healthy: bool, agent_healthy: bool) -> bo
     return not quarantined and healthy and agent_healthy
 
 
-def build_snapshot(now: datetime, policy: st.Policy | None = None) -> tuple[st.Snapshot, Context]:
+def build_snapshot(
+    now: datetime, policy: st.Policy | None = None, keep: bool = False
+) -> tuple[st.Snapshot, Context]:
     """The snapshot the core schedules; `policy` is the one it will run (its usage
-    half-life decays the team usage here)."""
+    half-life decays the team usage here). `keep`: reuse and keep the process's objects
+    of the last read (`_Kept`): the tick's; a preview in a web process keeps none."""
+    kept = _KEPT if keep else _Kept()
     policy = policy or st.Policy()
     pools = {p.name: p for p in Pool.objects.all()}
     pool_names = {p.pk: p.name for p in pools.values()}
@@ -152,8 +157,8 @@ def build_snapshot(now: datetime, policy: st.Policy | None = None) -> tuple[st.S
     class_rows = list(WorkloadClass.objects.all())
     class_names = {c.pk: c.name for c in class_rows}
     nodes, devices, active_slots, held_grants = _nodes(now, pool_names)
-    running = _running(held_grants, teams, class_names, pool_names)
-    pending, queued = _pending(now, pools, teams, class_names)
+    running = _running(held_grants, teams, class_names, pool_names, kept)
+    pending, queued = _pending(now, pools, teams, class_names, kept)
     snapshot = st.Snapshot(
         now_ms=_ms(now),
         pools=tuple(
@@ -402,6 +407,7 @@ def _pending(
     pools: dict[str, Pool],
     teams: dict[int, tuple[str, str, int]],
     class_names: dict[int, str],
+    kept: _Kept,
 ) -> tuple[tuple[st.PendingRequest, ...], dict[str, QueuedRow]]:
     pool_names = {p.pk: p.name for p in pools.values()}
     # What a request tolerates depends only on its pool (or on all pools): once per pool.
@@ -445,7 +451,7 @@ def _pending(
     pool_of: dict[int | None, str] = {pk: name for pk, name in pool_names.items()}
     pool_of[None] = ""
     context = (team_names, class_names, pool_of, tolerations)
-    kept = _KEPT.pending if _KEPT.pending_context == context else {}
+    reuse = kept.pending if kept.pending_context == context else {}
     keep: dict[int, tuple[tuple[Any, ...], st.PendingRequest]] = {}
     request = st.PendingRequest
     queued_row = QueuedRow
@@ -459,7 +465,7 @@ def _pending(
         status_code = row[shape_end]
         # the room its victims free is kept for it (scheduling.queue.request_key)
         preempting = status_code in ("preempting", "awaiting-stop")
-        found = kept.get(pk)
+        found = reuse.get(pk)
         if found is not None and found[0] == key and found[1].preempting == preempting:
             req = found[1]
         else:
@@ -522,7 +528,7 @@ def _pending(
             row[5],
             wait_state(wait_reason, wait_since, tuple(waited)),
         )
-    _KEPT.pending, _KEPT.pending_context = keep, context
+    kept.pending, kept.pending_context = keep, context
     return tuple(pending), queued
 
 
@@ -557,6 +563,7 @@ def _running(
     teams: dict[int, tuple[str, str, int]],
     class_names: dict[int, str],
     pool_names: dict[int, str],
+    kept: _Kept,
 ) -> tuple[st.Running, ...]:
     shape_of = _Shapes()
     running: list[st.Running] = []
@@ -584,7 +591,7 @@ def _running(
     # Once per running attempt: lookups hoisted, helpers inlined.
     team_names = {pk: name for pk, (name, _, _) in teams.items()}
     context = (team_names, class_names, pool_names)
-    kept = _KEPT.running if _KEPT.running_context == context else {}
+    reuse = kept.running if kept.running_context == context else {}
     keep: dict[
         int, tuple[tuple[Any, ...], dict[tuple[str, int, int], st.DeviceGrant], st.Running]
     ] = {}
@@ -594,7 +601,7 @@ def _running(
     for row in rows:
         pk = row[0]
         grants = held_grants.get(pk, no_grants)
-        found = kept.get(pk)
+        found = reuse.get(pk)
         if found is not None and found[0] == row and found[1] == grants:
             keep[pk] = found
             append(found[2])
@@ -658,7 +665,7 @@ def _running(
         )
         keep[pk] = (row, grants, run)
         append(run)
-    _KEPT.running, _KEPT.running_context = keep, context
+    kept.running, kept.running_context = keep, context
     return tuple(running)
 
 

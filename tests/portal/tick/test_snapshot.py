@@ -72,9 +72,9 @@ def test_the_expected_runtime_is_the_estimate_capped_by_the_hard_limit() -> None
 
 
 def test_a_row_read_again_unchanged_keeps_its_object_and_a_changed_one_is_read_anew() -> None:
-    """The snapshot keeps the last read's frozen objects by the rows they came from: what the
-    core reads changes the moment a row or a name does; the status the apply step compares
-    with is read fresh every time."""
+    """The tick's snapshot keeps the last read's frozen objects by the rows they came from:
+    what the core reads changes the moment a row or a name does; the status the apply step
+    compares with is read fresh every time. A read without `keep` (a preview) keeps none."""
     from portal.models import Attempt, GpuRequest, Team
     from portal.tick.run import run_tick
     from tests.base import submit
@@ -84,12 +84,12 @@ def test_a_row_read_again_unchanged_keeps_its_object_and_a_changed_one_is_read_a
     run_tick()
     assert Attempt.objects.filter(request__in=(kept, changed, started)).count() == 3
     later = [submit(w.alice, w.vision, cls="interactive") for _ in range(2)]
-    first, _ = build_snapshot(timezone.now())
+    first, _ = build_snapshot(timezone.now(), keep=True)
     GpuRequest.objects.filter(pk=later[0].pk).update(status_message="seen by a test")
     GpuRequest.objects.filter(pk=later[1].pk).update(priority=7)
     moment = timezone.now()
     Attempt.objects.filter(request=started).update(last_checkpoint_at=moment)
-    second, ctx = build_snapshot(timezone.now())
+    second, ctx = build_snapshot(timezone.now(), keep=True)
 
     def pending(s: st.Snapshot) -> dict[str, st.PendingRequest]:
         return {p.id: p for p in s.pending}
@@ -108,14 +108,17 @@ def test_a_row_read_again_unchanged_keeps_its_object_and_a_changed_one_is_read_a
 
     # Whether it preempts is read from its status: the one status the core reads.
     GpuRequest.objects.filter(pk=later[0].pk).update(status_code="preempting")
-    again, _ = build_snapshot(timezone.now())
+    again, _ = build_snapshot(timezone.now(), keep=True)
     assert pending(again)[one].preempting and not pending(second)[one].preempting
 
     # A renamed team renames its work: the names are part of what the objects were made of.
     Team.objects.filter(pk=w.vision.pk).update(name="vision-renamed")
-    third, _ = build_snapshot(timezone.now())
+    third, _ = build_snapshot(timezone.now(), keep=True)
     assert {p.team for p in third.pending} == {"vision-renamed"}
     assert {r.team for r in third.running} == {"vision-renamed"}
     assert third.pending == tuple(
         dataclasses.replace(p, team="vision-renamed") for p in again.pending
     )
+    preview, _ = build_snapshot(timezone.now())
+    assert preview.pending == third.pending
+    assert not set(map(id, preview.pending)) & set(map(id, third.pending))
