@@ -16,7 +16,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from scheduling import cycle, members
+import scheduling
+from scheduling import cycle
 from scheduling.packer import ClusterState
 from scheduling.types import Decision, DecisionKind, Node, Placement, Policy, Snapshot
 
@@ -43,20 +44,20 @@ class StateKeeper:
         applies."""
         policy = policy or Policy()
         if not self._lock.acquire(blocking=False):
-            return _schedule(snapshot, now_ms, policy, None)
+            return scheduling.schedule(snapshot, now_ms, policy)
         try:
             # A tick that fails half way leaves its state behind it.
             kept, self._kept = self._kept, None
             if policy.packer == "random":
                 # its draws follow the order a state made its groups in (`ClusterState.retarget`)
-                return _schedule(snapshot, now_ms, policy, None)
+                return scheduling.schedule(snapshot, now_ms, policy)
             if kept is None or kept.packer != policy.packer or kept.nodes != snapshot.nodes:
                 state = cycle.cluster_state(snapshot, policy)
                 taken = {r.attempt_id: r.placement for r in snapshot.running}
             else:
                 state, taken = kept.state, kept.taken
                 _bring(state, taken, snapshot)
-            decisions = _schedule(snapshot, now_ms, policy, state)
+            decisions = scheduling.schedule(snapshot, now_ms, policy, state)
             for d in decisions:
                 if d.kind is DecisionKind.ADMIT and d.placement is not None:
                     taken["+" + d.request_id] = d.placement
@@ -64,13 +65,6 @@ class StateKeeper:
             return decisions
         finally:
             self._lock.release()
-
-
-def _schedule(
-    snapshot: Snapshot, now_ms: int | None, policy: Policy, state: ClusterState | None
-) -> list[Decision]:
-    snapshot, held = members.member_rules(snapshot)
-    return cycle.schedule(snapshot, now_ms, policy, state) + held
 
 
 def _bring(state: ClusterState, taken: dict[str, Placement], snapshot: Snapshot) -> None:
