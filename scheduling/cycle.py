@@ -32,8 +32,10 @@
       — only a victim set after which quota still admits it within its team's nominal
       quota (no one loses work so that a team may borrow); past its class's maximum
       queue time also the starvation tier, with victims that lose together up to
-      `Policy.starving_loss_ratio` × the GPU-time it has waited; the room is claimed for it at once and it
-      starts next tick, first in order, once the victims are gone;
+      `Policy.starving_loss_ratio` × the GPU-time it has waited, unless the pool is
+      overloaded (more starving requests than reservations, or a queue of more requests
+      than that asking `Policy.overload_queue_ratio` of its GPUs); the room is claimed for
+      it at once and it starts next tick, first in order, once the victims are gone;
    e. else **reserve** (`scheduling.reservation`): the first `Policy.max_reservations`
       blocked requests that are large (`Policy.reserve_min_devices`), escalated or have
       waited `Policy.reserve_after_s` (the oldest first) hold nodes that could host them
@@ -91,6 +93,7 @@ from scheduling.queue import FairQueue, cluster_capacity
 from scheduling.quota import QuotaBook, Verdict
 from scheduling.reservation import Reservations
 from scheduling.types import (
+    WHOLE_GPU_MILLI,
     Decision,
     DecisionKind,
     Lifecycle,
@@ -413,13 +416,34 @@ class _Tick:
         #: per pool, how many pending requests are past their starvation bound
         self.starving_in: dict[str, int] = {}
         named: dict[str, int] = {}  # starving requests per named pool ("": any production one)
+        asking: dict[str, int] = {}  # GPU milli asked per named pool
+        queued: dict[str, int] = {}  # requests per named pool
         for r in snapshot.pending:
+            asking[r.pool] = asking.get(r.pool, 0) + r.shape.gpus_milli
+            queued[r.pool] = queued.get(r.pool, 0) + 1
             ages = self.ages.get(r.workload_class)
             if ages is not None and ages[0] is not None and now_ms - r.created_at_ms >= ages[0]:
                 named[r.pool] = named.get(r.pool, 0) + 1
         for name, n in named.items():
             for p in (name,) if name else self.production:
                 self.starving_in[p] = self.starving_in.get(p, 0) + n
+        #: pools with a deep queue: more requests than may hold reservations, asking
+        #: `Policy.overload_queue_ratio` of the pool's GPUs or more (a request free to go
+        #: to any production pool counts in each, its GPUs by the pool's share of theirs)
+        self.deep: set[str] = set()
+        if policy.overload_queue_ratio > 0:
+            gpus: dict[str, int] = {}
+            for node in snapshot.nodes:
+                gpus[node.pool] = gpus.get(node.pool, 0) + len(node.devices) * WHOLE_GPU_MILLI
+            anywhere = sum(gpus.get(p, 0) for p in self.production)
+            for name, have in gpus.items():
+                milli, count = asking.get(name, 0), queued.get(name, 0)
+                if name in self.production and anywhere:
+                    milli += asking.get("", 0) * have // anywhere
+                    count += queued.get("", 0)
+                deep = have and milli >= policy.overload_queue_ratio * have
+                if deep and count > policy.max_reservations:
+                    self.deep.add(name)
         #: `_overloaded` for the pools a request naming a pool ("" for none) may use
         # (filled as asked: a closure over the tick here would keep it alive until the
         # cyclic collector runs, with its whole cluster state)
@@ -984,11 +1008,11 @@ class _Tick:
         return int(self.policy.starving_loss_ratio * req.shape.gpus_milli * waited)
 
     def _overloaded(self, pools: Sequence[str]) -> bool:
-        """Whether more requests are starving in each of the pools than may hold
-        reservations: starvation there is the load, not one request's bad luck, and
-        preempting for it would only move the wait to the victims."""
+        """Whether each of the pools is overloaded: more requests are starving there than
+        may hold reservations, or its queue is deep (`deep`). Starvation there is the load, not one request's bad luck, and preempting for it
+        would only move the wait to the victims, who lose their work besides."""
         cap = self.policy.max_reservations
-        return all(self.starving_in.get(p, 0) > cap for p in pools)
+        return all(self.starving_in.get(p, 0) > cap or p in self.deep for p in pools)
 
     def starving(self, req: PendingRequest, cls: WorkloadClass) -> bool:
         """Whether the request has waited `Policy.starvation_after` of its class's maximum

@@ -125,6 +125,14 @@ _RULES: dict[str, dict[str, Any]] = {
         "most this many of its hosts free of never-preempted work (0 = as many as a pending "
         "one: 5 % of the pool's nodes).",
     },
+    "overload_queue_ratio": {
+        "label": "Overloaded when the queue asks (times the pool's GPUs)",
+        "maximum": 1000.0,
+        "help": "Where more requests wait than may hold reservations, asking at least this "
+        "multiple of the pool's GPUs, a request past its starvation bound waits for a "
+        "reservation instead of preempting (0 = off: only more starving requests than "
+        "reservations make a pool overloaded).",
+    },
 }
 
 

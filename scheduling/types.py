@@ -430,3 +430,8 @@ class Policy:
     #: most this many of its hosts (`scheduling.scarce.kept_nodes`); 0 = as many as one
     #: pending (`SCARCE_PCT` % of the pool's nodes)
     learned_kept_nodes: int = 1
+    #: a pool whose queue holds more requests than `max_reservations` and asks at least
+    #: this multiple of its GPUs is overloaded: a request past its starvation bound there
+    #: waits for a reservation instead of preempting (`scheduling.cycle`'s `_overloaded`);
+    #: 0 = only the count of starving requests decides
+    overload_queue_ratio: float = 0.5

@@ -97,6 +97,16 @@ TWO_STARVING = snapshot(
     running=[run("b0", team="b", devices=(0, 1))],
 )
 
+#: one request past its starvation bound in a queue of five asking 6 GPUs of a 2-GPU pool
+DEEP_QUEUE = snapshot(
+    [node("n1", gpus=2)],
+    pending=[
+        req("in", team="a", gpus=2, created_s=86400),
+        *(req(f"young{i}", team="c", gpus=1, created_s=60 + i) for i in range(4)),
+    ],
+    running=[run("b0", team="b", devices=(0, 1))],
+)
+
 CASES: dict[str, Case] = {
     # -- Kueue TestPreemption, withinClusterQueue: LowerPriority ----------------------------
     "Kueue: preempt lowest priority": _standalone_case(
@@ -328,6 +338,32 @@ CASES: dict[str, Case] = {
         {"in": "wait:preempting"},
         {"b0#1"},
         rules(max_reservations=2),
+    ),
+    # A queue deeper than the reservations, asking half the pool's GPUs or more: the pool
+    # is overloaded though one request starves.
+    "a deep queue overloads the pool: its starving request does not preempt": Case(
+        DEEP_QUEUE,
+        {"in": "wait:no-capacity"},
+        set(),
+        rules(max_reservations=4, overload_queue_ratio=0.5),
+    ),
+    "a queue no deeper than the reservations does not": Case(
+        DEEP_QUEUE,
+        {"in": "wait:preempting"},
+        {"b0#1"},
+        rules(max_reservations=5, overload_queue_ratio=0.5),
+    ),
+    "nor one asking less than the ratio of the pool's GPUs": Case(
+        DEEP_QUEUE,
+        {"in": "wait:preempting"},
+        {"b0#1"},
+        rules(max_reservations=4, overload_queue_ratio=4.0),
+    ),
+    "nor any queue with the ratio off": Case(
+        DEEP_QUEUE,
+        {"in": "wait:preempting"},
+        {"b0#1"},
+        rules(max_reservations=4, overload_queue_ratio=0),
     ),
     # -- a victim's loss in proportion to its preemptor's GPUs (900 GPU-seconds per GPU) ---
     "a 1-GPU request may not cost a victim 1,000 GPU-seconds": Case(

@@ -21,7 +21,7 @@ class ShippedProfileTest(unittest.TestCase):
         data = tomllib.loads((profile.PROFILE_DIR / "default.toml").read_text())
         knobs = {f.name for f in dataclasses.fields(Policy)}
         self.assertEqual(set(data) - {"name", "version"}, knobs)
-        self.assertEqual((data["name"], data["version"]), ("default", 6))
+        self.assertEqual((data["name"], data["version"]), ("default", 7))
 
     def test_it_is_the_cores_defaults(self) -> None:
         # The core's defaults and the shipped profile never drift apart: what runs without a

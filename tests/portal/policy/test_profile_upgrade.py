@@ -23,6 +23,12 @@ UPGRADES = [
         900,
     ),
     ("0029_burn_in_gate", "0030_profile_learned_kept_nodes", "learned_kept_nodes", 1),
+    (
+        "0030_profile_learned_kept_nodes",
+        "0031_profile_overload_queue_ratio",
+        "overload_queue_ratio",
+        0.5,
+    ),
 ]
 
 
