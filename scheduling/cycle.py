@@ -430,7 +430,7 @@ class _Tick:
         #: pools with a deep queue: more requests than may hold reservations, asking
         #: `Policy.overload_queue_ratio` of the pool's GPUs or more (a request free to go
         #: to any production pool counts in each, its GPUs by the pool's share of theirs)
-        self.deep: set[str] = set()
+        self.deep: dict[str, tuple[int, int, int]] = {}  # pool -> (requests, milli, its milli)
         if policy.overload_queue_ratio > 0:
             gpus: dict[str, int] = {}
             for node in snapshot.nodes:
@@ -443,7 +443,7 @@ class _Tick:
                     count += queued.get("", 0)
                 deep = have and milli >= policy.overload_queue_ratio * have
                 if deep and count > policy.max_reservations:
-                    self.deep.add(name)
+                    self.deep[name] = (count, milli, have)
         #: `_overloaded` for the pools a request naming a pool ("" for none) may use
         # (filled as asked: a closure over the tick here would keep it alive until the
         # cyclic collector runs, with its whole cluster state)
@@ -792,11 +792,16 @@ class _Tick:
             stopping = {"stopping": sorted(r.attempt_id for r in self.stopping)}
             return [self._wait(req, position, Code.AWAITING_STOP, msg, stopping)]
         done = self._preempt(req, cls, allowed, verdicts, position)
-        if done is None and self.starving(req, cls) and not self._overloaded(allowed):
-            done = self._preempt(req, cls, allowed, verdicts, position, starving=True)
+        overloaded = False
+        if done is None and self.starving(req, cls):
+            overloaded = self._overloaded(allowed)
+            if not overloaded:
+                done = self._preempt(req, cls, allowed, verdicts, position, starving=True)
         if done is not None:
             return done
         facts: dict[str, object] = {"pools": list(allowed), "shape": describe(req.shape)}
+        if overloaded:
+            facts["overloaded"] = True
         if self._needs_nodes(req.shape, tuple(allowed)):
             msg = (
                 f"waiting: no node in {where(allowed)} can hold {describe(req.shape)} yet; "
@@ -819,7 +824,27 @@ class _Tick:
             facts["reserved_for"] = owners
             n = len(self.reserved)
             msg += f"; {n} {'node is' if n == 1 else 'nodes are'} held for earlier large requests"
+        if overloaded:
+            msg += "; " + self._overload_sentence(allowed)
         return [self._wait(req, position, Code.NO_CAPACITY, msg, facts)]
+
+    def _overload_sentence(self, pools: Sequence[str]) -> str:
+        """Why a request past its starvation bound waits instead of preempting."""
+        head = "it has waited its class's maximum queue time, but "
+        tail = ": it keeps its place by age instead of preempting"
+        if len(pools) != 1:
+            return head + f"every pool it may use is overloaded{tail}"
+        pool = pools[0]
+        starving = self.starving_in.get(pool, 0)
+        if starving > self.policy.max_reservations:
+            why = (
+                f"{starving} requests there have waited that long, more than the "
+                f"{self.policy.max_reservations} that may hold nodes"
+            )
+        else:
+            count, milli, have = self.deep[pool]
+            why = f"{count} requests wait there asking {milli / have:.1f}× its GPUs"
+        return head + f"pool {pool} is overloaded ({why}){tail}"
 
     def _fits_after_stops(self, req: PendingRequest, pools: tuple[str, ...]) -> bool:
         """Return whether the request fits once the stopping attempts are gone; a preemptor

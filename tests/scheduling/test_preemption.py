@@ -727,3 +727,37 @@ class CandidateIndexTest(unittest.TestCase):
         # Two pods on one node: the candidate is listed per pod, each listing counts both.
         self.assertEqual(on[1][1:], ([cands[0], cands[0]], 2 * 1500))
         self.assertEqual(on[2][1:], ([cands[1]], 2000))
+
+
+class OverloadSentenceTest(unittest.TestCase):
+    """A request past its starvation bound that does not preempt says why."""
+
+    def message(self, snap: Snapshot, policy: Policy) -> str:
+        (wait,) = [d for d in schedule(snap, policy=policy) if d.request_id == "in"]
+        self.assertEqual(
+            (wait.kind, wait.code, wait.facts.get("overloaded")),
+            (DecisionKind.WAIT, Code.NO_CAPACITY, True),
+        )
+        return wait.message
+
+    def test_a_deep_queue(self) -> None:
+        msg = self.message(DEEP_QUEUE, rules(max_reservations=4, overload_queue_ratio=0.5))
+        self.assertIn(
+            "it has waited its class's maximum queue time, but pool a100 is overloaded "
+            "(5 requests wait there asking 3.0× its GPUs): it keeps its place by age "
+            "instead of preempting",
+            msg,
+        )
+
+    def test_more_starving_than_reservations(self) -> None:
+        msg = self.message(TWO_STARVING, rules(max_reservations=1))
+        self.assertIn(
+            "pool a100 is overloaded (2 requests there have waited that long, more than the 1 "
+            "that may hold nodes)",
+            msg,
+        )
+
+    def test_a_request_that_preempts_says_nothing_of_it(self) -> None:
+        for d in schedule(DEEP_QUEUE, policy=rules(max_reservations=5)):
+            self.assertNotIn("overloaded", d.message)
+            self.assertNotIn("overloaded", d.facts)
