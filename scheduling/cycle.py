@@ -67,6 +67,7 @@ and to the decisions each request gets when decided alone.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -375,11 +376,16 @@ class _Tick:
         #: request id -> the number of its shape
         self.shape_no: dict[str, int] = {}
         asked: dict[tuple[str, int], Shape] = {}
+        keys = []
         for r in snapshot.pending:
             n = numbers.setdefault(_shape_fields(r.shape), len(numbers))
             self.shape_no[r.id] = n
-            if (r.pool, n) not in asked:
-                asked[(r.pool, n)] = r.shape
+            key = (r.pool, n)
+            keys.append(key)
+            if key not in asked:
+                asked[key] = r.shape
+        #: requests per (named pool, shape number)
+        alike = collections.Counter(keys)
         # the largest victim-loss cap of any pending request (0: one has none)
         caps = [_loss_cap(policy, shape.gpus_milli) for shape in asked.values()]
         self.loss_cap_max = 0 if not caps or 0 in caps else max(caps)
@@ -416,11 +422,7 @@ class _Tick:
         #: per pool, how many pending requests are past their starvation bound
         self.starving_in: dict[str, int] = {}
         named: dict[str, int] = {}  # starving requests per named pool ("": any production one)
-        asking: dict[str, int] = {}  # GPU milli asked per named pool
-        queued: dict[str, int] = {}  # requests per named pool
         for r in snapshot.pending:
-            asking[r.pool] = asking.get(r.pool, 0) + r.shape.gpus_milli
-            queued[r.pool] = queued.get(r.pool, 0) + 1
             ages = self.ages.get(r.workload_class)
             if ages is not None and ages[0] is not None and now_ms - r.created_at_ms >= ages[0]:
                 named[r.pool] = named.get(r.pool, 0) + 1
@@ -432,6 +434,11 @@ class _Tick:
         #: to any production pool counts in each, its GPUs by the pool's share of theirs)
         self.deep: dict[str, tuple[int, int, int]] = {}  # pool -> (requests, milli, its milli)
         if policy.overload_queue_ratio > 0:
+            asking: dict[str, int] = {}  # GPU milli asked per named pool
+            queued: dict[str, int] = {}  # requests per named pool
+            for (name, n), many in alike.items():
+                asking[name] = asking.get(name, 0) + many * asked[(name, n)].gpus_milli
+                queued[name] = queued.get(name, 0) + many
             gpus: dict[str, int] = {}
             for node in snapshot.nodes:
                 gpus[node.pool] = gpus.get(node.pool, 0) + len(node.devices) * WHOLE_GPU_MILLI
