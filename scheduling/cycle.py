@@ -1041,8 +1041,9 @@ class _Tick:
 
     def _overloaded(self, pools: Sequence[str]) -> bool:
         """Whether each of the pools is overloaded: more requests are starving there than
-        may hold reservations, or its queue is deep (`deep`). Starvation there is the load, not one request's bad luck, and preempting for it
-        would only move the wait to the victims, who lose their work besides."""
+        may hold reservations, or its queue is deep (`deep`). Starvation there is the
+        load, not one request's bad luck, and preempting for it would only move the wait
+        to the victims, who lose their work besides."""
         cap = self.policy.max_reservations
         return all(self.starving_in.get(p, 0) > cap or p in self.deep for p in pools)
 
