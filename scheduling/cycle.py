@@ -91,10 +91,9 @@ from scheduling.explain import (
 from scheduling.packer import ClusterState, eligible
 from scheduling.packer import remembering as packer_remembering
 from scheduling.queue import FairQueue, cluster_capacity
-from scheduling.quota import QuotaBook, Verdict
+from scheduling.quota import QuotaBook, Verdict, pool_capacity
 from scheduling.reservation import Reservations
 from scheduling.types import (
-    WHOLE_GPU_MILLI,
     Decision,
     DecisionKind,
     Lifecycle,
@@ -430,7 +429,8 @@ class _Tick:
             for p in (name,) if name else self.production:
                 self.starving_in[p] = self.starving_in.get(p, 0) + n
         #: pools with a deep queue: more requests than may hold reservations, asking
-        #: `Policy.overload_queue_ratio` of the pool's GPUs or more (a request free to go
+        #: `Policy.overload_queue_ratio` of the pool's usable GPUs or more (`pool_capacity`:
+        #: healthy devices of ready, uncordoned nodes; a request free to go
         #: to any production pool counts in each, its GPUs by the pool's share of theirs)
         self.deep: dict[str, tuple[int, int, int]] = {}  # pool -> (requests, milli, its milli)
         if policy.overload_queue_ratio > 0:
@@ -439,9 +439,7 @@ class _Tick:
             for (name, n), many in alike.items():
                 asking[name] = asking.get(name, 0) + many * asked[(name, n)].gpus_milli
                 queued[name] = queued.get(name, 0) + many
-            gpus: dict[str, int] = {}
-            for node in snapshot.nodes:
-                gpus[node.pool] = gpus.get(node.pool, 0) + len(node.devices) * WHOLE_GPU_MILLI
+            gpus = pool_capacity(snapshot.nodes)
             anywhere = sum(gpus.get(p, 0) for p in self.production)
             for name, have in gpus.items():
                 milli, count = asking.get(name, 0), queued.get(name, 0)
