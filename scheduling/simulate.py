@@ -25,9 +25,11 @@ from dataclasses import dataclass, field, replace
 
 from scheduling.backoff import requeue_delay_s
 from scheduling.cycle import cluster_state, schedule
+from scheduling.explain import Code
 from scheduling.packer import ClusterState
 from scheduling.trace import TRACE_POOL
 from scheduling.types import (
+    Decision,
     DecisionKind,
     Node,
     Partitioning,
@@ -111,6 +113,62 @@ class Outcome:
     lost_by_team: dict[str, int] = field(default_factory=dict)
     #: jobs the core rejected (a what-if whose cluster can no longer hold them)
     rejected: list[str] = field(default_factory=list)
+    #: per request not yet started, per cause (`held_by`), the ticks it waited past its
+    #: class's maximum queue time: what kept it from starting once its promise was due
+    held_past_promise: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+#: `held_by`'s causes, in the order that breaks a tie in `overrun_cause`
+HELD_BY = (
+    "pool overloaded",
+    "tick's preemption cap",
+    "quota",
+    "no allowed victim set",
+    "victims stopping",
+    "backoff",
+)
+
+
+def held_by(d: Decision, capped: bool) -> str:
+    """Why a request past its class's maximum queue time waits, from its decision:
+
+    - "pool overloaded": the pool is overloaded (`Policy.overload_queue_ratio`, or more
+      requests past their bound than may hold nodes): the cycle did not look for
+      victims (it may have found some);
+    - "tick's preemption cap": `Policy.max_preemptions_per_tick` was spent earlier in
+      the tick, so no plan was made for it;
+    - "quota": quota holds it (a quota code): the starvation rule preempts for room, not
+      for quota;
+    - "no allowed victim set": no room, and no set of victims the rules allow (its band
+      or lower, older than it, past their minimum runtime, never inference, within its
+      loss budget) makes room;
+    - "victims stopping": victims were chosen and it waits for them to stop;
+    - "backoff": a requeued request waits out its backoff;
+    - any other wait, its code.
+    `capped`: the tick's preemptions had reached the cap before this decision."""
+    code = d.code
+    if code in (Code.PREEMPTING, Code.AWAITING_STOP):
+        return "victims stopping"
+    if code == Code.BACKOFF:
+        return "backoff"
+    if code in (Code.NO_CAPACITY, Code.AWAITING_NODES):
+        if d.facts and d.facts.get("overloaded"):
+            return "pool overloaded"
+        return "tick's preemption cap" if capped else "no allowed victim set"
+    if code in (Code.BORROWING_LIMIT, Code.COHORT_EXHAUSTED, Code.INFERENCE_FLOOR):
+        return "quota"
+    return str(code)
+
+
+def overrun_cause(causes: dict[str, int] | None) -> str:
+    """The cause an overrun is counted under: of the causes its waits past the promise
+    said (`held_by`, one per tick), the one said most often (a tie: the first in
+    `HELD_BY`); "between ticks" when it got no decision past its promise (it started at
+    the first tick after)."""
+    if not causes:
+        return "between ticks"
+    order = {c: i for i, c in enumerate(HELD_BY)}
+    return min(causes, key=lambda c: (-causes[c], order.get(c, len(order)), c))
 
 
 def last_checkpoint_ms(started_ms: int, interval_ms: int | None, now_ms: int) -> int | None:
@@ -247,6 +305,9 @@ class Simulation:
         woke = False
         pending, timed = self.pending, self.timed
         wait, admit, preempt = DecisionKind.WAIT, DecisionKind.ADMIT, DecisionKind.PREEMPT
+        promise = {c.name: c.max_queue_s * 1000 for c in self.classes if c.max_queue_s > 0}
+        begun, held = self.out.first_start_ms, self.out.held_past_promise
+        preempted = 0  # PREEMPTs so far in this tick's decisions (they come in queue order)
         for d in decisions:
             kind = d.kind
             # (waits first: nearly every decision of a deep queue is one)
@@ -260,10 +321,16 @@ class Simulation:
                 if rid not in timed:
                     timed.add(rid)
                     self._wake_at_thresholds(req.created_at_ms, now)
+                due = promise.get(req.workload_class)
+                if due is not None and now - req.created_at_ms > due and rid not in begun:
+                    causes = held.setdefault(rid, {})
+                    cause = held_by(d, preempted >= self.policy.max_preemptions_per_tick)
+                    causes[cause] = causes.get(cause, 0) + 1
             elif kind is admit:
                 self.admit(d.request_id, d.placement, now)
             elif kind is preempt:
                 self.preempt(d.attempt_id, now)
+                preempted += 1
                 woke = True
             elif kind is DecisionKind.REJECT:
                 if not self.rejects_ok:

@@ -126,14 +126,22 @@ import random
 import time
 import zlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from scheduling.cycle import remembering
 from scheduling.fit import can_ever_host
 from scheduling.profile import DEFAULT_PROFILE, ProfileError
 from scheduling.profile import load as load_profile
-from scheduling.simulate import REPLAY_CLASSES, Job, Outcome, Simulation, drive, record_stop
+from scheduling.simulate import (
+    REPLAY_CLASSES,
+    Job,
+    Outcome,
+    Simulation,
+    drive,
+    overrun_cause,
+    record_stop,
+)
 from scheduling.slo import promises
 from scheduling.trace import TRACE_POOL, TracePod, load_nodes, load_pods
 from scheduling.types import WHOLE_GPU_MILLI, Node, Policy, ProfileKind, Quota, Shape, Team
@@ -895,6 +903,35 @@ def measure(out: Outcome, jobs: Sequence[Job], capacity: int, teams: int) -> dic
     }
 
 
+@dataclass(slots=True)
+class Overruns:
+    """The requests of one cause that started after their class's maximum queue time."""
+
+    requests: int = 0
+    overrun_max_s: float = 0.0
+    #: their waits past the promise by what each said (`held_by`; one per tick)
+    waits: dict[str, int] = field(default_factory=dict)
+
+
+def overruns(out: Outcome, jobs: Sequence[Job]) -> dict[str, Overruns]:
+    """The requests that started after their class's maximum queue time, per cause
+    (`scheduling.simulate.overrun_cause`), the longest overrun first. Only
+    Quartermaster's replay records causes."""
+    found: dict[str, Overruns] = {}
+    for j in jobs:
+        limit = MAX_QUEUE_S.get(j.cls, 0)
+        over = (out.first_start_ms[j.id] - j.arrival_ms) / 1000 - limit
+        if limit <= 0 or over <= 0:
+            continue
+        causes = out.held_past_promise.get(j.id) or {}
+        row = found.setdefault(overrun_cause(causes), Overruns())
+        row.requests += 1
+        row.overrun_max_s = max(row.overrun_max_s, round(over, 1))
+        for cause, n in causes.items():
+            row.waits[cause] = row.waits.get(cause, 0) + n
+    return dict(sorted(found.items(), key=lambda kv: -kv[1].overrun_max_s))
+
+
 def share_error(out: Outcome, capacity: int, teams: int, w0: int, w1: int) -> float:
     """Mean over 1-hour windows of |received − entitlement| ÷ window capacity over the teams
     with demand (a request waiting 5 minutes or more in the window); see the module
@@ -1033,16 +1070,25 @@ def main(argv: Sequence[str]) -> int:
         "jobs": len(jobs),
     }
     policies: dict[str, dict[str, float]] = {}
+    late: dict[str, Overruns] = {}
     tick_ms = int(args.tick_s * 1000)
     for name in names:
         out = run_policy(
             name, nodes, jobs, capacity, args.teams, tick_ms, args.seed, profile.policy()
         )
         policies[name] = measure(out, jobs, capacity, args.teams)
+        if name == "quartermaster":
+            late = overruns(out, jobs)
+            result["quartermaster_overruns"] = {c: asdict(o) for c, o in late.items()}
     result["policies"] = policies
     if args.json:
         print(json.dumps(result))
     else:
         for name, m in policies.items():
             print(name, " ".join(f"{k}={v}" for k, v in m.items()))
+        for cause, row in late.items():
+            print(
+                f"quartermaster overruns, {cause}: requests={row.requests}",
+                f"overrun_max_s={row.overrun_max_s} waits={row.waits}",
+            )
     return 0
