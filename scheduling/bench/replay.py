@@ -99,7 +99,11 @@ replay keeps its request shapes and runtimes and draws the arrivals. Procedure:
      share that started within their class's `max_queue_s` (`REPLAY_CLASSES`: inference
      1,800 s, interactive 3,600 s, training 21,600 s), and `slo_overrun_max_s`, the
      longest wait beyond it; the same per class as `slo_attainment_<class>` and
-     `slo_overrun_max_s_<class>`;
+     `slo_overrun_max_s_<class>`; for Quartermaster, `quartermaster_overruns` (beside
+     `policies`): the requests that overran, per cause (`scheduling.simulate.held_by`:
+     what its decisions said once its promise was due — pool overloaded, the tick's
+     preemption cap, quota, no allowed victim set, victims stopping — counted under the
+     one said most often), with their longest overrun;
    - `jain`: Jain's index over teams of received ÷ entitled GPU-time in the window
      (entitled = nominal share × capacity × window);
    - `share_error`: per 1-hour window, the teams with demand are those with a request

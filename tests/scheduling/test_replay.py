@@ -7,6 +7,7 @@ from dataclasses import replace
 
 from scheduling.bench.replay import (
     measure,
+    overruns,
     run_fifo_strict,
     run_light,
     run_quartermaster,
@@ -14,8 +15,16 @@ from scheduling.bench.replay import (
     with_checkpoints,
     with_estimates,
 )
-from scheduling.simulate import Job, Outcome, last_checkpoint_ms, record_stop
-from scheduling.types import Device, Node, Partitioning, ProfileKind, Shape
+from scheduling.explain import Code
+from scheduling.simulate import (
+    Job,
+    Outcome,
+    held_by,
+    last_checkpoint_ms,
+    overrun_cause,
+    record_stop,
+)
+from scheduling.types import Decision, DecisionKind, Device, Node, Partitioning, ProfileKind, Shape
 
 H = 3600 * 1000
 
@@ -203,3 +212,67 @@ class CheckpointTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+def wait(code: Code, **facts: object) -> Decision:
+    return Decision(DecisionKind.WAIT, "job-000001", code, "waiting", facts=facts)
+
+
+class OverrunCauseTest(unittest.TestCase):
+    """What held a request past its class's maximum queue time (issue 33's load-90 target)."""
+
+    def test_each_wait_says_what_held_it(self) -> None:
+        self.assertEqual(held_by(wait(Code.NO_CAPACITY), False), "no allowed victim set")
+        self.assertEqual(held_by(wait(Code.AWAITING_NODES), False), "no allowed victim set")
+        self.assertEqual(held_by(wait(Code.NO_CAPACITY), True), "tick's preemption cap")
+        overloaded = wait(Code.NO_CAPACITY, overloaded=True)
+        self.assertEqual(held_by(overloaded, True), "pool overloaded")
+        self.assertEqual(held_by(wait(Code.PREEMPTING), False), "victims stopping")
+        self.assertEqual(held_by(wait(Code.AWAITING_STOP), True), "victims stopping")
+        self.assertEqual(held_by(wait(Code.COHORT_EXHAUSTED), False), "quota")
+        self.assertEqual(held_by(wait(Code.BORROWING_LIMIT), False), "quota")
+        self.assertEqual(held_by(wait(Code.BACKOFF), False), "backoff")
+        self.assertEqual(held_by(wait(Code.POOL_MAINTENANCE), False), "pool-maintenance")
+
+    def test_an_overrun_counts_under_what_held_it_most_often(self) -> None:
+        self.assertEqual(overrun_cause(None), "between ticks")
+        self.assertEqual(overrun_cause({}), "between ticks")
+        causes = {"no allowed victim set": 536, "tick's preemption cap": 14}
+        self.assertEqual(overrun_cause(causes), "no allowed victim set")
+        # a tie goes to the rule of ours before the limits of the granted one
+        tie = {"no allowed victim set": 3, "pool overloaded": 3}
+        self.assertEqual(overrun_cause(tie), "pool overloaded")
+
+    def test_a_request_no_victim_may_make_room_for_overruns_under_that_cause(self) -> None:
+        # Inference holds the one node for 5 hours and is never a victim: the inference
+        # request arriving at 60 s waits past its 1,800 s promise. Training requests
+        # arriving every 10 minutes give the replay ticks while it waits.
+        jobs = [
+            job(0, gpus=2, run_h=5, cls="inference"),
+            job(1, gpus=1, at_s=60, cls="inference"),
+            *(job(i, gpus=1, at_s=600 * i, run_h=0.1) for i in range(2, 12)),
+        ]
+        # (nominal quota of 4 GPUs: quota does not hold it, the node does)
+        out = run_quartermaster([gpu_node("n1")], jobs, 4000, 1, 10_000, 1)
+        self.assertEqual(out.first_start_ms["job-000001"], 5 * H)
+        held = out.held_past_promise["job-000001"]
+        self.assertEqual(set(held), {"no allowed victim set"})
+        # a tick at least at each arrival past 1,860 s: 2,400, 3,000, ... 6,600 s
+        self.assertGreaterEqual(held["no allowed victim set"], 8)
+        late = overruns(out, jobs)
+        self.assertEqual(list(late), ["no allowed victim set"])
+        row = late["no allowed victim set"]
+        self.assertEqual(row.requests, 1)
+        self.assertEqual(row.overrun_max_s, 5 * 3600 - 60 - 1800)
+        self.assertEqual(row.waits, held)
+
+    def test_quota_that_holds_a_request_past_its_promise_is_its_cause(self) -> None:
+        jobs = [
+            job(0, gpus=2, run_h=5, cls="inference"),
+            job(1, gpus=1, at_s=60, cls="inference"),
+            *(job(i, gpus=1, at_s=600 * i, run_h=0.1) for i in range(2, 12)),
+        ]
+        # nominal quota of 2 GPUs, held by job 0: job 1 would borrow from no one
+        out = run_quartermaster([gpu_node("n1")], jobs, 2000, 1, 10_000, 1)
+        self.assertEqual(set(out.held_past_promise["job-000001"]), {"quota"})
+        self.assertEqual(list(overruns(out, jobs)), ["quota"])
