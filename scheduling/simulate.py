@@ -135,8 +135,9 @@ def held_by(d: Decision, capped: bool) -> str:
     - "pool overloaded": the pool is overloaded (`Policy.overload_queue_ratio`, or more
       requests past their bound than may hold nodes): the cycle did not look for
       victims (it may have found some);
-    - "tick's preemption cap": `Policy.max_preemptions_per_tick` was spent earlier in
-      the tick, so no plan was made for it;
+    - "tick's preemption cap": preemptions earlier in the tick had spent
+      `Policy.max_preemptions_per_tick` or left it less than a request past its bound
+      may otherwise take (every running attempt): a plan within the rules may exist;
     - "quota": quota holds it (a quota code): the starvation rule preempts for room, not
       for quota;
     - "no allowed victim set": no room, and no set of victims the rules allow (its band
@@ -145,7 +146,7 @@ def held_by(d: Decision, capped: bool) -> str:
     - "victims stopping": victims were chosen and it waits for them to stop;
     - "backoff": a requeued request waits out its backoff;
     - any other wait, its code.
-    `capped`: the tick's preemptions had reached the cap before this decision."""
+    `capped`: the tick had preempted before this decision."""
     code = d.code
     if code in (Code.PREEMPTING, Code.AWAITING_STOP):
         return "victims stopping"
@@ -324,7 +325,9 @@ class Simulation:
                 due = promise.get(req.workload_class)
                 if due is not None and now - req.created_at_ms > due and rid not in begun:
                     causes = held.setdefault(rid, {})
-                    cause = held_by(d, preempted >= self.policy.max_preemptions_per_tick)
+                    # Earlier preemptions of the tick leave a starving request the cap's
+                    # rest, not every running attempt (`_Tick._preempt`).
+                    cause = held_by(d, preempted > 0)
                     causes[cause] = causes.get(cause, 0) + 1
             elif kind is admit:
                 self.admit(d.request_id, d.placement, now)
