@@ -909,12 +909,18 @@ def measure(out: Outcome, jobs: Sequence[Job], capacity: int, teams: int) -> dic
 
 @dataclass(slots=True)
 class Overruns:
-    """The requests of one cause that started after their class's maximum queue time."""
+    """The requests that started after their class's maximum queue time, of one cause."""
 
+    #: those counted under it (`overrun_cause`: the cause its waits said most often)
     requests: int = 0
     overrun_max_s: float = 0.0
     #: their waits past the promise by what each said (`held_by`; one per tick)
     waits: dict[str, int] = field(default_factory=dict)
+    #: those with at least one wait of this cause, whatever they are counted under: where a
+    #: rule of ours (pool overloaded, the tick's preemption cap) held one even once, a
+    #: victim set the granted rules allow may have started it then
+    touched: int = 0
+    touched_overrun_max_s: float = 0.0
 
 
 def overruns(out: Outcome, jobs: Sequence[Job]) -> dict[str, Overruns]:
@@ -924,16 +930,21 @@ def overruns(out: Outcome, jobs: Sequence[Job]) -> dict[str, Overruns]:
     found: dict[str, Overruns] = {}
     for j in jobs:
         limit = MAX_QUEUE_S.get(j.cls, 0)
-        over = (out.first_start_ms[j.id] - j.arrival_ms) / 1000 - limit
+        over = round((out.first_start_ms[j.id] - j.arrival_ms) / 1000 - limit, 1)
         if limit <= 0 or over <= 0:
             continue
         causes = out.held_past_promise.get(j.id) or {}
         row = found.setdefault(overrun_cause(causes), Overruns())
         row.requests += 1
-        row.overrun_max_s = max(row.overrun_max_s, round(over, 1))
+        row.overrun_max_s = max(row.overrun_max_s, over)
         for cause, n in causes.items():
             row.waits[cause] = row.waits.get(cause, 0) + n
-    return dict(sorted(found.items(), key=lambda kv: -kv[1].overrun_max_s))
+            seen = found.setdefault(cause, Overruns())
+            seen.touched += 1
+            seen.touched_overrun_max_s = max(seen.touched_overrun_max_s, over)
+    return dict(
+        sorted(found.items(), key=lambda kv: (-kv[1].overrun_max_s, -kv[1].touched_overrun_max_s))
+    )
 
 
 def share_error(out: Outcome, capacity: int, teams: int, w0: int, w1: int) -> float:
@@ -1094,5 +1105,6 @@ def main(argv: Sequence[str]) -> int:
             print(
                 f"quartermaster overruns, {cause}: requests={row.requests}",
                 f"overrun_max_s={row.overrun_max_s} waits={row.waits}",
+                f"touched={row.touched} touched_overrun_max_s={row.touched_overrun_max_s}",
             )
     return 0

@@ -243,6 +243,30 @@ class OverrunCauseTest(unittest.TestCase):
         tie = {"no allowed victim set": 3, "pool overloaded": 3}
         self.assertEqual(overrun_cause(tie), "pool overloaded")
 
+    def test_overruns_count_each_request_under_one_cause_and_as_touched_by_each(self) -> None:
+        jobs = [job(1, cls="inference"), job(2, cls="inference"), job(3, cls="interactive")]
+        out = Outcome(
+            first_start_ms={
+                "job-000001": 2300 * 1000,  # 500 s over inference's 1,800
+                "job-000002": 1810 * 1000,  # 10 s over
+                "job-000003": 3600 * 1000,  # kept interactive's 3,600
+            },
+            held_past_promise={
+                "job-000001": {"no allowed victim set": 10, "tick's preemption cap": 1},
+                "job-000002": {"victims stopping": 1},
+            },
+        )
+        late = overruns(out, jobs)
+        self.assertEqual(
+            list(late), ["no allowed victim set", "victims stopping", "tick's preemption cap"]
+        )
+        none, stopping, cap = late.values()
+        self.assertEqual((none.requests, none.overrun_max_s, none.touched), (1, 500.0, 1))
+        self.assertEqual(none.waits, {"no allowed victim set": 10, "tick's preemption cap": 1})
+        self.assertEqual((stopping.requests, stopping.overrun_max_s), (1, 10.0))
+        # the cap held job 1 once: it may have had a victim set then
+        self.assertEqual((cap.requests, cap.touched, cap.touched_overrun_max_s), (0, 1, 500.0))
+
     def test_a_request_no_victim_may_make_room_for_overruns_under_that_cause(self) -> None:
         # Inference holds the one node for 5 hours and is never a victim: the inference
         # request arriving at 60 s waits past its 1,800 s promise. Training requests
@@ -265,6 +289,7 @@ class OverrunCauseTest(unittest.TestCase):
         self.assertEqual(row.requests, 1)
         self.assertEqual(row.overrun_max_s, 5 * 3600 - 60 - 1800)
         self.assertEqual(row.waits, held)
+        self.assertEqual((row.touched, row.touched_overrun_max_s), (1, row.overrun_max_s))
 
     def test_quota_that_holds_a_request_past_its_promise_is_its_cause(self) -> None:
         jobs = [
