@@ -116,6 +116,10 @@ class Outcome:
     #: per request not yet started, per cause (`held_by`), the ticks it waited past its
     #: class's maximum queue time: what kept it from starting once its promise was due
     held_past_promise: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: with `Simulation.probe_overruns`: per such request, the seconds past its promise
+    #: of the first tick at which it would have started (or preempted to start) had it
+    #: been the only request pending (`alone`)
+    startable_alone_s: dict[str, float] = field(default_factory=dict)
 
 
 #: `held_by`'s causes, in the order that breaks a tie in `overrun_cause`
@@ -170,6 +174,20 @@ def overrun_cause(causes: dict[str, int] | None) -> str:
         return "between ticks"
     order = {c: i for i, c in enumerate(HELD_BY)}
     return min(causes, key=lambda c: (-causes[c], order.get(c, len(order)), c))
+
+
+def alone(snap: Snapshot, req: PendingRequest, policy: Policy) -> bool:
+    """Whether the tick would start the request, or preempt for it, were it the only one
+    pending: some victim set the rules allow (or room) was there for it, whatever the
+    requests ahead of it, the nodes held for others and the tick's preemption cap did.
+    Alone, a request past its bound is not in an overloaded pool and its plan may take
+    as many victims as it needs (`scheduling.cycle._Tick._preempt`)."""
+    decisions = schedule(replace(snap, pending=(req,)), snap.now_ms, policy)
+    return any(
+        d.request_id == req.id
+        and (d.kind is DecisionKind.ADMIT or d.code in (Code.PREEMPTING, Code.AWAITING_STOP))
+        for d in decisions
+    )
 
 
 def last_checkpoint_ms(started_ms: int, interval_ms: int | None, now_ms: int) -> int | None:
@@ -244,6 +262,9 @@ class Simulation:
     #: (each tick takes its admissions, `end` gives back what stops) rather than rebuilt
     #: by every tick from all running attempts: the same decisions, less CPU
     state: ClusterState | None = None
+    #: ask, for each wait past a request's promise, what the tick would have decided for
+    #: it alone (`Outcome.startable_alone_s`): a diagnostic of the replay, CPU-costly
+    probe_overruns: bool = False
 
     def push(self, t: int, kind: int, ident: str) -> None:
         heapq.heappush(self.events, (t, self.seq, kind, ident))
@@ -329,6 +350,10 @@ class Simulation:
                     # rest, not every running attempt (`_Tick._preempt`).
                     cause = held_by(d, preempted > 0)
                     causes[cause] = causes.get(cause, 0) + 1
+                    probe = self.probe_overruns and rid not in self.out.startable_alone_s
+                    if probe and alone(snap, req, self.policy):
+                        late_s = (now - req.created_at_ms - due) / 1000
+                        self.out.startable_alone_s[rid] = late_s
             elif kind is admit:
                 self.admit(d.request_id, d.placement, now)
             elif kind is preempt:

@@ -830,9 +830,10 @@ def run_quartermaster(
     tick_ms: int,
     seed: int,
     policy: Policy | None = None,
+    probe_overruns: bool = False,
 ) -> Outcome:
     """Replay the jobs through `schedule()` with a profile's `Policy` (default: the
-    shipped profile, as the portal runs it)."""
+    shipped profile, as the portal runs it). `probe_overruns`: see `Simulation`."""
     names = tuple(f"team-{i}" for i in range(teams))
     share, rest = divmod(capacity, teams)
     quotas = tuple(
@@ -846,6 +847,7 @@ def run_quartermaster(
         policy=policy or load_profile(DEFAULT_PROFILE).policy(),
         # the requeue jitter: the one random draw inside the simulation
         rng=random.Random(seed + 1),
+        probe_overruns=probe_overruns,
     )
     sim.history = ShapeHistory(half_life_s=sim.policy.shape_half_life_s)
     # the ticks meet the same free capacities again and again: remember the packer's and
@@ -947,6 +949,30 @@ def overruns(out: Outcome, jobs: Sequence[Job]) -> dict[str, Overruns]:
     )
 
 
+def overruns_alone(out: Outcome, jobs: Sequence[Job]) -> dict[str, dict[str, float]]:
+    """The overruns split by whether the request would have started (or preempted to
+    start) at some tick past its promise had it been the only one pending
+    (`Outcome.startable_alone_s`, `Simulation.probe_overruns`): "startable alone", with
+    the latest first such tick (seconds past the promise), and "never startable alone"
+    (no room and no victim set the rules allow, even for it alone)."""
+    found: dict[str, dict[str, float]] = {}
+    for j in jobs:
+        limit = MAX_QUEUE_S.get(j.cls, 0)
+        over = round((out.first_start_ms[j.id] - j.arrival_ms) / 1000 - limit, 1)
+        if limit <= 0 or over <= 0:
+            continue
+        first = out.startable_alone_s.get(j.id)
+        kind = "never startable alone" if first is None else "startable alone"
+        row = found.setdefault(kind, {"requests": 0, "overrun_max_s": 0.0})
+        row["requests"] += 1
+        row["overrun_max_s"] = max(row["overrun_max_s"], over)
+        if first is not None:
+            row["first_startable_max_s"] = max(
+                row.get("first_startable_max_s", 0.0), round(first, 1)
+            )
+    return found
+
+
 def share_error(out: Outcome, capacity: int, teams: int, w0: int, w1: int) -> float:
     """Mean over 1-hour windows of |received − entitlement| ÷ window capacity over the teams
     with demand (a request waiting 5 minutes or more in the window); see the module
@@ -1013,10 +1039,13 @@ def run_policy(
     tick_ms: int,
     seed: int,
     policy: Policy | None = None,
+    probe_overruns: bool = False,
 ) -> Outcome:
     """Run one policy of `POLICIES` on the jobs; `policy` is Quartermaster's profile."""
     if name == "quartermaster":
-        return run_quartermaster(nodes, jobs, capacity, teams, tick_ms, seed, policy)
+        return run_quartermaster(
+            nodes, jobs, capacity, teams, tick_ms, seed, policy, probe_overruns
+        )
     if name == "fifo-strict":
         return run_fifo_strict(nodes, jobs)
     if name in MODES:
@@ -1052,6 +1081,12 @@ def main(argv: Sequence[str]) -> int:
         type=int,
         default=CHECKPOINT_S,
         help="checkpoint interval of training jobs, seconds; 0 = no checkpoints",
+    )
+    parser.add_argument(
+        "--probe-overruns",
+        action="store_true",
+        help="for each wait past a request's promise, ask what the tick would decide for it"
+        " alone (quartermaster_overruns_alone; slower)",
     )
     args = parser.parse_args(list(argv))
     try:
@@ -1089,12 +1124,22 @@ def main(argv: Sequence[str]) -> int:
     tick_ms = int(args.tick_s * 1000)
     for name in names:
         out = run_policy(
-            name, nodes, jobs, capacity, args.teams, tick_ms, args.seed, profile.policy()
+            name,
+            nodes,
+            jobs,
+            capacity,
+            args.teams,
+            tick_ms,
+            args.seed,
+            profile.policy(),
+            args.probe_overruns,
         )
         policies[name] = measure(out, jobs, capacity, args.teams)
         if name == "quartermaster":
             late = overruns(out, jobs)
             result["quartermaster_overruns"] = {c: asdict(o) for c, o in late.items()}
+            if args.probe_overruns:
+                result["quartermaster_overruns_alone"] = overruns_alone(out, jobs)
     result["policies"] = policies
     if args.json:
         print(json.dumps(result))

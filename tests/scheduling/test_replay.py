@@ -8,6 +8,7 @@ from dataclasses import replace
 from scheduling.bench.replay import (
     measure,
     overruns,
+    overruns_alone,
     run_fifo_strict,
     run_light,
     run_quartermaster,
@@ -15,16 +16,19 @@ from scheduling.bench.replay import (
     with_checkpoints,
     with_estimates,
 )
+from scheduling.cycle import schedule
 from scheduling.explain import Code
 from scheduling.simulate import (
     Job,
     Outcome,
+    alone,
     held_by,
     last_checkpoint_ms,
     overrun_cause,
     record_stop,
 )
 from scheduling.types import Decision, DecisionKind, Device, Node, Partitioning, ProfileKind, Shape
+from tests.scheduling.builders import node, quota, req, rules, run, snapshot
 
 H = 3600 * 1000
 
@@ -301,3 +305,40 @@ class OverrunCauseTest(unittest.TestCase):
         out = run_quartermaster([gpu_node("n1")], jobs, 2000, 1, 10_000, 1)
         self.assertEqual(set(out.held_past_promise["job-000001"]), {"quota"})
         self.assertEqual(list(overruns(out, jobs)), ["quota"])
+
+    def test_the_probe_tells_a_request_no_victim_could_start_even_alone(self) -> None:
+        jobs = [
+            job(0, gpus=2, run_h=5, cls="inference"),
+            job(1, gpus=1, at_s=60, cls="inference"),
+            *(job(i, gpus=1, at_s=600 * i, run_h=0.1) for i in range(2, 12)),
+        ]
+        out = run_quartermaster([gpu_node("n1")], jobs, 4000, 1, 10_000, 1, probe_overruns=True)
+        self.assertEqual(out.startable_alone_s, {})
+        late = overruns_alone(out, jobs)
+        self.assertEqual(
+            late, {"never startable alone": {"requests": 1, "overrun_max_s": 5 * 3600 - 60 - 1800}}
+        )
+
+    def test_alone_a_request_gets_the_room_a_request_ahead_of_it_took(self) -> None:
+        # one GPU free: the older request takes it, the younger one would have had it alone
+        first, second = req("first", created_s=20), req("second", created_s=10)
+        snap = snapshot(
+            [node(gpus=2)],
+            [first, second],
+            [run("busy", devices=(0,))],
+            [quota("a", 8)],
+        )
+        together = {d.request_id: d.kind for d in schedule(snap, policy=rules())}
+        self.assertEqual(together["second"], DecisionKind.WAIT)
+        self.assertTrue(alone(snap, second, rules()))
+        held = snapshot(
+            [node(gpus=2)],
+            [second],
+            [
+                run("busy", devices=(0,), cls="inference"),
+                run("more", devices=(1,), cls="inference"),
+            ],
+            [quota("a", 8)],
+        )
+        # inference is never a victim: alone or not, nothing makes room
+        self.assertFalse(alone(held, second, rules()))
