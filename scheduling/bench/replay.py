@@ -3,7 +3,7 @@ for every policy, so Quartermaster is measured against what a user would pick in
 
 `python -m scheduling.bench replay --json [--policies a,b,...] [--load L] [--seed S]
 [--estimates over3|exact|none] [--checkpoint-s C] [--profile NAME|FILE] [--nodes CSV]
-[--pods CSV] [--every K] [--jobs N] [--teams T] [--tick-s D]`
+[--pods CSV] [--every K] [--jobs N] [--teams T] [--tick-s D] [--probe-overruns]`
 
 The openb pod list is a snapshot made for packing studies, not a load trace, so the
 replay keeps its request shapes and runtimes and draws the arrivals. Procedure:
@@ -103,7 +103,12 @@ replay keeps its request shapes and runtimes and draws the arrivals. Procedure:
      `policies`): the requests that overran, per cause (`scheduling.simulate.held_by`:
      what its decisions said once its promise was due — pool overloaded, the tick's
      preemption cap, quota, no allowed victim set, victims stopping — counted under the
-     one said most often), with their longest overrun;
+     one said most often), with their longest overrun; with `--probe-overruns`, also
+     `quartermaster_overruns_alone`: the overruns split by whether, at some tick past
+     its promise, the tick would have started the request (or preempted for it) had it
+     been the only one pending (`scheduling.simulate.alone`) — "startable alone", with
+     the latest such first tick — or never ("never startable alone": no room and no
+     victim set the rules allow, even for it alone);
    - `jain`: Jain's index over teams of received ÷ entitled GPU-time in the window
      (entitled = nominal share × capacity × window);
    - `share_error`: per 1-hour window, the teams with demand are those with a request
