@@ -954,28 +954,34 @@ def overruns(out: Outcome, jobs: Sequence[Job]) -> dict[str, Overruns]:
     )
 
 
-def overruns_alone(out: Outcome, jobs: Sequence[Job]) -> dict[str, dict[str, float]]:
+def overruns_alone(out: Outcome, jobs: Sequence[Job]) -> dict[str, object]:
     """The overruns split by whether the request would have started (or preempted to
     start) at some tick past its promise had it been the only one pending
-    (`Outcome.startable_alone_s`, `Simulation.probe_overruns`): "startable alone", with
-    the latest first such tick (seconds past the promise), and "never startable alone"
-    (no room and no victim set the rules allow, even for it alone)."""
+    (`Outcome.startable_alone_s`, `Simulation.probe_overruns`): "startable alone" and
+    "never startable alone" (no room and no victim set the rules allow, even for it
+    alone), each with its longest overrun; for a startable one also how long it waited
+    after it first was (`after_startable_max_s`: the part of an overrun that requests
+    ahead of it, nodes held for others or the tick's cap made). `longest`: the ten longest
+    overruns as (job, class, overrun s, first startable s past the promise or None)."""
     found: dict[str, dict[str, float]] = {}
+    rows: list[tuple[float, str, str, float | None]] = []
     for j in jobs:
         limit = MAX_QUEUE_S.get(j.cls, 0)
         over = round((out.first_start_ms[j.id] - j.arrival_ms) / 1000 - limit, 1)
         if limit <= 0 or over <= 0:
             continue
         first = out.startable_alone_s.get(j.id)
+        rows.append((over, j.id, j.cls, None if first is None else round(first, 1)))
         kind = "never startable alone" if first is None else "startable alone"
         row = found.setdefault(kind, {"requests": 0, "overrun_max_s": 0.0})
         row["requests"] += 1
         row["overrun_max_s"] = max(row["overrun_max_s"], over)
         if first is not None:
-            row["first_startable_max_s"] = max(
-                row.get("first_startable_max_s", 0.0), round(first, 1)
-            )
-    return found
+            after = round(over - first, 1)
+            row["after_startable_max_s"] = max(row.get("after_startable_max_s", 0.0), after)
+    rows.sort(key=lambda r: (-r[0], r[1]))
+    longest = [[job, cls, over, first] for over, job, cls, first in rows[:10]]
+    return {**found, "longest": longest}
 
 
 def share_error(out: Outcome, capacity: int, teams: int, w0: int, w1: int) -> float:

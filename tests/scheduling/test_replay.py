@@ -315,9 +315,10 @@ class OverrunCauseTest(unittest.TestCase):
         out = run_quartermaster([gpu_node("n1")], jobs, 4000, 1, 10_000, 1, probe_overruns=True)
         self.assertEqual(out.startable_alone_s, {})
         late = overruns_alone(out, jobs)
-        self.assertEqual(
-            late, {"never startable alone": {"requests": 1, "overrun_max_s": 5 * 3600 - 60 - 1800}}
-        )
+        over = 5 * 3600 - 60 - 1800
+        self.assertEqual(late["never startable alone"], {"requests": 1, "overrun_max_s": over})
+        self.assertNotIn("startable alone", late)
+        self.assertEqual(late["longest"], [["job-000001", "inference", over, None]])
 
     def test_alone_a_request_gets_the_room_a_request_ahead_of_it_took(self) -> None:
         # one GPU free: the older request takes it, the younger one would have had it alone
