@@ -320,6 +320,23 @@ class OverrunCauseTest(unittest.TestCase):
         self.assertNotIn("startable alone", late)
         self.assertEqual(late["longest"], [["job-000001", "inference", over, None]])
 
+    def test_a_startable_request_counts_what_it_waited_after_it_first_was(self) -> None:
+        jobs = [job(1, cls="inference"), job(2, cls="inference")]
+        out = Outcome(
+            first_start_ms={"job-000001": 2300 * 1000, "job-000002": 1900 * 1000},
+            startable_alone_s={"job-000001": 100.0},  # 100 s past its promise
+        )
+        late = overruns_alone(out, jobs)
+        self.assertEqual(
+            late["startable alone"],
+            {"requests": 1, "overrun_max_s": 500.0, "after_startable_max_s": 400.0},
+        )
+        self.assertEqual(late["never startable alone"], {"requests": 1, "overrun_max_s": 100.0})
+        self.assertEqual(
+            late["longest"],
+            [["job-000001", "inference", 500.0, 100.0], ["job-000002", "inference", 100.0, None]],
+        )
+
     def test_alone_a_request_gets_the_room_a_request_ahead_of_it_took(self) -> None:
         # one GPU free: the older request takes it, the younger one would have had it alone
         first, second = req("first", created_s=20), req("second", created_s=10)
