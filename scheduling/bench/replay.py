@@ -107,8 +107,8 @@ replay keeps its request shapes and runtimes and draws the arrivals. Procedure:
      `quartermaster_overruns_alone`: the overruns split by whether, at some tick past
      its promise, the tick would have started the request (or preempted for it) had it
      been the only one pending (`scheduling.simulate.alone`) — "startable alone", with
-     the latest such first tick — or never ("never startable alone": no room and no
-     victim set the rules allow, even for it alone);
+     the longest wait after a request first was — or never ("never startable alone": no
+     room and no victim set the rules allow, even for it alone), and the ten longest;
    - `jain`: Jain's index over teams of received ÷ entitled GPU-time in the window
      (entitled = nominal share × capacity × window);
    - `share_error`: per 1-hour window, the teams with demand are those with a request
