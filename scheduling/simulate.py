@@ -120,6 +120,11 @@ class Outcome:
     #: of the first tick at which it would have started (or preempted to start) had it
     #: been the only request pending (`alone`)
     startable_alone_s: dict[str, float] = field(default_factory=dict)
+    #: with `Simulation.probe_overruns`: per such request, the seconds past its promise
+    #: of the first tick at which it would have started alone and the room or victims it
+    #: would have used went to a request not past its own starvation bound, or to none:
+    #: from there on its wait is the scheduler's choice, not other overdue requests'
+    chance_lost_s: dict[str, float] = field(default_factory=dict)
 
 
 #: `held_by`'s causes, in the order that breaks a tie in `overrun_cause`
@@ -182,12 +187,30 @@ def alone(snap: Snapshot, req: PendingRequest, policy: Policy) -> bool:
     requests ahead of it, the nodes held for others and the tick's preemption cap did.
     Alone, a request past its bound is not in an overloaded pool and its plan may take
     as many victims as it needs (`scheduling.cycle._Tick._preempt`)."""
-    decisions = schedule(replace(snap, pending=(req,)), snap.now_ms, policy)
-    return any(
-        d.request_id == req.id
-        and (d.kind is DecisionKind.ADMIT or d.code in (Code.PREEMPTING, Code.AWAITING_STOP))
-        for d in decisions
-    )
+    return alone_decision(snap, req, policy) is not None
+
+
+def alone_decision(snap: Snapshot, req: PendingRequest, policy: Policy) -> Decision | None:
+    """`alone`'s decision for the request when it starts or preempts, else None."""
+    for d in schedule(replace(snap, pending=(req,)), snap.now_ms, policy):
+        if d.request_id == req.id and (
+            d.kind is DecisionKind.ADMIT or d.code in (Code.PREEMPTING, Code.AWAITING_STOP)
+        ):
+            return d
+    return None
+
+
+def _nodes_of(d: Decision) -> set[str]:
+    """The nodes a decision takes, frees for its request or holds for it."""
+    if d.placement is not None:
+        return set(d.placement.nodes)
+    facts = d.facts or {}
+    found: set[str] = set()
+    for key in ("nodes", "reserved_nodes"):
+        names = facts.get(key)
+        if isinstance(names, list | tuple):
+            found.update(str(n) for n in names)
+    return found
 
 
 def last_checkpoint_ms(started_ms: int, interval_ms: int | None, now_ms: int) -> int | None:
@@ -329,6 +352,7 @@ class Simulation:
         wait, admit, preempt = DecisionKind.WAIT, DecisionKind.ADMIT, DecisionKind.PREEMPT
         promise = {c.name: c.max_queue_s * 1000 for c in self.classes if c.max_queue_s > 0}
         begun, held = self.out.first_start_ms, self.out.held_past_promise
+        overdue: list[tuple[PendingRequest, int]] = []  # waits past the promise (a probe)
         preempted = 0  # PREEMPTs so far in this tick's decisions (they come in queue order)
         for d in decisions:
             kind = d.kind
@@ -350,10 +374,8 @@ class Simulation:
                     # rest, not every running attempt (`_Tick._preempt`).
                     cause = held_by(d, preempted > 0)
                     causes[cause] = causes.get(cause, 0) + 1
-                    probe = self.probe_overruns and rid not in self.out.startable_alone_s
-                    if probe and alone(snap, req, self.policy):
-                        late_s = (now - req.created_at_ms - due) / 1000
-                        self.out.startable_alone_s[rid] = late_s
+                    if self.probe_overruns:
+                        overdue.append((req, due))
             elif kind is admit:
                 self.admit(d.request_id, d.placement, now)
             elif kind is preempt:
@@ -366,8 +388,49 @@ class Simulation:
                 self.pending.pop(d.request_id)
                 self.waiting_since.pop(d.request_id, None)
                 self.out.rejected.append(d.request_id)
+        if self.probe_overruns:
+            self._probe(snap, decisions, overdue, now)
         if woke:
             self.push(now + 1, 2, "")
+
+    def _probe(
+        self,
+        snap: Snapshot,
+        decisions: Sequence[Decision],
+        overdue: Sequence[tuple[PendingRequest, int]],
+        now: int,
+    ) -> None:
+        """`probe_overruns`: for each request waiting past its promise, whether it would
+        have started alone (`alone`), and if so whether the nodes it would have used went
+        to a request not past its own starvation bound, or to none
+        (`Outcome.chance_lost_s`)."""
+        if not overdue:
+            return
+        out = self.out
+        by_id = {r.id: r for r in snap.pending}
+        bound = {
+            c.name: self.policy.starvation_after * c.max_queue_s * 1000
+            for c in self.classes
+            if c.max_queue_s > 0 and self.policy.starvation_after > 0
+        }
+        for req, due in overdue:
+            mine = alone_decision(snap, req, self.policy)
+            if mine is None:
+                continue
+            late_s = (now - req.created_at_ms - due) / 1000
+            out.startable_alone_s.setdefault(req.id, late_s)
+            wanted = _nodes_of(mine)
+            takers = {
+                d.request_id for d in decisions if d.request_id != req.id and _nodes_of(d) & wanted
+            }
+            overdue_takers = [
+                (t := by_id.get(rid)) is not None
+                and t.workload_class in bound
+                and now - t.created_at_ms >= bound[t.workload_class]
+                for rid in takers
+            ]
+            if not overdue_takers or not all(overdue_takers):
+                out.chance_lost_s.setdefault(req.id, late_s)
 
     def _wake_at_thresholds(self, created_ms: int, now: int) -> None:
         """The portal ticks every few seconds, this replay when something happens: a

@@ -961,17 +961,30 @@ def overruns_alone(out: Outcome, jobs: Sequence[Job]) -> dict[str, object]:
     "never startable alone" (no room and no victim set the rules allow, even for it
     alone), each with its longest overrun; for a startable one also how long it waited
     after it first was (`after_startable_max_s`: the part of an overrun that requests
-    ahead of it, nodes held for others or the tick's cap made). `longest`: the ten longest
-    overruns as (job, class, overrun s, first startable s past the promise or None)."""
+    ahead of it, nodes held for others or the tick's cap made); "lost a chance": the
+    overruns of requests that, past their promise, would have started alone at a tick
+    where the room or victims they needed went to a request not past its own bound, or
+    to none (`Outcome.chance_lost_s`). `longest`: the ten longest overruns as (job,
+    class, overrun s, first startable s past the promise or None, first such lost
+    chance s or None)."""
     found: dict[str, dict[str, float]] = {}
-    rows: list[tuple[float, str, str, float | None]] = []
+    rows: list[tuple[float, str, str, float | None, float | None]] = []
     for j in jobs:
         limit = MAX_QUEUE_S.get(j.cls, 0)
         over = round((out.first_start_ms[j.id] - j.arrival_ms) / 1000 - limit, 1)
         if limit <= 0 or over <= 0:
             continue
         first = out.startable_alone_s.get(j.id)
-        rows.append((over, j.id, j.cls, None if first is None else round(first, 1)))
+        lost = out.chance_lost_s.get(j.id)
+        rows.append(
+            (
+                over,
+                j.id,
+                j.cls,
+                None if first is None else round(first, 1),
+                None if lost is None else round(lost, 1),
+            )
+        )
         kind = "never startable alone" if first is None else "startable alone"
         row = found.setdefault(kind, {"requests": 0, "overrun_max_s": 0.0})
         row["requests"] += 1
@@ -979,8 +992,12 @@ def overruns_alone(out: Outcome, jobs: Sequence[Job]) -> dict[str, object]:
         if first is not None:
             after = round(over - first, 1)
             row["after_startable_max_s"] = max(row.get("after_startable_max_s", 0.0), after)
+        if lost is not None:
+            chance = found.setdefault("lost a chance", {"requests": 0, "overrun_max_s": 0.0})
+            chance["requests"] += 1
+            chance["overrun_max_s"] = max(chance["overrun_max_s"], over)
     rows.sort(key=lambda r: (-r[0], r[1]))
-    longest = [[job, cls, over, first] for over, job, cls, first in rows[:10]]
+    longest = [list(r[1:3]) + [r[0], r[3], r[4]] for r in rows[:10]]
     return {**found, "longest": longest}
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import unittest
 from dataclasses import replace
 
@@ -21,14 +22,26 @@ from scheduling.explain import Code
 from scheduling.simulate import (
     Job,
     Outcome,
+    Simulation,
     alone,
     held_by,
     last_checkpoint_ms,
     overrun_cause,
     record_stop,
 )
-from scheduling.types import Decision, DecisionKind, Device, Node, Partitioning, ProfileKind, Shape
-from tests.scheduling.builders import node, quota, req, rules, run, snapshot
+from scheduling.types import (
+    Decision,
+    DecisionKind,
+    Device,
+    Node,
+    Partitioning,
+    PendingRequest,
+    Placement,
+    PodPlacement,
+    ProfileKind,
+    Shape,
+)
+from tests.scheduling.builders import NOW, node, quota, req, rules, run, snapshot
 
 H = 3600 * 1000
 
@@ -318,13 +331,15 @@ class OverrunCauseTest(unittest.TestCase):
         over = 5 * 3600 - 60 - 1800
         self.assertEqual(late["never startable alone"], {"requests": 1, "overrun_max_s": over})
         self.assertNotIn("startable alone", late)
-        self.assertEqual(late["longest"], [["job-000001", "inference", over, None]])
+        self.assertEqual(late["longest"], [["job-000001", "inference", over, None, None]])
+        self.assertEqual(out.chance_lost_s, {})
 
     def test_a_startable_request_counts_what_it_waited_after_it_first_was(self) -> None:
         jobs = [job(1, cls="inference"), job(2, cls="inference")]
         out = Outcome(
             first_start_ms={"job-000001": 2300 * 1000, "job-000002": 1900 * 1000},
             startable_alone_s={"job-000001": 100.0},  # 100 s past its promise
+            chance_lost_s={"job-000001": 150.0},
         )
         late = overruns_alone(out, jobs)
         self.assertEqual(
@@ -332,10 +347,53 @@ class OverrunCauseTest(unittest.TestCase):
             {"requests": 1, "overrun_max_s": 500.0, "after_startable_max_s": 400.0},
         )
         self.assertEqual(late["never startable alone"], {"requests": 1, "overrun_max_s": 100.0})
+        self.assertEqual(late["lost a chance"], {"requests": 1, "overrun_max_s": 500.0})
         self.assertEqual(
             late["longest"],
-            [["job-000001", "inference", 500.0, 100.0], ["job-000002", "inference", 100.0, None]],
+            [
+                ["job-000001", "inference", 500.0, 100.0, 150.0],
+                ["job-000002", "inference", 100.0, None, None],
+            ],
         )
+
+    def test_a_chance_lost_to_a_request_not_yet_overdue_is_told_apart(self) -> None:
+        # A waited past interactive's 3,600 s; alone it would start on n1. Who got n1 in the
+        # real tick decides whether its chance was lost (`Outcome.chance_lost_s`).
+        overdue = req("A", cls="interactive", gpus=2, created_s=4000)
+        snap = snapshot([node(gpus=2)], [overdue], [], [quota("a", 8)])
+        wait = Decision(DecisionKind.WAIT, "A", Code.NO_CAPACITY, "waiting")
+
+        def probe(*others: PendingRequest) -> dict[str, float]:
+            sim = Simulation(
+                nodes=snap.nodes,
+                jobs={},
+                teams=snap.teams,
+                quotas=snap.quotas,
+                policy=rules(),
+                rng=random.Random(1),
+                classes=snap.classes,
+            )
+            taken = [
+                Decision(
+                    DecisionKind.ADMIT,
+                    o.id,
+                    Code.FITS,
+                    "admitted",
+                    placement=Placement((PodPlacement("n1", ()),)),
+                )
+                for o in others
+            ]
+            both = replace(snap, pending=(overdue, *others))
+            sim._probe(both, [*taken, wait], [(overdue, 3600 * 1000)], NOW)
+            self.assertEqual(sim.out.startable_alone_s, {"A": 400.0})
+            return sim.out.chance_lost_s
+
+        young = req("B", cls="inference", gpus=2, created_s=100)  # inference promises 600 s
+        self.assertEqual(probe(young), {"A": 400.0})
+        old = req("C", cls="inference", gpus=2, created_s=700)
+        self.assertEqual(probe(old), {})  # another overdue request took it
+        self.assertEqual(probe(old, young), {"A": 400.0})  # not only overdue ones did
+        self.assertEqual(probe(), {"A": 400.0})  # no one took it
 
     def test_alone_a_request_gets_the_room_a_request_ahead_of_it_took(self) -> None:
         # one GPU free: the older request takes it, the younger one would have had it alone
