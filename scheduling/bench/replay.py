@@ -108,7 +108,9 @@ replay keeps its request shapes and runtimes and draws the arrivals. Procedure:
      its promise, the tick would have started the request (or preempted for it) had it
      been the only one pending (`scheduling.simulate.alone`) — "startable alone", with
      the longest wait after a request first was — or never ("never startable alone": no
-     room and no victim set the rules allow, even for it alone), and the ten longest;
+     room and no victim set the rules allow, even for it alone); "lost a chance": those
+     that, at such a tick, saw the room or victims they needed go to a request not past
+     its own starvation bound, or to none; and the ten longest;
    - `jain`: Jain's index over teams of received ÷ entitled GPU-time in the window
      (entitled = nominal share × capacity × window);
    - `share_error`: per 1-hour window, the teams with demand are those with a request
