@@ -932,16 +932,21 @@ class Overruns:
     touched_overrun_max_s: float = 0.0
 
 
+def _overran(out: Outcome, jobs: Sequence[Job]) -> Iterator[tuple[Job, float]]:
+    """The jobs that started after their class's maximum queue time, with by how much (s)."""
+    for j in jobs:
+        limit = MAX_QUEUE_S.get(j.cls, 0)
+        over = round((out.first_start_ms[j.id] - j.arrival_ms) / 1000 - limit, 1)
+        if limit > 0 and over > 0:
+            yield j, over
+
+
 def overruns(out: Outcome, jobs: Sequence[Job]) -> dict[str, Overruns]:
     """The requests that started after their class's maximum queue time, per cause
     (`scheduling.simulate.overrun_cause`), the longest overrun first. Only
     Quartermaster's replay records causes."""
     found: dict[str, Overruns] = {}
-    for j in jobs:
-        limit = MAX_QUEUE_S.get(j.cls, 0)
-        over = round((out.first_start_ms[j.id] - j.arrival_ms) / 1000 - limit, 1)
-        if limit <= 0 or over <= 0:
-            continue
+    for j, over in _overran(out, jobs):
         causes = out.held_past_promise.get(j.id) or {}
         row = found.setdefault(overrun_cause(causes), Overruns())
         row.requests += 1
@@ -971,11 +976,7 @@ def overruns_alone(out: Outcome, jobs: Sequence[Job]) -> dict[str, object]:
     chance s or None)."""
     found: dict[str, dict[str, float]] = {}
     rows: list[tuple[float, str, str, float | None, float | None]] = []
-    for j in jobs:
-        limit = MAX_QUEUE_S.get(j.cls, 0)
-        over = round((out.first_start_ms[j.id] - j.arrival_ms) / 1000 - limit, 1)
-        if limit <= 0 or over <= 0:
-            continue
+    for j, over in _overran(out, jobs):
         first = out.startable_alone_s.get(j.id)
         lost = out.chance_lost_s.get(j.id)
         rows.append(
