@@ -240,6 +240,27 @@ class ScarceNodesTest(unittest.TestCase):
         self.assertEqual(preempted(6000), [("squat", "scarce-node", 6000 * 8000 * 1000)])
         self.assertEqual(preempted(8001), [])
 
+    def test_a_request_past_its_promise_leaves_a_rare_holder_its_node(self) -> None:
+        # "large" (a shape only "big" hosts) holds "big" firmly, where inference runs;
+        # "late" (interactive, 4,000 s: past its 3,600 s promise) fits on big's free device
+        # and nowhere else, and still waits. Letting a request past its promise take a node
+        # held for one not yet past its own was tried at load 90: long inference then took
+        # all four nodes a rare shape fits, and a 117-s interactive request of that shape
+        # waited 13,156 s past its promise (docs/scheduling.md, "an overdue request before
+        # a holder that is not").
+        large = req("large", cls="interactive", gpus=8, cpu=120, memory_gib=720, created_s=100)
+        late = req("late", team="b", cls="interactive", created_s=4000)
+        snap = snapshot(
+            [*SMALL, BIG],
+            pending=[late, large],
+            running=[replace(ON_BIG, workload_class="inference"), *FULL],
+            quotas=[quota("a", 100), quota("b", 100)],
+        )
+        got = {d.request_id: d for d in schedule(snap, policy=rules())}
+        self.assertEqual(got["large"].facts.get("reserved_nodes"), ["big"])
+        self.assertEqual(got["late"].kind, DecisionKind.WAIT)
+        self.assertNotIn("big", got["late"].facts.get("reserved_nodes", ()))
+
     def test_an_admission_onto_a_scarce_node_says_it_may_be_preempted(self) -> None:
         big_req = req("large", gpus=8, cpu=120, memory_gib=720, created_s=100)
         snap = snapshot(
