@@ -30,10 +30,19 @@ from typing import Protocol
 
 from scheduling import fit
 from scheduling.explain import Code
-from scheduling.packer import ClusterState, Hashed, eligible, node_class
+from scheduling.packer import ClusterState, eligible, node_class
 from scheduling.queue import FairQueue
 from scheduling.quota import QuotaBook
-from scheduling.types import Node, PendingRequest, Placement, Policy, Shape, Snapshot, WorkloadClass
+from scheduling.types import (
+    Node,
+    PendingRequest,
+    Placement,
+    Policy,
+    Running,
+    Shape,
+    Snapshot,
+    WorkloadClass,
+)
 
 
 class _Tick(Protocol):
@@ -70,22 +79,76 @@ _Hold = tuple[int | None, tuple[tuple[int, int], ...], int, int]
 _NEVER = 1 << 62
 #: `_fit_at_free`'s end on a node where the shape fits beside everything that holds it
 _FITS_NOW = -(1 << 62)
-#: inside `remembering()`: (node class, shape, holds) -> `_fit_at_free`
-_DRAINS: dict[tuple[object, ...], tuple[int | None, int]] | None = None
 _DRAINS_MAX = 200_000
+
+
+class _Drains:
+    """`_fit_at_free`'s answers per shape and (node class, number of what holds the node).
+
+    What holds a node is numbered by value, so that the memo's key is two integers: a
+    tuple of holds hashed and compared in C once per node, not a key object hashed and
+    compared by Python methods at each of the tens of thousands of lookups a deep queue's
+    holders make. Numbers live as long as the answers: both are dropped together."""
+
+    __slots__ = ("numbers", "found", "size", "generation")
+
+    def __init__(self) -> None:
+        self.numbers: dict[tuple[_Hold, ...], int] = {}
+        self.found: dict[Shape, dict[tuple[int, int], tuple[int | None, int]]] = {}
+        self.size = 0
+        #: bumped when everything is dropped: numbers a tick kept are then void
+        self.generation = 0
+
+    def __len__(self) -> int:
+        """How many answers are kept."""
+        return self.size
+
+    def make_room(self) -> None:
+        if self.size >= _DRAINS_MAX or len(self.numbers) >= _DRAINS_MAX:
+            self.numbers.clear()
+            self.found.clear()
+            self.size = 0
+            self.generation += 1
+
+
+#: inside `remembering()`: the drains of every tick
+_DRAINS: _Drains | None = None
+#: inside `remembering()`: per running attempt (by identity, the attempt kept beside it),
+#: what its pods hold (`_pod_holds`); a replay passes the same attempts tick after tick
+_RUN_HOLDS: dict[int, tuple[Running, tuple[tuple[str, _Hold], ...]]] | None = None
 
 
 @contextlib.contextmanager
 def remembering() -> Iterator[None]:
-    """Keep when a node drains for a shape (`_fit_at_free`) across the `schedule()` calls made
-    inside (`scheduling.cycle.remembering`). The decisions are the same."""
-    global _DRAINS
-    outer = _DRAINS
-    _DRAINS = {} if outer is None else outer
+    """Keep when a node drains for a shape (`_fit_at_free`), and what each running attempt
+    holds, across the `schedule()` calls made inside (`scheduling.cycle.remembering`). The
+    decisions are the same."""
+    global _DRAINS, _RUN_HOLDS
+    outer = _DRAINS, _RUN_HOLDS
+    _DRAINS = _Drains() if outer[0] is None else outer[0]
+    _RUN_HOLDS = {} if outer[1] is None else outer[1]
     try:
         yield
     finally:
-        _DRAINS = outer
+        _DRAINS, _RUN_HOLDS = outer
+
+
+def _pod_holds(placement: Placement, end: int | None) -> tuple[tuple[str, _Hold], ...]:
+    """(node, hold) for each pod of a placement expected to end at `end`."""
+    return tuple(
+        [
+            (
+                pod.node,
+                (
+                    end,
+                    tuple([(g.device, g.milli if g.milli > 1 else 1) for g in pod.grants]),
+                    pod.cpu_milli,
+                    pod.memory_mib,
+                ),
+            )
+            for pod in placement.pods
+        ]
+    )
 
 
 def _fit_at_free(
@@ -94,7 +157,7 @@ def _fit_at_free(
     """The expected end after which one pod of the shape fits on the node, what holds it
     ending in order of expected end (`_FITS_NOW`: it fits now; None: never, or a holder
     has no estimate), and how many devices that may serve the shape have nothing on them.
-    `_drain_free` makes the end never before now: ends already past come first either
+    `Reservations._scores` makes the end never before now: ends already past come first either
     way, and once they are all gone the order of the rest is the same."""
     ends: list[tuple[int, int]] = []
     used: dict[int, int] = {}
@@ -147,7 +210,7 @@ class Reservations:
         "may_reserve",
         "_scored",
         "_later",
-        "_hold_keys",
+        "_hold_no",
         "_drains",
     )
 
@@ -174,11 +237,12 @@ class Reservations:
         ] = {}
         #: (size of `reserve_start` when sorted, its known starts sorted: `starting_after`)
         self._later: tuple[int, list[tuple[int, str]]] = (0, [])
-        #: per node, what holds it (`holders`) hashed once; dropped when an admission
-        #: lands there
-        self._hold_keys: dict[str, Hashed] = {}
-        #: `_drain_free`'s memo for this tick (outside `remembering()`)
-        self._drains: dict[tuple[object, ...], tuple[int | None, int]] = {}
+        #: per node, the number of what holds it (`holders`, numbered by `_Drains`) and
+        #: those holds; dropped when an admission lands there
+        self._hold_no: dict[str, tuple[int, tuple[_Hold, ...]]] = {}
+        #: `_fit_at_free`'s memo for this tick (outside `remembering()`), and the
+        #: generation of its numbers that `_hold_no` holds
+        self._drains = (_Drains() if _DRAINS is None else _DRAINS, -1)
         self.may_reserve = self._reservation_holders(tick)
 
     def admit(self, placement: Placement, end: int | None) -> None:
@@ -186,7 +250,7 @@ class Reservations:
         self.admitted.append(placement)
         names = placement.nodes
         for name in names:
-            self._hold_keys.pop(name, None)
+            self._hold_no.pop(name, None)
         if self._last is not None:
             for name in names:
                 self._last[name] = self.now
@@ -361,21 +425,49 @@ class Reservations:
         spare = t.scarce if t.fits_elsewhere(shape, pools) else frozenset()
         last = self.last_start(t)
         holders = self.holders(t)
-        hold_keys = self._hold_keys
+        drains, generation = self._drains
+        drains.make_room()
+        hold_no = self._hold_no
+        if generation != drains.generation:
+            hold_no.clear()
+            self._drains = (drains, drains.generation)
+        numbers = drains.numbers
+        found = drains.found.get(shape)
+        if found is None:
+            found = drains.found[shape] = {}
+        now = self.now
+        #: per node class, its devices eligible for the shape (None: it cannot host it)
+        flags_of: dict[int, tuple[bool, ...] | None] = {}
 
         def score(node: Node) -> tuple[bool, int, int, int, str] | None:
             # The one fit rule: readiness, taints, CPU, memory, devices.
-            flags = eligible(node, shape)
+            cls = node_class(node)
+            if cls in flags_of:
+                flags = flags_of[cls]
+            else:
+                flags = flags_of[cls] = eligible(node, shape)
             if flags is None:
                 return None
             name = node.name
-            hold = hold_keys.get(name)
-            if hold is None:
-                hold = hold_keys[name] = Hashed(tuple(holders.get(name, ())))
-            drain, free = self._drain_free(node, shape, flags, hold)
+            held = hold_no.get(name)
+            if held is None:
+                holds = tuple(holders.get(name, ()))
+                number = numbers.get(holds)
+                if number is None:
+                    number = numbers[holds] = len(numbers)
+                held = hold_no[name] = (number, holds)
+            # Nodes of one class held alike drain alike: a few thousand answers for the
+            # tens of thousands of nodes a deep queue's holders score (kept for the tick,
+            # or across ticks inside `remembering()`).
+            at_key = (cls, held[0])
+            answer = found.get(at_key)
+            if answer is None:
+                answer = found[at_key] = _fit_at_free(node, shape, flags, held[1])
+                drains.size += 1
+            at, free = answer
             return (
                 name in spare,
-                _NEVER if drain is None else drain,
+                _NEVER if at is None else max(at, now),
                 last.get(name, 0),
                 -free,
                 name,
@@ -392,25 +484,6 @@ class Reservations:
                         scores[name] = score(nodes[name])
         self._scored[key] = (len(admitted), scores)
         return scores
-
-    def _drain_free(
-        self, node: Node, shape: Shape, flags: tuple[bool, ...], hold: Hashed
-    ) -> tuple[int | None, int]:
-        """Return when one pod of the shape is expected to fit on the node (devices, CPU,
-        memory; `fit.fits_free`), from the expected ends of what holds it (None when one
-        has no estimate), and how many devices that may serve it are wholly free now."""
-        # Nodes of one class held alike drain alike: a few thousand answers for the
-        # tens of thousands of nodes a deep queue's holders score (kept for the tick, or
-        # across ticks inside `remembering()`).
-        memo = self._drains if _DRAINS is None else _DRAINS
-        key = (node_class(node), shape, hold)
-        found = memo.get(key)
-        if found is None:
-            if len(memo) >= _DRAINS_MAX:
-                memo.clear()
-            found = memo[key] = _fit_at_free(node, shape, flags, hold.value)  # type: ignore[arg-type]
-        at, free = found
-        return (None if at is None else max(at, self.now)), free
 
     # -- what holds each node -------------------------------------------------------
 
@@ -434,16 +507,34 @@ class Reservations:
     def holders(self, t: _Tick) -> dict[str, list[_Hold]]:
         """Return, per node, what holds it and when it is expected to end."""
         if self._holders is None:
-            self._holders = {}
+            holders: dict[str, list[_Hold]] = {}
+            self._holders = holders
+            memo = _RUN_HOLDS
             for run in t.snap.running:
-                end = self.now if run.stopping else run.expected_end_ms
-                self._add_holds(self._holders, run.placement, end)
+                if run.stopping:
+                    pods = _pod_holds(run.placement, self.now)
+                elif memo is None:
+                    pods = _pod_holds(run.placement, run.expected_end_ms)
+                else:
+                    seen = memo.get(id(run))
+                    if seen is not None and seen[0] is run:
+                        pods = seen[1]
+                    else:
+                        if len(memo) >= _DRAINS_MAX:
+                            memo.clear()
+                        pods = _pod_holds(run.placement, run.expected_end_ms)
+                        memo[id(run)] = (run, pods)
+                for name, hold in pods:
+                    on = holders.get(name)
+                    if on is None:
+                        holders[name] = [hold]
+                    else:
+                        on.append(hold)
             for placement, end in zip(self.admitted, self.admitted_end, strict=True):
-                self._add_holds(self._holders, placement, end)
+                self._add_holds(holders, placement, end)
         return self._holders
 
     @staticmethod
     def _add_holds(holders: dict[str, list[_Hold]], placement: Placement, end: int | None) -> None:
-        for pod in placement.pods:
-            grants = tuple([(g.device, g.milli if g.milli > 1 else 1) for g in pod.grants])
-            holders.setdefault(pod.node, []).append((end, grants, pod.cpu_milli, pod.memory_mib))
+        for name, hold in _pod_holds(placement, end):
+            holders.setdefault(name, []).append(hold)

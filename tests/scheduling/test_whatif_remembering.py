@@ -92,6 +92,7 @@ def test_remembering_across_ticks_changes_no_decision(
         with real():
             yield
             kept["drains"] = len(reservation._DRAINS or {})
+            kept["run_holds"] = len(reservation._RUN_HOLDS or {})
             kept["evaluations"] = len(packer._EVALUATED or {})
 
     monkeypatch.setattr(whatif, "remembering", counting)
@@ -100,7 +101,7 @@ def test_remembering_across_ticks_changes_no_decision(
     fresh = replay(site, jobs, end_ms=48 * HOUR, tick_ms=MINUTE)
 
     # the replay did keep work between ticks, and queued enough to reserve and preempt
-    assert kept["drains"] > 0 and kept["evaluations"] > 0
+    assert kept["drains"] > 0 and kept["evaluations"] > 0 and kept["run_holds"] > 0
     assert len(fresh.waiting) > 0 and fresh.preemptions > 0
     assert any(fresh.first_start_ms.get(j.id, 48 * HOUR) > j.arrival_ms + 10 * MINUTE for j in jobs)
     # ... and decided exactly as without it
@@ -109,6 +110,33 @@ def test_remembering_across_ticks_changes_no_decision(
     assert a == b
     # nothing is kept once the replay is over
     assert reservation._DRAINS is None and packer._EVALUATED is None
+    assert reservation._RUN_HOLDS is None
+
+
+def test_memos_dropped_when_full_change_no_decision(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Small caps: the drains' answers and their hold numbers are dropped again and again
+    # during the replay (also between two holders of one tick), and the run holds too.
+    site, jobs = _site(), _history(1)
+    dropped: list[int] = []
+    real = cycle.remembering
+
+    @contextlib.contextmanager
+    def counting():  # type: ignore[no-untyped-def]
+        with real():
+            yield
+            assert reservation._DRAINS is not None
+            dropped.append(reservation._DRAINS.generation)
+
+    monkeypatch.setattr(reservation, "_DRAINS_MAX", 40)
+    monkeypatch.setattr(whatif, "remembering", counting)
+    small = replay(site, jobs, end_ms=48 * HOUR, tick_ms=MINUTE)
+    monkeypatch.setattr(whatif, "remembering", contextlib.nullcontext)
+    fresh = replay(site, jobs, end_ms=48 * HOUR, tick_ms=MINUTE)
+
+    assert dropped and dropped[0] > 10
+    a, b = asdict(small), asdict(fresh)
+    a.pop("seconds"), b.pop("seconds")
+    assert a == b
 
 
 def _drain_clamped(now, node_, shape_, flags, holds):  # type: ignore[no-untyped-def]
