@@ -90,7 +90,7 @@ from scheduling.explain import (
 )
 from scheduling.packer import ClusterState, eligible
 from scheduling.packer import remembering as packer_remembering
-from scheduling.queue import FairQueue, cluster_capacity
+from scheduling.queue import FairQueue, Resources, cluster_capacity
 from scheduling.quota import QuotaBook, Verdict, pool_capacity
 from scheduling.reservation import Reservations
 from scheduling.types import (
@@ -304,33 +304,65 @@ class _Tick:
         elif not state.retarget(workload.pool_targets(snapshot.nodes, snapshot.workloads)):
             raise ValueError("state: built for other pools, or with random tie-breaks")
         self.state = state
+        # One pass over the running attempts (tens of thousands; a replay's every tick)
+        # sums what quota and the fair shares count and finds what may be preempted.
+        #: per (team, pool, class), GPU milli held (stopping attempts too: quota counts them)
+        held_by: dict[tuple[str, str, str], int] = {}
+        #: per team, [GPU milli, CPU milli, memory MiB] held
+        team_held: dict[str, list[int]] = {}
+        self.running: list[Running] = []
+        self.stopping: list[Running] = []
+        #: per pool and (team, class), the running attempts any request might preempt this
+        #: tick: a class that allows it, past its minimum runtime (`preemption.candidates`
+        #: decides the rest)
+        self.preemptible: dict[str, dict[tuple[str, str], list[Running]]] = {}
+        #: per class, the start before which an attempt is past its minimum runtime (None:
+        #: never preempted)
+        ripe: dict[str, int | None] = {
+            c.name: None
+            if c.preemption is PreemptionPolicy.NEVER
+            else now_ms - c.min_runtime_s * 1000
+            for c in snapshot.classes
+        }
+        for run in snapshot.running:
+            shape, team, wc = run.shape, run.team, run.workload_class
+            key3 = (team, run.pool, wc)
+            held_by[key3] = held_by.get(key3, 0) + shape.gpus_milli
+            acc = team_held.get(team)
+            if acc is None:
+                acc = team_held[team] = [0, 0, 0]
+            acc[0] += shape.gpus_milli
+            acc[1] += shape.cpu_milli * shape.pods
+            acc[2] += shape.memory_mib * shape.pods
+            if run.stopping:
+                self.stopping.append(run)
+                continue
+            self.running.append(run)
+            since = ripe.get(wc)
+            if since is not None and run.started_at_ms <= since:
+                group = self.preemptible.get(run.pool)
+                if group is None:
+                    group = self.preemptible[run.pool] = {}
+                mine = group.get((team, wc))
+                if mine is None:
+                    group[(team, wc)] = [run]
+                else:
+                    mine.append(run)
         self.book = QuotaBook(
-            snapshot.pools, snapshot.nodes, snapshot.quotas, snapshot.running, self.classes
+            snapshot.pools, snapshot.nodes, snapshot.quotas, (), self.classes, held=held_by
         )
         self.queue = FairQueue(
             snapshot.pending,
             self.classes,
             snapshot.teams,
             snapshot.usage,
-            snapshot.running,
+            (),
             cluster_capacity(snapshot.nodes),
             now_ms,
             policy.usage_half_life_s,
             policy.escalate_after,
+            held={t: Resources(*acc) for t, acc in team_held.items()},
         )
-        self.running = [r for r in snapshot.running if not r.stopping]
-        #: per pool and (team, class), the running attempts any request might preempt this
-        #: tick: a class that allows it, past its minimum runtime (`preemption.candidates`
-        #: decides the rest)
-        self.preemptible: dict[str, dict[tuple[str, str], list[Running]]] = {}
-        for run in self.running:
-            c = self.classes.get(run.workload_class)
-            if c is None or c.preemption is PreemptionPolicy.NEVER:
-                continue
-            if now_ms - run.started_at_ms >= c.min_runtime_s * 1000:
-                group = self.preemptible.setdefault(run.pool, {})
-                group.setdefault((run.team, run.workload_class), []).append(run)
-        self.stopping = [r for r in snapshot.running if r.stopping]
         self.failures = _Failures()
         #: alike requests (`_alike`): the decision the last one got, and the state it saw
         self.alike: dict[tuple[object, ...], _Seen] = {}

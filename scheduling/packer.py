@@ -356,6 +356,8 @@ class _Targets:
     node_len: int | None = None
     #: equal for equal shapes and weights (`_target_ident`); 0 = not numbered yet
     ident: int = 0
+    #: `items` as F reads them: (CPU milli, memory MiB, weight, shape, shape id)
+    rows: list[tuple[int, int, int, Shape, int]] = field(default_factory=list)
 
 
 @dataclass(slots=True, eq=False)
@@ -533,6 +535,7 @@ class ClusterState:
     ) -> None:
         items = list(weights.items()) if isinstance(weights, Mapping) else list(weights)
         t.items = [(s, int(w), self._shape_id(s)) for s, w in items if w > 0]
+        t.rows = [(s.cpu_milli, s.memory_mib, w, s, sid) for s, w, sid in t.items]
         t.total = max(1, sum(w for _, w, _ in t.items))
         t.ident = 0  # numbered when first needed (`_evaluate`)
         t.constrained = any(m.gpu_models and m.count > 0 for m, _, _ in t.items)
@@ -1154,15 +1157,17 @@ class ClusterState:
             if len(memo) >= _EVALUATED_MAX:
                 memo.clear()
             units = memo[key] = {}
-        for m, w, mid in cls.target.items:
-            if cpu < m.cpu_milli or mem < m.memory_mib:
-                frag += w * total
+        # (the target shapes that need more CPU or memory than is left lose every idle GPU)
+        blocked = 0
+        for cpu_m, mem_m, w, m, mid in cls.target.rows:
+            if cpu < cpu_m or mem < mem_m:
+                blocked += w
                 continue
             f = units.get(m)
             if f is None:
                 f = units[m] = self._unit_frag_compute(cls, m, mid, devs, idles, total)
             frag += w * f
-        return frag
+        return frag + blocked * total
 
     def _unit_frag_compute(
         self,

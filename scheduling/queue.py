@@ -137,10 +137,15 @@ class FairQueue:
         now_ms: int,
         half_life_s: int,
         escalate_after: float,
+        held: Mapping[str, Resources] | None = None,
     ) -> None:
+        """`held`: what each team's attempts hold beside `running` (the tick sums it in its
+        own pass over the running attempts)."""
         self.capacity = capacity
         self.weights = {t.name: max(t.weight, 1) for t in teams}
         sums: dict[str, list[int]] = {}
+        for team, res in (held or {}).items():
+            sums[team] = [res.gpu_milli, res.cpu_milli, res.memory_mib]
         for run in running:
             acc = sums.setdefault(run.team, [0, 0, 0])
             shape = run.shape

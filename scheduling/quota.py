@@ -26,7 +26,7 @@ may borrow without limit.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from scheduling.types import (
@@ -122,7 +122,10 @@ class QuotaBook:
         quotas: Iterable[Quota],
         running: Iterable[Running],
         classes: dict[str, WorkloadClass],
+        held: Mapping[tuple[str, str, str], int] | None = None,
     ) -> None:
+        """`held`: GPU milli per (team, pool, class) of attempts counted beside `running`
+        (the tick sums them in its own pass over the running attempts)."""
         self.classes = classes
         #: per pool, `check`'s answers since the pool's book last changed (an admission
         #: in one pool leaves the others' answers standing)
@@ -135,7 +138,7 @@ class QuotaBook:
         for pool in pools:
             cap = capacity.get(pool.name, 0)
             self.pools[pool.name] = _book(pool, cap, by_pool.get(pool.name, []))
-        totals: dict[tuple[str, str, str], int] = {}
+        totals: dict[tuple[str, str, str], int] = dict(held or {})
         for run in running:
             key = (run.team, run.pool, run.workload_class)
             totals[key] = totals.get(key, 0) + run.shape.gpus_milli
