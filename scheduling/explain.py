@@ -99,7 +99,12 @@ def quota_sentence(code: str, facts: dict[str, object]) -> str:
     nominal = int(str(facts["nominal_milli"]))
     head = f"team {team} uses {gpus(used)} of {gpus(nominal)} guaranteed GPUs in pool {pool}"
     if code == Code.BORROWING_LIMIT:
+        # `may_borrow_milli` is all the team may still take: below its guarantee, part of
+        # that is its own, and "may borrow N more" would read as N beyond the guarantee.
         may = int(str(facts.get("may_borrow_milli") or 0))
+        own = max(0, nominal - used)
+        if own:
+            return f"{head} and may borrow {gpus(max(0, may - own))} beyond them: {gpus(may)} more in all"
         return f"{head} and may borrow {gpus(may)} more"
     if code == Code.COHORT_EXHAUSTED:
         free = int(str(facts.get("cohort_free_milli") or 0))

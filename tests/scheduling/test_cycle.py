@@ -427,6 +427,24 @@ class ExplainTest(unittest.TestCase):
             "waiting: team vision uses 16 of 16 guaranteed GPUs in pool a100 and may borrow 0 more",
         )
 
+    def test_a_team_under_its_guarantee_is_told_what_it_may_borrow_beyond_it(self) -> None:
+        # 2 of 4 guaranteed in use and a borrowing limit of 4: 6 more GPUs in all, of which
+        # 4 borrowed ("may borrow 6 more" read as 6 beyond the guarantee: 8 would fit).
+        snap = snapshot(
+            [node("n1", pool="a100", gpus=16)],
+            pending=[req("s1", team="speech", gpus=8)],
+            running=[run("s0", team="speech", devices=range(2))],
+            quotas=[quota("speech", 4, borrow=4), quota("nlp", 12)],
+            teams=("speech", "nlp"),
+        )
+        (d,) = schedule(snap)
+        self.assertEqual(d.code, "borrowing-limit")
+        self.assertEqual(
+            d.message,
+            "waiting: team speech uses 2 of 4 guaranteed GPUs in pool a100 and may borrow 4 "
+            "beyond them: 6 more in all",
+        )
+
     def test_reclaim_names_the_borrower(self) -> None:
         decisions = schedule(
             CASES["reclaim borrowed capacity, each victim once"].snap, policy=rules()
