@@ -67,7 +67,6 @@ and to the decisions each request gets when decided alone.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import functools
@@ -113,6 +112,8 @@ ShapeKey = tuple[object, ...]
 #: what `Shape.__eq__` compares, as a tuple hashed and compared in C (a third faster than
 #: the dataclass's own `__hash__` and `__eq__` when numbering every request's shape)
 _shape_fields = operator.attrgetter(*(f.name for f in dataclasses.fields(Shape) if f.compare))
+#: `_Tick.ages` of a class that does not exist
+_NO_AGES: tuple[None, None] = (None, None)
 #: decisions an alike request may be given as they are (`_Tick.decide`)
 _ALIKE_KINDS = (DecisionKind.WAIT, DecisionKind.REJECT)
 #: outcomes that say no quota figure: only whether quota allows and borrows matters
@@ -397,26 +398,38 @@ class _Tick:
         self.claimed: dict[str, str] = {}
         self.preemptions = 0
         #: preemptors of an earlier tick: the room their victims free is theirs
-        self.claimants = {r.id for r in snapshot.pending if r.preempting}
+        self.claimants: set[str] = set()
         self.never: dict[tuple[Shape, tuple[str, ...]], bool] = {}
         #: no node there now could hold the shape (`never` counts autoscaled growth too)
         self.short: dict[tuple[Shape, tuple[str, ...]], bool] = {}
-        # Each shape gets a number here, once per request: `_alike` then hashes that, not
-        # the shape's dozen fields.
+        # One pass over the pending requests (a hundred thousand at a deep queue) for
+        # what the rest of the set-up counts. Each shape gets a number here: `_alike`
+        # then hashes that, not the shape's dozen fields.
         numbers: dict[tuple[object, ...], int] = {}
         #: request id -> the number of its shape
         self.shape_no: dict[str, int] = {}
+        shape_no = self.shape_no
         asked: dict[tuple[str, int], Shape] = {}
-        keys = []
-        for r in snapshot.pending:
-            n = numbers.setdefault(_shape_fields(r.shape), len(numbers))
-            self.shape_no[r.id] = n
-            key = (r.pool, n)
-            keys.append(key)
-            if key not in asked:
-                asked[key] = r.shape
         #: requests per (named pool, shape number)
-        alike = collections.Counter(keys)
+        alike: dict[tuple[str, int], int] = {}
+        named: dict[str, int] = {}  # starving requests per named pool ("": any production one)
+        ages = self.ages
+        for r in snapshot.pending:
+            shape = r.shape
+            n = numbers.setdefault(_shape_fields(shape), len(numbers))
+            shape_no[r.id] = n
+            key = (r.pool, n)
+            many = alike.get(key)
+            if many is None:
+                alike[key] = 1
+                asked[key] = shape
+            else:
+                alike[key] = many + 1
+            bound = ages.get(r.workload_class, _NO_AGES)[0]
+            if bound is not None and now_ms - r.created_at_ms >= bound:
+                named[r.pool] = named.get(r.pool, 0) + 1
+            if r.preempting:
+                self.claimants.add(r.id)
         # the largest victim-loss cap of any pending request (0: one has none)
         caps = [_loss_cap(policy, shape.gpus_milli) for shape in asked.values()]
         self.loss_cap_max = 0 if not caps or 0 in caps else max(caps)
@@ -452,11 +465,6 @@ class _Tick:
         self.own_room = self.claimants | self.res.may_reserve
         #: per pool, how many pending requests are past their starvation bound
         self.starving_in: dict[str, int] = {}
-        named: dict[str, int] = {}  # starving requests per named pool ("": any production one)
-        for r in snapshot.pending:
-            ages = self.ages.get(r.workload_class)
-            if ages is not None and ages[0] is not None and now_ms - r.created_at_ms >= ages[0]:
-                named[r.pool] = named.get(r.pool, 0) + 1
         for name, n in named.items():
             for p in (name,) if name else self.production:
                 self.starving_in[p] = self.starving_in.get(p, 0) + n

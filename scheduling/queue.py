@@ -160,38 +160,54 @@ class FairQueue:
             self.history[u.team] = history_share_ppm(decayed, capacity.gpu_milli, half_life_s)
         self._shares: dict[str, int] = {}
         self.escalated: dict[str, bool] = {}
-        # Each request's `request_key` 0–3 becomes its rank among the few distinct ones of
-        # the tick: flat integer keys sort and compare fast, and the team's share goes
-        # between that rank and 4–5 (`_entry`).
-        by_team: dict[str, list[tuple[tuple[int, int, int, int], int, str, PendingRequest]]] = {}
-        heads: dict[tuple[int, int, int, int], int] = {}
+        # Each request's `request_key` 0–3 becomes its rank among the few distinct ones
+        # the tick may hold (every class's band, both flags, the priorities present):
+        # flat integer keys sort and compare fast, and the team's share goes between that
+        # rank and 4–5 (`_entry`). Ranks over all such heads order as over those present.
+        pending = pending if isinstance(pending, (list, tuple)) else list(pending)
+        priorities = sorted({req.priority for req in pending})
+        bands = sorted({cls.band for cls in classes.values()} | {UNKNOWN_BAND})
+        heads = sorted(
+            (-pre, -band, -esc, -prio)
+            for pre in (0, 1)
+            for band in bands
+            for esc in (0, 1)
+            for prio in priorities
+        )
+        rank_of = {head: rank for rank, head in enumerate(heads)}
+
+        def ranks(band: int) -> list[list[dict[int, int]]]:
+            """[preempting][escalated] -> {priority: rank} for one band."""
+            return [
+                [
+                    {prio: rank_of[(-pre, -band, -esc, -prio)] for prio in priorities}
+                    for esc in (0, 1)
+                ]
+                for pre in (0, 1)
+            ]
+
         # `escalated` and `request_key`, inline: this loop runs once per pending request.
         per_class = {
             name: (
-                cls.band,
-                after * cls.max_queue_s * 1000 if cls.max_queue_s > 0 else None,
+                escalate_after * cls.max_queue_s * 1000 if cls.max_queue_s > 0 else None,
+                ranks(cls.band),
             )
             for name, cls in classes.items()
-            for after in (escalate_after,)
         }
+        unknown = (None, ranks(UNKNOWN_BAND))
         flags = self.escalated
+        by_team: dict[str, list[tuple[int, int, str, PendingRequest]]] = {}
         for req in pending:
-            band, bound = per_class.get(req.workload_class, (UNKNOWN_BAND, None))
+            bound, rank = per_class.get(req.workload_class, unknown)
             esc = bound is not None and now_ms - req.created_at_ms >= bound
             flags[req.id] = esc
             items = by_team.get(req.team)
             if items is None:
                 items = by_team[req.team] = []
-            head = (-int(req.preempting), -band, -int(esc), -req.priority)
-            heads[head] = 0
-            items.append((head, req.created_at_ms, req.id, req))
-        for rank, head in enumerate(sorted(heads)):
-            heads[head] = rank
-        # ids are unique, so the request itself is never compared
-        self._lists = {
-            team: sorted([(heads[h], c, i, r) for h, c, i, r in items])
-            for team, items in by_team.items()
-        }
+            items.append((rank[req.preempting][esc][req.priority], req.created_at_ms, req.id, req))
+        for items in by_team.values():
+            items.sort()  # ids are unique, so the request itself is never compared
+        self._lists = by_team
         self._next = dict.fromkeys(self._lists, 0)
         #: (rank of `request_key` 0–3, the team's share, `request_key` 4–5, team): the same
         #: order as the flat key with the share after 3

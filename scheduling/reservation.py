@@ -323,31 +323,36 @@ class Reservations:
         qualifying: list[tuple[int, int, str, int]] = []
         pending = t.snap.pending
         escalated = t.queue.escalated
-        waited_ms = policy.reserve_after_s * 1000
-        classes = t.classes
+        min_devices = policy.reserve_min_devices
         shape_no = t.shape_no
         now, ages = t.now, t.ages
+        #: created at or before this, a request has waited `Policy.reserve_after_s`
+        waited_since = now - policy.reserve_after_s * 1000
         #: `only_scarce` per (pool, shape number): tens of thousands qualify, in few shapes
         only: dict[tuple[str, int], bool] = {}
+        append = qualifying.append
         for i, req in enumerate(pending):
-            cls = classes.get(req.workload_class)
-            if cls is None or req.not_before_ms > now:
+            # (`ages` has every class: None is a class that does not exist)
+            age = ages.get(req.workload_class)
+            if age is None or req.not_before_ms > now:
                 continue
-            large = req.shape.count * req.shape.pods >= policy.reserve_min_devices
-            waited = now - req.created_at_ms >= waited_ms
-            if not (large or waited or escalated.get(req.id, False)):
-                continue
+            created = req.created_at_ms
+            if created > waited_since and not escalated.get(req.id, False):
+                shape = req.shape
+                if shape.count * shape.pods < min_devices:
+                    continue
             # A shape only scarce nodes can host goes first: it holds only those nodes,
             # and nothing else is kept off them while it waits (`firm`, inline).
+            bound = age[0]  # `t.starving`, inline
+            if bound is not None and now - created >= bound:
+                append((0, created, req.id, i))
+                continue
             key = (req.pool, shape_no[req.id])
             rare = only.get(key)
             if rare is None:
                 pools = (req.pool,) if req.pool else t.production
                 rare = only[key] = t.only_scarce(req.shape, pools)
-            starve_ms = ages[req.workload_class][0]  # `t.starving`, inline
-            starving = starve_ms is not None and now - req.created_at_ms >= starve_ms
-            first = 0 if rare or starving else 1
-            qualifying.append((first, req.created_at_ms, req.id, i))
+            append((0 if rare else 1, created, req.id, i))
         # Quota is asked in that order, only until the holders are found: thousands
         # qualify at a deep queue, and a few may hold (a heap: no need to sort them all).
         heapq.heapify(qualifying)
@@ -395,7 +400,8 @@ class Reservations:
         ]
         if len(scored) < shape.pods:
             return False
-        chosen = sorted(scored)[: shape.pods]
+        # (`sorted(scored)[: shape.pods]`: names make every key distinct)
+        chosen = heapq.nsmallest(shape.pods, scored)
         latest = max(c[1] for c in chosen)
         start = None if latest >= _NEVER else latest
         # A holder that only scarce nodes can host keeps them even while it borrows:
