@@ -460,6 +460,11 @@ class _Tick:
         # read at every placement (`_accept`): the same objects as `self.res`'s
         self.reserved = self.res.reserved
         self.reserved_borrowing = self.res.reserved_borrowing
+        # read for every pending request (`decide`, `_alike`): the same objects as
+        # `self.res`'s and `self.queue`'s
+        self.admitted = self.res.admitted
+        self.reserve_start = self.res.reserve_start
+        self.escalated = self.queue.escalated
         #: whose decision is never copied to an alike request (`_alike`): room claimed or
         #: held is theirs alone
         self.own_room = self.claimants | self.res.may_reserve
@@ -524,12 +529,12 @@ class _Tick:
         key = self._alike(req)
         if key is None:
             return self._decide(req, position)
-        state = (self.changes, len(self.res.admitted), len(self.reserved), len(self.claimed))
+        state = (self.changes, len(self.admitted), len(self.reserved), len(self.claimed))
         seen = self.alike.get(key)
         if seen is not None and (
             seen.quota is None or seen.state == state or self._still(req, seen, state)
         ):
-            return [_copy(seen, req.id, position, self.queue.escalated.get(req.id, False))]
+            return [_copy(seen, req.id, position, self.escalated.get(req.id, False))]
         self.verdicts = None
         out = self._decide(req, position)
         if len(out) == 1 and out[0].kind in _ALIKE_KINDS and self._state() == state:
@@ -591,7 +596,10 @@ class _Tick:
             req.workload_class,
             self.shape_no[req.id],
             req.pool,
-            self._backfill_room(req.expected_runtime_ms),
+            # (`_backfill_room`, inline: asked once per pending request)
+            0
+            if req.expected_runtime_ms is None or not self.reserve_start
+            else self.res.count_starting_after(self.now + req.expected_runtime_ms),
             waited < self.preempt_ms,
             keep_off_ms is not None and waited < keep_off_ms,
         )
@@ -708,10 +716,12 @@ class _Tick:
         if not self.scarce:
             return False
         key = (shape, pools)
-        if key not in self.elsewhere:
+        found = self.elsewhere.get(key)
+        if found is None:
             nodes = self.snap.nodes
-            self.elsewhere[key] = any(scarce.hosts(nodes, p, shape) - self.scarce for p in pools)
-        return self.elsewhere[key]
+            found = any(scarce.hosts(nodes, p, shape) - self.scarce for p in pools)
+            self.elsewhere[key] = found
+        return found
 
     def _kept_off(self, req: PendingRequest) -> bool:
         """Whether the request stays off scarce nodes: its class is not always preemptible
@@ -844,16 +854,17 @@ class _Tick:
                 done = self._preempt(req, cls, allowed, verdicts, position, starving=True)
         if done is not None:
             return done
-        facts: dict[str, object] = {"pools": list(allowed), "shape": describe(req.shape)}
+        what = describe(req.shape)
+        facts: dict[str, object] = {"pools": list(allowed), "shape": what}
         if overloaded:
             facts["overloaded"] = True
         if self._needs_nodes(req.shape, tuple(allowed)):
             msg = (
-                f"waiting: no node in {where(allowed)} can hold {describe(req.shape)} yet; "
+                f"waiting: no node in {where(allowed)} can hold {what} yet; "
                 "the pool may add nodes that can"
             )
             return [self._wait(req, position, Code.AWAITING_NODES, msg, facts)]
-        msg = f"waiting: no node in {where(allowed)} has {describe(req.shape)} free right now"
+        msg = f"waiting: no node in {where(allowed)} has {what} free right now"
         borrowing = all(verdicts[p].borrowing for p in allowed)
         if req.id in self.reserved.values() or self.res.reserve(
             self, req, tuple(allowed), borrowing
@@ -1169,7 +1180,8 @@ class _Tick:
         memory, taints), so a request is never rejected that could fit one day.
         """
         key = (shape, pools)
-        if key not in self.never:
+        never = self.never.get(key)
+        if never is None:
             # `fit.can_ever_host`, asked once per hardware kind (`scarce.hosts`)
             nodes = self.snap.nodes
             hosts = sum(len(scarce.hosts(nodes, p, shape)) for p in dict.fromkeys(pools))
@@ -1177,8 +1189,8 @@ class _Tick:
             for node in self.snap.growth:
                 if node.pool in pools and eligible(node, shape, now=False) is not None:
                     hosts += 1
-            self.never[key] = hosts < shape.pods
-        return self.never[key]
+            never = self.never[key] = hosts < shape.pods
+        return never
 
     def _needs_nodes(self, shape: Shape, pools: tuple[str, ...]) -> bool:
         """Return True when only nodes autoscaled pools may add could hold the shape."""

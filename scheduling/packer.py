@@ -606,6 +606,19 @@ class ClusterState:
             pod = self._best_pod(shape, sid, accept, (), pools, avoid)
             return None if pod is None else Placement(pods=(pod,))
         placed: list[PodPlacement] = []
+        if self.tie_break != "random":
+            # A gang's pods go to distinct nodes: a node placed on is left out of the next
+            # pods' search, so its new free capacity is never read, and the order groups
+            # were made in (all that taking and giving the pod back would change) decides
+            # nothing here. Random ties draw from that order: they take the pod.
+            taken: set[str] = set()
+            for _ in range(shape.pods):
+                pod = self._best_pod(shape, sid, accept, taken, pools, avoid)
+                if pod is None:
+                    return None
+                placed.append(pod)
+                taken.add(pod.node)
+            return Placement(pods=tuple(placed))
         try:
             for _ in range(shape.pods):
                 pod = self._best_pod(shape, sid, accept, {p.node for p in placed}, pools, avoid)
