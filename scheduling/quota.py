@@ -127,8 +127,13 @@ class QuotaBook:
         """`held`: GPU milli per (team, pool, class) of attempts counted beside `running`
         (the tick sums them in its own pass over the running attempts)."""
         self.classes = classes
-        #: per pool, `check`'s answers since the pool's book last changed (an admission
-        #: in one pool leaves the others' answers standing)
+        #: per pool and team, `check`'s answers that read only the team's own figures:
+        #: kept until the team's usage there changes (another team's admission leaves
+        #: them standing, as one in another pool does)
+        self._own: dict[str, dict[str, dict[tuple[int, str], Verdict]]] = {}
+        #: per pool, the answers that also read what other teams change (the pool's
+        #: borrowed total, its usage that may not be preempted): kept until the pool's
+        #: book changes at all
         self._answers: dict[str, dict[tuple[str, int, str], Verdict]] = {}
         capacity = pool_capacity(nodes)
         by_pool: dict[str, list[Quota]] = {}
@@ -151,21 +156,37 @@ class QuotaBook:
         The answer is remembered until the book changes (`_change`, `hold_back`): a deep
         queue asks the same question for request after request of one team.
         """
+        own = self._own.get(pool)
+        if own is None:
+            own = self._own[pool] = {}
+        mine = own.get(team)
+        if mine is None:
+            mine = own[team] = {}
+        verdict = mine.get((milli, class_name))
+        if verdict is not None:
+            return verdict
         answers = self._answers.get(pool)
         if answers is None:
             answers = self._answers[pool] = {}
         key = (team, milli, class_name)
         verdict = answers.get(key)
         if verdict is None:
-            verdict = answers[key] = self._check(team, pool, milli, class_name)
+            verdict, shared = self._check(team, pool, milli, class_name)
+            if shared:
+                answers[key] = verdict
+            else:
+                mine[(milli, class_name)] = verdict
         return verdict
 
     def hold_back(self, pool: str, milli: int) -> None:
         """Hold `milli` of the pool's lendable capacity back for a blocked large borrower."""
         self._answers.pop(pool, None)
+        self._own.pop(pool, None)
         self.pools[pool].held_back += milli
 
-    def _check(self, team: str, pool: str, milli: int, class_name: str) -> Verdict:
+    def _check(self, team: str, pool: str, milli: int, class_name: str) -> tuple[Verdict, bool]:
+        """The answer, and whether it read what other teams' usage changes (the inference
+        floor's room, the cohort's borrowed total) besides the team's own figures."""
         book = self.pools[pool]
         used = book.used.get(team, 0)
         nominal = book.nominal.get(team, 0)
@@ -179,23 +200,25 @@ class QuotaBook:
         }
         borrowing = book.managed and used + milli > nominal
         cls = self.classes[class_name]
-        if not cls.inference and not preemptible(cls, borrowing):
+        # (without a floor the room is never read)
+        floor = bool(book.floor) and not cls.inference and not preemptible(cls, borrowing)
+        if floor:
             room = book.capacity - book.floor - book.locked_used
-            if book.floor and milli > room:
+            if milli > room:
                 facts.update(floor_milli=book.floor, room_milli=max(room, 0))
-                return Verdict(False, borrowing, "inference-floor", facts)
+                return Verdict(False, borrowing, "inference-floor", facts), True
         if not borrowing:
-            return Verdict(True, False, "fits", facts)
+            return Verdict(True, False, "fits", facts), floor
         may_borrow = None if limit is None else max(0, nominal + limit - used)
         facts["may_borrow_milli"] = may_borrow
         if limit is not None and used + milli > nominal + limit:
-            return Verdict(False, True, "borrowing-limit", facts)
+            return Verdict(False, True, "borrowing-limit", facts), floor
         extra = book.over_guarantee(team, used + milli) - book.over_guarantee(team, used)
         cohort_free = book.cohort_capacity - book.cohort_used - book.held_back
         facts["cohort_free_milli"] = max(cohort_free, 0)
         if extra > cohort_free:
-            return Verdict(False, True, "cohort-exhausted", facts)
-        return Verdict(True, True, "borrows", facts)
+            return Verdict(False, True, "cohort-exhausted", facts), True
+        return Verdict(True, True, "borrows", facts), True
 
     def add(self, team: str, pool: str, milli: int, class_name: str, borrowing: bool) -> None:
         """Count `milli` more for `team` in `pool` (an admission, or a running attempt)."""
@@ -221,6 +244,9 @@ class QuotaBook:
         if book is None:
             return
         self._answers.pop(pool, None)
+        own = self._own.get(pool)
+        if own is not None:
+            own.pop(team, None)
         before = book.used.get(team, 0)
         book.used[team] = before + delta
         book.cohort_used += book.over_guarantee(team, before + delta) - book.over_guarantee(

@@ -179,3 +179,45 @@ class PropertyTest(Checker):
                     running.pop(d.attempt_id)
                 elif d.kind is DecisionKind.REJECT:
                     pending.pop(d.request_id)
+
+
+class QuotaMemoTest(unittest.TestCase):
+    """`QuotaBook.check` remembers answers across admissions of other teams; every answer
+    must be the one a book that never answered before gives after the same changes."""
+
+    @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(st.integers(0, 2**32))
+    def test_remembered_answers_equal_fresh_ones(self, seed: int) -> None:
+        rng = random.Random(seed)
+        world = random_world(rng)
+        classes = {c.name: c for c in world.classes}
+
+        def fresh(changes: list[tuple[str, ...]]) -> QuotaBook:
+            book = QuotaBook(world.pools, world.nodes, world.quotas, (), classes)
+            for op, *args in changes:
+                if op == "add":
+                    team, p, milli, cls, borrowing = args
+                    book.add(team, p, int(milli), cls, borrowing == "1")
+                else:
+                    book.hold_back(args[0], int(args[1]))
+            return book
+
+        book = fresh([])
+        changes: list[tuple[str, ...]] = []
+        # (few distinct questions, so that one is asked again after others' changes)
+        for _ in range(60):
+            team, p = rng.choice(TEAMS), rng.choice(("x", "y"))
+            milli, cls = rng.choice((1000, 4000)), rng.choice(CLASS_NAMES)
+            roll = rng.random()
+            if roll < 0.3:
+                borrowing = "1" if rng.random() < 0.5 else ""
+                change = ("add", team, p, str(milli), cls, borrowing)
+                book.add(team, p, milli, cls, borrowing == "1")
+                changes.append(change)
+            elif roll < 0.35:
+                book.hold_back(p, milli)
+                changes.append(("hold", p, str(milli)))
+            else:
+                got = book.check(team, p, milli, cls)
+                want = fresh(changes).check(team, p, milli, cls)
+                self.assertEqual(got, want, (team, p, milli, cls, changes))
