@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scheduling import fit
+from scheduling.packer import node_class
 from scheduling.types import (
     WHOLE_GPU_MILLI,
     Device,
@@ -229,12 +230,23 @@ def _offered(tol: tuple[Taint, ...], devices: tuple[Device, ...]) -> frozenset[S
 def prior(nodes: Iterable[Node], total: float = PRIOR_WEIGHT) -> dict[Shape, float]:
     """The cold-start histogram of a pool: every shape its nodes offer, weighted by the
     number of nodes that offer it, scaled to weigh `total` requests in all."""
-    counts: dict[Shape, int] = {}
+    # Nodes equal but for their name offer alike: each class is asked once (thousands of
+    # nodes come in a few classes; a portal tick brings new node objects each time).
+    first: dict[int, Node] = {}
+    nodes_of: dict[int, int] = {}
     for node in nodes:
-        if not fit.schedulable(node):
+        token = node_class(node)
+        if token in nodes_of:
+            nodes_of[token] += 1
+        else:
+            first[token] = node
+            nodes_of[token] = 1
+    counts: dict[Shape, int] = {}
+    for token, many in nodes_of.items():
+        if not fit.schedulable(first[token]):
             continue
-        for s in offered_shapes(node):
-            counts[s] = counts.get(s, 0) + 1
+        for s in offered_shapes(first[token]):
+            counts[s] = counts.get(s, 0) + many
     n = sum(counts.values())
     return {s: c * total / n for s, c in counts.items()} if n else {}
 
