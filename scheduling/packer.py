@@ -403,6 +403,8 @@ class _Group:
     whole: int = field(init=False)
     #: GPU milli idle, all devices together
     idle: int = field(init=False)
+    #: when it was made, among its state's groups (`_fitting` reads several pools' in order)
+    seq: int = 0
 
     def __post_init__(self) -> None:
         self.state = Hashed((self.cpu, self.mem, self.devs))
@@ -410,6 +412,21 @@ class _Group:
         self.whole = sum(
             1 for d in self.devs if d[0] == WHOLE_GPU_MILLI and d[2] == 0 and d[3] == 0
         )
+
+
+@dataclass(slots=True)
+class _Read:
+    """How far `_fitting` read the groups made for one (shape, pools), and under which
+    target workloads it scored them."""
+
+    epoch: int
+    #: `ClusterState._made`'s length when read (a search of every pool)
+    made: int = 0
+    #: per pool, `ClusterState._made_in`'s length when read
+    at: dict[str, int] = field(default_factory=dict)
+
+
+_made_order = operator.attrgetter("seq")
 
 
 class Hashed:
@@ -479,8 +496,14 @@ class ClusterState:
         #: with their result
         #: (`_fitting`): a search looks at those few, not at every group
         self._made: list[_Group] = []
+        #: per pool, its groups in the order made: a search of some pools reads only theirs
+        self._made_in: dict[str, list[_Group]] = {}
+        self._made_count = 0
+        #: how far it was read (`_made`'s index or, for some pools, `_made_in`'s per pool)
+        #: and the epoch it was scored in, then the groups read
         self._fits: dict[
-            tuple[int, tuple[str, ...] | None], tuple[list[int], dict[_Group, tuple[Score, Choice]]]
+            tuple[int, tuple[str, ...] | None],
+            tuple[_Read, dict[_Group, tuple[Score, Choice]]],
         ] = {}
         #: bumped when the target workloads change: the groups in `_fits` can still hold
         #: their shape (what a group can hold does not depend on the target), only their
@@ -716,14 +739,24 @@ class ClusterState:
         key = (free.cls.id, free.cpu_milli, free.memory_mib, canon)
         group = self._groups.get(key)
         if group is None:
+            self._made_count += 1
             group = self._groups[key] = _Group(
-                key, free.cls, free.cpu_milli, free.memory_mib, canon
+                key, free.cls, free.cpu_milli, free.memory_mib, canon, seq=self._made_count
             )
             made = self._made
             made.append(group)
+            pool = free.cls.proto.pool
+            mine = self._made_in.get(pool)
+            if mine is None:
+                self._made_in[pool] = [group]
+            else:
+                mine.append(group)
             if len(made) > 2 * len(self._groups) + 1024:
                 # mostly groups gone since: start the lists again from the live ones
                 self._made = list(self._groups.values())
+                self._made_in = {}
+                for g in self._made:
+                    self._made_in.setdefault(g.cls.proto.pool, []).append(g)
                 self._fits.clear()
         bisect.insort(group.names, name)
         free.group = group
@@ -836,10 +869,10 @@ class ClusterState:
         changes moves to another group), so each is evaluated for a shape once."""
         entry = self._fits.get((sid, pools))
         if entry is None:
-            entry = self._fits[(sid, pools)] = ([0, self._epoch], {})
+            entry = self._fits[(sid, pools)] = (_Read(self._epoch), {})
         read, fits = entry
         evaluate = self._evaluate
-        if read[1] != self._epoch:
+        if read.epoch != self._epoch:
             # Another target workload: the same groups hold the shape, scored anew (in the
             # same order: ties go to the group made first).
             for g in list(fits):
@@ -850,18 +883,31 @@ class ClusterState:
                     del fits[g]
                 else:
                     fits[g] = r  # type: ignore[assignment]
-            read[1] = self._epoch
-        made = self._made
-        if read[0] < len(made):
-            for g in made[read[0] :]:
-                if not g.names or (pools is not None and g.cls.proto.pool not in pools):
-                    continue
-                r = g.cache.get(sid, _MISS)
-                if r is _MISS:
-                    r = g.cache[sid] = evaluate(g, shape, sid)
-                if r is not None:
-                    fits[g] = r  # type: ignore[assignment]
-            read[0] = len(made)
+            read.epoch = self._epoch
+        if pools is None:
+            made = self._made
+            fresh = made[read.made :]
+            read.made = len(made)
+        else:
+            # Only the pools' own groups: every admission makes a group or two, and a
+            # search of one pool went through all the others' too.
+            fresh = []
+            at = read.at
+            for p in pools:
+                mine = self._made_in.get(p)
+                if mine is not None and at.get(p, 0) < len(mine):
+                    fresh += mine[at.get(p, 0) :]
+                    at[p] = len(mine)
+            if len(pools) > 1:
+                fresh.sort(key=_made_order)  # in the order made, as ties are drawn
+        for g in fresh:
+            if not g.names:
+                continue
+            r = g.cache.get(sid, _MISS)
+            if r is _MISS:
+                r = g.cache[sid] = evaluate(g, shape, sid)
+            if r is not None:
+                fits[g] = r  # type: ignore[assignment]
         return fits
 
     def _best_pod_fast(self, shape: Shape, sid: int) -> PodPlacement | None:
