@@ -596,10 +596,7 @@ class _Tick:
             req.workload_class,
             self.shape_no[req.id],
             req.pool,
-            # (`_backfill_room`, inline: asked once per pending request)
-            0
-            if req.expected_runtime_ms is None or not self.reserve_start
-            else self.res.count_starting_after(self.now + req.expected_runtime_ms),
+            self._backfill_room(req.expected_runtime_ms),
             waited < self.preempt_ms,
             keep_off_ms is not None and waited < keep_off_ms,
         )
@@ -609,7 +606,7 @@ class _Tick:
         of this expected runtime would end: all that the runtime changes in a decision to
         wait (`Reservations.backfill`). Alike requests rarely share an estimate, and the
         reserved nodes are part of `_state`, so the count stands for the runtime."""
-        if runtime_ms is None or not self.res.reserve_start:
+        if runtime_ms is None or not self.reserve_start:
             return 0
         return self.res.count_starting_after(self.now + runtime_ms)
 
