@@ -613,7 +613,7 @@ class _Tick:
     def _state(self) -> tuple[int, int, int, int]:
         """What changes when a decision takes room or quota, claims or holds nodes:
         preemptions, admissions, reservations, claims."""
-        return (self.changes, len(self.res.admitted), len(self.reserved), len(self.claimed))
+        return (self.changes, len(self.admitted), len(self.reserved), len(self.claimed))
 
     def _decide(self, req: PendingRequest, position: int) -> list[Decision]:
         cls = self.classes.get(req.workload_class)

@@ -629,29 +629,24 @@ class ClusterState:
             pod = self._best_pod(shape, sid, accept, (), pools, avoid)
             return None if pod is None else Placement(pods=(pod,))
         placed: list[PodPlacement] = []
-        if self.tie_break != "random":
-            # A gang's pods go to distinct nodes: a node placed on is left out of the next
-            # pods' search, so its new free capacity is never read, and the order groups
-            # were made in (all that taking and giving the pod back would change) decides
-            # nothing here. Random ties draw from that order: they take the pod.
-            taken: set[str] = set()
+        taken: set[str] = set()
+        # A gang's pods go to distinct nodes: a node placed on is left out of the next pods'
+        # search, so its new free capacity is never read. Taking each pod (and giving it
+        # back) changes only the order groups were made in, which random ties draw from.
+        hold = self.tie_break == "random"
+        try:
             for _ in range(shape.pods):
                 pod = self._best_pod(shape, sid, accept, taken, pools, avoid)
                 if pod is None:
                     return None
                 placed.append(pod)
                 taken.add(pod.node)
-            return Placement(pods=tuple(placed))
-        try:
-            for _ in range(shape.pods):
-                pod = self._best_pod(shape, sid, accept, {p.node for p in placed}, pools, avoid)
-                if pod is None:
-                    return None
-                placed.append(pod)
-                self._apply_pod(pod, -1)
+                if hold:
+                    self._apply_pod(pod, -1)
         finally:
-            for pod in placed:
-                self._apply_pod(pod, +1)
+            if hold:
+                for pod in placed:
+                    self._apply_pod(pod, +1)
         return Placement(pods=tuple(placed))
 
     def take(self, placement: Placement) -> None:
@@ -745,12 +740,7 @@ class ClusterState:
             )
             made = self._made
             made.append(group)
-            pool = free.cls.proto.pool
-            mine = self._made_in.get(pool)
-            if mine is None:
-                self._made_in[pool] = [group]
-            else:
-                mine.append(group)
+            self._made_in.setdefault(free.cls.proto.pool, []).append(group)
             if len(made) > 2 * len(self._groups) + 1024:
                 # mostly groups gone since: start the lists again from the live ones
                 self._made = list(self._groups.values())
