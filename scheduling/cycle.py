@@ -68,10 +68,8 @@ and to the decisions each request gets when decided alone.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import gc
-import operator
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -109,9 +107,6 @@ from scheduling.types import (
 )
 
 ShapeKey = tuple[object, ...]
-#: what `Shape.__eq__` compares, as a tuple hashed and compared in C (a third faster than
-#: the dataclass's own `__hash__` and `__eq__` when numbering every request's shape)
-_shape_fields = operator.attrgetter(*(f.name for f in dataclasses.fields(Shape) if f.compare))
 #: `_Tick.ages` of a class that does not exist
 _NO_AGES: tuple[None, None] = (None, None)
 #: decisions an alike request may be given as they are (`_Tick.decide`)
@@ -156,6 +151,34 @@ def _copy(seen: _Seen, request_id: str, position: int, escalated: bool) -> Decis
     fields["request_id"] = request_id
     fields["position"] = position if seen.waits else 0
     fields["escalated"] = escalated
+    d: Decision = _new(Decision)
+    _set(d, "__dict__", fields)
+    return d
+
+
+#: a decision's own dict as `Decision.__init__` fills it, copied by `_made` (keys shared)
+_BLANK = vars(Decision(DecisionKind.WAIT, "", "", ""))
+
+
+def _made(
+    kind: DecisionKind,
+    request_id: str,
+    code: str,
+    message: str,
+    position: int,
+    escalated: bool,
+    facts: Mapping[str, object],
+) -> Decision:
+    """`Decision(kind, request_id, code, message, position=…, escalated=…, facts=…)`, made
+    as `_copy` makes one: a tick makes one per request it decides anew."""
+    fields = _BLANK.copy()
+    fields["kind"] = kind
+    fields["request_id"] = request_id
+    fields["code"] = code
+    fields["message"] = message
+    fields["position"] = position
+    fields["escalated"] = escalated
+    fields["facts"] = facts
     d: Decision = _new(Decision)
     _set(d, "__dict__", fields)
     return d
@@ -403,9 +426,8 @@ class _Tick:
         #: no node there now could hold the shape (`never` counts autoscaled growth too)
         self.short: dict[tuple[Shape, tuple[str, ...]], bool] = {}
         # One pass over the pending requests (a hundred thousand at a deep queue) for
-        # what the rest of the set-up counts. Each shape gets a number here: `_alike`
-        # then hashes that, not the shape's dozen fields.
-        numbers: dict[tuple[object, ...], int] = {}
+        # what the rest of the set-up counts. `_alike` hashes a shape's number
+        # (`Shape.number`), not its dozen fields.
         #: request id -> the number of its shape
         self.shape_no: dict[str, int] = {}
         shape_no = self.shape_no
@@ -416,7 +438,7 @@ class _Tick:
         ages = self.ages
         for r in snapshot.pending:
             shape = r.shape
-            n = numbers.setdefault(_shape_fields(shape), len(numbers))
+            n = shape.number
             shape_no[r.id] = n
             key = (r.pool, n)
             many = alike.get(key)
@@ -1209,12 +1231,12 @@ class _Tick:
         position: int = 0,
         facts: Mapping[str, object] | None = None,
     ) -> Decision:
-        return Decision(
+        return _made(
             kind,
             req.id,
             code,
             msg,
-            position=position if kind is DecisionKind.WAIT else 0,
-            escalated=self.queue.escalated.get(req.id, False),
-            facts=facts or {},
+            position if kind is DecisionKind.WAIT else 0,
+            self.escalated.get(req.id, False),
+            facts or {},
         )

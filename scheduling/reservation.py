@@ -37,6 +37,7 @@ from scheduling.types import (
     Node,
     PendingRequest,
     Placement,
+    PodPlacement,
     Policy,
     Running,
     Shape,
@@ -111,43 +112,112 @@ class _Drains:
             self.generation += 1
 
 
+class _NodeHolds:
+    """What the running attempts of the last tick hold on each node and when something
+    last started there, kept across ticks (`remembering()`): a replay's tick starts and
+    stops a few of its thousand attempts, so only the nodes of those are summed again.
+
+    Attempts are told apart by identity (the snapshot's objects: a changed attempt is a new
+    one); `runs` keeps them alive, so an identity is never another attempt's while kept.
+    A node's holds come in no particular order: `_fit_at_free` answers the same in any."""
+
+    __slots__ = ("runs", "on", "holds", "last", "stopping")
+
+    def __init__(self) -> None:
+        #: id -> attempt: the running attempts of the last tick
+        self.runs: dict[int, Running] = {}
+        #: per node, its attempts by id
+        self.on: dict[str, dict[int, Running]] = {}
+        #: per node, what its attempts hold (`holders` without the tick's admissions)
+        self.holds: dict[str, tuple[_Hold, ...]] = {}
+        #: per node, the latest start of its attempts (`last_start` without the tick's)
+        self.last: dict[str, int] = {}
+        #: nodes with a stopping attempt: its holds end at the tick's own clock, so they
+        #: are summed again at every tick
+        self.stopping: set[str] = set()
+
+    def update(self, running: Sequence[Running], now: int) -> None:
+        """Bring the holds up to this tick's running attempts."""
+        runs = {id(run): run for run in running}
+        before = self.runs
+        on = self.on
+        dirty = self.stopping
+        for key in before.keys() - runs.keys():
+            for pod in before[key].placement.pods:
+                on[pod.node].pop(key, None)
+                dirty.add(pod.node)
+        for key in runs.keys() - before.keys():
+            run = runs[key]
+            for pod in run.placement.pods:
+                mine = on.get(pod.node)
+                if mine is None:
+                    on[pod.node] = {key: run}
+                else:
+                    mine[key] = run
+                dirty.add(pod.node)
+        self.runs = runs
+        self.stopping = set()
+        holds_of, last_of = self.holds, self.last
+        for name in dirty:
+            there = on.get(name)
+            if not there:
+                on.pop(name, None)
+                holds_of.pop(name, None)
+                last_of.pop(name, None)
+                continue
+            holds: list[_Hold] = []
+            last = 0
+            for run in there.values():
+                if run.stopping:
+                    end: int | None = now
+                    self.stopping.add(name)
+                else:
+                    end = run.expected_end_ms
+                if run.started_at_ms > last:
+                    last = run.started_at_ms
+                for pod in run.placement.pods:
+                    if pod.node == name:
+                        holds.append(_pod_hold(pod, end))
+            holds_of[name] = tuple(holds)
+            if last:
+                last_of[name] = last
+            else:
+                last_of.pop(name, None)
+
+
 #: inside `remembering()`: the drains of every tick
 _DRAINS: _Drains | None = None
-#: inside `remembering()`: per running attempt (by identity, the attempt kept beside it),
-#: what its pods hold (`_pod_holds`); a replay passes the same attempts tick after tick
-_RUN_HOLDS: dict[int, tuple[Running, tuple[tuple[str, _Hold], ...]]] | None = None
+#: inside `remembering()`: what the last tick's running attempts hold on each node
+_NODE_HOLDS: _NodeHolds | None = None
 
 
 @contextlib.contextmanager
 def remembering() -> Iterator[None]:
-    """Keep when a node drains for a shape (`_fit_at_free`), and what each running attempt
-    holds, across the `schedule()` calls made inside (`scheduling.cycle.remembering`). The
-    decisions are the same."""
-    global _DRAINS, _RUN_HOLDS
-    outer = _DRAINS, _RUN_HOLDS
+    """Keep when a node drains for a shape (`_fit_at_free`), and what the running attempts
+    hold on each node, across the `schedule()` calls made inside
+    (`scheduling.cycle.remembering`). The decisions are the same."""
+    global _DRAINS, _NODE_HOLDS
+    outer = _DRAINS, _NODE_HOLDS
     _DRAINS = _Drains() if outer[0] is None else outer[0]
-    _RUN_HOLDS = {} if outer[1] is None else outer[1]
+    _NODE_HOLDS = _NodeHolds() if outer[1] is None else outer[1]
     try:
         yield
     finally:
-        _DRAINS, _RUN_HOLDS = outer
+        _DRAINS, _NODE_HOLDS = outer
 
 
 def _pod_holds(placement: Placement, end: int | None) -> tuple[tuple[str, _Hold], ...]:
     """(node, hold) for each pod of a placement expected to end at `end`."""
-    return tuple(
-        [
-            (
-                pod.node,
-                (
-                    end,
-                    tuple([(g.device, g.milli if g.milli > 1 else 1) for g in pod.grants]),
-                    pod.cpu_milli,
-                    pod.memory_mib,
-                ),
-            )
-            for pod in placement.pods
-        ]
+    return tuple([(pod.node, _pod_hold(pod, end)) for pod in placement.pods])
+
+
+def _pod_hold(pod: PodPlacement, end: int | None) -> _Hold:
+    """What one pod holds on its node until `end`."""
+    return (
+        end,
+        tuple([(g.device, g.milli if g.milli > 1 else 1) for g in pod.grants]),
+        pod.cpu_milli,
+        pod.memory_mib,
     )
 
 
@@ -212,6 +282,7 @@ class Reservations:
         "_later",
         "_hold_no",
         "_drains",
+        "_synced",
     )
 
     def __init__(self, tick: _Tick) -> None:
@@ -243,6 +314,8 @@ class Reservations:
         #: `_fit_at_free`'s memo for this tick (outside `remembering()`), and the
         #: generation of its numbers that `_hold_no` holds
         self._drains = (_Drains() if _DRAINS is None else _DRAINS, -1)
+        #: whether `_NODE_HOLDS` is up to this tick's running attempts
+        self._synced = False
         self.may_reserve = self._reservation_holders(tick)
 
     def admit(self, placement: Placement, end: int | None) -> None:
@@ -497,14 +570,18 @@ class Reservations:
         """Return when something last started on each node (this tick's admissions: now)."""
         if self._last is not None:
             return self._last
-        last: dict[str, int] = {}
+        kept = self._kept(t)
+        if kept is not None:
+            last = dict(kept.last)
+        else:
+            last = {}
+            # (these loops visit every running attempt: no calls inside but the dict's)
+            for run in t.snap.running:
+                started = run.started_at_ms
+                for pod in run.placement.pods:
+                    if started > last.get(pod.node, 0):
+                        last[pod.node] = started
         self._last = last
-        # (these three loops visit every running attempt: no calls inside but the dict's)
-        for run in t.snap.running:
-            started = run.started_at_ms
-            for pod in run.placement.pods:
-                if started > last.get(pod.node, 0):
-                    last[pod.node] = started
         for placement in self.admitted:
             for name in placement.nodes:
                 last[name] = self.now
@@ -513,32 +590,33 @@ class Reservations:
     def holders(self, t: _Tick) -> dict[str, list[_Hold]]:
         """Return, per node, what holds it and when it is expected to end."""
         if self._holders is None:
-            holders: dict[str, list[_Hold]] = {}
+            kept = self._kept(t)
+            holders: dict[str, list[_Hold]]
+            if kept is not None:
+                holders = {name: list(holds) for name, holds in kept.holds.items()}
+            else:
+                holders = {}
+                for run in t.snap.running:
+                    end = self.now if run.stopping else run.expected_end_ms
+                    for name, hold in _pod_holds(run.placement, end):
+                        on = holders.get(name)
+                        if on is None:
+                            holders[name] = [hold]
+                        else:
+                            on.append(hold)
             self._holders = holders
-            memo = _RUN_HOLDS
-            for run in t.snap.running:
-                if run.stopping:
-                    pods = _pod_holds(run.placement, self.now)
-                elif memo is None:
-                    pods = _pod_holds(run.placement, run.expected_end_ms)
-                else:
-                    seen = memo.get(id(run))
-                    if seen is not None and seen[0] is run:
-                        pods = seen[1]
-                    else:
-                        if len(memo) >= _DRAINS_MAX:
-                            memo.clear()
-                        pods = _pod_holds(run.placement, run.expected_end_ms)
-                        memo[id(run)] = (run, pods)
-                for name, hold in pods:
-                    on = holders.get(name)
-                    if on is None:
-                        holders[name] = [hold]
-                    else:
-                        on.append(hold)
             for placement, end in zip(self.admitted, self.admitted_end, strict=True):
                 self._add_holds(holders, placement, end)
         return self._holders
+
+    def _kept(self, t: _Tick) -> _NodeHolds | None:
+        """`_NODE_HOLDS` brought up to this tick's running attempts (once a tick), or None
+        outside `remembering()`."""
+        kept = _NODE_HOLDS
+        if kept is not None and not self._synced:
+            kept.update(t.snap.running, self.now)
+            self._synced = True
+        return kept
 
     @staticmethod
     def _add_holds(holders: dict[str, list[_Hold]], placement: Placement, end: int | None) -> None:

@@ -8,12 +8,14 @@ longest time. Work backfills a reserved node only when it is expected to end
 
 from __future__ import annotations
 
+import random
 import unittest
 from dataclasses import dataclass, replace
 
-from scheduling import schedule
-from scheduling.types import PendingRequest, Running, Snapshot
-from tests.scheduling.builders import NOW, S, node, outcome, req, run, snapshot
+from scheduling import reservation, schedule
+from scheduling.packer import eligible
+from scheduling.types import DeviceGrant, PendingRequest, Placement, PodPlacement, Running, Snapshot
+from tests.scheduling.builders import NOW, S, node, outcome, req, run, shape, snapshot
 
 
 def ends_in(r: Running, seconds: int) -> Running:
@@ -133,3 +135,82 @@ class ReservationTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class NodeHoldsTest(unittest.TestCase):
+    """What a replay keeps across ticks (`reservation._NodeHolds`) equals what a tick
+    would sum from its running attempts alone, through starts, stops, attempts replaced
+    (a checkpoint, a stop begun) and gangs over several nodes."""
+
+    def fresh(
+        self, running: list[Running], now: int
+    ) -> tuple[dict[str, list[object]], dict[str, int]]:
+        holds: dict[str, list[object]] = {}
+        last: dict[str, int] = {}
+        for r in running:
+            end = now if r.stopping else r.expected_end_ms
+            for name, hold in reservation._pod_holds(r.placement, end):
+                holds.setdefault(name, []).append(hold)
+            for name in r.placement.nodes:
+                last[name] = max(last.get(name, 0), r.started_at_ms)
+        return {n: sorted(h, key=repr) for n, h in holds.items()}, last
+
+    def test_kept_holds_equal_fresh_ones(self) -> None:
+        rng = random.Random(5)
+        kept = reservation._NodeHolds()
+        running: list[Running] = []
+        made = 0
+        for tick in range(300):
+            now = NOW + tick * 60 * S
+            for _ in range(rng.randrange(4)):
+                roll = rng.random()
+                if running and roll < 0.3:
+                    running.pop(rng.randrange(len(running)))
+                elif running and roll < 0.5:
+                    i = rng.randrange(len(running))
+                    running[i] = replace(running[i], stopping=True)
+                elif running and roll < 0.6:
+                    i = rng.randrange(len(running))
+                    running[i] = replace(running[i], last_checkpoint_ms=now)
+                else:
+                    made += 1
+                    nodes = rng.sample(range(6), rng.choice((1, 1, 2)))
+                    pods = tuple(
+                        PodPlacement(
+                            f"n{k}",
+                            (DeviceGrant(f"n{k}", rng.randrange(4), rng.choice((250, 1000))),),
+                            cpu_milli=rng.randrange(4000),
+                        )
+                        for k in nodes
+                    )
+                    r = run(f"r{made}", age_s=rng.randrange(1, 9000))
+                    end = None if rng.random() < 0.2 else now + rng.randrange(1, 3600) * S
+                    running.append(replace(r, placement=Placement(pods), expected_end_ms=end))
+            if rng.random() < 0.7:  # a tick that reserves nothing brings nothing up to date
+                kept.update(tuple(running), now)
+                holds, last = self.fresh(running, now)
+                got = {n: sorted(h, key=repr) for n, h in kept.holds.items()}
+                self.assertEqual(got, holds, f"tick {tick}")
+                self.assertEqual({n: t for n, t in last.items() if t}, kept.last, f"tick {tick}")
+        self.assertGreater(made, 100)
+
+    def test_order_of_holds_does_not_change_when_a_node_drains(self) -> None:
+        rng = random.Random(9)
+        n = node("n1", gpus=4)
+        want = shape(gpus=2)
+        flags = eligible(n, want)
+        assert flags is not None
+        for _ in range(200):
+            holds = [
+                (
+                    None if rng.random() < 0.05 else NOW + rng.randrange(5) * 600 * S,
+                    ((rng.randrange(4), rng.choice((250, 500, 1000))),),
+                    rng.randrange(8000),
+                    0,
+                )
+                for _ in range(rng.randrange(1, 6))
+            ]
+            answer = reservation._fit_at_free(n, want, flags, holds)
+            for _ in range(4):
+                rng.shuffle(holds)
+                self.assertEqual(reservation._fit_at_free(n, want, flags, holds), answer)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import random
 from dataclasses import asdict
+from typing import Any
 
 import pytest
 
@@ -92,16 +93,22 @@ def test_remembering_across_ticks_changes_no_decision(
         with real():
             yield
             kept["drains"] = len(reservation._DRAINS or {})
-            kept["run_holds"] = len(reservation._RUN_HOLDS or {})
             kept["evaluations"] = len(packer._EVALUATED or {})
 
+    update = reservation._NodeHolds.update
+
+    def updating(holds: reservation._NodeHolds, *args: Any) -> None:
+        update(holds, *args)
+        kept["node_holds"] = max(kept.get("node_holds", 0), len(holds.holds))
+
     monkeypatch.setattr(whatif, "remembering", counting)
+    monkeypatch.setattr(reservation._NodeHolds, "update", updating)
     remembered = replay(site, jobs, end_ms=48 * HOUR, tick_ms=MINUTE)
     monkeypatch.setattr(whatif, "remembering", contextlib.nullcontext)
     fresh = replay(site, jobs, end_ms=48 * HOUR, tick_ms=MINUTE)
 
     # the replay did keep work between ticks, and queued enough to reserve and preempt
-    assert kept["drains"] > 0 and kept["evaluations"] > 0 and kept["run_holds"] > 0
+    assert kept["drains"] > 0 and kept["evaluations"] > 0 and kept["node_holds"] > 0
     assert len(fresh.waiting) > 0 and fresh.preemptions > 0
     assert any(fresh.first_start_ms.get(j.id, 48 * HOUR) > j.arrival_ms + 10 * MINUTE for j in jobs)
     # ... and decided exactly as without it
@@ -110,12 +117,12 @@ def test_remembering_across_ticks_changes_no_decision(
     assert a == b
     # nothing is kept once the replay is over
     assert reservation._DRAINS is None and packer._EVALUATED is None
-    assert reservation._RUN_HOLDS is None
+    assert reservation._NODE_HOLDS is None
 
 
 def test_memos_dropped_when_full_change_no_decision(monkeypatch: pytest.MonkeyPatch) -> None:
     # Small caps: the drains' answers and their hold numbers are dropped again and again
-    # during the replay (also between two holders of one tick), and the run holds too.
+    # during the replay (also between two holders of one tick).
     site, jobs = _site(), _history(1)
     dropped: list[int] = []
     real = cycle.remembering
