@@ -188,9 +188,10 @@ class Shape:
 #: a shape's init fields, in order (its hash and its pickled form)
 _shape_init = operator.attrgetter(*(f.name for f in fields(Shape) if f.init))
 #: init fields -> `Shape.number`: numbers are never handed out twice, so a shape's number
-#: stays its own after a clear (a process that met this many shapes starts over)
+#: stays its own after a clear (a process that met this many shapes starts over: the
+#: table holds at most some tens of MB)
 _SHAPE_NUMBERS: dict[tuple[object, ...], int] = {}
-_SHAPE_NUMBERS_MAX = 1_000_000
+_SHAPE_NUMBERS_MAX = 100_000
 _shape_counter = itertools.count()
 
 

@@ -7,8 +7,10 @@ import copy
 import dataclasses
 import pickle
 import unittest
+import unittest.mock
 from typing import Any
 
+import scheduling.types
 from scheduling.types import ProfileKind, Shape, Taint
 
 
@@ -50,6 +52,23 @@ class ShapeHashTest(unittest.TestCase):
             self.assertEqual(hash(b), hash(a))
             self.assertEqual(b.gpus_milli, a.gpus_milli)
         self.assertEqual({a: 1}[pickle.loads(pickle.dumps(a))], 1)
+
+    def test_equal_shapes_share_a_number_and_stay_equal_across_a_clear(self) -> None:
+        a, b = _shape(), _shape()
+        self.assertEqual(a.number, b.number)
+        c = dataclasses.replace(a, count=a.count + 1)
+        self.assertNotEqual(c.number, a.number)
+        with unittest.mock.patch.object(scheduling.types, "_SHAPE_NUMBERS", {}):
+            after = _shape()  # the table started over: a number of its own
+            other = dataclasses.replace(c)
+        self.assertNotEqual(after.number, a.number)
+        self.assertEqual(after, a)
+        self.assertEqual(a, after)
+        self.assertEqual({a: 1}[after], 1)
+        self.assertNotEqual(other.number, c.number)
+        self.assertEqual(other, c)
+        self.assertNotEqual(after, c)
+        self.assertNotEqual(a, other)
 
 
 def _other(value: object) -> Any:
