@@ -426,11 +426,8 @@ class _Tick:
         #: no node there now could hold the shape (`never` counts autoscaled growth too)
         self.short: dict[tuple[Shape, tuple[str, ...]], bool] = {}
         # One pass over the pending requests (a hundred thousand at a deep queue) for
-        # what the rest of the set-up counts. `_alike` hashes a shape's number
-        # (`Shape.number`), not its dozen fields.
-        #: request id -> the number of its shape
-        self.shape_no: dict[str, int] = {}
-        shape_no = self.shape_no
+        # what the rest of the set-up counts. Shapes are told apart by their number
+        # (`Shape.number`) here and in `_alike`, not by their dozen fields.
         asked: dict[tuple[str, int], Shape] = {}
         #: requests per (named pool, shape number)
         alike: dict[tuple[str, int], int] = {}
@@ -438,9 +435,7 @@ class _Tick:
         ages = self.ages
         for r in snapshot.pending:
             shape = r.shape
-            n = shape.number
-            shape_no[r.id] = n
-            key = (r.pool, n)
+            key = (r.pool, shape.number)
             many = alike.get(key)
             if many is None:
                 alike[key] = 1
@@ -616,9 +611,12 @@ class _Tick:
             starving,
             req.team,
             req.workload_class,
-            self.shape_no[req.id],
+            req.shape.number,
             req.pool,
-            self._backfill_room(req.expected_runtime_ms),
+            # (`_backfill_room`, its common answer inline: this runs once per request)
+            0
+            if req.expected_runtime_ms is None or not self.reserve_start
+            else self._backfill_room(req.expected_runtime_ms),
             waited < self.preempt_ms,
             keep_off_ms is not None and waited < keep_off_ms,
         )

@@ -7,6 +7,7 @@ Kueue's fair-sharing iterator, with Slurm's decayed usage added in.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -215,6 +216,9 @@ class FairQueue:
         for team in self._lists:
             self._push(team)
         self._last: str | None = None
+        #: the last team's requests before this index come before the heap's top: its run
+        #: (`_run`), handed out without the heap while nothing is charged
+        self._until = 0
         #: another team's share changed (a preemptor charged for a plan): rebuild the heap
         self._stale = False
 
@@ -232,6 +236,7 @@ class FairQueue:
         """Count an admission in the team's share (a victim keeps its share until it stops)."""
         self.held[team] = self.held.get(team, Resources()).plus(shape)
         self._shares.pop(team, None)
+        self._until = 0
         if team != self._last:
             self._stale = True
 
@@ -247,10 +252,13 @@ class FairQueue:
                 self._push(team)
             self._stale = False
         elif last is not None:
-            # The team just popped usually comes next again (its run of requests):
-            # `heappushpop` then leaves the heap alone. (`_entry` and `_take`, inline: this
-            # runs once per pending request.)
+            # The team just popped usually comes next again (its run of requests, `_run`);
+            # past the run, `heappushpop` leaves the heap alone when it still wins.
+            # (`_entry` and `_take`, inline: this runs once per pending request.)
             i = self._next[last]
+            if i < self._until:
+                self._next[last] = i + 1
+                return self._lists[last][i][3]
             items = self._lists[last]
             if i < len(items):
                 rank, created, rid, req = items[i]
@@ -261,6 +269,7 @@ class FairQueue:
                 top = heapq.heappushpop(self._heap, entry)
                 if top is entry:
                     self._next[last] = i + 1
+                    self._run(last, i + 1)
                     return req
                 return self._take(top[4])
         if not self._heap:
@@ -272,7 +281,25 @@ class FairQueue:
         i = self._next[team]
         self._next[team] = i + 1
         self._last = team
+        self._run(team, i + 1)
         return self._lists[team][i][3]
+
+    def _run(self, team: str, start: int) -> None:
+        """Set `_until`: the team's requests from `start` that come before the heap's top.
+        The heap holds every other team's next entry and the team's share stays as it is
+        until a charge (which ends the run), so they are the ones whose entry is smaller."""
+        items = self._lists[team]
+        if not self._heap:
+            self._until = len(items)
+            return
+        rank, share, created, rid, _ = self._heap[0]
+        mine = self.share(team)
+        self._until = bisect.bisect_left(
+            items,
+            (rank, share, created, rid),
+            lo=start,
+            key=lambda item: (item[0], mine, item[1], item[2]),
+        )
 
     def _entry(self, team: str) -> _Entry | None:
         i = self._next[team]

@@ -61,8 +61,6 @@ class _Tick(Protocol):
     claimed: dict[str, str]
     node_by_name: dict[str, Node]
     scarce: frozenset[str]
-    #: request id -> the number of its shape (equal shapes, equal numbers)
-    shape_no: dict[str, int]
     #: per class, the waits (ms) of its starvation bound (None: never) and of keeping off
     #: scarce nodes
     ages: dict[str, tuple[float | None, float | None]]
@@ -397,7 +395,6 @@ class Reservations:
         pending = t.snap.pending
         escalated = t.queue.escalated
         min_devices = policy.reserve_min_devices
-        shape_no = t.shape_no
         now, ages = t.now, t.ages
         #: created at or before this, a request has waited `Policy.reserve_after_s`
         waited_since = now - policy.reserve_after_s * 1000
@@ -420,7 +417,7 @@ class Reservations:
             if bound is not None and now - created >= bound:
                 append((0, created, req.id, i))
                 continue
-            key = (req.pool, shape_no[req.id])
+            key = (req.pool, req.shape.number)
             rare = only.get(key)
             if rare is None:
                 pools = (req.pool,) if req.pool else t.production

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scheduling import schedule
+from scheduling.queue import FairQueue, Resources
 from scheduling.quota import QuotaBook, preemptible
 from scheduling.types import (
     Decision,
@@ -25,6 +26,7 @@ from scheduling.types import (
     Policy,
     Running,
     Snapshot,
+    Team,
 )
 from tests.scheduling.builders import CLASSES, NOW, S, node, pool, quota, req, snapshot
 
@@ -221,3 +223,58 @@ class QuotaMemoTest(unittest.TestCase):
                 got = book.check(team, p, milli, cls)
                 want = fresh(changes).check(team, p, milli, cls)
                 self.assertEqual(got, want, (team, p, milli, cls, changes))
+
+
+class FairQueueOrderTest(unittest.TestCase):
+    """`FairQueue.pop` hands out runs of one team without its heap; each pop must still
+    be the smallest next entry over all teams, with the shares as charged so far."""
+
+    @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(st.integers(0, 2**32))
+    def test_each_pop_is_the_smallest_entry_of_any_team(self, seed: int) -> None:
+        rng = random.Random(seed)
+        teams = [f"t{i}" for i in range(rng.randint(1, 5))]
+        pending = [
+            req(
+                f"r{i}",
+                team=rng.choice(teams),
+                gpus=rng.choice((1, 2, 4)),
+                cls=rng.choice(("inference", "interactive", "training")),
+                created_s=rng.randrange(0, 7200),
+                priority=rng.choice((0, 0, 5)),
+                preempting=rng.random() < 0.05,
+            )
+            for i in range(rng.randint(1, 120))
+        ]
+        queue = FairQueue(
+            pending,
+            {c.name: c for c in CLASSES},
+            [Team(t, weight=rng.choice((1, 1, 2))) for t in teams],
+            [],
+            [],
+            Resources(64_000, 512_000, 2_000_000),
+            NOW,
+            7 * 24 * 3600,
+            0.5,
+        )
+        by_id = {r.id: r for r in pending}
+        seen = []
+        while True:
+            heads = [
+                (items[i][0], queue.share(team), items[i][1], items[i][2])
+                for team, items in queue._lists.items()
+                if (i := queue._next[team]) < len(items)
+            ]
+            got = queue.pop()
+            if got is None:
+                self.assertEqual(heads, [])
+                break
+            self.assertEqual(got.id, min(heads)[3])
+            seen.append(got.id)
+            roll = rng.random()
+            if roll < 0.3:  # admitted: its team's share grows
+                queue.charge(got.team, got.shape)
+            elif roll < 0.35:  # a preemptor of another team charged for its plan
+                other = by_id[rng.choice(seen)]
+                queue.charge(other.team, other.shape)
+        self.assertEqual(sorted(seen), sorted(by_id))
