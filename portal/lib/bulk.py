@@ -318,6 +318,7 @@ def bulk_set(
     *,
     only_if: Mapping[str, Any] | None = None,
     returning: str = "",
+    untracked: bool = False,
 ) -> list[tuple[Any, ...]]:
     """Set `fields` row by row: `rows` are (pk, value, ...) in the order of `fields`.
 
@@ -326,10 +327,18 @@ def bulk_set(
     requests). PostgreSQL only: `only_if` (column -> value) leaves rows that no longer
     match alone (a claim: the UPDATE waits for, then re-reads, rows another transaction
     changed), and `returning` (SQL over the updated row ``t``) is returned for each row
-    updated.
+    updated; `untracked`: the rows keep the transaction that last changed them
+    (`changed_xact`, migration 0032): for a writer that keeps what it wrote itself.
     """
-    with bulk_set_sent(model, fields, rows, only_if=only_if, returning=returning) as done:
+    with bulk_set_sent(
+        model, fields, rows, only_if=only_if, returning=returning, untracked=untracked
+    ) as done:
         return done()
+
+
+#: while on, an UPDATE leaves `changed_xact` as it was (the trigger of migration 0032);
+#: for this transaction only
+_UNTRACKED = "SELECT set_config('portal.untracked_write', %s, true)"
 
 
 @contextmanager
@@ -340,6 +349,7 @@ def bulk_set_sent(
     *,
     only_if: Mapping[str, Any] | None = None,
     returning: str = "",
+    untracked: bool = False,
 ) -> Iterator[Callable[[], list[tuple[Any, ...]]]]:
     """`bulk_set`, with the UPDATE left running on the server while the block runs.
 
@@ -384,6 +394,8 @@ def bulk_set_sent(
     with transaction.atomic(), connection.cursor() as cur:
         cur.execute(f"CREATE TEMPORARY TABLE {quote(scratch)} ({typed}) ON COMMIT DROP")
         _copy(cur, scratch, [c.column for c in columns], [list(r) for r in rows])
+        if untracked:
+            cur.execute(_UNTRACKED, ["on"])
         with ExitStack() as pipeline:
             pipeline.enter_context(connection.connection.pipeline())
             cur.execute(update, params or None)
@@ -395,6 +407,8 @@ def bulk_set_sent(
                     with connection.wrap_database_errors:
                         out.append([tuple(r) for r in cur.fetchall()] if returning else [])
                         pipeline.close()  # leaves pipeline mode: the UPDATE has finished
+                    if untracked:
+                        cur.execute(_UNTRACKED, ["off"])
                 return out[0]
 
             yield done

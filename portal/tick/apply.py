@@ -193,10 +193,11 @@ def _admit_claimed(
 ) -> dict[str, int]:
     """Insert the claimed admissions' attempts, allocations and usage records, and write
     the `waiting` requests' new status (WAIT_FIELDS) meanwhile; returns the new attempts'
-    ids by request id (absent: not admitted)."""
+    ids by request id (absent: not admitted). The status is written untracked: the
+    snapshot's rows (`ctx.requests`, kept for the next tick) hold it already."""
     ds = claimed.decisions
     if not ds:
-        bulk_set(GpuRequest, WAIT_FIELDS, waiting)
+        bulk_set(GpuRequest, WAIT_FIELDS, waiting, untracked=True)
         return {}
     reqs = {d.request_id: ctx.requests[d.request_id] for d in ds}
 
@@ -217,7 +218,7 @@ def _admit_claimed(
         return allocations, usage
 
     slots_before = {k: set(v) for k, v in ctx.active_slots.items()}
-    with bulk_set_sent(GpuRequest, WAIT_FIELDS, waiting) as waited:
+    with bulk_set_sent(GpuRequest, WAIT_FIELDS, waiting, untracked=True) as waited:
         # While the server writes the waiting requests: the admissions' rows.
         rows = [_attempt(d, reqs[d.request_id], ctx, number(d)) for d in ds]
         prepared = dependents(claimed.pks) if claimed.pks is not None else None

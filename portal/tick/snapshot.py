@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db import connection, transaction
 from django.db.models import Q, TextField
 from django.db.models.functions import Cast
 
@@ -116,8 +118,22 @@ class _Kept:
     was half of reading them. Keyed by content, so never stale; the tick's, one per
     worker process (a preview in a web process keeps none: each web worker would hold a
     copy of the queue), replaced whole by each read (a read in another thread only finds
-    fewer objects to keep)."""
+    fewer objects to keep).
 
+    On PostgreSQL the tick's also keeps the pending rows themselves and reads only those
+    written since (`_pending_rows`)."""
+
+    #: read only what changed since the last read (the tick's; a preview reads all)
+    incremental: bool = False
+    #: the pending rows by id, as of `pending_snapshot` (PostgreSQL's `pg_current_snapshot`,
+    #: taken in the statement that read them; "": none, read them all)
+    pending_rows: dict[int, tuple[Any, ...]] = field(default_factory=dict)
+    pending_snapshot: str = ""
+    #: their ids in the queue's order (created, then id), while the set is unchanged
+    pending_order: list[int] = field(default_factory=list)
+    #: the status objects the last tick's apply step was handed, by id (it writes the
+    #: waiting requests' new status into them, untracked: `_pending_rows`)
+    pending_statuses: dict[int, QueuedRow] = field(default_factory=dict)
     #: what the objects depend on besides their rows: names by id, pools' tolerations
     pending_context: tuple[Any, ...] = ()
     pending: dict[int, tuple[tuple[Any, ...], st.PendingRequest]] = field(default_factory=dict)
@@ -127,7 +143,7 @@ class _Kept:
     ] = field(default_factory=dict)
 
 
-_KEPT = _Kept()
+_KEPT = _Kept(incremental=True)
 
 
 def _device_healthy(quarantined: bool, healthy: bool, agent_healthy: bool) -> bool:
@@ -418,34 +434,7 @@ def _pending(
     shape_of = _Shapes()
     pending: list[st.PendingRequest] = []
     queued: dict[str, QueuedRow] = {}
-    rows = (
-        GpuRequest.objects.filter(state=GpuRequest.State.PENDING)
-        .filter(Q(requeue_at__isnull=True) | Q(requeue_at__lte=now))
-        .order_by("created_at", "id")
-        .values_list(
-            # what the request's `PendingRequest` is built from (`_PENDING_KEY`; the
-            # status code says whether it preempts), then the status the apply step
-            # compares with
-            "pk",
-            "team_id",
-            "workload_class_id",
-            "pool_id",
-            "submitted_by_id",
-            "created_at",
-            "priority",
-            "requeue_count",
-            "estimated_runtime_s",
-            "max_runtime_s",
-            *shapes.SHAPE_FIELDS,
-            "status_code",
-            "status_message",
-            "queue_position",
-            "escalated",
-            "estimated_start",
-            "position_note",
-            *waits.COLUMNS,
-        )
-    )
+    read = _pending_rows(now, kept)
     # Once per pending request (100,000 of them): lookups hoisted, helpers inlined.
     team_names = {pk: name for pk, (name, _, _) in teams.items()}
     pool_of: dict[int | None, str] = {pk: name for pk, name in pool_names.items()}
@@ -453,20 +442,28 @@ def _pending(
     context = (team_names, class_names, pool_of, tolerations)
     reuse = kept.pending if kept.pending_context == context else {}
     keep: dict[int, tuple[tuple[Any, ...], st.PendingRequest]] = {}
+    # The status the last tick wrote for the rows not read again: its apply step wrote
+    # them untracked and left them in these objects.
+    statuses = read.statuses
+    fresh: dict[int, QueuedRow] = {}
     request = st.PendingRequest
     queued_row = QueuedRow
     wait_state = waits.WaitState
     shape_get = shape_of.in_pool
     append = pending.append
     shape_end = _PENDING_KEY
-    for row in rows:
+    for row in read.rows:
         pk = row[0]
-        key = row[:shape_end]
-        status_code = row[shape_end]
+        status = statuses.get(pk)
+        status_code = row[shape_end] if status is None else status.status_code
         # the room its victims free is kept for it (scheduling.queue.request_key)
         preempting = status_code in ("preempting", "awaiting-stop")
         found = reuse.get(pk)
-        if found is not None and found[0] == key and found[1].preempting == preempting:
+        if (
+            found is not None
+            and (found[0] is row or found[0][:shape_end] == row[:shape_end])
+            and found[1].preempting == preempting
+        ):
             req = found[1]
         else:
             (
@@ -500,41 +497,181 @@ def _pending(
                 expected_runtime_ms=None if runtime_s is None else runtime_s * 1000,
                 user=str(user_id),
             )
-        keep[pk] = (key, req)
+        keep[pk] = (row, req)
         append(req)
-        (
-            _,
-            status_message,
-            queue_position,
-            escalated,
-            estimated_start,
-            position_note,
-            wait_reason,
-            wait_since,
-            *waited,
-        ) = row[shape_end:]
-        queued[req.id] = queued_row(
-            pk,
-            row[1],
-            row[2],
-            row[4],
-            status_code,
-            status_message,
-            queue_position,
-            escalated,
-            estimated_start,
-            req.shape.gpus_milli,
-            position_note,
-            row[5],
-            wait_state(wait_reason, wait_since, tuple(waited)),
-        )
+        if status is None:
+            (
+                _,
+                status_message,
+                queue_position,
+                escalated,
+                estimated_start,
+                position_note,
+                wait_reason,
+                wait_since,
+                *waited,
+            ) = row[shape_end:-2]
+            status = queued_row(
+                pk,
+                row[1],
+                row[2],
+                row[4],
+                status_code,
+                status_message,
+                queue_position,
+                escalated,
+                estimated_start,
+                req.shape.gpus_milli,
+                position_note,
+                row[5],
+                wait_state(wait_reason, wait_since, tuple(waited)),
+            )
+        fresh[pk] = status
+        queued[req.id] = status
     kept.pending, kept.pending_context = keep, context
+    read.keep(fresh)
     return tuple(pending), queued
 
 
+#: a pending request's columns: what its `PendingRequest` is built from (up to
+#: `_PENDING_KEY`; the status code says whether it preempts), then the status the apply
+#: step compares with, then its state and when it may be queued again
+_PENDING_COLUMNS = (
+    "pk",
+    "team_id",
+    "workload_class_id",
+    "pool_id",
+    "submitted_by_id",
+    "created_at",
+    "priority",
+    "requeue_count",
+    "estimated_runtime_s",
+    "max_runtime_s",
+    *shapes.SHAPE_FIELDS,
+    "status_code",
+    "status_message",
+    "queue_position",
+    "escalated",
+    "estimated_start",
+    "position_note",
+    *waits.COLUMNS,
+    "state",
+    "requeue_at",
+)
 #: where the pending row's shape fields start, and where its `PendingRequest`'s columns end
 _PENDING_SHAPE = 10
 _PENDING_KEY = _PENDING_SHAPE + len(shapes.SHAPE_FIELDS)
+
+#: the rows written by transactions the last read could not see: committed since, or
+#: still open then (`changed_xact`, set by a trigger: migration 0032). At least one row
+#: comes back, carrying this statement's snapshot and how many requests are pending in it.
+_CHANGED_SQL = """
+SELECT now_.snapshot, now_.pending, changed.*
+FROM (
+    SELECT pg_current_snapshot()::text AS snapshot,
+        (SELECT count(*) FROM portal_gpurequest WHERE state = %s) AS pending
+) now_
+LEFT JOIN ({changed}) changed ON true
+"""
+_CHANGED_WHERE = (
+    "changed_xact >= pg_snapshot_xmin(%s::pg_snapshot)"
+    " AND NOT pg_visible_in_snapshot(changed_xact, %s::pg_snapshot)"
+)
+
+
+@dataclass
+class _PendingRead:
+    """The pending rows of one read, in the queue's order, and what to keep of it."""
+
+    rows: list[tuple[Any, ...]]
+    #: the status objects of the rows not read again, by id (see `_Kept`)
+    statuses: dict[int, QueuedRow]
+    #: keep the read, given the status objects handed to the apply step
+    keep: Callable[[dict[int, QueuedRow]], None]
+
+
+def _pending_rows(now: datetime, kept: _Kept) -> _PendingRead:
+    """The pending requests' rows in the queue's order, those waiting to be requeued
+    later left out.
+
+    The tick's read on PostgreSQL keeps the rows and reads again only those written by a
+    transaction its last read could not see, in one statement with that statement's
+    snapshot (the next read's bound: a row committed while this one ran is read again
+    next time, never missed) and the number of pending rows. A row that left the queue
+    comes back with its new state and is dropped; a deleted row does not come back, so
+    when the count differs from the rows kept, everything is read again.
+
+    The tick's apply step writes the waiting requests' status untracked (the trigger of
+    migration 0032 leaves their `changed_xact`) into the status objects it was handed
+    (`QueuedRow`): those are kept for the rows not read again. So the read is kept only
+    once the tick's transaction commits; a tick rolled back leaves nothing kept, and the
+    next one reads everything.
+    """
+    state = GpuRequest.State.PENDING
+    # in no order: they are sorted here, where the kept ones are
+    columns = GpuRequest.objects.order_by().values_list(*_PENDING_COLUMNS)
+    incremental = kept.incremental and connection.vendor == "postgresql"
+    rows: dict[int, tuple[Any, ...]] | None = None
+    order: list[int] | None = None
+    statuses: dict[int, QueuedRow] = {}
+    snapshot = ""
+    if incremental and kept.pending_snapshot:
+        changed_sql, params = columns.extra(
+            where=[_CHANGED_WHERE], params=[kept.pending_snapshot] * 2
+        ).query.sql_with_params()
+        with connection.cursor() as cursor:
+            cursor.execute(_CHANGED_SQL.format(changed=changed_sql), [state, *params])
+            found = cursor.fetchall()
+        snapshot, count = found[0][0], found[0][1]
+        # copies: what is kept stays as it was until this tick commits
+        rows = dict(kept.pending_rows)
+        statuses = dict(kept.pending_statuses)
+        order = kept.pending_order
+        for row in found:
+            row = row[2:]
+            pk = row[0]
+            if pk is None:  # no row changed
+                continue
+            old = rows.pop(pk, None)
+            statuses.pop(pk, None)
+            if row[-2] == state:
+                rows[pk] = row
+                if old is None or old[5] != row[5]:
+                    order = None
+            elif old is not None:
+                order = None
+        if len(rows) != count:
+            rows = None
+    if rows is None:
+        statuses = {}
+        if incremental:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_current_snapshot()::text")
+                snapshot = cursor.fetchone()[0]
+        # read after the snapshot is taken: what commits in between is read again next time
+        rows = {row[0]: row for row in columns.filter(state=state)}
+        order = None
+    if order is None:
+        order = sorted(rows, key=lambda pk: (rows[pk][5], pk))
+    queued = [rows[pk] for pk in order]
+
+    def keep(handed: dict[int, QueuedRow]) -> None:
+        if not incremental:
+            return
+        # Nothing is kept until the tick commits (a failed tick's objects hold what was
+        # never written).
+        kept.pending_snapshot = ""
+
+        def commit() -> None:
+            kept.pending_rows, kept.pending_order = rows, order
+            kept.pending_statuses = {**statuses, **handed}
+            kept.pending_snapshot = snapshot
+
+        transaction.on_commit(commit)
+
+    return _PendingRead(
+        [row for row in queued if row[-1] is None or row[-1] <= now], statuses, keep
+    )
 
 
 def _workloads(half_life_s: int) -> tuple[st.PoolWorkload, ...]:
