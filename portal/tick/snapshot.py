@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Q, TextField
+from django.db.models import Q, QuerySet, TextField
 from django.db.models.functions import Cast
 
 from portal.lib import shapes
@@ -111,6 +111,16 @@ class Context:
 
 
 @dataclass
+class _Rows:
+    """One query's rows as the tick last read them (PostgreSQL), by id, in order: as of
+    `snapshot`, the snapshot of the statement that read them ("": read them all)."""
+
+    rows: dict[int, tuple[Any, ...]] = field(default_factory=dict)
+    order: list[int] = field(default_factory=list)
+    snapshot: str = ""
+
+
+@dataclass
 class _Kept:
     """The last snapshot's pending requests and running attempts with the rows (and the
     names) they were built from. A row read again unchanged keeps its frozen object: at
@@ -125,15 +135,13 @@ class _Kept:
 
     #: read only what changed since the last read (the tick's; a preview reads all)
     incremental: bool = False
-    #: the pending rows by id, as of `pending_snapshot` (PostgreSQL's `pg_current_snapshot`,
-    #: taken in the statement that read them; "": none, read them all)
-    pending_rows: dict[int, tuple[Any, ...]] = field(default_factory=dict)
-    pending_snapshot: str = ""
-    #: their ids in the queue's order (created, then id), while the set is unchanged
-    pending_order: list[int] = field(default_factory=list)
+    #: the pending requests' rows (`_pending_rows`)
+    pending_rows: _Rows = field(default_factory=_Rows)
     #: the status objects the last tick's apply step was handed, by id (it writes the
     #: waiting requests' new status into them, untracked: `_pending_rows`)
     pending_statuses: dict[int, QueuedRow] = field(default_factory=dict)
+    #: the running attempts' rows (`_running`)
+    running_rows: _Rows = field(default_factory=_Rows)
     #: what the objects depend on besides their rows: names by id, pools' tolerations
     pending_context: tuple[Any, ...] = ()
     pending: dict[int, tuple[tuple[Any, ...], st.PendingRequest]] = field(default_factory=dict)
@@ -562,21 +570,107 @@ _PENDING_COLUMNS = (
 _PENDING_SHAPE = 10
 _PENDING_KEY = _PENDING_SHAPE + len(shapes.SHAPE_FIELDS)
 
-#: the rows written by transactions the last read could not see: committed since, or
-#: still open then (`changed_xact`, set by a trigger: migration 0032). At least one row
-#: comes back, carrying this statement's snapshot and how many requests are pending in it.
+#: the rows written by transactions the last read could not see (committed since, or
+#: still open then: `changed_xact`, set by a trigger, migration 0032) and, in the same
+#: statement, its snapshot and how many rows are wanted in it. At least one row comes back.
 _CHANGED_SQL = """
-SELECT now_.snapshot, now_.pending, changed.*
+SELECT now_.snapshot, now_.wanted, changed.*
 FROM (
-    SELECT pg_current_snapshot()::text AS snapshot,
-        (SELECT count(*) FROM portal_gpurequest WHERE state = %s) AS pending
+    SELECT pg_current_snapshot()::text AS snapshot, ({count}) AS wanted
 ) now_
 LEFT JOIN ({changed}) changed ON true
 """
-_CHANGED_WHERE = (
-    "changed_xact >= pg_snapshot_xmin(%s::pg_snapshot)"
-    " AND NOT pg_visible_in_snapshot(changed_xact, %s::pg_snapshot)"
-)
+
+
+def _unseen(table: str, ids: str = "t.id", join: str = "") -> str:
+    """SQL: the ids (`ids`, of the query's table) of the rows of `table` (as ``t``,
+    `join`ed to whatever gives `ids`) written by a transaction that the snapshot (a
+    parameter, given twice) could not see. By `changed_xact`'s index: every such
+    transaction is at or past the snapshot's xmin."""
+    return (
+        f"SELECT {ids} FROM {table} t {join} WHERE t.changed_xact >= pg_snapshot_xmin(%s::pg_snapshot)"
+        " AND NOT pg_visible_in_snapshot(t.changed_xact, %s::pg_snapshot)"
+    )
+
+
+def _read_rows(
+    kept: _Rows | None,
+    query: QuerySet[Any, tuple[Any, ...]],
+    wanted: Q,
+    changed: tuple[str, ...],
+    is_wanted: Callable[[tuple[Any, ...]], bool],
+    order_key: Callable[[tuple[Any, ...]], Any],
+) -> tuple[_Rows, set[int] | None]:
+    """The rows of `query` (a `values_list` led by the id, in no order) that `wanted`
+    selects, by id and in `order_key`'s order; and the ids read anew (None: all).
+
+    With `kept` (the tick's, PostgreSQL) only the rows written since `kept.snapshot` are
+    read (`changed`: queries of their ids, `_unseen`, for the query's own table and each
+    it reads columns from), in one statement with
+    its snapshot (the next read's bound: a row committed while this one ran is read
+    again next time, never missed) and the count of wanted rows. A row read again that
+    is no longer wanted (`is_wanted`, on its values) is dropped; a deleted row does not
+    come back, so when the count differs from the rows kept everything is read again.
+    Returns new objects: `kept` is left as it was.
+    """
+    rows: dict[int, tuple[Any, ...]] | None = None
+    order: list[int] | None = None
+    reread: set[int] | None = None
+    snapshot = ""
+    if kept is not None and kept.snapshot:
+        table = query.model._meta.db_table
+        unseen = f"{table}.id IN ({' UNION '.join(changed)})"
+        changed_sql, params = query.extra(
+            where=[unseen], params=[kept.snapshot] * (2 * len(changed))
+        ).query.sql_with_params()
+        wanted_sql, count_params = (
+            query.model._default_manager.filter(wanted).order_by().values("pk").query
+        ).sql_with_params()
+        count_sql = f"SELECT count(*) FROM ({wanted_sql}) wanted"
+        with connection.cursor() as cursor:
+            cursor.execute(
+                _CHANGED_SQL.format(count=count_sql, changed=changed_sql),
+                [*count_params, *params],
+            )
+            found = cursor.fetchall()
+        snapshot, count = found[0][0], found[0][1]
+        rows, order, reread = dict(kept.rows), kept.order, set()
+        for row in found:
+            row = row[2:]
+            pk = row[0]
+            if pk is None:  # nothing changed
+                continue
+            reread.add(pk)
+            old = rows.pop(pk, None)
+            if is_wanted(row):
+                rows[pk] = row
+                if old is None or order_key(old) != order_key(row):
+                    order = None
+            elif old is not None:
+                order = None
+        if len(rows) != count:
+            rows = None
+    if rows is None:
+        if kept is not None:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_current_snapshot()::text")
+                snapshot = cursor.fetchone()[0]
+        # read after the snapshot is taken: what commits in between is read again next time
+        rows = {row[0]: row for row in query.filter(wanted)}
+        order, reread = None, None
+    if order is None:
+        ordered = rows
+        order = sorted(rows, key=lambda pk: order_key(ordered[pk]))
+    return _Rows(rows, order, snapshot), reread
+
+
+def _keep_on_commit(keep: Callable[[], None], *clear: _Rows) -> None:
+    """Keep a read once the tick's transaction commits: a tick rolled back keeps nothing
+    (its apply step wrote into objects the database never got), so `clear` is read
+    whole next time."""
+    for rows in clear:
+        rows.snapshot = ""
+    transaction.on_commit(keep)
 
 
 @dataclass
@@ -592,83 +686,39 @@ class _PendingRead:
 
 def _pending_rows(now: datetime, kept: _Kept) -> _PendingRead:
     """The pending requests' rows in the queue's order, those waiting to be requeued
-    later left out.
-
-    The tick's read on PostgreSQL keeps the rows and reads again only those written by a
-    transaction its last read could not see, in one statement with that statement's
-    snapshot (the next read's bound: a row committed while this one ran is read again
-    next time, never missed) and the number of pending rows. A row that left the queue
-    comes back with its new state and is dropped; a deleted row does not come back, so
-    when the count differs from the rows kept, everything is read again.
+    later left out (`_read_rows`: on PostgreSQL the tick reads only those written since).
 
     The tick's apply step writes the waiting requests' status untracked (the trigger of
     migration 0032 leaves their `changed_xact`) into the status objects it was handed
-    (`QueuedRow`): those are kept for the rows not read again. So the read is kept only
-    once the tick's transaction commits; a tick rolled back leaves nothing kept, and the
-    next one reads everything.
+    (`QueuedRow`): those are kept for the rows not read again, once the tick commits.
     """
     state = GpuRequest.State.PENDING
-    # in no order: they are sorted here, where the kept ones are
-    columns = GpuRequest.objects.order_by().values_list(*_PENDING_COLUMNS)
     incremental = kept.incremental and connection.vendor == "postgresql"
-    rows: dict[int, tuple[Any, ...]] | None = None
-    order: list[int] | None = None
+    read, reread = _read_rows(
+        kept.pending_rows if incremental else None,
+        # in no order: they are sorted here, where the kept ones are
+        GpuRequest.objects.order_by().values_list(*_PENDING_COLUMNS),
+        Q(state=state),
+        (_unseen("portal_gpurequest"),),
+        lambda row: row[-2] == state,
+        lambda row: (row[5], row[0]),
+    )
     statuses: dict[int, QueuedRow] = {}
-    snapshot = ""
-    if incremental and kept.pending_snapshot:
-        changed_sql, params = columns.extra(
-            where=[_CHANGED_WHERE], params=[kept.pending_snapshot] * 2
-        ).query.sql_with_params()
-        with connection.cursor() as cursor:
-            cursor.execute(_CHANGED_SQL.format(changed=changed_sql), [state, *params])
-            found = cursor.fetchall()
-        snapshot, count = found[0][0], found[0][1]
-        # copies: what is kept stays as it was until this tick commits
-        rows = dict(kept.pending_rows)
-        statuses = dict(kept.pending_statuses)
-        order = kept.pending_order
-        for row in found:
-            row = row[2:]
-            pk = row[0]
-            if pk is None:  # no row changed
-                continue
-            old = rows.pop(pk, None)
-            statuses.pop(pk, None)
-            if row[-2] == state:
-                rows[pk] = row
-                if old is None or old[5] != row[5]:
-                    order = None
-            elif old is not None:
-                order = None
-        if len(rows) != count:
-            rows = None
-    if rows is None:
-        statuses = {}
-        if incremental:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_current_snapshot()::text")
-                snapshot = cursor.fetchone()[0]
-        # read after the snapshot is taken: what commits in between is read again next time
-        rows = {row[0]: row for row in columns.filter(state=state)}
-        order = None
-    if order is None:
-        order = sorted(rows, key=lambda pk: (rows[pk][5], pk))
-    queued = [rows[pk] for pk in order]
+    if reread is not None:
+        statuses = {pk: s for pk, s in kept.pending_statuses.items() if pk not in reread}
+    rows = read.rows
 
     def keep(handed: dict[int, QueuedRow]) -> None:
         if not incremental:
             return
-        # Nothing is kept until the tick commits (a failed tick's objects hold what was
-        # never written).
-        kept.pending_snapshot = ""
 
         def commit() -> None:
-            kept.pending_rows, kept.pending_order = rows, order
+            kept.pending_rows = read
             kept.pending_statuses = {**statuses, **handed}
-            kept.pending_snapshot = snapshot
 
-        transaction.on_commit(commit)
+        _keep_on_commit(commit, kept.pending_rows)
 
+    queued = (rows[pk] for pk in read.order)
     return _PendingRead(
         [row for row in queued if row[-1] is None or row[-1] <= now], statuses, keep
     )
@@ -704,27 +754,46 @@ def _running(
 ) -> tuple[st.Running, ...]:
     shape_of = _Shapes()
     running: list[st.Running] = []
-    rows = (
-        Attempt.objects.filter(state__in=Attempt.ACTIVE_STATES)
-        .order_by("request_id", "number")
-        .values_list(
-            "pk",
-            "state",
-            "pool_id",
-            "started_at",
-            "admitted_at",
-            "last_checkpoint_at",
-            "admitted_by_preemption",
-            "request_id",
-            "request__team_id",
-            "request__workload_class_id",
-            "request__priority",
-            "request__submitted_by_id",
-            "request__estimated_runtime_s",
-            "request__max_runtime_s",
-            *(f"request__{f}" for f in shapes.SHAPE_FIELDS),
-        )
+    incremental = kept.incremental and connection.vendor == "postgresql"
+    active = Attempt.ACTIVE_STATES
+    # in no order: sorted by `_read_rows`, as the kept ones are
+    query = Attempt.objects.order_by().values_list(
+        "pk",
+        "state",
+        "pool_id",
+        "started_at",
+        "admitted_at",
+        "last_checkpoint_at",
+        "admitted_by_preemption",
+        "request_id",
+        "request__team_id",
+        "request__workload_class_id",
+        "request__priority",
+        "request__submitted_by_id",
+        "request__estimated_runtime_s",
+        "request__max_runtime_s",
+        *(f"request__{f}" for f in shapes.SHAPE_FIELDS),
+        "number",
     )
+    # An attempt's row changes with its request's (the columns it reads from there).
+    read, _ = _read_rows(
+        kept.running_rows if incremental else None,
+        query,
+        Q(state__in=active),
+        (
+            _unseen("portal_attempt"),
+            _unseen("portal_gpurequest", "a.id", "JOIN portal_attempt a ON a.request_id = t.id"),
+        ),
+        lambda row: row[1] in active,
+        lambda row: (row[7], row[-1]),
+    )
+    if incremental:
+
+        def commit() -> None:
+            kept.running_rows = read
+
+        _keep_on_commit(commit, kept.running_rows)
+    rows = (read.rows[pk] for pk in read.order)
     # Once per running attempt: lookups hoisted, helpers inlined.
     team_names = {pk: name for pk, (name, _, _) in teams.items()}
     context = (team_names, class_names, pool_names)
@@ -739,7 +808,7 @@ def _running(
         pk = row[0]
         grants = held_grants.get(pk, no_grants)
         found = reuse.get(pk)
-        if found is not None and found[0] == row and found[1] == grants:
+        if found is not None and (found[0] is row or found[0] == row) and found[1] == grants:
             keep[pk] = found
             append(found[2])
             continue
@@ -759,6 +828,7 @@ def _running(
             estimated_runtime_s,
             max_runtime_s,
             *fields,
+            _,
         ) = row
         cpu_milli, memory_mib = fields[6], fields[7]
         if len(grants) == 1:

@@ -15,7 +15,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from portal.models import GpuRequest
+from portal.models import Attempt, GpuRequest
 from portal.services.requests import gpu_request_cancel
 from portal.tick import snapshot as snapshot_module
 from portal.tick.run import run_tick
@@ -36,23 +36,23 @@ def _fresh_kept() -> Any:
     snapshot_module._KEPT = snapshot_module._Kept(incremental=True)
 
 
-def _pending_reads(queries: CaptureQueriesContext) -> list[str]:
-    return [
-        q["sql"] for q in queries.captured_queries if '"portal_gpurequest"."id" AS "pk"' in q["sql"]
-    ]
+def _row_reads(queries: CaptureQueriesContext, table: str) -> list[str]:
+    """The statements that read `table`'s rows for the snapshot."""
+    return [q["sql"] for q in queries.captured_queries if f'"{table}"."id" AS "pk"' in q["sql"]]
 
 
-def _kept_read_equals_a_full_one() -> list[str]:
+def _kept_read_equals_a_full_one(table: str = "portal_gpurequest") -> list[str]:
     """The tick's kind of read (kept) against a preview's (full): the same pending
-    requests in the same order, and the same status for the apply step. Returns the
-    kept read's statements that read request rows."""
+    requests in the same order, the same running work, and the same status for the
+    apply step. Returns the kept read's statements that read `table`'s rows."""
     now = timezone.now()
     with CaptureQueriesContext(connection) as queries:
         kept, kept_ctx = build_snapshot(now, keep=True)
     full, full_ctx = build_snapshot(now)
     assert kept.pending == full.pending
+    assert kept.running == full.running
     assert kept_ctx.requests == full_ctx.requests
-    return _pending_reads(queries)
+    return _row_reads(queries, table)
 
 
 def test_a_kept_read_equals_a_full_one_through_ticks_and_other_writers() -> None:
@@ -85,10 +85,22 @@ def test_a_kept_read_equals_a_full_one_through_ticks_and_other_writers() -> None
                 GpuRequest.objects.filter(pk=rest.pop().pk).update(status_code="preempting")
             if rest:
                 GpuRequest.objects.filter(pk=rest.pop().pk).update(requeue_at=None)
+        active = list(Attempt.objects.filter(state__in=Attempt.ACTIVE_STATES))
+        if active:
+            # running work changes too: its attempt's row, or its request's
+            one, *others = rng.sample(active, len(active))
+            Attempt.objects.filter(pk=one.pk).update(last_checkpoint_at=timezone.now())
+            if others:
+                GpuRequest.objects.filter(pk=others[0].request_id).update(priority=step + 3)
         submit(w.carol, w.nlp, cls="interactive", count=4)
-        reads = _kept_read_equals_a_full_one()
-        # read since the last read only: one statement, bounded by the last snapshot
-        assert len(reads) == 1 and "pg_visible_in_snapshot" in reads[0]
+        with CaptureQueriesContext(connection) as queries:
+            _kept_read_equals_a_full_one()
+        # read since the last read only: one statement each, bounded by the last snapshot
+        for table in ("portal_gpurequest", "portal_attempt"):
+            reads = _row_reads(queries, table)
+            assert len(reads) == 2 and "pg_visible_in_snapshot" in reads[0], table
+            assert "pg_visible_in_snapshot" not in reads[1]  # the full read beside it
+        assert active
     assert GpuRequest.objects.filter(state=GpuRequest.State.PENDING).count() >= 10
 
 
@@ -108,7 +120,7 @@ def test_the_ticks_own_status_writes_are_not_read_again() -> None:
         cursor.execute(
             "SELECT count(*) FROM portal_gpurequest"
             " WHERE NOT pg_visible_in_snapshot(changed_xact, %s::pg_snapshot)",
-            [snapshot_module._KEPT.pending_snapshot],
+            [snapshot_module._KEPT.pending_rows.snapshot],
         )
         assert cursor.fetchone()[0] == 0
     run_tick()
@@ -117,7 +129,7 @@ def test_the_ticks_own_status_writes_are_not_read_again() -> None:
         cursor.execute(
             "SELECT count(*) FROM portal_gpurequest WHERE state = 'pending'"
             " AND NOT pg_visible_in_snapshot(changed_xact, %s::pg_snapshot)",
-            [snapshot_module._KEPT.pending_snapshot],
+            [snapshot_module._KEPT.pending_rows.snapshot],
         )
         assert cursor.fetchone()[0] == 0
     touched = waiting.first()
@@ -181,7 +193,7 @@ def test_a_tick_rolled_back_keeps_nothing(monkeypatch: pytest.MonkeyPatch) -> No
         submit(w.alice, w.vision, count=8)
     run_tick()
     kept = snapshot_module._KEPT
-    assert kept.pending_snapshot
+    assert kept.pending_rows.snapshot
     applied = run_module.decisions_apply
 
     def apply_then_fail(**kw: Any) -> Any:
@@ -194,7 +206,7 @@ def test_a_tick_rolled_back_keeps_nothing(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(run_module, "decisions_apply", apply_then_fail)
     with pytest.raises(RuntimeError):
         run_tick()
-    assert kept.pending_snapshot == ""
+    assert kept.pending_rows.snapshot == ""
     monkeypatch.undo()
     reads = _kept_read_equals_a_full_one()
     assert "pg_visible_in_snapshot" not in reads[0]

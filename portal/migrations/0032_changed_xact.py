@@ -1,11 +1,11 @@
-"""Each request row records the transaction that last wrote it, so the tick's snapshot
-reads only the rows written since its last read (`portal.tick.snapshot`).
+"""Each request and attempt row records the transaction that last wrote it, so the
+tick's snapshot reads only the rows written since its last read (`portal.tick.snapshot`).
 
 PostgreSQL only: a trigger sets `changed_xact` on every insert and update, whatever
 wrote the row (the ORM, a bulk COPY, a hand-typed UPDATE), except an update made while
 the transaction's `portal.untracked_write` setting is on: the tick's own write of the
 waiting requests' status (`bulk_set(..., untracked=True)`), which the tick's kept rows
-already hold. SQLite's tick reads every pending row, as before. The column is not on the
+already hold. SQLite's tick reads every row, as before. The column is not on the
 model: nothing but the snapshot reads it.
 """
 
@@ -14,8 +14,7 @@ from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 from django.db.migrations.state import StateApps
 
 PG = """
-ALTER TABLE portal_gpurequest ADD COLUMN changed_xact xid8 NOT NULL DEFAULT pg_current_xact_id();
-CREATE OR REPLACE FUNCTION portal_gpurequest_changed() RETURNS trigger AS $$
+CREATE OR REPLACE FUNCTION portal_changed_xact() RETURNS trigger AS $$
 BEGIN
     IF TG_OP = 'UPDATE' AND current_setting('portal.untracked_write', true) = 'on' THEN
         RETURN NEW;
@@ -24,25 +23,32 @@ BEGIN
     RETURN NEW;
 END;
 $$ LANGUAGE plpgsql;
-CREATE TRIGGER portal_gpurequest_changed BEFORE INSERT OR UPDATE ON portal_gpurequest
-    FOR EACH ROW EXECUTE FUNCTION portal_gpurequest_changed();
-CREATE INDEX portal_gpurequest_changed_xact ON portal_gpurequest (changed_xact);
 """
-PG_REVERSE = """
-DROP TRIGGER IF EXISTS portal_gpurequest_changed ON portal_gpurequest;
-DROP FUNCTION IF EXISTS portal_gpurequest_changed();
-ALTER TABLE portal_gpurequest DROP COLUMN IF EXISTS changed_xact;
+TABLES = ("portal_gpurequest", "portal_attempt")
+PG_TABLE = """
+ALTER TABLE {table} ADD COLUMN changed_xact xid8 NOT NULL DEFAULT pg_current_xact_id();
+CREATE TRIGGER {table}_changed BEFORE INSERT OR UPDATE ON {table}
+    FOR EACH ROW EXECUTE FUNCTION portal_changed_xact();
+CREATE INDEX {table}_changed_xact ON {table} (changed_xact);
+"""
+PG_TABLE_REVERSE = """
+DROP TRIGGER IF EXISTS {table}_changed ON {table};
+ALTER TABLE {table} DROP COLUMN IF EXISTS changed_xact;
 """
 
 
 def forwards(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) -> None:
     if schema_editor.connection.vendor == "postgresql":
         schema_editor.execute(PG)
+        for table in TABLES:
+            schema_editor.execute(PG_TABLE.format(table=table))
 
 
 def backwards(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) -> None:
     if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(PG_REVERSE)
+        for table in TABLES:
+            schema_editor.execute(PG_TABLE_REVERSE.format(table=table))
+        schema_editor.execute("DROP FUNCTION IF EXISTS portal_changed_xact()")
 
 
 class Migration(migrations.Migration):
