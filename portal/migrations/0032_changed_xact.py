@@ -7,6 +7,10 @@ the transaction's `portal.untracked_write` setting is on: the tick's own write o
 waiting requests' status (`bulk_set(..., untracked=True)`), which the tick's kept rows
 already hold. SQLite's tick reads every row, as before. The column is not on the
 model: nothing but the snapshot reads it.
+
+The setting is tested in the trigger's WHEN, not in its function: an untracked update
+of 70,000 rows then costs what it did without a trigger (0.64-0.68 s; 1.02-1.14 s with
+the test inside the function).
 """
 
 from django.db import migrations
@@ -16,9 +20,6 @@ from django.db.migrations.state import StateApps
 PG = """
 CREATE OR REPLACE FUNCTION portal_changed_xact() RETURNS trigger AS $$
 BEGIN
-    IF TG_OP = 'UPDATE' AND current_setting('portal.untracked_write', true) = 'on' THEN
-        RETURN NEW;
-    END IF;
     NEW.changed_xact := pg_current_xact_id();
     RETURN NEW;
 END;
@@ -27,8 +28,9 @@ $$ LANGUAGE plpgsql;
 TABLES = ("portal_gpurequest", "portal_attempt")
 PG_TABLE = """
 ALTER TABLE {table} ADD COLUMN changed_xact xid8 NOT NULL DEFAULT pg_current_xact_id();
-CREATE TRIGGER {table}_changed BEFORE INSERT OR UPDATE ON {table}
-    FOR EACH ROW EXECUTE FUNCTION portal_changed_xact();
+CREATE TRIGGER {table}_changed BEFORE INSERT OR UPDATE ON {table} FOR EACH ROW
+    WHEN (current_setting('portal.untracked_write', true) IS DISTINCT FROM 'on')
+    EXECUTE FUNCTION portal_changed_xact();
 CREATE INDEX {table}_changed_xact ON {table} (changed_xact);
 """
 PG_TABLE_REVERSE = """

@@ -635,6 +635,9 @@ def _read_rows(
             found = cursor.fetchall()
         snapshot, count = found[0][0], found[0][1]
         rows, order, reread = dict(kept.rows), kept.order, set()
+        if _xmax(snapshot) < _xmax(kept.snapshot):
+            # transaction ids went back: another server (a restored backup) answers now
+            count = -1
         for row in found:
             row = row[2:]
             pk = row[0]
@@ -662,6 +665,11 @@ def _read_rows(
         ordered = rows
         order = sorted(rows, key=lambda pk: order_key(ordered[pk]))
     return _Rows(rows, order, snapshot), reread
+
+
+def _xmax(snapshot: str) -> int:
+    """A `pg_snapshot`'s xmax: the first transaction id it had not yet seen."""
+    return int(snapshot.split(":")[1])
 
 
 def _keep_on_commit(keep: Callable[[], None], *clear: _Rows) -> None:
