@@ -1,5 +1,6 @@
-"""Each request and attempt row records the transaction that last wrote it, so the
-tick's snapshot reads only the rows written since its last read (`portal.tick.snapshot`).
+"""Each request, attempt and allocation row records the transaction that last wrote it,
+so the tick's snapshot reads only the rows written since its last read
+(`portal.tick.snapshot`).
 
 PostgreSQL only: a trigger sets `changed_xact` on every insert and update, whatever
 wrote the row (the ORM, a bulk COPY, a hand-typed UPDATE), except an update made while
@@ -25,7 +26,7 @@ BEGIN
 END;
 $$ LANGUAGE plpgsql;
 """
-TABLES = ("portal_gpurequest", "portal_attempt")
+TABLES = ("portal_gpurequest", "portal_attempt", "portal_allocation")
 PG_TABLE = """
 ALTER TABLE {table} ADD COLUMN changed_xact xid8 NOT NULL DEFAULT pg_current_xact_id();
 CREATE TRIGGER {table}_changed BEFORE INSERT OR UPDATE ON {table} FOR EACH ROW

@@ -142,6 +142,8 @@ class _Kept:
     pending_statuses: dict[int, QueuedRow] = field(default_factory=dict)
     #: the running attempts' rows (`_running`)
     running_rows: _Rows = field(default_factory=_Rows)
+    #: the active allocations' rows (`_nodes`)
+    allocation_rows: _Rows = field(default_factory=_Rows)
     #: what the objects depend on besides their rows: names by id, pools' tolerations
     pending_context: tuple[Any, ...] = ()
     pending: dict[int, tuple[tuple[Any, ...], st.PendingRequest]] = field(default_factory=dict)
@@ -180,7 +182,10 @@ def build_snapshot(
     }
     class_rows = list(WorkloadClass.objects.all())
     class_names = {c.pk: c.name for c in class_rows}
-    nodes, devices, active_slots, held_grants = _nodes(now, pool_names)
+    incremental = kept.incremental and connection.vendor == "postgresql"
+    nodes, devices, active_slots, held_grants = _nodes(
+        now, pool_names, kept if incremental else None
+    )
     running = _running(held_grants, teams, class_names, pool_names, kept)
     pending, queued = _pending(now, pools, teams, class_names, kept)
     snapshot = st.Snapshot(
@@ -243,14 +248,15 @@ def build_snapshot(
 
 
 def _nodes(
-    now: datetime, pool_names: dict[int, str]
+    now: datetime, pool_names: dict[int, str], kept: _Kept | None = None
 ) -> tuple[
     tuple[st.Node, ...],
     dict[tuple[str, int], DeviceRow],
     dict[int, set[str]],
     dict[int, dict[tuple[str, int, int], st.DeviceGrant]],
 ]:
-    """Nodes with their devices, and the active allocations (slots per device, grants per attempt)."""
+    """Nodes with their devices, and the active allocations (slots per device, grants per
+    attempt). `kept`: the tick's, whose allocation rows are read since (`_read_rows`)."""
     stale_before = heartbeat_stale_before(now)
     node_rows = list(
         Node.objects.order_by("name").values_list(
@@ -294,8 +300,24 @@ def _nodes(
         )
     )
     where = {pk: (node_names.get(node_id, ""), index) for pk, node_id, index, *_ in device_rows}
-    for attempt_id, device_id, slot, milli, memory, mig_profile, mig_start, mig_size in (
-        Allocation.objects.filter(active=True).order_by("id").values_list(*ALLOCATION_FIELDS)
+    read, _ = _read_rows(
+        kept.allocation_rows if kept is not None else None,
+        Allocation.objects.order_by().values_list("pk", *ALLOCATION_FIELDS, "active"),
+        Q(active=True),
+        (_unseen("portal_allocation"),),
+        lambda row: row[-1],
+        lambda row: row[0],
+    )
+    if kept is not None:
+        keeping = kept
+
+        def commit() -> None:
+            keeping.allocation_rows = read
+
+        _keep_on_commit(commit, kept.allocation_rows)
+    rows = read.rows
+    for _, attempt_id, device_id, slot, milli, memory, mig_profile, mig_start, mig_size, _ in (
+        rows[pk] for pk in read.order
     ):
         active_slots[device_id].add(slot)
         node, idx = where.get(device_id, ("", -1))

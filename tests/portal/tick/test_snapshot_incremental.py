@@ -15,7 +15,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from portal.models import Attempt, GpuRequest
+from portal.models import Allocation, Attempt, GpuRequest
 from portal.services.requests import gpu_request_cancel
 from portal.tick import snapshot as snapshot_module
 from portal.tick.run import run_tick
@@ -51,7 +51,9 @@ def _kept_read_equals_a_full_one(table: str = "portal_gpurequest") -> list[str]:
     full, full_ctx = build_snapshot(now)
     assert kept.pending == full.pending
     assert kept.running == full.running
+    assert kept.nodes == full.nodes
     assert kept_ctx.requests == full_ctx.requests
+    assert kept_ctx.active_slots == full_ctx.active_slots
     return _row_reads(queries, table)
 
 
@@ -92,11 +94,14 @@ def test_a_kept_read_equals_a_full_one_through_ticks_and_other_writers() -> None
             Attempt.objects.filter(pk=one.pk).update(last_checkpoint_at=timezone.now())
             if others:
                 GpuRequest.objects.filter(pk=others[0].request_id).update(priority=step + 3)
+            if len(others) > 1:
+                # an attempt that ended gives its devices back
+                Allocation.objects.filter(attempt_id=others[1].pk).update(active=False)
         submit(w.carol, w.nlp, cls="interactive", count=4)
         with CaptureQueriesContext(connection) as queries:
             _kept_read_equals_a_full_one()
         # read since the last read only: one statement each, bounded by the last snapshot
-        for table in ("portal_gpurequest", "portal_attempt"):
+        for table in ("portal_gpurequest", "portal_attempt", "portal_allocation"):
             reads = _row_reads(queries, table)
             assert len(reads) == 2 and "pg_visible_in_snapshot" in reads[0], table
             assert "pg_visible_in_snapshot" not in reads[1]  # the full read beside it
