@@ -44,7 +44,7 @@ from portal.services import notify
 from portal.services.attempts import attempt_stop, attempts_launch, lost_work
 from portal.services.requests import gpu_request_cancel_not_member
 from portal.tick import waits
-from portal.tick.snapshot import ALLOCATION_FIELDS, Context, DeviceRow, QueuedRow
+from portal.tick.snapshot import ALLOCATION_FIELDS, WAIT_FIELDS, Context, DeviceRow, QueuedRow
 from scheduling import types as st
 
 log = logging.getLogger(__name__)
@@ -382,17 +382,6 @@ def reason_key(code: str, message: str) -> tuple[str, str]:
     each change of it wrote a row per waiting request per tick.
     """
     return code, message.split("; ", 1)[0]
-
-
-WAIT_FIELDS = (
-    "status_code",
-    "status_message",
-    "queue_position",
-    "escalated",
-    "estimated_start",
-    "position_note",
-    *waits.COLUMNS,
-)
 
 
 def _wait(

@@ -563,6 +563,17 @@ def _pending(
     return tuple(pending), queued
 
 
+#: a waiting request's status, as the apply step compares and writes it (`QueuedRow`)
+WAIT_FIELDS = (
+    "status_code",
+    "status_message",
+    "queue_position",
+    "escalated",
+    "estimated_start",
+    "position_note",
+    *waits.COLUMNS,
+)
+
 #: a pending request's columns: what its `PendingRequest` is built from (up to
 #: `_PENDING_KEY`; the status code says whether it preempts), then the status the apply
 #: step compares with, then its state and when it may be queued again
@@ -578,13 +589,7 @@ _PENDING_COLUMNS = (
     "estimated_runtime_s",
     "max_runtime_s",
     *shapes.SHAPE_FIELDS,
-    "status_code",
-    "status_message",
-    "queue_position",
-    "escalated",
-    "estimated_start",
-    "position_note",
-    *waits.COLUMNS,
+    *WAIT_FIELDS,
     "state",
     "requeue_at",
 )
