@@ -633,9 +633,9 @@ def _read_rows(
 
     With `kept` (the tick's, PostgreSQL) only the rows written since `kept.snapshot` are
     read (`changed`: queries of their ids, `_unseen`, for the query's own table and each
-    it reads columns from), in one statement with
-    its snapshot (the next read's bound: a row committed while this one ran is read
-    again next time, never missed) and the count of wanted rows. A row read again that
+    it reads columns from), in one statement with its snapshot (the next read's bound: a
+    row committed while this one ran is read again next time, never missed) and the
+    count of wanted rows. A row read again that
     is no longer wanted (`is_wanted`, on its values) is dropped; a deleted row does not
     come back, so when the count differs from the rows kept everything is read again.
     Returns new objects: `kept` is left as it was.
