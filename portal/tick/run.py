@@ -125,7 +125,7 @@ def _run_tick(now: datetime | None) -> TickResult:
             # 2. snapshot, with the active scheduling profile
             profile = policy_profile_ensure().profile()
             policy = profile.policy()
-            snapshot, ctx = build_snapshot(now, policy, keep=True)
+            snapshot, ctx = build_snapshot(now, policy, keep=True, tick_no=tick_no)
             ctx.profile_name, ctx.profile_version = profile.name, profile.version
             ctx.policy_version = (
                 PolicyVersion.objects.order_by("-number").values_list("number", flat=True).first()

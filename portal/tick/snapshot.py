@@ -137,6 +137,8 @@ class _Kept:
     incremental: bool = False
     #: the pending requests' rows (`_pending_rows`)
     pending_rows: _Rows = field(default_factory=_Rows)
+    #: the last tick whose status writes the kept statuses hold (`_pending_rows`)
+    tick: int = 0
     #: the status objects the last tick's apply step was handed, by id (it writes the
     #: waiting requests' new status into them, untracked: `_pending_rows`)
     pending_statuses: dict[int, QueuedRow] = field(default_factory=dict)
@@ -165,11 +167,15 @@ def _device_healthy(quarantined: bool, healthy: bool, agent_healthy: bool) -> bo
 
 
 def build_snapshot(
-    now: datetime, policy: st.Policy | None = None, keep: bool = False
+    now: datetime, policy: st.Policy | None = None, keep: bool = False, tick_no: int = 0
 ) -> tuple[st.Snapshot, Context]:
     """The snapshot the core schedules; `policy` is the one it will run (its usage
     half-life decays the team usage here). `keep`: reuse and keep the process's objects
-    of the last read (`_Kept`): the tick's; a preview in a web process keeps none."""
+    of the last read (`_Kept`): the tick's; a preview in a web process keeps none.
+    `tick_no`: the tick's number, read under its lock; a read in any other tick than
+    the next one after this process's last (another worker process ticked in between)
+    reads the pending rows whole. 0: a read outside a tick (a test, a benchmark), which
+    takes the kept rows as they are."""
     kept = _KEPT if keep else _Kept()
     policy = policy or st.Policy()
     pools = {p.name: p for p in Pool.objects.all()}
@@ -187,7 +193,7 @@ def build_snapshot(
         now, pool_names, kept if incremental else None
     )
     running = _running(held_grants, teams, class_names, pool_names, kept)
-    pending, queued = _pending(now, pools, teams, class_names, kept)
+    pending, queued = _pending(now, pools, teams, class_names, kept, tick_no)
     snapshot = st.Snapshot(
         now_ms=_ms(now),
         pools=tuple(
@@ -454,6 +460,7 @@ def _pending(
     teams: dict[int, tuple[str, str, int]],
     class_names: dict[int, str],
     kept: _Kept,
+    tick_no: int = 0,
 ) -> tuple[tuple[st.PendingRequest, ...], dict[str, QueuedRow]]:
     pool_names = {p.pk: p.name for p in pools.values()}
     # What a request tolerates depends only on its pool (or on all pools): once per pool.
@@ -464,7 +471,7 @@ def _pending(
     shape_of = _Shapes()
     pending: list[st.PendingRequest] = []
     queued: dict[str, QueuedRow] = {}
-    read = _pending_rows(now, kept)
+    read = _pending_rows(now, kept, tick_no)
     # Once per pending request (100,000 of them): lookups hoisted, helpers inlined.
     team_names = {pk: name for pk, (name, _, _) in teams.items()}
     pool_of: dict[int | None, str] = {pk: name for pk, name in pool_names.items()}
@@ -719,16 +726,21 @@ class _PendingRead:
     keep: Callable[[dict[int, QueuedRow]], None]
 
 
-def _pending_rows(now: datetime, kept: _Kept) -> _PendingRead:
+def _pending_rows(now: datetime, kept: _Kept, tick_no: int = 0) -> _PendingRead:
     """The pending requests' rows in the queue's order, those waiting to be requeued
     later left out (`_read_rows`: on PostgreSQL the tick reads only those written since).
 
     The tick's apply step writes the waiting requests' status untracked (the trigger of
     migration 0032 leaves their `changed_xact`) into the status objects it was handed
     (`QueuedRow`): those are kept for the rows not read again, once the tick commits.
+    Only this process's ticks are in them: when another process ran the last tick
+    (`tick_no` is not the next after `kept.tick`), its untracked writes are not, and the
+    rows are read whole.
     """
     state = GpuRequest.State.PENDING
     incremental = kept.incremental and connection.vendor == "postgresql"
+    if tick_no and kept.tick != tick_no - 1:
+        kept.pending_rows.snapshot = ""
     read, reread = _read_rows(
         kept.pending_rows if incremental else None,
         # in no order: they are sorted here, where the kept ones are
@@ -750,6 +762,8 @@ def _pending_rows(now: datetime, kept: _Kept) -> _PendingRead:
         def commit() -> None:
             kept.pending_rows = read
             kept.pending_statuses = {**statuses, **handed}
+            if tick_no:
+                kept.tick = tick_no
 
         _keep_on_commit(commit, kept.pending_rows)
 

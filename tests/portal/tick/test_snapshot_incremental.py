@@ -234,3 +234,31 @@ def test_a_snapshot_from_another_server_reads_everything() -> None:
     GpuRequest.objects.filter(state=GpuRequest.State.PENDING).update(priority=5)
     _kept_read_equals_a_full_one()
     assert kept.pending_rows.snapshot != f"{far}:{far}:"
+
+
+def test_a_tick_in_another_worker_process_is_noticed() -> None:
+    """Each worker process keeps its own read; another process's tick wrote statuses
+    untracked in between, so this process's kept statuses are stale: it reads the
+    pending rows whole. (Here a position that went down in the other tick and back up
+    in this one: with stale statuses the write back up would be skipped.)"""
+    w = make_world()
+    for _ in range(8):
+        submit(w.alice, w.vision, count=8)
+    waiting = list(GpuRequest.objects.filter(state=GpuRequest.State.PENDING).order_by("pk"))
+    assert len(waiting) >= 3
+    run_tick()  # this process
+    mine = snapshot_module._KEPT
+    snapshot_module._KEPT = snapshot_module._Kept(incremental=True)  # another process
+    GpuRequest.objects.filter(pk=waiting[0].pk).update(priority=-5)  # it falls behind
+    run_tick()
+    moved = {
+        r.pk: r.queue_position for r in GpuRequest.objects.filter(pk__in=[r.pk for r in waiting])
+    }
+    snapshot_module._KEPT = mine  # this process again
+    GpuRequest.objects.filter(pk=waiting[0].pk).update(priority=0)  # back to its place
+    run_tick()
+    stored = {
+        r.pk: r.queue_position for r in GpuRequest.objects.filter(pk__in=[r.pk for r in waiting])
+    }
+    assert moved != stored  # positions went down and came back
+    _kept_read_equals_a_full_one()
