@@ -130,8 +130,9 @@ class _Kept:
     copy of the queue), replaced whole by each read (a read in another thread only finds
     fewer objects to keep).
 
-    On PostgreSQL the tick's also keeps the pending rows themselves and reads only those
-    written since (`_pending_rows`)."""
+    On PostgreSQL the tick's also keeps the rows themselves (the pending requests', the
+    running attempts' and the active allocations') and reads only those written since
+    (`_read_rows`)."""
 
     #: read only what changed since the last read (the tick's; a preview reads all)
     incremental: bool = False
@@ -153,6 +154,10 @@ class _Kept:
     running: dict[
         int, tuple[tuple[Any, ...], dict[tuple[str, int, int], st.DeviceGrant], st.Running]
     ] = field(default_factory=dict)
+
+    def reads_changes(self) -> bool:
+        """Whether this read may read only the rows written since the last one."""
+        return self.incremental and connection.vendor == "postgresql"
 
 
 _KEPT = _Kept(incremental=True)
@@ -188,7 +193,7 @@ def build_snapshot(
     }
     class_rows = list(WorkloadClass.objects.all())
     class_names = {c.pk: c.name for c in class_rows}
-    incremental = kept.incremental and connection.vendor == "postgresql"
+    incremental = kept.reads_changes()
     nodes, devices, active_slots, held_grants = _nodes(
         now, pool_names, kept if incremental else None
     )
@@ -738,7 +743,7 @@ def _pending_rows(now: datetime, kept: _Kept, tick_no: int = 0) -> _PendingRead:
     rows are read whole.
     """
     state = GpuRequest.State.PENDING
-    incremental = kept.incremental and connection.vendor == "postgresql"
+    incremental = kept.reads_changes()
     if tick_no and kept.tick != tick_no - 1:
         kept.pending_rows.snapshot = ""
     read, reread = _read_rows(
@@ -803,7 +808,7 @@ def _running(
 ) -> tuple[st.Running, ...]:
     shape_of = _Shapes()
     running: list[st.Running] = []
-    incremental = kept.incremental and connection.vendor == "postgresql"
+    incremental = kept.reads_changes()
     active = Attempt.ACTIVE_STATES
     # in no order: sorted by `_read_rows`, as the kept ones are
     query = Attempt.objects.order_by().values_list(

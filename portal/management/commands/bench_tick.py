@@ -36,7 +36,11 @@ portal's settings and the simulated backend, and prints one JSON object:
 - ``next_tick``: the same for the tick after it, with nothing new (the steady state of a
   deep queue on a full cluster); ``later_tick``, for one 20 minutes later (its ``now``),
   still with nothing new: the quiet tick a deep queue runs most of the time, its
-  requests old enough to plan preemptions.
+  requests old enough to plan preemptions;
+- ``other_process_tick``: one more in a process with nothing kept (a worker's first
+  tick: the chart's worker runs several processes, and any may get a tick), then
+  ``back_in_process_tick``: one more in the first process, a tick behind (most ticks
+  with several worker processes).
 
 The machine's load moves the wall times; ``queries`` does not move.
 """
@@ -229,6 +233,17 @@ def run(opts: dict[str, Any]) -> dict[str, Any]:
         now=timezone.now() + timedelta(minutes=20),
     )
     result["later_tick"] = {k: later[k] for k in _TICK_KEYS}
+    # The chart runs several worker processes, and any may get a tick: one with nothing
+    # kept (a worker's first tick), then this one again, a tick behind.
+    from portal.tick import snapshot
+
+    this_process = snapshot._KEPT
+    snapshot._KEPT = snapshot._Kept(incremental=True)
+    other = time_tick(now=timezone.now() + timedelta(minutes=20))
+    result["other_process_tick"] = {k: other[k] for k in _TICK_KEYS}
+    snapshot._KEPT = this_process
+    back = time_tick(now=timezone.now() + timedelta(minutes=20))
+    result["back_in_process_tick"] = {k: back[k] for k in _TICK_KEYS}
     return result
 
 

@@ -57,6 +57,10 @@ def test_a_small_run_prints_one_json_object_with_the_tick_split_into_its_steps()
     assert later["decisions"] >= 50 - admitted - later["admitted"]
     assert later["queries"] > 0
     admitted += later["admitted"]
+    # then one in a process with nothing kept, and one back in the first process
+    for key in ("other_process_tick", "back_in_process_tick"):
+        assert result[key]["queries"] > 0 and result[key]["decisions"] > 0, key
+        admitted += result[key]["admitted"]
     assert GpuRequest.objects.filter(state="admitted").count() == admitted
     assert Attempt.objects.filter(state="admitted").count() == admitted
     # Launched after commit (the simulated backend), and every request got a decision.
