@@ -239,9 +239,11 @@ def run(opts: dict[str, Any]) -> dict[str, Any]:
 
     this_process = snapshot._KEPT
     snapshot._KEPT = snapshot._Kept(incremental=True)
-    other = time_tick(now=timezone.now() + timedelta(minutes=20))
+    try:
+        other = time_tick(now=timezone.now() + timedelta(minutes=20))
+    finally:
+        snapshot._KEPT = this_process
     result["other_process_tick"] = {k: other[k] for k in _TICK_KEYS}
-    snapshot._KEPT = this_process
     back = time_tick(now=timezone.now() + timedelta(minutes=20))
     result["back_in_process_tick"] = {k: back[k] for k in _TICK_KEYS}
     return result
