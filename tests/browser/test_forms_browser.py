@@ -132,7 +132,8 @@ def test_a_refused_submit_comes_back_in_place_with_the_field_focused(
     pg.click("#submit-button")
     pg.wait_for_selector("#submit-form .field.invalid #id_env_error")
     assert pg.evaluate("window.__loads") == 1  # swapped in place: no page load
-    assert pg.evaluate("document.activeElement.id") == "id_env"
+    # the focus moves when htmx settles, a moment after the swap shows the error
+    pg.wait_for_function("document.activeElement.id === 'id_env'", timeout=5000)
     assert pg.evaluate("window.scrollY") > 0  # not back at the top
     assert GpuRequest.objects.count() == 0
     # Fixed, it goes through to the request's page with its flash message.
@@ -157,8 +158,9 @@ def test_a_quota_error_comes_back_beside_its_field(desktop, world: World) -> Non
     pg.wait_for_selector("form.quota-form[data-pool=a100-train] .field.invalid .errorlist")
     assert pg.evaluate("window.__loads") == 1
     assert pg.evaluate("window.scrollY") > 0
-    focused = pg.evaluate("document.activeElement.getAttribute('aria-invalid')")
-    assert focused == "true"
+    # the focus moves when htmx settles, a moment after the swap shows the error
+    pg.wait_for_function("document.activeElement.getAttribute('aria-invalid') === 'true'", timeout=5000)
+    assert pg.evaluate("document.activeElement.closest('form').dataset.pool") == "a100-train"
     _axe_clean(pg, "team page with a quota error")
 
 
