@@ -159,7 +159,9 @@ def test_a_quota_error_comes_back_beside_its_field(desktop, world: World) -> Non
     assert pg.evaluate("window.__loads") == 1
     assert pg.evaluate("window.scrollY") > 0
     # the focus moves when htmx settles, a moment after the swap shows the error
-    pg.wait_for_function("document.activeElement.getAttribute('aria-invalid') === 'true'", timeout=5000)
+    pg.wait_for_function(
+        "document.activeElement.getAttribute('aria-invalid') === 'true'", timeout=5000
+    )
     assert pg.evaluate("document.activeElement.closest('form').dataset.pool") == "a100-train"
     _axe_clean(pg, "team page with a quota error")
 
