@@ -316,7 +316,7 @@ def test_it_lets_auditors_read_everything_and_change_nothing(world: dict, settin
     session.force_login(auditor)
     by_token = Client(HTTP_AUTHORIZATION=f"Bearer {secret}")
     before = state()
-    writes = 0
+    writes = titles = 0
     for route in ROUTES:
         url = fill(route, world["ids"])
         workload_report = "checkpoint" in route or route.endswith("/result")
@@ -324,6 +324,15 @@ def test_it_lets_auditors_read_everything_and_change_nothing(world: dict, settin
             for headers in ({}, {"HTTP_HX_REQUEST": "true"}):
                 r = session.get(url, **headers)
                 assert r.status_code in answers(url), (url, r.status_code)
+                # A page's title is text: a block left open in it swallows the page's markup.
+                if (
+                    r.status_code == 200
+                    and not headers
+                    and r["Content-Type"].startswith("text/html")
+                ):
+                    title = re.search(rb"<title>(.*?)</title>", r.content, re.S)
+                    assert title is None or b"<" not in title[1], (url, title[1][:80])
+                    titles += title is not None
         clients = [session, by_token] if route.startswith("api/") else [session]
         for client in clients:
             for method in ("post", "put", "patch", "delete"):
@@ -345,6 +354,7 @@ def test_it_lets_auditors_read_everything_and_change_nothing(world: dict, settin
                 assert r.status_code in expected, (url, method, r.status_code)
                 writes += 1
     assert writes > 100
+    assert titles > 20
     assert state() == before
     # What admins read, the auditor reads: vision's request, the audit log, capacity, settings.
     assert MARKER in session.get(f"/requests/{world['ids']['request_id']}/").content.decode()

@@ -4,6 +4,7 @@ API and the page, audited, with their request path read back as series."""
 
 from __future__ import annotations
 
+import re
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -251,6 +252,11 @@ def test_a_saturated_workload_is_flagged_on_its_team_page() -> None:
     c.force_login(w.bob)
     body = c.get(f"/teams/{w.vision.pk}/history/").content.decode()
     assert 'class="health saturated"' in body
+    # Once, in the page: not also in the page's <title>.
+    assert body.count('data-testid="serving-health"') == 1
+    assert (
+        re.search(r"<title>([^<]*)</title>", body)[1] == "Team vision: utilization · Quartermaster"
+    )
     ServingSample.objects.filter(request=req).update(ttft_p95_seconds=0.2)
     body = c.get(f"/teams/{w.vision.pk}/history/").content.decode()
     assert 'class="health ok"' in body
