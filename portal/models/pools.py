@@ -66,9 +66,9 @@ WORKLOAD_KINDS = ("batch", "serving")
 
 class WorkloadClass(models.Model):
     class Preemption(models.TextChoices):
-        NEVER = "never"
+        NEVER = "never", "never"
         WHEN_BORROWING = "when-borrowing", "only when borrowing"
-        ALWAYS = "always", "yes"
+        ALWAYS = "always", "always"
 
     name = models.CharField(max_length=63, unique=True, validators=[slug_validator])
     description = models.CharField(max_length=300, blank=True)
@@ -166,21 +166,21 @@ class WorkloadClass(models.Model):
 
 class Pool(models.Model):
     class Partitioning(models.TextChoices):
-        EXCLUSIVE = "exclusive"
-        TIME_SLICING = "time-slicing"
-        MIG = "mig"
+        EXCLUSIVE = "exclusive", "exclusive"
+        TIME_SLICING = "time-slicing", "time-slicing"
+        MIG = "mig", "MIG"
 
     class SharingEngine(models.TextChoices):
         """What shares a GPU between a time-slicing pool's slices (docs/kubernetes.md)."""
 
         #: whole GPUs or MIG; on a time-slicing pool, as `time-slicing`
-        NONE = "none"
+        NONE = "none", "none"
         #: the device plugin's time-slicing: memory is not isolated
-        TIME_SLICING = "time-slicing"
+        TIME_SLICING = "time-slicing", "time-slicing"
         #: the device plugin's MPS: per-client memory limit and active-thread share
-        MPS = "mps"
+        MPS = "mps", "MPS"
         #: HAMi: `nvidia.com/gpumem` and `nvidia.com/gpucores` requests, enforced in the container
-        HAMI = "hami"
+        HAMI = "hami", "HAMi"
 
     class Lifecycle(models.TextChoices):
         CANARY = "canary"

@@ -129,7 +129,10 @@ def value_words(key: str, value: Any) -> str:
     if key == "taints" and isinstance(value, list):
         return ", ".join(_taint(t) for t in value) or "none"
     if isinstance(value, dict):
-        return ", ".join(f"{k}={v}" for k, v in value.items()) or "none"
+        # A label map: None is a label the node did not have (or one taken off).
+        return (
+            ", ".join(f"{k} unset" if v is None else f"{k}={v}" for k, v in value.items()) or "none"
+        )
     if isinstance(value, list):
         return ", ".join(str(v) for v in value) or "none"
     return str(value) if value != "" else "none"

@@ -321,3 +321,22 @@ def test_rollouts_and_validation_runs_are_named_not_deleted(world: World) -> Non
     ]
     assert len(queries) == 2
     assert [r.what for r in rows] == ["started a rollout", "passed a node's validation"]
+
+
+def test_a_label_that_was_not_there_reads_unset_not_none(world: World) -> None:
+    """A rollout records the labels a node had before it: one it did not have is unset,
+    not Python's None."""
+    event = AuditEvent.objects.create(
+        actor_name="rollout",
+        action="rollout.apply",
+        object_type="rollout",
+        object_id="0",
+        after={
+            "labels": {"nvidia.com/gpu-driver-upgrade-state": "upgrade-required"},
+            "previous": {"nvidia.com/gpu-driver-upgrade-state": None, "gpu": "a100"},
+        },
+    )
+    (row,) = describe([event])
+    text = row.changes_text
+    assert "previous: nvidia.com/gpu-driver-upgrade-state unset, gpu=a100" in text
+    assert "None" not in text

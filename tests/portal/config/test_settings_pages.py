@@ -147,3 +147,21 @@ def test_the_pool_form_sets_the_sharing_engine_and_refuses_it_on_a_whole_gpu_poo
     r = login(world.dave).post("/ops/pools/new/", whole)
     assert r.status_code == 400 and "needs a time-slicing pool" in r.content.decode()
     assert not Pool.objects.filter(name="l40s").exists()
+
+
+def test_the_settings_choices_read_as_their_names_are_written(world: World) -> None:
+    """MPS, HAMi and MIG as NVIDIA and HAMi spell them, not Django's title-cased values."""
+    import re
+
+    body = login(world.dave).get(reverse("portal:settings")).content.decode()
+    options = dict(re.findall(r'<option value="([a-z-]+)"[^>]*>([^<]+)</option>', body))
+    assert options["mps"] == "MPS"
+    assert options["hami"] == "HAMi"
+    assert options["mig"] == "MIG"
+    assert options["time-slicing"] == "time-slicing"
+    assert options["none"] == "none"
+    assert (options["never"], options["when-borrowing"], options["always"]) == (
+        "never",
+        "only when borrowing",
+        "always",
+    )
