@@ -71,8 +71,19 @@ def test_no_page_scrolls_sideways_on_a_phone(phone, world: World) -> None:  # no
     tick.run_tick()
     pool = Pool.objects.get(name="a100-train")
     pages = {
-        "bob": ["/", "/requests/new/", f"/teams/{world.vision.pk}/", "/queue/"],
-        "dave": ["/ops/capacity/", f"/ops/capacity/?pool={pool.pk}", "/ops/overview/"],
+        "bob": [
+            "/",
+            "/requests/new/",
+            f"/teams/{world.vision.pk}/",
+            f"/teams/{world.vision.pk}/history/",
+            "/queue/",
+        ],
+        "dave": [
+            "/ops/capacity/",
+            f"/ops/capacity/?pool={pool.pk}",
+            "/ops/overview/",
+            f"/pools/{pool.pk}/history/",
+        ],
     }
     wide: dict[str, tuple[int, list[str]]] = {}
     for user, urls in pages.items():
