@@ -68,6 +68,21 @@ def error_message(response: httpx.Response) -> str:
     elif isinstance(body.get("title"), str) and body["title"]:
         lines.append(body["title"])
     errors = body.get("errors")
+    fields = _error_lines(errors)
+    # A detail that only joins the field errors (the portal's) would say each twice.
+    if fields and lines and all(f in lines[0] for f in fields):
+        lines = []
+    lines.extend(fields)
+    # DRF's field errors: every other key names a field.
+    if "detail" not in body and "title" not in body and "errors" not in body:
+        for field, value in body.items():
+            lines.extend(_field_messages(field, value))
+    return "\n".join(lines) or response.reason_phrase
+
+
+def _error_lines(errors: Any) -> list[str]:
+    """A problem's `errors`, a map of fields or a list of pointers, a line per message."""
+    lines: list[str] = []
     if isinstance(errors, dict):
         for field, value in errors.items():
             lines.extend(_field_messages(field, value))
@@ -79,11 +94,7 @@ def error_message(response: httpx.Response) -> str:
                 lines.extend(_field_messages(field, e.get("detail") or e.get("message") or e))
             else:
                 lines.append(str(e))
-    # DRF's field errors: every other key names a field.
-    if "detail" not in body and "title" not in body and "errors" not in body:
-        for field, value in body.items():
-            lines.extend(_field_messages(field, value))
-    return "\n".join(lines) or response.reason_phrase
+    return lines
 
 
 def exit_code_for(status: int) -> int:
