@@ -7,6 +7,7 @@ line. Gaps (None) break the line. Every text is escaped.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from html import escape
@@ -21,8 +22,19 @@ def _fmt(v: float) -> str:
     if abs(v) >= 100:
         return f"{v:.0f}"
     if abs(v) >= 10:
-        return f"{v:.1f}"
+        return f"{v:.1f}".removesuffix(".0")
     return f"{v:.2f}".rstrip("0").rstrip(".") if v else "0"
+
+
+#: an axis ends at one of these times a power of ten, so its middle mark is round too
+_NICE = (1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
+
+
+def _nice_ceiling(v: float) -> float:
+    """The smallest round number (see _NICE) at or above v > 0."""
+    scale = 10.0 ** math.floor(math.log10(v))
+    step = next(n for n in _NICE if n * scale >= v * (1 - 1e-9))
+    return round(step * scale, 12)
 
 
 def line_chart(
@@ -58,7 +70,8 @@ def line_chart(
         t0, t1 = min(t0, t), max(t1, t)
     if t1 <= t0:
         t1 = t0 + 1
-    top_v = y_max if y_max is not None else max(max(values), objective or 0) * 1.1 or 1.0
+    peak = max(max(values), objective or 0) * 1.1
+    top_v = y_max if y_max is not None else _nice_ceiling(peak) if peak > 0 else 1.0
 
     def x(t: float) -> float:
         return left + (t - t0) / (t1 - t0) * pw

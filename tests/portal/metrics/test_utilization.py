@@ -132,3 +132,23 @@ def test_the_node_agents_readings_are_exported(client: Client) -> None:
     line = f'quartermaster_device_utilization_ratio{{gpu="{d.index}",node="{d.node.name}",pool="{d.node.pool.name}"}} 0.87'
     assert line in text
     assert "quartermaster_device_memory_used_bytes{" in text and "2.147483648e+09" in text
+
+
+def test_the_charts_axis_ends_at_a_round_number() -> None:
+    """The top of the axis is the next round number above the data (10 % headroom), so its
+    marks read 0 / 2.5 / 5, not 0 / 2.1 / 4.21, and 50, not 50.0."""
+    import re
+
+    def marks(peak: float, objective: float | None = None) -> list[str]:
+        svg = str(
+            charts.line_chart([("s", [(0, 0.5), (60, peak)])], title="t", objective=objective)
+        )
+        return re.findall(r'<text x="40" [^>]*text-anchor="end" font-size="10">([^<]+)</text>', svg)
+
+    assert marks(3.83) == ["0", "2.5", "5"]
+    assert marks(0.5) == ["0", "0.3", "0.6"]
+    assert marks(633) == ["0", "400", "800"]
+    assert marks(14752) == ["0", "10000", "20000"]
+    assert marks(90) == ["0", "50", "100"]
+    # an objective above the data is on the chart
+    assert marks(0.3, objective=0.5) == ["0", "0.3", "0.6"]
