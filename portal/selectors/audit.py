@@ -80,6 +80,12 @@ def audit_list(
     return qs.order_by("-created_at", "-id")
 
 
+def team_changes(team: Team) -> QuerySet[AuditEvent]:
+    """A team's own changes (quotas, members, the team), newest first: its requests have
+    their own lists, and a busy team's submissions would push these out of sight."""
+    return audit_list(team=team).exclude(object_type="gpurequest")
+
+
 def _audit_text(q: str) -> Q:
     """Events whose words mention `q`: a few queries for the named objects, none per event."""
     from django.contrib.auth import get_user_model

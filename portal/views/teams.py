@@ -21,7 +21,7 @@ from portal.forms.teams import (
     TeamRetireForm,
 )
 from portal.models import GpuRequest, Membership, Team
-from portal.selectors.audit import audit_list
+from portal.selectors.audit import team_changes
 from portal.selectors.audit_words import describe
 from portal.selectors.teams import team_members, team_usage
 from portal.services.teams import (
@@ -148,7 +148,7 @@ def _team_context(request: AuthedRequest, team: Team) -> dict[str, Any]:
         "usage": usage,
         "members": members,
         "auditor": access.is_read_only(request.user),
-        "audit": describe(list(audit_list(team=team)[:20]))
+        "audit": describe(list(team_changes(team)[:20]))
         if can_edit or access.sees_all(request.user)
         else [],
         "pending": GpuRequest.objects.filter(team=team, state=GpuRequest.State.PENDING).count(),

@@ -160,3 +160,27 @@ def test_removing_a_member_in_django_admin_goes_through_the_service(world: World
     req.refresh_from_db()
     assert req.state == "cancelled" and req.status_code == "not-a-member"
     assert AuditEvent.objects.filter(action="membership.remove", actor=root).exists()
+
+
+def test_the_team_pages_recent_changes_are_the_teams_not_each_submission(world: World) -> None:
+    """A busy team submits many requests a minute: the lead's page keeps its quota and
+    membership changes in view (requests have their own lists and the audit log)."""
+    from portal.services.teams import quota_set
+
+    quota_set(
+        actor=world.dave,
+        team=world.vision,
+        pool=Pool.objects.get(name="a100-train"),
+        nominal_milli=12000,
+        borrowing_limit_milli=4000,
+        reason="new project",
+    )
+    for i in range(25):
+        submit(world.bob, world.vision, count=1, name=f"sweep-{i}")
+    assert AuditEvent.objects.filter(team=world.vision, object_type="gpurequest").count() >= 25
+    client = Client()
+    client.force_login(world.alice)
+    body = client.get(reverse("portal:team-detail", args=[world.vision.pk])).content.decode()
+    audit = body.split('id="team-audit"', 1)[1].split("</table>", 1)[0]
+    assert 'data-action="quota.set"' in audit
+    assert "submitted a request" not in audit
