@@ -81,9 +81,10 @@ def audit_list(
 
 
 def team_changes(team: Team) -> QuerySet[AuditEvent]:
-    """A team's own changes (quotas, members, the team), newest first: its requests have
-    their own lists, and a busy team's submissions would push these out of sight."""
-    return audit_list(team=team).exclude(object_type="gpurequest")
+    """What people changed in a team (quotas, members, cancels, serving scale), newest
+    first; not each submission: those have their own lists, and a busy team's would push
+    the rest out of sight within minutes."""
+    return audit_list(team=team).exclude(action="request.submit")
 
 
 def _audit_text(q: str) -> Q:

@@ -163,8 +163,9 @@ def test_removing_a_member_in_django_admin_goes_through_the_service(world: World
 
 
 def test_the_team_pages_recent_changes_are_the_teams_not_each_submission(world: World) -> None:
-    """A busy team submits many requests a minute: the lead's page keeps its quota and
-    membership changes in view (requests have their own lists and the audit log)."""
+    """A busy team submits many requests a minute: the lead's page keeps its quota,
+    membership and other changes in view (submissions have their own lists)."""
+    from portal.services.requests import gpu_request_cancel
     from portal.services.teams import quota_set
 
     quota_set(
@@ -175,12 +176,16 @@ def test_the_team_pages_recent_changes_are_the_teams_not_each_submission(world: 
         borrowing_limit_milli=4000,
         reason="new project",
     )
+    first = submit(world.bob, world.vision, count=1, name="first")
+    gpu_request_cancel(user=world.alice, gpu_request=first, reason="wrong image")
     for i in range(25):
         submit(world.bob, world.vision, count=1, name=f"sweep-{i}")
-    assert AuditEvent.objects.filter(team=world.vision, object_type="gpurequest").count() >= 25
+    assert AuditEvent.objects.filter(team=world.vision, action="request.submit").count() == 26
     client = Client()
     client.force_login(world.alice)
     body = client.get(reverse("portal:team-detail", args=[world.vision.pk])).content.decode()
     audit = body.split('id="team-audit"', 1)[1].split("</table>", 1)[0]
     assert 'data-action="quota.set"' in audit
+    # a lead's cancel, with its reason, is a change made to the team's work
+    assert 'data-action="request.cancel"' in audit and "wrong image" in audit
     assert "submitted a request" not in audit
