@@ -33,8 +33,7 @@ _NICE = (1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
 def _nice_ceiling(v: float) -> float:
     """The smallest round number (see _NICE) at or above v > 0."""
     scale = 10.0 ** math.floor(math.log10(v))
-    step = next(n for n in _NICE if n * scale >= v * (1 - 1e-9))
-    return round(step * scale, 12)
+    return next(n * scale for n in _NICE if n * scale >= v * (1 - 1e-9))
 
 
 def line_chart(

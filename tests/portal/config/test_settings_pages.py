@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.test import Client
 from django.urls import reverse
@@ -151,8 +153,6 @@ def test_the_pool_form_sets_the_sharing_engine_and_refuses_it_on_a_whole_gpu_poo
 
 def test_the_settings_choices_read_as_their_names_are_written(world: World) -> None:
     """MPS, HAMi and MIG as NVIDIA and HAMi spell them, not Django's title-cased values."""
-    import re
-
     body = login(world.dave).get(reverse("portal:settings")).content.decode()
     options = dict(re.findall(r'<option value="([a-z-]+)"[^>]*>([^<]+)</option>', body))
     assert options["mps"] == "MPS"

@@ -3,6 +3,7 @@ the node agent's readings exported."""
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -137,7 +138,6 @@ def test_the_node_agents_readings_are_exported(client: Client) -> None:
 def test_the_charts_axis_ends_at_a_round_number() -> None:
     """The top of the axis is the next round number above the data (10 % headroom), so its
     marks read 0 / 2.5 / 5, not 0 / 2.1 / 4.21, and 50, not 50.0."""
-    import re
 
     def marks(peak: float, objective: float | None = None) -> list[str]:
         svg = str(

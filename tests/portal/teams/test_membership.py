@@ -11,7 +11,8 @@ from django.test import Client
 from django.urls import reverse
 
 from portal.models import AuditEvent, Decision, GpuRequest, Membership, Pool, WorkloadClass
-from portal.services.teams import membership_remove
+from portal.services.requests import gpu_request_cancel
+from portal.services.teams import membership_remove, quota_set
 from portal.tick.preview import gpu_request_preview
 from portal.tick.run import run_tick
 from portal.tick.snapshot import build_snapshot
@@ -165,9 +166,6 @@ def test_removing_a_member_in_django_admin_goes_through_the_service(world: World
 def test_the_team_pages_recent_changes_are_the_teams_not_each_submission(world: World) -> None:
     """A busy team submits many requests a minute: the lead's page keeps its quota,
     membership and other changes in view (submissions have their own lists)."""
-    from portal.services.requests import gpu_request_cancel
-    from portal.services.teams import quota_set
-
     quota_set(
         actor=world.dave,
         team=world.vision,
